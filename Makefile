@@ -1,0 +1,39 @@
+# te: build, test and lint. `make test` runs every test (Go, C, Python);
+# `make demo` runs the prefill-to-decode handoff demo.
+SHELL := /bin/bash
+GO ?= go
+BUILD ?= build
+PREFIX ?= /usr/local
+export CGO_ENABLED ?= 1
+
+# Extra test steps (C, Python, ...) add themselves to TEST_TARGETS from mk/*.mk;
+# ALL_TARGETS likewise for what `make` builds.
+TEST_TARGETS :=
+ALL_TARGETS :=
+
+.PHONY: all test test-go lint demo clean fmt install
+
+all: build-all
+
+-include mk/*.mk
+
+build-all: $(ALL_TARGETS)
+	$(GO) build ./...
+
+test: test-go $(TEST_TARGETS)
+
+# -race for everything: the engine and every transport are concurrent.
+test-go:
+	$(GO) vet ./...
+	$(GO) test -race -count=1 -timeout 15m ./...
+
+lint:
+	@bad=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$bad" ]; then echo "gofmt: $$bad"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) tool staticcheck ./...
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+clean:
+	rm -rf $(BUILD)

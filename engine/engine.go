@@ -1,0 +1,520 @@
+package engine
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/engine/meta"
+	"github.com/tecache/te/engine/segment"
+	"github.com/tecache/te/engine/transport"
+	"github.com/tecache/te/engine/wire"
+)
+
+// Engine is one te instance: it owns registered memory, publishes it as a
+// segment, opens peers' segments and moves bytes between them. All methods
+// are safe for concurrent use.
+type Engine struct {
+	cfg      Config
+	name     string
+	instance string
+	hostname string
+	rpcAddr  string
+	p2p      bool
+	store    meta.Store
+
+	reg   *segment.Registry
+	regMu sync.Mutex // serialises register/unregister and publication
+
+	transports []transport.Transport // preference order
+	byName     map[string]transport.Transport
+
+	ctrl    *ctrl
+	desc    atomic.Pointer[segment.Desc]
+	version atomic.Uint64
+
+	segMu sync.Mutex
+	segs  map[string]*segState
+
+	batchMu sync.Mutex
+	batches map[*Batch]struct{}
+
+	notifyMu sync.Mutex
+	notifies []Notification
+
+	stats stats
+
+	closed    atomic.Bool
+	closeOnce sync.Once
+	wg        sync.WaitGroup
+	done      chan struct{}
+}
+
+// New starts an engine: it binds the RPC listener, starts the transports and
+// publishes an empty segment.
+func New(cfg Config) (*Engine, error) {
+	cfg.fill()
+	e := &Engine{
+		cfg: cfg, reg: segment.NewRegistry(), byName: map[string]transport.Transport{},
+		segs: map[string]*segState{}, batches: map[*Batch]struct{}{}, done: make(chan struct{}),
+		p2p: meta.IsP2P(cfg.Metadata),
+	}
+	var inst [16]byte
+	rand.Read(inst[:])
+	e.instance = hex.EncodeToString(inst[:])
+
+	store, err := meta.Open(cfg.Metadata)
+	if err != nil {
+		return nil, err
+	}
+	e.store = store
+
+	ln, err := net.Listen("tcp", cfg.ListenAddr)
+	if err != nil {
+		if store != nil {
+			store.Close()
+		}
+		return nil, errs.Wrap(errs.InvalidArgument, "new", err, "listen on %s", cfg.ListenAddr)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	e.hostname = cfg.Hostname
+	if e.hostname == "" {
+		e.hostname = defaultHost(ln.Addr().(*net.TCPAddr).IP)
+	}
+	e.rpcAddr = net.JoinHostPort(e.hostname, strconv.Itoa(port))
+	e.name = cfg.SegmentName
+	if e.name == "" {
+		e.name = e.rpcAddr
+	}
+	e.ctrl = newCtrl(ln, cfg.MaxFrame, cfg.RPCTimeout)
+	e.ctrl.Handle(wire.KindDescribe, e.handleDescribe)
+	e.ctrl.Handle(wire.KindNotify, e.handleNotify)
+	e.ctrl.Handle(wire.KindProbe, e.handleProbe)
+
+	if err := e.startTransports(); err != nil {
+		e.ctrl.close()
+		if store != nil {
+			store.Close()
+		}
+		return nil, err
+	}
+	e.ctrl.start()
+	if err := e.publish(); err != nil {
+		e.Close()
+		return nil, err
+	}
+	return e, nil
+}
+
+func defaultHost(ip net.IP) string {
+	if ip != nil && !ip.IsUnspecified() {
+		return ip.String()
+	}
+	if addrs, err := net.InterfaceAddrs(); err == nil {
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok && !n.IP.IsLoopback() && n.IP.To4() != nil {
+				return n.IP.String()
+			}
+		}
+	}
+	return "127.0.0.1"
+}
+
+func (e *Engine) startTransports() error {
+	names := e.cfg.Transports
+	explicit := len(names) > 0
+	if !explicit {
+		names = transport.Names()
+	}
+	seen := map[string]bool{}
+	for _, n := range names {
+		n = strings.TrimSpace(strings.ToLower(n))
+		if n == "" || seen[n] {
+			continue
+		}
+		seen[n] = true
+		f, ok := transport.Lookup(n)
+		if !ok {
+			e.closeTransports()
+			return errs.New(errs.TransportUnavailable, "new", "no transport named %q", n).
+				WithHint("available: " + strings.Join(transport.Names(), ", "))
+		}
+		t, err := f()
+		if err == nil {
+			err = t.Start(host{e})
+		}
+		if err != nil {
+			if explicit {
+				e.closeTransports()
+				return errs.Wrap(errs.TransportUnavailable, "new", err, "transport %s", n)
+			}
+			e.cfg.Logger.Info("te: transport not installed", "transport", n, "reason", err.Error())
+			continue
+		}
+		e.transports = append(e.transports, t)
+		e.byName[n] = t
+	}
+	if len(e.transports) == 0 {
+		return errs.New(errs.TransportUnavailable, "new", "no transport could start")
+	}
+	// Keep preference order whatever order the caller listed them in.
+	ts := e.transports
+	for i := 1; i < len(ts); i++ {
+		for j := i; j > 0 && transport.Rank(ts[j].Name()) < transport.Rank(ts[j-1].Name()); j-- {
+			ts[j], ts[j-1] = ts[j-1], ts[j]
+		}
+	}
+	if f := e.cfg.ForceTransport; f != "" && e.byName[f] == nil {
+		e.closeTransports()
+		return errs.New(errs.TransportUnavailable, "new", "forced transport %q is not installed", f)
+	}
+	return nil
+}
+
+func (e *Engine) closeTransports() {
+	for _, t := range e.transports {
+		if err := t.Close(); err != nil {
+			e.cfg.Logger.Warn("te: closing transport", "transport", t.Name(), "err", err)
+		}
+	}
+}
+
+// host is the engine as its transports see it.
+type host struct{ e *Engine }
+
+func (h host) SegmentName() string                { return h.e.name }
+func (h host) Instance() string                   { return h.e.instance }
+func (h host) Registry() *segment.Registry        { return h.e.reg }
+func (h host) Control() transport.Control         { return h.e.ctrl }
+func (h host) Logf(format string, args ...any)    { h.e.cfg.Logger.Info(fmt.Sprintf(format, args...)) }
+func (h host) Param(key string) (string, bool)    { v, ok := h.e.cfg.Params[key]; return v, ok }
+
+// Name returns the local segment name.
+func (e *Engine) Name() string { return e.name }
+
+// RPCAddr returns host:port of the RPC listener.
+func (e *Engine) RPCAddr() string { return e.rpcAddr }
+
+// RPCPort returns the RPC listener's port.
+func (e *Engine) RPCPort() int { return e.ctrl.ln.Addr().(*net.TCPAddr).Port }
+
+// Instance returns the random identity of this engine start.
+func (e *Engine) Instance() string { return e.instance }
+
+// Transports lists the installed transports in preference order.
+func (e *Engine) Transports() []string {
+	out := make([]string, len(e.transports))
+	for i, t := range e.transports {
+		out[i] = t.Name()
+	}
+	return out
+}
+
+// Descriptor returns a copy of the published local descriptor.
+func (e *Engine) Descriptor() *segment.Desc { return e.desc.Load().Clone() }
+
+// publish builds the descriptor from the registry and publishes it. Callers
+// hold regMu (or are New).
+func (e *Engine) publish() error {
+	d := &segment.Desc{
+		Name:      e.name,
+		Protocol:  "tcp",
+		Buffers:   []segment.BufferDesc{},
+		Timestamp: time.Now().UTC().Format(time.RFC3339Nano),
+		Version:   e.version.Add(1),
+		Instance:  e.instance,
+		RPC:       e.rpcAddr,
+		Endpoints: map[string]string{},
+	}
+	for _, t := range e.transports {
+		d.Transports = append(d.Transports, t.Name())
+		t.Describe(d)
+	}
+	if e.byName["rdma"] != nil {
+		d.Protocol = "rdma"
+	}
+	for _, r := range e.reg.Regions() {
+		if r.Remote {
+			d.Buffers = append(d.Buffers, r.Desc)
+		}
+	}
+	e.desc.Store(d)
+	if e.store == nil {
+		return nil
+	}
+	b, err := d.Encode()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RPCTimeout)
+	defer cancel()
+	if err := e.store.Put(ctx, meta.KeyRAM(e.name), b); err != nil {
+		return errs.Wrap(errs.Metadata, "publish", err, "segment %s", e.name)
+	}
+	port := e.RPCPort()
+	if err := e.store.Put(ctx, meta.KeyRPC(e.name), meta.EncodeRPCMeta(e.hostname, port)); err != nil {
+		return errs.Wrap(errs.Metadata, "publish", err, "rpc meta of %s", e.name)
+	}
+	return nil
+}
+
+func (e *Engine) live(op string) error {
+	if e.closed.Load() {
+		return errs.New(errs.Closed, op, "engine closed")
+	}
+	return nil
+}
+
+// MemoryRegion is one range for RegisterMemoryBatch.
+type MemoryRegion struct {
+	Addr     uint64
+	Length   uint64
+	Location string // "cpu", "cpu:N", "cuda:N" or "*"
+	Remote   bool   // remote-accessible
+}
+
+// RegisterMemory registers [addr, addr+length) with every installed transport
+// and publishes it (when remote is true). Zero length is InvalidArgument; an
+// overlap with a registered range is AddressOverlapped; registering the same
+// range again with the same location and flag succeeds and changes nothing.
+func (e *Engine) RegisterMemory(addr, length uint64, location string, remote bool) error {
+	return e.RegisterMemoryBatch([]MemoryRegion{{addr, length, location, remote}})
+}
+
+// RegisterMemoryBatch registers several ranges, all or none, and publishes the
+// descriptor once.
+func (e *Engine) RegisterMemoryBatch(rs []MemoryRegion) error {
+	if err := e.live("register"); err != nil {
+		return err
+	}
+	if len(rs) == 0 {
+		return errs.New(errs.InvalidArgument, "register", "no regions")
+	}
+	regions := make([]*segment.Region, len(rs))
+	for i, m := range rs {
+		r, err := segment.NewRegion(m.Addr, m.Length, m.Location, m.Remote)
+		if err != nil {
+			return err
+		}
+		regions[i] = r
+	}
+	// Overlap within the batch itself.
+	for i := range regions {
+		for j := i + 1; j < len(regions); j++ {
+			a, b := regions[i], regions[j]
+			if a.Addr < b.End() && b.Addr < a.End() && !(a.Addr == b.Addr && a.Length == b.Length) {
+				return errs.New(errs.AddressOverlapped, "register", "ranges %#x and %#x in one batch overlap", a.Addr, b.Addr)
+			}
+		}
+	}
+	e.regMu.Lock()
+	defer e.regMu.Unlock()
+	// Transports first, then the registry: a region becomes visible to
+	// remote accesses only once every transport holds it.
+	var fresh []*segment.Region
+	for _, r := range regions {
+		if old, ok := e.reg.Lookup(r.Addr, r.Length); ok && old.Addr == r.Addr && old.Length == r.Length &&
+			old.Location == r.Location && old.Remote == r.Remote {
+			continue // identical re-registration
+		}
+		fresh = append(fresh, r)
+	}
+	if len(fresh) == 0 {
+		return nil
+	}
+	var done []*segment.Region
+	for _, r := range fresh {
+		for i, t := range e.transports {
+			if err := t.Register(r); err != nil {
+				for _, u := range e.transports[:i] {
+					u.Unregister(r)
+				}
+				e.rollback(done)
+				return errs.Wrap(errs.CodeOf(err), "register", err, "transport %s refused [%#x,+%d)", t.Name(), r.Addr, r.Length)
+			}
+		}
+		done = append(done, r)
+	}
+	if _, _, err := e.reg.Add(fresh...); err != nil {
+		e.rollback(done)
+		return err
+	}
+	if err := e.publish(); err != nil {
+		e.cfg.Logger.Warn("te: publishing descriptor", "err", err)
+	}
+	return nil
+}
+
+func (e *Engine) rollback(rs []*segment.Region) {
+	for _, r := range rs {
+		for _, t := range e.transports {
+			t.Unregister(r)
+		}
+	}
+}
+
+// UnregisterMemory unregisters the range registered at addr. It stops new
+// accesses, waits for those in flight, releases transport state, publishes the
+// new descriptor and only then returns, so the caller may free the memory.
+func (e *Engine) UnregisterMemory(addr uint64) error {
+	return e.UnregisterMemoryBatch([]uint64{addr})
+}
+
+// UnregisterMemoryBatch unregisters several ranges (all must be registered)
+// and publishes the descriptor once.
+func (e *Engine) UnregisterMemoryBatch(addrs []uint64) error {
+	if len(addrs) == 0 {
+		return errs.New(errs.InvalidArgument, "unregister", "no addresses")
+	}
+	e.regMu.Lock()
+	defer e.regMu.Unlock()
+	rs, err := e.reg.Remove(addrs...)
+	if err != nil {
+		return err
+	}
+	var first error
+	ctx, cancel := context.WithTimeout(context.Background(), e.unregisterTimeout())
+	defer cancel()
+	for _, r := range rs {
+		if err := r.WaitIdle(ctx); err != nil && first == nil {
+			first = err
+		}
+		for _, t := range e.transports {
+			if err := t.Unregister(r); err != nil && first == nil {
+				first = err
+			}
+		}
+	}
+	if !e.closed.Load() {
+		if err := e.publish(); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+func (e *Engine) unregisterTimeout() time.Duration {
+	if e.cfg.TransferTimeout > 0 {
+		return e.cfg.TransferTimeout + time.Second
+	}
+	return time.Minute
+}
+
+// Close stops the engine. In-flight tasks end FAILED; listeners, connections
+// and goroutines are gone when it returns. Close is idempotent.
+func (e *Engine) Close() error {
+	e.closeOnce.Do(func() {
+		e.closed.Store(true)
+		close(e.done)
+		// Transports fail what they hold; then nothing can complete late.
+		e.closeTransports()
+		e.ctrl.close()
+		e.batchMu.Lock()
+		bs := make([]*Batch, 0, len(e.batches))
+		for b := range e.batches {
+			bs = append(bs, b)
+		}
+		e.batchMu.Unlock()
+		for _, b := range bs {
+			b.failPending(errs.New(errs.Closed, "transfer", "engine closed"))
+		}
+		e.wg.Wait()
+		if e.store != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RPCTimeout)
+			e.store.Delete(ctx, meta.KeyRAM(e.name))
+			e.store.Delete(ctx, meta.KeyRPC(e.name))
+			cancel()
+			e.store.Close()
+		}
+	})
+	return nil
+}
+
+// Probe is what a peer answers to a probe.
+type Probe struct {
+	Name     string        `json:"name"`
+	Instance string        `json:"instance"`
+	Version  uint64        `json:"version"`
+	RTT      time.Duration `json:"-"`
+}
+
+func (e *Engine) handleDescribe(_ context.Context, body []byte) ([]byte, error) {
+	if len(body) > 0 && string(body) != e.name && string(body) != e.rpcAddr {
+		return nil, errs.New(errs.SegmentNotFound, "describe", "this engine serves %q, not %q", e.name, body)
+	}
+	return e.desc.Load().Encode()
+}
+
+func (e *Engine) handleProbe(context.Context, []byte) ([]byte, error) {
+	d := e.desc.Load()
+	return json.Marshal(Probe{Name: e.name, Instance: e.instance, Version: d.Version})
+}
+
+// Probe checks that the segment's engine answers and returns its identity and
+// the round-trip time. It blocks up to the RPC timeout.
+func (e *Engine) Probe(name string) (Probe, error) {
+	if err := e.live("probe"); err != nil {
+		return Probe{}, err
+	}
+	addr, err := e.rpcAddrOf(name)
+	if err != nil {
+		return Probe{}, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RPCTimeout)
+	defer cancel()
+	t0 := time.Now()
+	b, err := e.ctrl.Call(ctx, addr, wire.KindProbe, nil)
+	if err != nil {
+		return Probe{}, err
+	}
+	var p Probe
+	if err := json.Unmarshal(b, &p); err != nil {
+		return Probe{}, errs.Wrap(errs.Protocol, "probe", err, "bad probe reply from %s", name)
+	}
+	p.RTT = time.Since(t0)
+	return p, nil
+}
+
+// rpcAddrOf resolves a segment name to its RPC address: the name itself in
+// peer-to-peer mode, the rpc_meta record otherwise.
+func (e *Engine) rpcAddrOf(name string) (string, error) {
+	if name == "" {
+		return "", errs.New(errs.InvalidArgument, "resolve", "empty segment name")
+	}
+	if name == e.name {
+		return e.rpcAddr, nil
+	}
+	if e.p2p {
+		if _, _, err := net.SplitHostPort(name); err != nil {
+			return "", errs.New(errs.InvalidArgument, "resolve", "segment name %q is not host:port", name).
+				WithHint("with P2PHANDSHAKE a segment is named after its engine's RPC address")
+		}
+		return name, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RPCTimeout)
+	defer cancel()
+	b, err := e.store.Get(ctx, meta.KeyRPC(name))
+	if err != nil {
+		if errs.CodeOf(err) == errs.NotFound {
+			return "", errs.New(errs.SegmentNotFound, "resolve", "no segment %q in the metadata store", name)
+		}
+		return "", errs.Wrap(errs.Metadata, "resolve", err, "segment %q", name)
+	}
+	var m meta.RPCMeta
+	if err := json.Unmarshal(b, &m); err != nil || m.RPCPort <= 0 || m.RPCPort > 65535 {
+		return "", errs.New(errs.Metadata, "resolve", "malformed rpc_meta for %q", name)
+	}
+	return net.JoinHostPort(m.IPOrHostName, strconv.Itoa(m.RPCPort)), nil
+}
+
+var _ = os.Getpid

@@ -1,0 +1,33 @@
+package engine
+
+import "github.com/tecache/te/engine/errs"
+
+// Error is the error type of every engine operation; see package errs.
+type Error = errs.Error
+
+// Code is a stable error code; the C ABI returns it negated.
+type Code = errs.Code
+
+// Sentinel errors for errors.Is; every error the engine returns matches one.
+var (
+	ErrInvalidArgument      = errs.ErrInvalidArgument
+	ErrAddressNotRegistered = errs.ErrAddressNotRegistered
+	ErrAddressOverlapped    = errs.ErrAddressOverlapped
+	ErrBatchBusy            = errs.ErrBatchBusy
+	ErrSegmentNotFound      = errs.ErrSegmentNotFound
+	ErrTransportUnavailable = errs.ErrTransportUnavailable
+	ErrPeerUnreachable      = errs.ErrPeerUnreachable
+	ErrTimeout              = errs.ErrTimeout
+	ErrMetadata             = errs.ErrMetadata
+	ErrNotSupported         = errs.ErrNotSupported
+	ErrClosed               = errs.ErrClosed
+	ErrStaleDescriptor      = errs.ErrStaleDescriptor
+	ErrAccessDenied         = errs.ErrAccessDenied
+	ErrTooLarge             = errs.ErrTooLarge
+	ErrProtocol             = errs.ErrProtocol
+	ErrCanceled             = errs.ErrCanceled
+	ErrNotFound             = errs.ErrNotFound
+)
+
+// CodeOf returns the stable code of err (0 for nil).
+func CodeOf(err error) Code { return errs.CodeOf(err) }

@@ -1,0 +1,159 @@
+// Package errs holds te's error codes and the error type every layer returns.
+//
+// The codes are stable: the C ABI returns them negated, the Python binding maps
+// them to exception classes, and they travel on the wire in completion frames.
+// They live in their own package so transports and the engine share them
+// without an import cycle; package engine re-exports them.
+package errs
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Code is a stable error code. The C ABI returns -Code.
+type Code int32
+
+// Stable codes. Never renumber: they are part of the C ABI and the wire format.
+const (
+	OK                   Code = 0
+	InvalidArgument      Code = 1
+	AddressNotRegistered Code = 2
+	AddressOverlapped    Code = 3
+	BatchBusy            Code = 4
+	SegmentNotFound      Code = 5
+	TransportUnavailable Code = 6
+	PeerUnreachable      Code = 7
+	Timeout              Code = 8
+	Metadata             Code = 9
+	NotSupported         Code = 10
+	Closed               Code = 11
+	StaleDescriptor      Code = 12
+	AccessDenied         Code = 13
+	TooLarge             Code = 14
+	Protocol             Code = 15
+	Canceled             Code = 16
+	NoMemory             Code = 17
+	Internal             Code = 18
+	NotFound             Code = 19
+	BufferTooSmall       Code = 20
+)
+
+var names = map[Code]string{
+	OK:                   "ok",
+	InvalidArgument:      "invalid argument",
+	AddressNotRegistered: "address not registered",
+	AddressOverlapped:    "address overlapped",
+	BatchBusy:            "batch busy",
+	SegmentNotFound:      "segment not found",
+	TransportUnavailable: "transport unavailable",
+	PeerUnreachable:      "peer unreachable",
+	Timeout:              "timeout",
+	Metadata:             "metadata error",
+	NotSupported:         "not supported",
+	Closed:               "engine closed",
+	StaleDescriptor:      "stale descriptor",
+	AccessDenied:         "access denied",
+	TooLarge:             "too large",
+	Protocol:             "protocol error",
+	Canceled:             "canceled",
+	NoMemory:             "out of memory",
+	Internal:             "internal error",
+	NotFound:             "not found",
+	BufferTooSmall:       "buffer too small",
+}
+
+// String names the code.
+func (c Code) String() string {
+	if s, ok := names[c]; ok {
+		return s
+	}
+	return fmt.Sprintf("code(%d)", int32(c))
+}
+
+// Error is the error value of every te operation: a stable Code, the operation
+// that failed, a message, an optional hint on what to do, and the cause.
+type Error struct {
+	Code Code
+	Op   string
+	Msg  string
+	Hint string
+	Err  error
+}
+
+func (e *Error) Error() string {
+	s := e.Code.String()
+	if e.Op != "" {
+		s = e.Op + ": " + s
+	}
+	if e.Msg != "" {
+		s += ": " + e.Msg
+	}
+	if e.Err != nil {
+		s += ": " + e.Err.Error()
+	}
+	if e.Hint != "" {
+		s += " (" + e.Hint + ")"
+	}
+	return s
+}
+
+// Unwrap returns the cause.
+func (e *Error) Unwrap() error { return e.Err }
+
+// Is matches any *Error with the same code, so errors.Is(err, errs.ErrTimeout)
+// works whatever the message.
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	return ok && t.Code == e.Code && t.Msg == "" && t.Op == ""
+}
+
+// Sentinels for errors.Is.
+var (
+	ErrInvalidArgument      = &Error{Code: InvalidArgument}
+	ErrAddressNotRegistered = &Error{Code: AddressNotRegistered}
+	ErrAddressOverlapped    = &Error{Code: AddressOverlapped}
+	ErrBatchBusy            = &Error{Code: BatchBusy}
+	ErrSegmentNotFound      = &Error{Code: SegmentNotFound}
+	ErrTransportUnavailable = &Error{Code: TransportUnavailable}
+	ErrPeerUnreachable      = &Error{Code: PeerUnreachable}
+	ErrTimeout              = &Error{Code: Timeout}
+	ErrMetadata             = &Error{Code: Metadata}
+	ErrNotSupported         = &Error{Code: NotSupported}
+	ErrClosed               = &Error{Code: Closed}
+	ErrStaleDescriptor      = &Error{Code: StaleDescriptor}
+	ErrAccessDenied         = &Error{Code: AccessDenied}
+	ErrTooLarge             = &Error{Code: TooLarge}
+	ErrProtocol             = &Error{Code: Protocol}
+	ErrCanceled             = &Error{Code: Canceled}
+	ErrNoMemory             = &Error{Code: NoMemory}
+	ErrInternal             = &Error{Code: Internal}
+	ErrNotFound             = &Error{Code: NotFound}
+	ErrBufferTooSmall       = &Error{Code: BufferTooSmall}
+)
+
+// New builds an *Error.
+func New(code Code, op, format string, args ...any) *Error {
+	return &Error{Code: code, Op: op, Msg: fmt.Sprintf(format, args...)}
+}
+
+// Wrap builds an *Error around a cause.
+func Wrap(code Code, op string, cause error, format string, args ...any) *Error {
+	return &Error{Code: code, Op: op, Msg: fmt.Sprintf(format, args...), Err: cause}
+}
+
+// WithHint returns e with a hint set.
+func (e *Error) WithHint(h string) *Error { e.Hint = h; return e }
+
+// CodeOf returns the code carried by err: OK for nil, Internal for an error
+// that is not a te error.
+func CodeOf(err error) Code {
+	if err == nil {
+		return OK
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return Internal
+}

@@ -1,0 +1,155 @@
+package meta
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"sync"
+
+	"github.com/tecache/te/engine/errs"
+)
+
+// P2PHandshake is the default connection string: no metadata server; a segment
+// is named host:port after its engine's RPC listener and descriptors are
+// fetched from the peer itself.
+const P2PHandshake = "P2PHANDSHAKE"
+
+// Store is a key-value metadata service (etcd, the HTTP metadata protocol,
+// redis). Get returns an error with code NotFound for a missing key.
+type Store interface {
+	Get(ctx context.Context, key string) ([]byte, error)
+	Put(ctx context.Context, key string, value []byte) error
+	Delete(ctx context.Context, key string) error
+	Close() error
+}
+
+// Keys as Mooncake writes them, so either engine finds the other's segments.
+func KeyRAM(segment string) string { return "mooncake/ram/" + segment }
+
+// KeyRPC is the key of a segment's RPC endpoint record.
+func KeyRPC(segment string) string { return "mooncake/rpc_meta/" + segment }
+
+// RPCMeta is Mooncake's rpc_meta record.
+type RPCMeta struct {
+	IPOrHostName string `json:"ip_or_host_name"`
+	RPCPort      int    `json:"rpc_port"`
+}
+
+// EncodeRPCMeta returns the JSON of an rpc_meta record.
+func EncodeRPCMeta(host string, port int) []byte {
+	b, _ := json.Marshal(RPCMeta{IPOrHostName: host, RPCPort: port})
+	return b
+}
+
+// Opener opens a store from a connection string of its scheme.
+type Opener func(conn string) (Store, error)
+
+var (
+	openersMu sync.Mutex
+	openers   = map[string]Opener{"mem": openMemory}
+)
+
+// RegisterScheme makes a store available under scheme (e.g. "etcd").
+func RegisterScheme(scheme string, o Opener) {
+	openersMu.Lock()
+	defer openersMu.Unlock()
+	openers[scheme] = o
+}
+
+// IsP2P reports whether conn selects peer-to-peer metadata.
+func IsP2P(conn string) bool {
+	return conn == "" || strings.EqualFold(conn, P2PHandshake)
+}
+
+// Open opens the store named by conn: "mem://NAME" (an in-process store shared
+// by every engine that names it, for tests and single-process setups), and the
+// schemes other packages register (etcd://, http://, redis://). For
+// P2PHANDSHAKE it returns a nil store.
+func Open(conn string) (Store, error) {
+	if IsP2P(conn) {
+		return nil, nil
+	}
+	scheme, _, ok := strings.Cut(conn, "://")
+	if !ok {
+		return nil, errs.New(errs.InvalidArgument, "metadata", "connection string %q is not P2PHANDSHAKE or scheme://...", conn)
+	}
+	openersMu.Lock()
+	o := openers[strings.ToLower(scheme)]
+	openersMu.Unlock()
+	if o == nil {
+		return nil, errs.New(errs.NotSupported, "metadata", "no metadata store for scheme %q", scheme).
+			WithHint("use P2PHANDSHAKE or mem://; etcd, http and redis stores are separate packages")
+	}
+	return o(conn)
+}
+
+// Memory is an in-process Store.
+type Memory struct {
+	mu sync.Mutex
+	m  map[string][]byte
+}
+
+// NewMemory returns an empty in-process store.
+func NewMemory() *Memory { return &Memory{m: map[string][]byte{}} }
+
+var (
+	sharedMu sync.Mutex
+	shared   = map[string]*Memory{}
+)
+
+func openMemory(conn string) (Store, error) {
+	name := strings.TrimPrefix(conn[strings.Index(conn, "://")+3:], "/")
+	sharedMu.Lock()
+	defer sharedMu.Unlock()
+	m := shared[name]
+	if m == nil {
+		m = NewMemory()
+		shared[name] = m
+	}
+	return nopClose{m}, nil
+}
+
+type nopClose struct{ *Memory }
+
+func (nopClose) Close() error { return nil }
+
+// Get returns a copy of the value at key.
+func (s *Memory) Get(_ context.Context, key string) ([]byte, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, ok := s.m[key]
+	if !ok {
+		return nil, errs.New(errs.NotFound, "metadata", "no key %q", key)
+	}
+	return append([]byte(nil), v...), nil
+}
+
+// Put stores a copy of value at key.
+func (s *Memory) Put(_ context.Context, key string, value []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.m[key] = append([]byte(nil), value...)
+	return nil
+}
+
+// Delete removes key; a missing key is not an error.
+func (s *Memory) Delete(_ context.Context, key string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.m, key)
+	return nil
+}
+
+// Keys lists the stored keys.
+func (s *Memory) Keys() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]string, 0, len(s.m))
+	for k := range s.m {
+		out = append(out, k)
+	}
+	return out
+}
+
+// Close does nothing.
+func (s *Memory) Close() error { return nil }

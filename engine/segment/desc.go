@@ -1,0 +1,193 @@
+package segment
+
+import (
+	"encoding/json"
+	"sort"
+	"strings"
+
+	"github.com/tecache/te/engine/errs"
+)
+
+// MaxDescSize bounds an encoded descriptor; decoders refuse larger input before
+// parsing it.
+const MaxDescSize = 16 << 20
+
+// MaxBuffers bounds the number of buffers one descriptor may carry.
+const MaxBuffers = 1 << 20
+
+// Desc is what an engine publishes about itself: Mooncake's SegmentDesc with
+// te's extensions under te_* names. Field names follow Mooncake where the
+// concept is the same so descriptors written by either can be read by both.
+type Desc struct {
+	Name        string       `json:"name"`
+	Protocol    string       `json:"protocol"`
+	TCPDataPort int          `json:"tcp_data_port,omitempty"`
+	Devices     []Device     `json:"devices,omitempty"`
+	Buffers     []BufferDesc `json:"buffers"`
+	Timestamp   string       `json:"timestamp,omitempty"`
+
+	// Version grows with every change an engine publishes; with Instance it
+	// lets a peer tell a changed descriptor from the one it cached.
+	Version uint64 `json:"te_version,omitempty"`
+	// Instance is random per engine start: a peer restarted under the same
+	// name has a new one.
+	Instance string `json:"te_instance,omitempty"`
+	// RPC is the control-plane address (handshake, notify, probe).
+	RPC string `json:"te_rpc,omitempty"`
+	// Transports lists the installed transports in preference order.
+	Transports []string `json:"te_transports,omitempty"`
+	// Endpoints maps a transport name to its data address.
+	Endpoints map[string]string `json:"te_endpoints,omitempty"`
+	// Host identifies the machine and process, for same-host transports.
+	Host *HostID `json:"te_host,omitempty"`
+}
+
+// Device is an RDMA device as Mooncake publishes it.
+type Device struct {
+	Name string `json:"name"`
+	LID  uint16 `json:"lid"`
+	GID  string `json:"gid"`
+}
+
+// HostID says where an engine runs, so same-host transports are chosen only
+// when the peer really is on this host and in reach.
+type HostID struct {
+	BootID string `json:"boot_id"`
+	PidNS  string `json:"pid_ns"`
+	Pid    int    `json:"pid"`
+}
+
+// BufferDesc describes one registered, remote-accessible buffer.
+type BufferDesc struct {
+	Name   string   `json:"name"` // memory location, e.g. cpu:0 or cuda:1
+	Addr   uint64   `json:"addr"`
+	Length uint64   `json:"length"`
+	Rkey   []uint32 `json:"rkey"`
+	Lkey   []uint32 `json:"lkey"`
+	// Key is the capability key of this registration: random per
+	// registration and checked by the owner on every software-path access
+	// (the tcp analogue of an rkey).
+	Key uint64 `json:"te_key,omitempty"`
+	// Extra carries transport-specific fields (an IPC handle, say).
+	Extra map[string]string `json:"te_extra,omitempty"`
+}
+
+// End returns Addr+Length.
+func (b *BufferDesc) End() uint64 { return b.Addr + b.Length }
+
+// Contains reports whether [addr, addr+n) lies inside b, overflow checked.
+func (b *BufferDesc) Contains(addr, n uint64) bool {
+	if n == 0 || addr < b.Addr {
+		return false
+	}
+	end := addr + n
+	if end < addr {
+		return false
+	}
+	return end <= b.Addr+b.Length
+}
+
+// HasTransport reports whether the descriptor lists transport t.
+func (d *Desc) HasTransport(t string) bool {
+	for _, x := range d.Transports {
+		if x == t {
+			return true
+		}
+	}
+	return false
+}
+
+// Find returns the buffer that holds [addr, addr+n) entirely. Buffers are kept
+// sorted by Decode and by the engine, so this is a binary search.
+func (d *Desc) Find(addr, n uint64) (*BufferDesc, error) {
+	if n == 0 {
+		return nil, errs.New(errs.InvalidArgument, "segment", "zero length")
+	}
+	if addr+n < addr {
+		return nil, errs.New(errs.InvalidArgument, "segment", "range [%#x,+%d) overflows", addr, n)
+	}
+	i := sort.Search(len(d.Buffers), func(i int) bool { return d.Buffers[i].Addr > addr }) - 1
+	if i < 0 || !d.Buffers[i].Contains(addr, n) {
+		return nil, errs.New(errs.AddressNotRegistered, "segment",
+			"[%#x,+%d) is not inside one buffer of segment %q", addr, n, d.Name)
+	}
+	return &d.Buffers[i], nil
+}
+
+// Encode returns the JSON form of d.
+func (d *Desc) Encode() ([]byte, error) {
+	b, err := json.Marshal(d)
+	if err != nil {
+		return nil, errs.Wrap(errs.Internal, "segment", err, "encode descriptor")
+	}
+	return b, nil
+}
+
+// Decode parses and validates a descriptor. Malformed input gives a Metadata
+// error, never a panic: descriptors come from peers and stores we do not
+// control.
+func Decode(b []byte) (*Desc, error) {
+	if len(b) > MaxDescSize {
+		return nil, errs.New(errs.Metadata, "segment", "descriptor of %d bytes exceeds %d", len(b), MaxDescSize)
+	}
+	var d Desc
+	if err := json.Unmarshal(b, &d); err != nil {
+		return nil, errs.Wrap(errs.Metadata, "segment", err, "malformed descriptor")
+	}
+	if err := d.Validate(); err != nil {
+		return nil, err
+	}
+	return &d, nil
+}
+
+// Validate checks a descriptor's invariants and sorts its buffers by address.
+func (d *Desc) Validate() error {
+	if d.Name == "" || len(d.Name) > 1024 || strings.ContainsRune(d.Name, 0) {
+		return errs.New(errs.Metadata, "segment", "descriptor has an invalid name")
+	}
+	if len(d.Buffers) > MaxBuffers {
+		return errs.New(errs.Metadata, "segment", "descriptor has %d buffers, more than %d", len(d.Buffers), MaxBuffers)
+	}
+	sort.Slice(d.Buffers, func(i, j int) bool { return d.Buffers[i].Addr < d.Buffers[j].Addr })
+	for i := range d.Buffers {
+		b := &d.Buffers[i]
+		if b.Length == 0 || b.Addr+b.Length < b.Addr {
+			return errs.New(errs.Metadata, "segment", "buffer %d of %q has an invalid range", i, d.Name)
+		}
+		if i > 0 && d.Buffers[i-1].End() > b.Addr {
+			return errs.New(errs.Metadata, "segment", "buffers of %q overlap at %#x", d.Name, b.Addr)
+		}
+	}
+	return nil
+}
+
+// Clone returns a deep copy of d.
+func (d *Desc) Clone() *Desc {
+	c := *d
+	c.Devices = append([]Device(nil), d.Devices...)
+	c.Buffers = make([]BufferDesc, len(d.Buffers))
+	for i, b := range d.Buffers {
+		b.Rkey = append([]uint32(nil), b.Rkey...)
+		b.Lkey = append([]uint32(nil), b.Lkey...)
+		if b.Extra != nil {
+			m := make(map[string]string, len(b.Extra))
+			for k, v := range b.Extra {
+				m[k] = v
+			}
+			b.Extra = m
+		}
+		c.Buffers[i] = b
+	}
+	c.Transports = append([]string(nil), d.Transports...)
+	if d.Endpoints != nil {
+		c.Endpoints = make(map[string]string, len(d.Endpoints))
+		for k, v := range d.Endpoints {
+			c.Endpoints[k] = v
+		}
+	}
+	if d.Host != nil {
+		h := *d.Host
+		c.Host = &h
+	}
+	return &c
+}

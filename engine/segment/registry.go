@@ -1,0 +1,251 @@
+package segment
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tecache/te/engine/errs"
+)
+
+// Location is where registered memory lives.
+type Location struct {
+	Kind  string // "cpu", "cuda" or "*" (detect)
+	Index int    // device or NUMA node; -1 when unspecified
+}
+
+func (l Location) String() string {
+	if l.Kind == "*" {
+		return "*"
+	}
+	if l.Index < 0 {
+		return l.Kind
+	}
+	return l.Kind + ":" + strconv.Itoa(l.Index)
+}
+
+// ParseLocation parses "cpu", "cpu:N", "cuda:N" or "*" (an empty string means
+// "cpu"). Other strings are an invalid argument.
+func ParseLocation(s string) (Location, error) {
+	switch s {
+	case "", "cpu":
+		return Location{Kind: "cpu", Index: -1}, nil
+	case "*":
+		return Location{Kind: "*", Index: -1}, nil
+	}
+	kind, idx, ok := strings.Cut(s, ":")
+	if ok && (kind == "cpu" || kind == "cuda") {
+		n, err := strconv.Atoi(idx)
+		if err == nil && n >= 0 && n < 1<<16 {
+			return Location{Kind: kind, Index: n}, nil
+		}
+	}
+	return Location{}, errs.New(errs.InvalidArgument, "register", "location %q is not cpu, cpu:N, cuda:N or *", s)
+}
+
+// Region is one registered range of local memory.
+type Region struct {
+	Addr     uint64
+	Length   uint64
+	Location Location
+	Remote   bool // remote-accessible: published in the descriptor
+	// Desc is what the descriptor publishes for this region; transports add
+	// their keys to it while registering.
+	Desc BufferDesc
+
+	inflight atomic.Int64
+	closing  atomic.Bool
+}
+
+// End returns Addr+Length.
+func (r *Region) End() uint64 { return r.Addr + r.Length }
+
+// Release ends an access begun by Registry.Acquire.
+func (r *Region) Release() { r.inflight.Add(-1) }
+
+// Closing reports whether the region is being unregistered.
+func (r *Region) Closing() bool { return r.closing.Load() }
+
+// WaitIdle waits until no access to r is in flight. It backs off from a spin
+// to a millisecond sleep: unregistering is rare and accesses are short.
+func (r *Region) WaitIdle(ctx context.Context) error {
+	for d := time.Microsecond; r.inflight.Load() > 0; {
+		select {
+		case <-ctx.Done():
+			return errs.Wrap(errs.Timeout, "unregister", ctx.Err(), "accesses to [%#x,+%d) still in flight", r.Addr, r.Length)
+		case <-time.After(d):
+		}
+		if d < time.Millisecond {
+			d *= 2
+		}
+	}
+	return nil
+}
+
+// NewKey returns a random non-zero capability key.
+func NewKey() uint64 {
+	var b [8]byte
+	for {
+		if _, err := rand.Read(b[:]); err != nil {
+			// crypto/rand does not fail on Linux; keep a non-zero fallback.
+			return uint64(time.Now().UnixNano()) | 1
+		}
+		if k := binary.LittleEndian.Uint64(b[:]); k != 0 {
+			return k
+		}
+	}
+}
+
+// Registry is the set of registered local memory. Lookups are lock-free and
+// O(log n): they read an immutable sorted snapshot that writers replace.
+type Registry struct {
+	mu   sync.Mutex // serialises writers
+	snap atomic.Pointer[[]*Region]
+}
+
+// NewRegistry returns an empty registry.
+func NewRegistry() *Registry {
+	r := &Registry{}
+	empty := []*Region{}
+	r.snap.Store(&empty)
+	return r
+}
+
+// NewRegion validates a registration request and returns a region with a fresh
+// capability key.
+func NewRegion(addr, length uint64, location string, remote bool) (*Region, error) {
+	if length == 0 {
+		return nil, errs.New(errs.InvalidArgument, "register", "zero length at %#x", addr)
+	}
+	if addr == 0 {
+		return nil, errs.New(errs.InvalidArgument, "register", "null address")
+	}
+	if addr+length < addr {
+		return nil, errs.New(errs.InvalidArgument, "register", "range [%#x,+%d) overflows", addr, length)
+	}
+	loc, err := ParseLocation(location)
+	if err != nil {
+		return nil, err
+	}
+	key := NewKey()
+	return &Region{
+		Addr: addr, Length: length, Location: loc, Remote: remote,
+		Desc: BufferDesc{Name: loc.String(), Addr: addr, Length: length, Key: key, Rkey: []uint32{}, Lkey: []uint32{}},
+	}, nil
+}
+
+// Regions returns the current snapshot, sorted by address. Do not modify it.
+func (g *Registry) Regions() []*Region { return *g.snap.Load() }
+
+func find(s []*Region, addr uint64) int {
+	return sort.Search(len(s), func(i int) bool { return s[i].Addr > addr }) - 1
+}
+
+// Lookup returns the region holding [addr, addr+n) entirely.
+func (g *Registry) Lookup(addr, n uint64) (*Region, bool) {
+	s := *g.snap.Load()
+	i := find(s, addr)
+	if i < 0 || n == 0 || addr+n < addr || addr+n > s[i].End() {
+		return nil, false
+	}
+	return s[i], true
+}
+
+// Acquire validates a remote access to [addr, addr+n) under capability key
+// and, when it is allowed, counts it in flight until Release. A key of 0 skips
+// the key check (local accesses). Unregister waits for every access counted.
+func (g *Registry) Acquire(addr, n, key uint64, remote bool) (*Region, error) {
+	if n == 0 {
+		return nil, errs.New(errs.InvalidArgument, "access", "zero length")
+	}
+	if addr+n < addr {
+		return nil, errs.New(errs.InvalidArgument, "access", "range [%#x,+%d) overflows", addr, n)
+	}
+	r, ok := g.Lookup(addr, n)
+	if !ok {
+		return nil, errs.New(errs.AddressNotRegistered, "access", "[%#x,+%d) is not inside one registered buffer", addr, n)
+	}
+	if remote && !r.Remote {
+		return nil, errs.New(errs.AccessDenied, "access", "buffer at %#x is not remote-accessible", r.Addr)
+	}
+	if key != 0 && key != r.Desc.Key {
+		return nil, errs.New(errs.StaleDescriptor, "access", "key for buffer at %#x does not match its registration", r.Addr)
+	}
+	// Count first, then check closing: with Remove setting closing before it
+	// reads the count, one of the two always sees the other.
+	r.inflight.Add(1)
+	if r.closing.Load() {
+		r.inflight.Add(-1)
+		return nil, errs.New(errs.AddressNotRegistered, "access", "buffer at %#x is being unregistered", r.Addr)
+	}
+	return r, nil
+}
+
+// Add inserts regions atomically: all or none. A region identical to one
+// already registered (same address, length, location and flag) is skipped and
+// the existing region is returned in its place; any other overlap is an
+// AddressOverlapped error. The returned slice says which regions are new.
+func (g *Registry) Add(regions ...*Region) (out []*Region, added []bool, err error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	cur := *g.snap.Load()
+	next := append([]*Region(nil), cur...)
+	out = make([]*Region, len(regions))
+	added = make([]bool, len(regions))
+	for i, r := range regions {
+		j := find(next, r.Addr)
+		if j >= 0 && next[j].Addr == r.Addr && next[j].Length == r.Length &&
+			next[j].Location == r.Location && next[j].Remote == r.Remote {
+			out[i] = next[j]
+			continue
+		}
+		if (j >= 0 && next[j].End() > r.Addr) || (j+1 < len(next) && next[j+1].Addr < r.End()) {
+			return nil, nil, errs.New(errs.AddressOverlapped, "register",
+				"[%#x,+%d) overlaps a registered buffer", r.Addr, r.Length)
+		}
+		next = append(next, nil)
+		copy(next[j+2:], next[j+1:])
+		next[j+1] = r
+		out[i], added[i] = r, true
+	}
+	g.snap.Store(&next)
+	return out, added, nil
+}
+
+// Remove takes the regions starting at addrs out of the registry: new accesses
+// are refused from here on. The caller then waits for WaitIdle on each. All or
+// none: an unknown address is an AddressNotRegistered error.
+func (g *Registry) Remove(addrs ...uint64) ([]*Region, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	cur := *g.snap.Load()
+	gone := make(map[*Region]bool, len(addrs))
+	out := make([]*Region, 0, len(addrs))
+	for _, a := range addrs {
+		j := find(cur, a)
+		if j < 0 || cur[j].Addr != a {
+			return nil, errs.New(errs.AddressNotRegistered, "unregister", "no buffer registered at %#x", a)
+		}
+		if !gone[cur[j]] {
+			gone[cur[j]] = true
+			out = append(out, cur[j])
+		}
+	}
+	next := make([]*Region, 0, len(cur)-len(out))
+	for _, r := range cur {
+		if !gone[r] {
+			next = append(next, r)
+		}
+	}
+	for _, r := range out {
+		r.closing.Store(true)
+	}
+	g.snap.Store(&next)
+	return out, nil
+}

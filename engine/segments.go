@@ -1,0 +1,227 @@
+package engine
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+
+	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/engine/meta"
+	"github.com/tecache/te/engine/segment"
+	"github.com/tecache/te/engine/transport"
+	"github.com/tecache/te/engine/wire"
+)
+
+// segState is the cached state of one opened remote segment, shared by every
+// handle to it.
+type segState struct {
+	name  string
+	local bool // this engine's own segment: always the live descriptor
+	refs  int  // guarded by Engine.segMu
+
+	desc  atomic.Pointer[segment.Desc]
+	stale atomic.Bool // set when a transfer says the descriptor is out of date
+	mu    sync.Mutex  // serialises refreshes
+	pick  atomic.Pointer[pickCache]
+}
+
+// pickCache remembers the transport chosen for one descriptor.
+type pickCache struct {
+	desc *segment.Desc
+	t    transport.Transport
+	err  error
+}
+
+// Segment is an open handle to a (usually remote) segment. It stays valid
+// until CloseSegment; the descriptor behind it is refreshed when the peer
+// restarts or re-registers.
+type Segment struct {
+	e      *Engine
+	st     *segState
+	closed atomic.Bool
+}
+
+// Name returns the segment's name.
+func (s *Segment) Name() string { return s.st.name }
+
+// Descriptor returns the segment's current descriptor (refreshed first if a
+// transfer found it stale).
+func (s *Segment) Descriptor() (*segment.Desc, error) {
+	d, err := s.e.current(s.st)
+	if err != nil {
+		return nil, err
+	}
+	return d.Clone(), nil
+}
+
+// OpenSegment returns a handle to the named segment, fetching its descriptor
+// (from the peer itself in peer-to-peer mode, else from the store) unless a
+// handle to it is already open. Blocks up to the RPC timeout.
+func (e *Engine) OpenSegment(name string) (*Segment, error) {
+	if err := e.live("open segment"); err != nil {
+		return nil, err
+	}
+	if name == "" {
+		return nil, errs.New(errs.InvalidArgument, "open segment", "empty segment name")
+	}
+	e.segMu.Lock()
+	if st := e.segs[name]; st != nil {
+		st.refs++
+		e.segMu.Unlock()
+		return &Segment{e: e, st: st}, nil
+	}
+	e.segMu.Unlock()
+
+	st := &segState{name: name, local: name == e.name}
+	if !st.local {
+		d, err := e.fetch(name)
+		if err != nil {
+			return nil, err
+		}
+		st.desc.Store(d)
+	}
+	e.segMu.Lock()
+	defer e.segMu.Unlock()
+	if cur := e.segs[name]; cur != nil { // lost a race with another open
+		cur.refs++
+		return &Segment{e: e, st: cur}, nil
+	}
+	st.refs = 1
+	e.segs[name] = st
+	return &Segment{e: e, st: st}, nil
+}
+
+// CloseSegment releases a handle; the cached descriptor goes with the last one.
+// Closing a handle twice is an InvalidArgument error.
+func (e *Engine) CloseSegment(s *Segment) error {
+	if s == nil || s.e != e {
+		return errs.New(errs.InvalidArgument, "close segment", "not a segment of this engine")
+	}
+	if !s.closed.CompareAndSwap(false, true) {
+		return errs.New(errs.InvalidArgument, "close segment", "segment %q already closed", s.st.name)
+	}
+	e.segMu.Lock()
+	defer e.segMu.Unlock()
+	s.st.refs--
+	if s.st.refs == 0 && e.segs[s.st.name] == s.st {
+		delete(e.segs, s.st.name)
+	}
+	return nil
+}
+
+// fetch reads a peer's descriptor: from the peer's RPC listener in
+// peer-to-peer mode, else from the metadata store.
+func (e *Engine) fetch(name string) (*segment.Desc, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RPCTimeout)
+	defer cancel()
+	var b []byte
+	if e.p2p {
+		addr, err := e.rpcAddrOf(name)
+		if err != nil {
+			return nil, err
+		}
+		b, err = e.ctrl.Call(ctx, addr, wire.KindDescribe, []byte(name))
+		if err != nil {
+			if c := errs.CodeOf(err); c == errs.PeerUnreachable || c == errs.Timeout {
+				return nil, errs.Wrap(errs.SegmentNotFound, "open segment", err, "segment %q did not answer", name)
+			}
+			return nil, err
+		}
+	} else {
+		var err error
+		b, err = e.store.Get(ctx, meta.KeyRAM(name))
+		if err != nil {
+			if errs.CodeOf(err) == errs.NotFound {
+				return nil, errs.New(errs.SegmentNotFound, "open segment", "no segment %q in the metadata store", name)
+			}
+			return nil, errs.Wrap(errs.Metadata, "open segment", err, "segment %q", name)
+		}
+	}
+	d, err := segment.Decode(b)
+	if err != nil {
+		return nil, err
+	}
+	if d.Name != name && d.RPC != name {
+		return nil, errs.New(errs.Metadata, "open segment", "asked for %q, got the descriptor of %q", name, d.Name)
+	}
+	return d, nil
+}
+
+// current returns the descriptor to validate a request against, refreshing it
+// first when a transfer marked it stale.
+func (e *Engine) current(st *segState) (*segment.Desc, error) {
+	if st.local {
+		return e.desc.Load(), nil
+	}
+	if !st.stale.Load() {
+		return st.desc.Load(), nil
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if !st.stale.Load() {
+		return st.desc.Load(), nil
+	}
+	d, err := e.fetch(st.name)
+	if err != nil {
+		return nil, err
+	}
+	old := st.desc.Load()
+	if old.Instance != d.Instance {
+		e.cfg.Logger.Info("te: peer restarted", "segment", st.name)
+	}
+	st.desc.Store(d)
+	st.stale.Store(false)
+	return d, nil
+}
+
+// invalidate marks a segment's descriptor stale after a failure that suggests
+// the peer changed (restart, re-registration, lost connection).
+func (e *Engine) invalidate(st *segState, err error) {
+	if st.local {
+		return
+	}
+	switch errs.CodeOf(err) {
+	case errs.StaleDescriptor, errs.AddressNotRegistered, errs.AccessDenied, errs.PeerUnreachable, errs.SegmentNotFound:
+		st.stale.Store(true)
+	}
+}
+
+// choose picks the transport for a request to the segment described by d:
+// the hint or forced transport if given, else the most preferred installed
+// transport that the peer also has and that can reach it.
+func (e *Engine) choose(st *segState, d *segment.Desc, hint string) (transport.Transport, error) {
+	if hint == "" {
+		hint = e.cfg.ForceTransport
+	}
+	if hint == "" {
+		if pc := st.pick.Load(); pc != nil && pc.desc == d {
+			return pc.t, pc.err
+		}
+	}
+	var why []string
+	for _, t := range e.transports {
+		if hint != "" && t.Name() != hint {
+			continue
+		}
+		if !d.HasTransport(t.Name()) {
+			why = append(why, t.Name()+": peer does not have it")
+			continue
+		}
+		if err := t.Reachable(d); err != nil {
+			why = append(why, t.Name()+": "+err.Error())
+			continue
+		}
+		if hint == "" {
+			st.pick.Store(&pickCache{desc: d, t: t})
+		}
+		return t, nil
+	}
+	if hint != "" && e.byName[hint] == nil {
+		return nil, errs.New(errs.TransportUnavailable, "submit", "transport %q is not installed", hint)
+	}
+	err := errs.New(errs.TransportUnavailable, "submit", "no transport reaches segment %q: %v", d.Name, why)
+	if hint == "" {
+		st.pick.Store(&pickCache{desc: d, err: err})
+	}
+	return nil, err
+}

@@ -1,0 +1,51 @@
+package engine
+
+import "sync/atomic"
+
+type stats struct {
+	completed, failed, timedOut, canceled atomic.Uint64
+	bytes                                 atomic.Uint64
+	notifiesSent, notifiesReceived        atomic.Uint64
+}
+
+func (s *stats) count(t *task, state TaskState) {
+	switch state {
+	case Completed:
+		s.completed.Add(1)
+		s.bytes.Add(t.length)
+	case Timeout:
+		s.timedOut.Add(1)
+	case Canceled:
+		s.canceled.Add(1)
+	default:
+		s.failed.Add(1)
+	}
+}
+
+// Stats are an engine's counters since it started.
+type Stats struct {
+	Segment          string   `json:"segment"`
+	Transports       []string `json:"transports"`
+	Buffers          int      `json:"buffers"`
+	TasksCompleted   uint64   `json:"tasks_completed"`
+	TasksFailed      uint64   `json:"tasks_failed"`
+	TasksTimedOut    uint64   `json:"tasks_timed_out"`
+	BytesTransferred uint64   `json:"bytes_transferred"`
+	NotifiesSent     uint64   `json:"notifies_sent"`
+	NotifiesReceived uint64   `json:"notifies_received"`
+}
+
+// Stats returns the engine's counters.
+func (e *Engine) Stats() Stats {
+	return Stats{
+		Segment:          e.name,
+		Transports:       e.Transports(),
+		Buffers:          len(e.reg.Regions()),
+		TasksCompleted:   e.stats.completed.Load(),
+		TasksFailed:      e.stats.failed.Load() + e.stats.canceled.Load(),
+		TasksTimedOut:    e.stats.timedOut.Load(),
+		BytesTransferred: e.stats.bytes.Load(),
+		NotifiesSent:     e.stats.notifiesSent.Load(),
+		NotifiesReceived: e.stats.notifiesReceived.Load(),
+	}
+}
