@@ -265,17 +265,17 @@ func (e *Engine) prepare(b *Batch, i int, r *Request) (prepared, error) {
 		return fail(errs.InvalidArgument, "segment handle is nil, closed or of another engine")
 	}
 	st := r.Segment.st
-	d, err := e.current(st)
-	if err != nil {
-		return prepared{}, err
+	d, buf, t, err := e.target(st, r)
+	if err != nil && !st.local {
+		// The cached descriptor may predate a registration or a restart of
+		// the peer: look again once before refusing.
+		st.stale.Store(true)
+		if d2, _ := e.current(st); d2 != nil && d2 != d {
+			d, buf, t, err = e.target(st, r)
+		}
 	}
-	buf, err := d.Find(r.Remote, r.Length)
 	if err != nil {
 		return fail(errs.CodeOf(err), "%v", err)
-	}
-	t, err := e.choose(st, d, r.Transport)
-	if err != nil {
-		return prepared{}, err
 	}
 	region, err := e.reg.Acquire(r.Local, r.Length, 0, false)
 	if err != nil {
@@ -297,6 +297,24 @@ func (e *Engine) prepare(b *Batch, i int, r *Request) (prepared, error) {
 		}
 	}
 	return prepared{t: t, tr: tr, region: region, task: tk}, nil
+}
+
+// target resolves a request against the segment's current descriptor: the
+// buffer holding the target range and the transport to use.
+func (e *Engine) target(st *segState, r *Request) (*segment.Desc, *segment.BufferDesc, transport.Transport, error) {
+	d, err := e.current(st)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	buf, err := d.Find(r.Remote, r.Length)
+	if err != nil {
+		return d, nil, nil, err
+	}
+	t, err := e.choose(st, d, r.Transport)
+	if err != nil {
+		return d, nil, nil, err
+	}
+	return d, buf, t, nil
 }
 
 // finish moves t from PENDING to state; a task finishes once.

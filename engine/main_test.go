@@ -1,0 +1,84 @@
+package engine_test
+
+import (
+	"sync"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/engine/segment"
+	"github.com/tecache/te/engine/transport"
+)
+
+func TestMain(m *testing.M) {
+	transport.RegisterFactory("hold", func() (transport.Transport, error) { return newHold(), nil })
+	goleak.VerifyTestMain(m)
+}
+
+// hold is a test transport that keeps every request until the test releases
+// it, so batch bookkeeping can be observed while tasks are in flight. It
+// reaches only engines of this process that also installed it.
+type hold struct {
+	mu      sync.Mutex
+	held    []*transport.Request
+	arrived chan struct{}
+}
+
+var (
+	holdMu    sync.Mutex
+	holdPeers = map[string]*hold{}
+)
+
+func newHold() *hold { return &hold{arrived: make(chan struct{}, 1<<16)} }
+
+func (h *hold) Name() string { return "hold" }
+func (h *hold) Start(host transport.Host) error {
+	holdMu.Lock()
+	holdPeers[host.Instance()] = h
+	holdMu.Unlock()
+	return nil
+}
+func (h *hold) Describe(*segment.Desc)           {}
+func (h *hold) Register(*segment.Region) error   { return nil }
+func (h *hold) Unregister(*segment.Region) error { return nil }
+func (h *hold) Reachable(d *segment.Desc) error {
+	holdMu.Lock()
+	defer holdMu.Unlock()
+	if holdPeers[d.Instance] == nil {
+		return errs.New(errs.TransportUnavailable, "hold", "not here")
+	}
+	return nil
+}
+func (h *hold) Submit(reqs []*transport.Request) {
+	h.mu.Lock()
+	h.held = append(h.held, reqs...)
+	h.mu.Unlock()
+	for range reqs {
+		h.arrived <- struct{}{}
+	}
+}
+
+// release completes every held request with err.
+func (h *hold) release(err error) int {
+	h.mu.Lock()
+	held := h.held
+	h.held = nil
+	h.mu.Unlock()
+	for _, r := range held {
+		r.Done(err)
+	}
+	return len(held)
+}
+
+func (h *hold) Close() error {
+	holdMu.Lock()
+	for k, v := range holdPeers {
+		if v == h {
+			delete(holdPeers, k)
+		}
+	}
+	holdMu.Unlock()
+	h.release(errs.New(errs.Closed, "hold", "closed"))
+	return nil
+}

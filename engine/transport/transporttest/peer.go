@@ -1,0 +1,274 @@
+package transporttest
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tecache/te/engine"
+	"github.com/tecache/te/internal/sys/mem"
+)
+
+// envPeer makes a re-executed test binary act as the target peer.
+const envPeer = "TE_TRANSPORTTEST_PEER"
+
+// envSize is the size of the peer's registered buffer.
+const envSize = "TE_TRANSPORTTEST_SIZE"
+
+// Peer is the target side of the suite: an engine with one registered,
+// remote-accessible buffer, in this process or in a child process.
+type Peer interface {
+	Segment() string
+	Addr() uint64
+	Len() uint64
+	// Rereg unregisters and registers the buffer again: same range, new key.
+	Rereg() error
+	// Fill sets every byte of the buffer to b.
+	Fill(b byte) error
+	// CRC returns the CRC-32 of [Addr+off, +n).
+	CRC(off, n uint64) (uint32, error)
+	// Kill makes the peer vanish abruptly (SIGKILL for a child process).
+	Kill()
+	// Close stops the peer cleanly.
+	Close()
+}
+
+type hello struct {
+	Segment string `json:"segment"`
+	Addr    uint64 `json:"addr"`
+	Length  uint64 `json:"length"`
+}
+
+// inproc is a peer engine in this process.
+type inproc struct {
+	e   *engine.Engine
+	buf []byte
+	mu  sync.Mutex
+}
+
+// NewInProcessPeer starts a peer engine in this process.
+func NewInProcessPeer(t testing.TB, size int, cfg engine.Config) Peer {
+	t.Helper()
+	p, err := newInproc(size, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func newInproc(size int, cfg engine.Config) (*inproc, error) {
+	if cfg.ListenAddr == "" {
+		cfg.ListenAddr = "127.0.0.1:0"
+	}
+	e, err := engine.New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	buf, err := mem.Alloc(size)
+	if err != nil {
+		e.Close()
+		return nil, err
+	}
+	if err := e.RegisterMemory(mem.Addr(buf), uint64(size), "cpu:0", true); err != nil {
+		e.Close()
+		mem.Free(buf)
+		return nil, err
+	}
+	return &inproc{e: e, buf: buf}, nil
+}
+
+func (p *inproc) Segment() string { return p.e.Name() }
+func (p *inproc) Addr() uint64    { return mem.Addr(p.buf) }
+func (p *inproc) Len() uint64     { return uint64(len(p.buf)) }
+func (p *inproc) Rereg() error {
+	if err := p.e.UnregisterMemory(p.Addr()); err != nil {
+		return err
+	}
+	return p.e.RegisterMemory(p.Addr(), p.Len(), "cpu:0", true)
+}
+func (p *inproc) Fill(b byte) error {
+	for i := range p.buf {
+		p.buf[i] = b
+	}
+	return nil
+}
+func (p *inproc) CRC(off, n uint64) (uint32, error) {
+	if off+n > p.Len() {
+		return 0, fmt.Errorf("range out of buffer")
+	}
+	return crc32.ChecksumIEEE(p.buf[off : off+n]), nil
+}
+func (p *inproc) Kill() { p.e.Close() }
+func (p *inproc) Close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.e != nil {
+		p.e.Close()
+		mem.Free(p.buf)
+		p.e = nil
+	}
+}
+
+// child is a peer engine in a child process driven over stdin/stdout.
+type child struct {
+	cmd  *exec.Cmd
+	in   io.WriteCloser
+	out  *bufio.Reader
+	h    hello
+	mu   sync.Mutex
+	done chan struct{}
+}
+
+// NewChildPeer starts the test binary again as a peer process. The package's
+// TestMain must call Main.
+func NewChildPeer(t testing.TB, size int, env ...string) Peer {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(append(os.Environ(), envPeer+"=1", envSize+"="+strconv.Itoa(size)), env...)
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	outPipe, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c := &child{cmd: cmd, in: in, out: bufio.NewReader(outPipe), done: make(chan struct{})}
+	go func() { cmd.Wait(); close(c.done) }()
+	line, err := c.readLine(20 * time.Second)
+	if err != nil {
+		c.Kill()
+		t.Fatalf("peer process did not start: %v", err)
+	}
+	if err := json.Unmarshal([]byte(line), &c.h); err != nil {
+		c.Kill()
+		t.Fatalf("peer process said %q: %v", line, err)
+	}
+	return c
+}
+
+func (c *child) readLine(timeout time.Duration) (string, error) {
+	type res struct {
+		s   string
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		s, err := c.out.ReadString('\n')
+		ch <- res{strings.TrimSpace(s), err}
+	}()
+	select {
+	case r := <-ch:
+		return r.s, r.err
+	case <-time.After(timeout):
+		return "", fmt.Errorf("no answer from peer within %v", timeout)
+	}
+}
+
+func (c *child) cmdLine(s string) (string, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, err := io.WriteString(c.in, s+"\n"); err != nil {
+		return "", err
+	}
+	r, err := c.readLine(30 * time.Second)
+	if err != nil {
+		return "", err
+	}
+	if strings.HasPrefix(r, "error ") {
+		return "", fmt.Errorf("peer: %s", r[6:])
+	}
+	return r, nil
+}
+
+func (c *child) Segment() string { return c.h.Segment }
+func (c *child) Addr() uint64    { return c.h.Addr }
+func (c *child) Len() uint64     { return c.h.Length }
+func (c *child) Rereg() error    { _, err := c.cmdLine("rereg"); return err }
+func (c *child) Fill(b byte) error {
+	_, err := c.cmdLine("fill " + strconv.Itoa(int(b)))
+	return err
+}
+func (c *child) CRC(off, n uint64) (uint32, error) {
+	r, err := c.cmdLine(fmt.Sprintf("crc %d %d", off, n))
+	if err != nil {
+		return 0, err
+	}
+	v, err := strconv.ParseUint(r, 10, 32)
+	return uint32(v), err
+}
+func (c *child) Kill() {
+	c.cmd.Process.Signal(syscall.SIGKILL)
+	<-c.done
+}
+func (c *child) Close() {
+	c.in.Close()
+	select {
+	case <-c.done:
+	case <-time.After(10 * time.Second):
+		c.Kill()
+	}
+}
+
+// runPeer is the child side: start an engine, register a buffer, announce it,
+// serve commands until stdin closes.
+func runPeer() int {
+	size, _ := strconv.Atoi(os.Getenv(envSize))
+	if size <= 0 {
+		size = 80 << 20
+	}
+	p, err := newInproc(size, engine.Config{ListenAddr: "127.0.0.1:0", Hostname: "127.0.0.1"})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "peer:", err)
+		return 1
+	}
+	defer p.Close()
+	b, _ := json.Marshal(hello{p.Segment(), p.Addr(), p.Len()})
+	fmt.Println(string(b))
+	sc := bufio.NewScanner(os.Stdin)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) == 0 {
+			continue
+		}
+		var err error
+		out := "ok"
+		switch f[0] {
+		case "rereg":
+			err = p.Rereg()
+		case "fill":
+			v, _ := strconv.Atoi(f[1])
+			err = p.Fill(byte(v))
+		case "crc":
+			off, _ := strconv.ParseUint(f[1], 10, 64)
+			n, _ := strconv.ParseUint(f[2], 10, 64)
+			var c uint32
+			c, err = p.CRC(off, n)
+			out = strconv.FormatUint(uint64(c), 10)
+		case "exit":
+			return 0
+		default:
+			err = fmt.Errorf("unknown command %q", f[0])
+		}
+		if err != nil {
+			fmt.Println("error " + err.Error())
+		} else {
+			fmt.Println(out)
+		}
+	}
+	return 0
+}
