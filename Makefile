@@ -11,7 +11,7 @@ export CGO_ENABLED ?= 1
 TEST_TARGETS :=
 ALL_TARGETS :=
 
-.PHONY: all test test-go lint demo clean fmt install
+.PHONY: all deps test test-go lint demo clean fmt install
 
 all: build-all
 
@@ -20,7 +20,18 @@ all: build-all
 build-all: $(ALL_TARGETS)
 	$(GO) build ./...
 
-test: test-go $(TEST_TARGETS)
+# Installs what a fresh machine lacks (Debian packages, Go modules); a no-op
+# when everything is there.
+deps:
+	@bash .ci/deps.sh
+
+test: deps
+	$(MAKE) test-go $(TEST_TARGETS)
+
+ifeq ($(DEMO_TARGET),)
+demo:
+	@echo "make demo arrives with the kvcache/handoff work (issue: kvcache layouts, handoff, demo)"
+endif
 
 # -race for everything: the engine and every transport are concurrent.
 test-go:

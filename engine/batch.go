@@ -91,11 +91,15 @@ type task struct {
 	st        *segState
 	group     *submitGroup
 	err       error // set before state leaves Pending
+	doneOnce  atomic.Bool
 }
 
+// submitGroup is the tasks of one Submit call, which share a deadline.
 type submitGroup struct {
 	remaining atomic.Int32
-	timer     *time.Timer
+	deadline  time.Time
+	b         *Batch
+	tasks     []*task
 }
 
 type batchNotify struct {
@@ -114,6 +118,7 @@ type Batch struct {
 	done    chan struct{} // closed while pending == 0
 	notify  *batchNotify
 	freed   bool
+	efd     int // eventfd from EventFD, 0 when none
 }
 
 // AllocateBatch returns an empty batch for up to capacity requests.
@@ -178,7 +183,11 @@ func (b *Batch) submit(n *batchNotify, reqs []Request) error {
 	}
 	b.mu.Unlock()
 
+	// One allocation each for the tasks and transport requests of a submit:
+	// per-request garbage was the largest cost at small block sizes.
 	ps := make([]prepared, len(reqs))
+	tasks := make([]task, len(reqs))
+	trs := make([]transport.Request, len(reqs))
 	release := func(k int) {
 		for _, p := range ps[:k] {
 			p.region.Release()
@@ -186,7 +195,7 @@ func (b *Batch) submit(n *batchNotify, reqs []Request) error {
 	}
 	for i := range reqs {
 		r := &reqs[i]
-		p, err := e.prepare(b, i, r)
+		p, err := e.prepare(b, i, r, &tasks[i], &trs[i])
 		if err != nil {
 			release(i)
 			return err
@@ -216,16 +225,13 @@ func (b *Batch) submit(n *batchNotify, reqs []Request) error {
 	b.pending += len(ps)
 	b.mu.Unlock()
 
-	if to := e.cfg.TransferTimeout; to > 0 {
-		tasks := make([]*task, len(ps))
+	if e.cfg.TransferTimeout > 0 {
+		group.b = b
+		group.tasks = make([]*task, len(ps))
 		for i := range ps {
-			tasks[i] = ps[i].task
+			group.tasks[i] = ps[i].task
 		}
-		group.timer = time.AfterFunc(to, func() {
-			for _, t := range tasks {
-				b.finish(t, Timeout, errs.New(errs.Timeout, "transfer", "not finished within %v", to))
-			}
-		})
+		e.reaper.add(group, e.cfg.TransferTimeout)
 	}
 
 	// Hand each transport its requests in one call.
@@ -248,7 +254,7 @@ func (b *Batch) submit(n *batchNotify, reqs []Request) error {
 
 // prepare validates one request and builds its transport request; the local
 // region is held in flight until the transport calls Done.
-func (e *Engine) prepare(b *Batch, i int, r *Request) (prepared, error) {
+func (e *Engine) prepare(b *Batch, i int, r *Request, tk *task, tr *transport.Request) (prepared, error) {
 	fail := func(code errs.Code, format string, args ...any) (prepared, error) {
 		return prepared{}, errs.New(code, "submit", "request %d: "+format, append([]any{i}, args...)...)
 	}
@@ -281,12 +287,11 @@ func (e *Engine) prepare(b *Batch, i int, r *Request) (prepared, error) {
 	if err != nil {
 		return fail(errs.CodeOf(err), "local range: %v", err)
 	}
-	tk := &task{length: r.Length, transport: t.Name(), st: st}
+	tk.length, tk.transport, tk.st = r.Length, t.Name(), st
 	tk.state.Store(int32(Pending))
-	tr := &transport.Request{Op: r.Op, Local: r.Local, Remote: r.Remote, Length: r.Length, Peer: d, Buffer: buf}
-	var once atomic.Bool
+	*tr = transport.Request{Op: r.Op, Local: r.Local, Remote: r.Remote, Length: r.Length, Peer: d, Buffer: buf}
 	tr.Done = func(err error) {
-		if !once.CompareAndSwap(false, true) {
+		if !tk.doneOnce.CompareAndSwap(false, true) {
 			return // a transport bug must not release the region twice
 		}
 		region.Release()
@@ -314,6 +319,9 @@ func (e *Engine) target(st *segState, r *Request) (*segment.Desc, *segment.Buffe
 	if err != nil {
 		return d, nil, nil, err
 	}
+	if t, err = e.routeDevice(d, buf, r, t); err != nil {
+		return d, nil, nil, err
+	}
 	return d, buf, t, nil
 }
 
@@ -321,6 +329,11 @@ func (e *Engine) target(st *segState, r *Request) (*segment.Desc, *segment.Buffe
 func (b *Batch) finish(t *task, state TaskState, err error) {
 	if t.state.Load() != int32(Pending) {
 		return
+	}
+	if err != nil {
+		// Before the batch can be seen done: a caller that resubmits on
+		// failure must get the refreshed descriptor.
+		b.e.invalidate(t.st, err)
 	}
 	b.mu.Lock()
 	if t.state.Load() != int32(Pending) {
@@ -333,6 +346,9 @@ func (b *Batch) finish(t *task, state TaskState, err error) {
 	var n *batchNotify
 	if b.pending == 0 {
 		close(b.done)
+		if b.efd > 0 {
+			signalFD(b.efd)
+		}
 		if b.notify != nil {
 			n = b.notify
 			b.notify = nil
@@ -345,13 +361,8 @@ func (b *Batch) finish(t *task, state TaskState, err error) {
 		}
 	}
 	b.mu.Unlock()
-	if t.group.remaining.Add(-1) == 0 && t.group.timer != nil {
-		t.group.timer.Stop()
-	}
+	t.group.remaining.Add(-1)
 	b.e.stats.count(t, state)
-	if err != nil {
-		b.e.invalidate(t.st, err)
-	}
 	if n != nil && !b.e.closed.Load() {
 		b.e.wg.Add(1)
 		go func() {
@@ -405,7 +416,6 @@ func (b *Batch) statusLocked() BatchStatus {
 	if len(b.tasks) == 0 {
 		s.State = Waiting
 	}
-	rank := map[TaskState]int{Completed: 0, Canceled: 1, Timeout: 2, Failed: 3}
 	for _, t := range b.tasks {
 		ts := t.status()
 		s.Transferred += ts.Transferred
@@ -419,11 +429,24 @@ func (b *Batch) statusLocked() BatchStatus {
 				s.Err = ts.Err
 			}
 		}
-		if s.State != Pending && (ts.State == Pending || rank[ts.State] > rank[s.State]) {
+		if s.State != Pending && (ts.State == Pending || rank(ts.State) > rank(s.State)) {
 			s.State = ts.State
 		}
 	}
 	return s
+}
+
+// rank orders outcomes for a batch's summary: the worst one wins.
+func rank(s TaskState) int {
+	switch s {
+	case Canceled:
+		return 1
+	case Timeout:
+		return 2
+	case Failed:
+		return 3
+	}
+	return 0
 }
 
 // Done returns a channel closed once every submitted task has finished.
@@ -466,6 +489,7 @@ func (b *Batch) Free() error {
 		return errs.New(errs.BatchBusy, "free batch", "%d tasks still in flight", n)
 	}
 	b.freed = true
+	b.closeFD()
 	b.mu.Unlock()
 	b.e.batchMu.Lock()
 	delete(b.e.batches, b)

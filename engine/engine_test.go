@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/tecache/te/engine"
 	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/internal/sys/mem"
@@ -542,4 +544,45 @@ func TestConcurrentRegisterAndTransfer(t *testing.T) {
 		}(g)
 	}
 	wg.Wait()
+}
+
+func TestBatchEventFD(t *testing.T) {
+	a, _, s, la, rb := pair(t)
+	h := holdOf(a)
+	batch, _ := a.AllocateBatch(2)
+	fd, err := batch.EventFD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	readable := func() bool {
+		var b [8]byte
+		n, _ := unix.Read(fd, b[:])
+		return n == 8
+	}
+	if readable() {
+		t.Fatal("eventfd readable before any task")
+	}
+	if err := batch.Submit(engine.Request{Op: engine.Write, Local: la, Segment: s, Remote: rb, Length: 8, Transport: "hold"}); err != nil {
+		t.Fatal(err)
+	}
+	<-h.arrived
+	if readable() {
+		t.Fatal("eventfd readable while a task is pending")
+	}
+	h.release(nil)
+	pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	if n, err := unix.Poll(pfd, 2000); err != nil || n != 1 {
+		t.Fatalf("eventfd not readable after completion: %d %v", n, err)
+	}
+	if !readable() || readable() {
+		t.Fatal("eventfd did not reset after a read")
+	}
+	if err := batch.Free(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err == nil {
+		t.Fatal("Free left the eventfd open")
+	}
+	_, err = batch.EventFD()
+	code(t, "eventfd after free", err, errs.InvalidArgument)
 }

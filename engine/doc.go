@@ -1,0 +1,22 @@
+// Package engine is te's public Go API: a KV-cache transfer engine in the
+// spirit of Mooncake's Transfer Engine.
+//
+// An Engine registers local memory, publishes it as a segment (a descriptor
+// with Mooncake's field names), opens peers' segments and moves bytes between
+// them in batches of READ and WRITE requests, with per-task status, a blocking
+// Wait, notifications, and probes.
+//
+// Metadata is peer-to-peer by default (Config.Metadata "P2PHANDSHAKE"): a
+// segment is named host:port after its engine's RPC listener and descriptors
+// are fetched from the peer itself, so no server is needed. Stores such as
+// etcd register their schemes in package meta.
+//
+// Each request goes over the most preferred transport both sides have and
+// that reaches the peer (local > shm > rdma > tcp), unless the engine or the
+// request forces one. The memory owner checks every remote access against
+// its registry, so a stale descriptor is refused rather than honoured.
+//
+// Every error is an *Error with a stable Code; errors.Is matches the
+// sentinels (ErrTimeout, ...). No method panics on bad input or blocks
+// without a bound.
+package engine

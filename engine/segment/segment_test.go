@@ -1,0 +1,193 @@
+package segment
+
+import (
+	"encoding/json"
+	"errors"
+	"sync"
+	"testing"
+
+	"github.com/tecache/te/engine/errs"
+)
+
+func TestDescJSONNames(t *testing.T) {
+	d := &Desc{Name: "10.0.0.1:1234", Protocol: "rdma", Devices: []Device{{Name: "mlx5_0", LID: 1, GID: "fe80::1"}},
+		Buffers: []BufferDesc{{Name: "cpu:0", Addr: 4096, Length: 8192, Rkey: []uint32{7, 8}, Lkey: []uint32{5, 6}, Key: 99}}}
+	b, err := d.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	json.Unmarshal(b, &m)
+	for _, k := range []string{"name", "protocol", "devices", "buffers"} {
+		if _, ok := m[k]; !ok {
+			t.Fatalf("field %q missing in %s", k, b)
+		}
+	}
+	buf := m["buffers"].([]any)[0].(map[string]any)
+	for _, k := range []string{"name", "addr", "length", "rkey", "lkey"} {
+		if _, ok := buf[k]; !ok {
+			t.Fatalf("buffer field %q missing in %s", k, b)
+		}
+	}
+	back, err := Decode(b)
+	if err != nil || back.Buffers[0].Rkey[1] != 8 || back.Buffers[0].Key != 99 || back.Devices[0].GID != "fe80::1" {
+		t.Fatal(back, err)
+	}
+}
+
+// TestDecodeMooncakeDescriptor reads a descriptor as Mooncake writes it (no
+// te_* fields).
+func TestDecodeMooncakeDescriptor(t *testing.T) {
+	js := `{"name":"node1","protocol":"rdma","tcp_data_port":0,"devices":[{"name":"mlx5_0","lid":0,"gid":"00:00"}],
+	"buffers":[{"name":"cpu:0","addr":140000000000,"length":1048576,"rkey":[1234],"lkey":[4321]}],
+	"priority_matrix":{},"timestamp":"2026"}`
+	d, err := Decode([]byte(js))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err := d.Find(140000000000+10, 100); err != nil || b.Rkey[0] != 1234 {
+		t.Fatal(b, err)
+	}
+}
+
+func TestDecodeRejects(t *testing.T) {
+	for name, js := range map[string]string{
+		"not json":     `{`,
+		"no name":      `{"buffers":[]}`,
+		"zero length":  `{"name":"a","buffers":[{"addr":1,"length":0}]}`,
+		"overflow":     `{"name":"a","buffers":[{"addr":18446744073709551615,"length":2}]}`,
+		"overlap":      `{"name":"a","buffers":[{"addr":100,"length":50},{"addr":120,"length":50}]}`,
+		"wrong type":   `{"name":"a","buffers":[{"addr":"x","length":1}]}`,
+		"negative key": `{"name":"a","buffers":[{"addr":1,"length":1,"rkey":[-1]}]}`,
+	} {
+		if _, err := Decode([]byte(js)); !errors.Is(err, errs.ErrMetadata) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+func TestFind(t *testing.T) {
+	d := &Desc{Name: "a", Buffers: []BufferDesc{{Addr: 300, Length: 100}, {Addr: 100, Length: 100}}}
+	if err := d.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		addr, n uint64
+		ok      bool
+	}{{100, 100, true}, {150, 50, true}, {199, 2, false}, {200, 1, false}, {300, 100, true}, {399, 1, true}, {400, 1, false}, {99, 1, false}, {100, 0, false}, {^uint64(0), 2, false}} {
+		_, err := d.Find(c.addr, c.n)
+		if (err == nil) != c.ok {
+			t.Errorf("Find(%d,%d) = %v", c.addr, c.n, err)
+		}
+	}
+}
+
+func TestRegistryAcquire(t *testing.T) {
+	g := NewRegistry()
+	r, _ := NewRegion(4096, 4096, "cpu", true)
+	p, _ := NewRegion(16384, 4096, "cpu", false)
+	if _, _, err := g.Add(r, p); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.Acquire(4096, 4096, r.Desc.Key, true); err != nil {
+		t.Fatal(err)
+	}
+	r.Release()
+	for name, c := range map[string]struct {
+		addr, n, key uint64
+		remote       bool
+		code         errs.Code
+	}{
+		"wrong key":     {4096, 10, r.Desc.Key + 1, true, errs.StaleDescriptor},
+		"past end":      {8000, 200, r.Desc.Key, true, errs.AddressNotRegistered},
+		"zero":          {4096, 0, 0, true, errs.InvalidArgument},
+		"overflow":      {^uint64(0) - 1, 4, 0, true, errs.InvalidArgument},
+		"private":       {16384, 10, 0, true, errs.AccessDenied},
+		"unregistered":  {100, 10, 0, false, errs.AddressNotRegistered},
+		"between":       {9000, 10, 0, false, errs.AddressNotRegistered},
+		"straddles two": {8000, 9000, 0, false, errs.AddressNotRegistered},
+	} {
+		if _, err := g.Acquire(c.addr, c.n, c.key, c.remote); errs.CodeOf(err) != c.code {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	if _, err := g.Acquire(16384, 10, 0, false); err != nil {
+		t.Fatalf("local access to a private buffer: %v", err)
+	}
+}
+
+// TestRegistryRemoveWaitsForAccess races accesses against removal: once
+// Remove and WaitIdle return, no access may still hold the region.
+func TestRegistryRemoveWaitsForAccess(t *testing.T) {
+	for round := 0; round < 200; round++ {
+		g := NewRegistry()
+		r, _ := NewRegion(4096, 4096, "cpu", true)
+		g.Add(r)
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		released := true
+		for i := 0; i < 4; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for k := 0; k < 50; k++ {
+					x, err := g.Acquire(4096, 10, 0, true)
+					if err != nil {
+						return
+					}
+					mu.Lock()
+					if released {
+						mu.Unlock()
+						// Removal finished yet this access got in.
+						t.Error("access acquired after removal completed")
+						x.Release()
+						return
+					}
+					mu.Unlock()
+					x.Release()
+				}
+			}()
+		}
+		mu.Lock()
+		released = false
+		mu.Unlock()
+		rs, err := g.Remove(4096)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs[0].WaitIdle(t.Context())
+		mu.Lock()
+		released = true
+		mu.Unlock()
+		wg.Wait()
+	}
+}
+
+func FuzzDecode(f *testing.F) {
+	f.Add([]byte(`{"name":"a","buffers":[{"name":"cpu:0","addr":4096,"length":10,"rkey":[1],"lkey":[2],"te_key":3}]}`))
+	f.Add([]byte(`{"name":"x","te_endpoints":{"tcp":"1.2.3.4:5"},"te_host":{"boot_id":"b","pid_ns":"p","pid":1}}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		d, err := Decode(data)
+		if err != nil {
+			if !errors.Is(err, errs.ErrMetadata) {
+				t.Fatalf("error without the metadata code: %v", err)
+			}
+			return
+		}
+		// A decoded descriptor re-encodes and decodes to the same buffers,
+		// and lookups on it never panic.
+		b, err := d.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		d2, err := Decode(b)
+		if err != nil || len(d2.Buffers) != len(d.Buffers) {
+			t.Fatalf("round trip: %v", err)
+		}
+		for _, x := range d.Buffers {
+			d.Find(x.Addr, x.Length)
+			d.Find(x.Addr+x.Length-1, 2)
+		}
+		d.Clone()
+	})
+}
