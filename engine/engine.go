@@ -52,7 +52,8 @@ type Engine struct {
 	notifyMu sync.Mutex
 	notifies []Notification
 
-	stats stats
+	stats  stats
+	reaper reaper
 
 	closed    atomic.Bool
 	closeOnce sync.Once
@@ -109,10 +110,15 @@ func New(cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	e.ctrl.start()
+	if cfg.TransferTimeout > 0 {
+		e.wg.Add(1)
+		go e.runReaper()
+	}
 	if err := e.publish(); err != nil {
 		e.Close()
 		return nil, err
 	}
+	e.startMetaSync()
 	return e, nil
 }
 
@@ -192,12 +198,12 @@ func (e *Engine) closeTransports() {
 // host is the engine as its transports see it.
 type host struct{ e *Engine }
 
-func (h host) SegmentName() string                { return h.e.name }
-func (h host) Instance() string                   { return h.e.instance }
-func (h host) Registry() *segment.Registry        { return h.e.reg }
-func (h host) Control() transport.Control         { return h.e.ctrl }
-func (h host) Logf(format string, args ...any)    { h.e.cfg.Logger.Info(fmt.Sprintf(format, args...)) }
-func (h host) Param(key string) (string, bool)    { v, ok := h.e.cfg.Params[key]; return v, ok }
+func (h host) SegmentName() string             { return h.e.name }
+func (h host) Instance() string                { return h.e.instance }
+func (h host) Registry() *segment.Registry     { return h.e.reg }
+func (h host) Control() transport.Control      { return h.e.ctrl }
+func (h host) Logf(format string, args ...any) { h.e.cfg.Logger.Info(fmt.Sprintf(format, args...)) }
+func (h host) Param(key string) (string, bool) { v, ok := h.e.cfg.Params[key]; return v, ok }
 
 // Name returns the local segment name.
 func (e *Engine) Name() string { return e.name }
@@ -307,6 +313,9 @@ func (e *Engine) RegisterMemoryBatch(rs []MemoryRegion) error {
 			return err
 		}
 		regions[i] = r
+	}
+	if err := resolveLocations(regions); err != nil {
+		return err
 	}
 	// Overlap within the batch itself.
 	for i := range regions {

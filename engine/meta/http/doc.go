@@ -1,0 +1,25 @@
+// Package httpmeta is the client of Mooncake's HTTP metadata protocol, opened
+// by the connection string http://host:port/metadata (or https://): GET, PUT
+// and DELETE on the URL with ?key=K; PUT's body is the value; a GET of a
+// missing key answers 404. Mooncake's metadata servers and te-sidecar serve
+// it, so engines of either project share one server.
+//
+// Settings go in the query, which the store removes from the URL:
+//
+//   - timeout: bound on one request when the caller's context has none
+//     (default 3s, as Mooncake's client).
+//   - retries: how often a request that failed on the network or with a 5xx
+//     answer is tried again (default 2).
+//   - refresh: how often the store checks that the server still holds its
+//     keys and writes them again when not (default 5s): a restarted
+//     in-memory server gets the engines' segments back.
+//   - cluster: namespace, as Mooncake's MC_METADATA_CLUSTER_ID (which is read
+//     when the query does not set it).
+//
+// Like Mooncake's client it sends "Authorization: Bearer $MC_METADATA_HTTP_TOKEN"
+// when that variable is set. The protocol has no TTL: a dead engine's keys
+// stay until something deletes them.
+//
+// Importing this package registers the "http" and "https" schemes with
+// package meta; package engine imports it.
+package httpmeta

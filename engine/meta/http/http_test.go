@@ -1,0 +1,246 @@
+package httpmeta_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/signal"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/engine/meta"
+	httpmeta "github.com/tecache/te/engine/meta/http"
+	"github.com/tecache/te/engine/meta/internal/storetest"
+	"github.com/tecache/te/internal/sidecar"
+)
+
+// envSidecar makes the re-executed test binary run te-sidecar, exactly as
+// cmd/te-sidecar does.
+const envSidecar = "TE_HTTPMETA_TEST_SIDECAR"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(envSidecar) != "" {
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+		code := sidecar.Main(ctx, os.Args[1:], os.Getenv, os.Stderr)
+		stop()
+		os.Exit(code)
+	}
+	storetest.Main(m)
+}
+
+// sidecarServer runs te-sidecar's server in this process on a fixed port, so
+// that it can be stopped and started again (empty, as a restarted sidecar).
+type sidecarServer struct {
+	t     *testing.T
+	addr  string
+	token string
+	srv   *sidecar.Server
+	done  chan error
+}
+
+func startSidecar(t *testing.T, token string) *sidecarServer {
+	s := &sidecarServer{t: t, addr: fmt.Sprintf("127.0.0.1:%d", storetest.FreePort(t)), token: token}
+	s.Up()
+	t.Cleanup(s.Down)
+	return s
+}
+
+func (s *sidecarServer) Up() {
+	s.t.Helper()
+	ln, err := net.Listen("tcp", s.addr)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.srv = sidecar.New(sidecar.Config{Token: s.token, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	s.done = make(chan error, 1)
+	go func() { s.done <- s.srv.Serve(ln) }()
+}
+
+func (s *sidecarServer) Down() {
+	if s.srv == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	s.srv.Shutdown(ctx)
+	<-s.done
+	s.srv = nil
+}
+
+// TestEngines runs te-sidecar as a process; the outage kills it (SIGKILL)
+// and starts a fresh, empty one on the same port.
+func TestEngines(t *testing.T) {
+	sc := storetest.Process(t, "te-sidecar", func(port int) []string {
+		return []string{os.Args[0], "-addr", fmt.Sprintf("127.0.0.1:%d", port), "-log-level", "warn"}
+	}, envSidecar+"=1")
+	storetest.Run(t, storetest.Setup{
+		Conn: "http://" + sc.Addr() + "/metadata?refresh=200ms&timeout=1s",
+		Down: sc.Stop,
+		Up:   sc.Start,
+	})
+}
+
+// TestInProcessRestart does the same with te-sidecar's server in this
+// process, shut down gracefully and started again empty.
+func TestInProcessRestart(t *testing.T) {
+	sc := startSidecar(t, "")
+	storetest.Outage(t, storetest.Setup{
+		Conn: "http://" + sc.addr + "/metadata?refresh=200ms&timeout=1s",
+		Down: sc.Down,
+		Up:   sc.Up,
+	})
+}
+
+func open(t *testing.T, conn string) *httpmeta.Store {
+	t.Helper()
+	s, err := httpmeta.Open(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func TestStore(t *testing.T) {
+	sc := startSidecar(t, "")
+	ctx := context.Background()
+	s := open(t, "http://"+sc.addr+"/metadata?cluster=c7")
+	if s.URL() != "http://"+sc.addr+"/metadata" {
+		t.Fatalf("URL %q keeps te's settings", s.URL())
+	}
+	if _, err := s.Get(ctx, meta.KeyRAM("a b&c")); errs.CodeOf(err) != errs.NotFound {
+		t.Fatalf("missing key: %v", err)
+	}
+	if err := s.Put(ctx, meta.KeyRAM("a b&c"), []byte(`{"x":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := s.Get(ctx, meta.KeyRAM("a b&c")); err != nil || string(v) != `{"x":1}` {
+		t.Fatalf("get: %q %v", v, err)
+	}
+	// Stored under Mooncake's key, escaped in the query.
+	if v, ok := sc.srv.KV().Get("mooncake/c7/ram/a b&c"); !ok || string(v) != `{"x":1}` {
+		t.Fatalf("sidecar holds %q %v", v, ok)
+	}
+	if err := s.Delete(ctx, meta.KeyRAM("a b&c")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(ctx, meta.KeyRAM("a b&c")); err != nil {
+		t.Fatalf("deleting a missing key: %v", err)
+	}
+	if _, err := s.Get(ctx, meta.KeyRAM("a b&c")); errs.CodeOf(err) != errs.NotFound {
+		t.Fatalf("deleted key: %v", err)
+	}
+}
+
+func TestToken(t *testing.T) {
+	sc := startSidecar(t, "s3cret")
+	ctx := context.Background()
+	s := open(t, "http://"+sc.addr+"/metadata")
+	err := s.Put(ctx, "k", []byte("v"))
+	if errs.CodeOf(err) != errs.Metadata || !strings.Contains(err.Error(), "401") || !strings.Contains(err.Error(), httpmeta.EnvToken) {
+		t.Fatalf("put without the token: %v", err)
+	}
+	t.Setenv(httpmeta.EnvToken, "s3cret")
+	s2 := open(t, "http://"+sc.addr+"/metadata")
+	if err := s2.Put(ctx, "k", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := s2.Get(ctx, "k"); err != nil || string(v) != "v" {
+		t.Fatalf("get with the token: %q %v", v, err)
+	}
+}
+
+// TestRetries: 5xx answers are retried, 4xx are not, and a server that
+// never answers costs the timeout, not more.
+func TestRetries(t *testing.T) {
+	var calls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := calls.Add(1)
+		switch r.URL.Query().Get("key") {
+		case "flaky":
+			if n < 3 {
+				http.Error(w, "busy", http.StatusServiceUnavailable)
+				return
+			}
+			w.Write([]byte("ok"))
+		case "bad":
+			http.Error(w, "no", http.StatusBadRequest)
+		case "slow":
+			time.Sleep(2 * time.Second)
+		}
+	}))
+	defer srv.Close()
+	ctx := context.Background()
+	s := open(t, srv.URL+"/metadata?retries=3&timeout=500ms")
+	if v, err := s.Get(ctx, "flaky"); err != nil || string(v) != "ok" || calls.Load() != 3 {
+		t.Fatalf("flaky: %q %v after %d calls", v, err, calls.Load())
+	}
+	calls.Store(0)
+	if _, err := s.Get(ctx, "bad"); errs.CodeOf(err) != errs.Metadata || calls.Load() != 1 {
+		t.Fatalf("bad: %v after %d calls", err, calls.Load())
+	}
+	t0 := time.Now()
+	if _, err := s.Get(ctx, "slow"); errs.CodeOf(err) != errs.Timeout {
+		t.Fatalf("slow: %v", err)
+	}
+	if d := time.Since(t0); d > 1500*time.Millisecond {
+		t.Fatalf("slow server held the caller %v", d)
+	}
+}
+
+func TestUnreachable(t *testing.T) {
+	s := open(t, fmt.Sprintf("http://127.0.0.1:%d/metadata?timeout=300ms", storetest.FreePort(t)))
+	t0 := time.Now()
+	_, err := s.Get(context.Background(), "k")
+	if c := errs.CodeOf(err); c != errs.Metadata && c != errs.Timeout {
+		t.Fatalf("get from nowhere: %v", err)
+	}
+	if d := time.Since(t0); d > time.Second {
+		t.Fatalf("took %v", d)
+	}
+}
+
+func TestOpenErrors(t *testing.T) {
+	for _, c := range []string{"http://", "http://h:1/metadata?timeout=0", "http://h:1/m?retries=x", "http://a b:1/",
+		"https://h:1/?refresh=-1s"} {
+		if s, err := meta.Open(c); errs.CodeOf(err) != errs.InvalidArgument {
+			if s != nil {
+				s.Close()
+			}
+			t.Errorf("%q: %v, want InvalidArgument", c, err)
+		}
+	}
+}
+
+func ExampleOpen() {
+	s, err := httpmeta.Open("http://127.0.0.1:8080/metadata?timeout=2s&cluster=prod")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer s.Close()
+	fmt.Println(s.URL())
+	// Output: http://127.0.0.1:8080/metadata
+}
+
+// BenchmarkGet: the client against te-sidecar as a separate process.
+func BenchmarkGet(b *testing.B) {
+	sc := storetest.Process(b, "te-sidecar", func(port int) []string {
+		return []string{os.Args[0], "-addr", fmt.Sprintf("127.0.0.1:%d", port), "-log-level", "warn"}
+	}, envSidecar+"=1")
+	s, err := httpmeta.Open("http://" + sc.Addr() + "/metadata")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	storetest.BenchGet(b, s)
+}

@@ -1,0 +1,5 @@
+//go:build !te_nohttpmeta
+
+package engine
+
+import _ "github.com/tecache/te/engine/meta/http"
