@@ -68,6 +68,18 @@ func (e *Engine) OpenSegment(name string) (*Segment, error) {
 	if st := e.segs[name]; st != nil {
 		st.refs++
 		e.segMu.Unlock()
+		// A cached entry a watch or a failed transfer marked stale is
+		// looked up again, so an open never hands out a descriptor known
+		// to be out of date (or a segment that is gone).
+		if _, err := e.current(st); err != nil {
+			e.segMu.Lock()
+			st.refs--
+			if st.refs == 0 && e.segs[name] == st {
+				delete(e.segs, name)
+			}
+			e.segMu.Unlock()
+			return nil, err
+		}
 		return &Segment{e: e, st: st}, nil
 	}
 	e.segMu.Unlock()
