@@ -1,0 +1,303 @@
+package main
+
+/*
+#include "te.h"
+typedef const char te_cchar;
+typedef const te_request_t te_crequest;
+*/
+import "C"
+
+import (
+	"time"
+	"unsafe"
+
+	"github.com/tecache/te/engine"
+	"github.com/tecache/te/engine/errs"
+)
+
+//export te_open_segment
+func te_open_segment(h C.te_engine_t, name *C.te_cchar, out *C.te_segment_t) (rc C.int) {
+	defer enter("open segment", &rc)()
+	e, err := getEngine("open segment", h)
+	if err != nil {
+		return fail(err)
+	}
+	if name == nil {
+		return null("open segment", "name")
+	}
+	if out == nil {
+		return null("open segment", "out")
+	}
+	*out = 0
+	s, err := e.OpenSegment(cstr(name))
+	if err != nil {
+		return fail(err)
+	}
+	*out = C.te_segment_t(segments.Put(uint64(h), segEntry{e, s}))
+	return 0
+}
+
+//export te_close_segment
+func te_close_segment(h C.te_segment_t) (rc C.int) {
+	defer enter("close segment", &rc)()
+	se, err := segments.Delete("close segment", uint64(h))
+	if err != nil {
+		return fail(err)
+	}
+	return fail(se.e.CloseSegment(se.s))
+}
+
+//export te_segment_buffers
+func te_segment_buffers(h C.te_segment_t, out *C.te_buffer_desc_t, capacity C.size_t, count *C.size_t) (rc C.int) {
+	defer enter("segment buffers", &rc)()
+	se, _, err := segments.Get("segment buffers", uint64(h))
+	if err != nil {
+		return fail(err)
+	}
+	if count == nil {
+		return null("segment buffers", "count")
+	}
+	if out == nil && capacity > 0 {
+		return null("segment buffers", "out")
+	}
+	d, err := se.s.Descriptor()
+	if err != nil {
+		return fail(err)
+	}
+	*count = C.size_t(len(d.Buffers))
+	if capacity == 0 {
+		return 0
+	}
+	dst := unsafe.Slice(out, int(min(capacity, C.size_t(len(d.Buffers)))))
+	for i := range dst {
+		b := d.Buffers[i]
+		dst[i].addr = C.uint64_t(b.Addr)
+		dst[i].length = C.uint64_t(b.Length)
+		loc := unsafe.Slice((*byte)(unsafe.Pointer(&dst[i].location[0])), len(dst[i].location))
+		copyCut(loc, b.Name)
+	}
+	return 0
+}
+
+// copyCut writes s NUL-terminated into dst, cut to fit.
+func copyCut(dst []byte, s string) {
+	n := copy(dst[:len(dst)-1], s)
+	dst[n] = 0
+}
+
+//export te_allocate_batch
+func te_allocate_batch(h C.te_engine_t, capacity C.size_t, out *C.te_batch_t) (rc C.int) {
+	defer enter("allocate batch", &rc)()
+	e, err := getEngine("allocate batch", h)
+	if err != nil {
+		return fail(err)
+	}
+	if out == nil {
+		return null("allocate batch", "out")
+	}
+	*out = 0
+	if capacity == 0 || capacity > maxBatchItems {
+		return fail(errs.New(errs.InvalidArgument, "allocate batch", "capacity %d outside 1..%d", capacity, maxBatchItems))
+	}
+	b, err := e.AllocateBatch(int(capacity))
+	if err != nil {
+		return fail(err)
+	}
+	*out = C.te_batch_t(batches.Put(uint64(h), batchEntry{e, b}))
+	return 0
+}
+
+// requests converts the caller's requests, resolving segment handles (the
+// last one is remembered: batches usually target one segment).
+func requests(op string, owner uint64, reqs *C.te_crequest, n C.size_t) ([]engine.Request, error) {
+	if reqs == nil {
+		return nil, errs.New(errs.InvalidArgument, op, "requests is NULL")
+	}
+	if n == 0 || n > maxBatchItems {
+		return nil, errs.New(errs.InvalidArgument, op, "n is %d, want 1..%d", n, maxBatchItems)
+	}
+	out := make([]engine.Request, n)
+	var lastH uint64
+	var lastS *engine.Segment
+	for i, r := range unsafe.Slice((*C.te_request_t)(unsafe.Pointer(reqs)), int(n)) {
+		sh := uint64(r.segment)
+		if sh != lastH || lastS == nil {
+			se, o, err := segments.Get(op, sh)
+			if err != nil {
+				return nil, errs.New(errs.InvalidArgument, op, "request %d: %s", i, err.(*errs.Error).Msg)
+			}
+			if o != owner {
+				return nil, errs.New(errs.InvalidArgument, op, "request %d: segment handle belongs to another engine", i)
+			}
+			lastH, lastS = sh, se.s
+		}
+		out[i] = engine.Request{Op: engine.Opcode(uint8(r.opcode)), Local: addr(r.local), Segment: lastS,
+			Remote: uint64(r.remote), Length: uint64(r.length)}
+		if r.opcode != C.TE_READ && r.opcode != C.TE_WRITE {
+			return nil, errs.New(errs.InvalidArgument, op, "request %d: opcode %d is neither TE_READ nor TE_WRITE", i, r.opcode)
+		}
+	}
+	return out, nil
+}
+
+//export te_submit
+func te_submit(h C.te_batch_t, reqs *C.te_crequest, n C.size_t) (rc C.int) {
+	defer enter("submit", &rc)()
+	be, owner, err := batches.Get("submit", uint64(h))
+	if err != nil {
+		return fail(err)
+	}
+	rs, err := requests("submit", owner, reqs, n)
+	if err != nil {
+		return fail(err)
+	}
+	return fail(be.b.Submit(rs...))
+}
+
+//export te_submit_with_notify
+func te_submit_with_notify(h C.te_batch_t, reqs *C.te_crequest, n C.size_t, segment, name, msg *C.te_cchar, msgLen C.size_t) (rc C.int) {
+	defer enter("submit", &rc)()
+	be, owner, err := batches.Get("submit", uint64(h))
+	if err != nil {
+		return fail(err)
+	}
+	if segment == nil || name == nil {
+		return null("submit", "notify segment or name")
+	}
+	if msg == nil && msgLen > 0 {
+		return null("submit", "msg")
+	}
+	if err := notifyLimits("submit", name, msgLen); err != nil {
+		return fail(err)
+	}
+	rs, err := requests("submit", owner, reqs, n)
+	if err != nil {
+		return fail(err)
+	}
+	return fail(be.b.SubmitWithNotify(cstr(segment), cstr(name), cbytes(msg, msgLen), rs...))
+}
+
+//export te_task_status
+func te_task_status(h C.te_batch_t, index C.size_t, out *C.te_task_status_t) (rc C.int) {
+	defer enter("task status", &rc)()
+	be, _, err := batches.Get("task status", uint64(h))
+	if err != nil {
+		return fail(err)
+	}
+	if out == nil {
+		return null("task status", "out")
+	}
+	*out = C.te_task_status_t{state: C.TE_TASK_INVALID}
+	if index > maxBatchItems {
+		return fail(errs.New(errs.InvalidArgument, "task status", "index %d", index))
+	}
+	ts, err := be.b.TaskStatus(int(index))
+	if err != nil {
+		return fail(err)
+	}
+	out.state = C.int32_t(ts.State)
+	out.error = C.int32_t(-int32(errs.CodeOf(ts.Err)))
+	out.transferred = C.uint64_t(ts.Transferred)
+	copyCut(unsafe.Slice((*byte)(unsafe.Pointer(&out.transport[0])), len(out.transport)), ts.Transport)
+	return 0
+}
+
+func putBatchStatus(out *C.te_batch_status_t, s engine.BatchStatus) {
+	if out == nil {
+		return
+	}
+	*out = C.te_batch_status_t{
+		state:       C.int32_t(s.State),
+		error:       C.int32_t(-int32(errs.CodeOf(s.Err))),
+		transferred: C.uint64_t(s.Transferred),
+		tasks:       C.uint64_t(s.Tasks),
+		completed:   C.uint64_t(s.Completed),
+		failed:      C.uint64_t(s.Failed),
+	}
+}
+
+//export te_batch_status
+func te_batch_status(h C.te_batch_t, out *C.te_batch_status_t) (rc C.int) {
+	defer enter("batch status", &rc)()
+	be, _, err := batches.Get("batch status", uint64(h))
+	if err != nil {
+		return fail(err)
+	}
+	if out == nil {
+		return null("batch status", "out")
+	}
+	putBatchStatus(out, be.b.Status())
+	return 0
+}
+
+// maxWaitMS is about 34 years; longer timeouts mean "no limit" rather than
+// overflowing a time.Duration.
+const maxWaitMS = 1 << 40
+
+//export te_wait
+func te_wait(h C.te_batch_t, timeoutMS C.int64_t, out *C.te_batch_status_t) (rc C.int) {
+	defer enter("wait", &rc)()
+	be, _, err := batches.Get("wait", uint64(h))
+	if err != nil {
+		return fail(err)
+	}
+	var st engine.BatchStatus
+	switch {
+	case timeoutMS == 0:
+		select {
+		case <-be.b.Done():
+			st = be.b.Status()
+		default:
+			st = be.b.Status()
+			err = errs.New(errs.Timeout, "wait", "batch not finished")
+		}
+	case timeoutMS < 0 || timeoutMS > maxWaitMS:
+		st, err = be.b.Wait(-1)
+	default:
+		st, err = be.b.Wait(time.Duration(timeoutMS) * time.Millisecond)
+	}
+	putBatchStatus(out, st)
+	if err != nil {
+		return fail(err)
+	}
+	if st.State == engine.Completed || st.State == engine.Waiting {
+		return 0
+	}
+	if st.Err != nil {
+		return fail(st.Err)
+	}
+	// A task ended without an error value: name the state it ended in.
+	code := errs.Internal
+	switch st.State {
+	case engine.Timeout:
+		code = errs.Timeout
+	case engine.Canceled:
+		code = errs.Canceled
+	}
+	return fail(errs.New(code, "wait", "batch ended %v", st.State))
+}
+
+//export te_batch_fd
+func te_batch_fd(h C.te_batch_t, fd *C.int32_t) (rc C.int) {
+	defer enter("batch fd", &rc)()
+	be, _, err := batches.Get("batch fd", uint64(h))
+	if err != nil {
+		return fail(err)
+	}
+	if fd == nil {
+		return null("batch fd", "fd")
+	}
+	*fd = -1
+	n, err := be.b.EventFD()
+	if err != nil {
+		return fail(err)
+	}
+	*fd = C.int32_t(n)
+	return 0
+}
+
+//export te_free_batch
+func te_free_batch(h C.te_batch_t) (rc C.int) {
+	defer enter("free batch", &rc)()
+	return fail(batches.DeleteIf("free batch", uint64(h), func(be batchEntry) error { return be.b.Free() }))
+}

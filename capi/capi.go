@@ -1,0 +1,114 @@
+package main
+
+/*
+#cgo CFLAGS: -I${SRCDIR}/../include
+#include <stdlib.h>
+#include <string.h>
+#include "te.h"
+
+// const-qualified names for the exports' parameters, so the prototypes cgo
+// writes match te.h's and the compiler checks one against the other.
+typedef const char te_cchar;
+typedef const te_config_t te_cconfig;
+typedef const te_region_t te_cregion;
+typedef const te_request_t te_crequest;
+typedef void *const te_caddr;
+*/
+import "C"
+
+import (
+	"runtime/debug"
+	"unsafe"
+
+	"github.com/tecache/te/engine"
+	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/capihelp"
+)
+
+func main() {}
+
+type segEntry struct {
+	e *engine.Engine
+	s *engine.Segment
+}
+
+type batchEntry struct {
+	e *engine.Engine
+	b *engine.Batch
+}
+
+var (
+	engines  = capihelp.NewTable[*engine.Engine](capihelp.KindEngine)
+	segments = capihelp.NewTable[segEntry](capihelp.KindSegment)
+	batches  = capihelp.NewTable[batchEntry](capihelp.KindBatch)
+	lastErr  = capihelp.NewErrors()
+)
+
+// fail records err as the calling thread's last error and returns its code.
+func fail(err error) C.int {
+	if err == nil {
+		return 0
+	}
+	lastErr.Set(capihelp.Tid(), err.Error())
+	return C.int(capihelp.Code(err))
+}
+
+// enter starts every export as `defer enter(op, &rc)()`. A fault on a bad
+// pointer the caller passed becomes a panic rather than a crash, and the
+// returned function turns any panic into TE_ERR_INTERNAL.
+func enter(op string, rc *C.int) func() {
+	debug.SetPanicOnFault(true)
+	return func() {
+		if v := recover(); v != nil {
+			*rc = fail(capihelp.FromPanic(op, v))
+		}
+	}
+}
+
+func null(op, what string) C.int {
+	return fail(errs.New(errs.InvalidArgument, op, "%s is NULL", what))
+}
+
+func addr(p unsafe.Pointer) uint64 { return uint64(uintptr(p)) }
+
+// cbuf views the caller's output buffer.
+func cbuf(p *C.char, n C.size_t) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(p)), int(n))
+}
+
+// putString writes s into the caller's buffer, NUL-terminated.
+func putString(op string, buf *C.char, n C.size_t, s string) C.int {
+	if buf == nil || n == 0 {
+		return fail(errs.New(errs.InvalidArgument, op, "output buffer is NULL or empty"))
+	}
+	if capihelp.CopyString(cbuf(buf, n), s) {
+		return fail(errs.New(errs.BufferTooSmall, op, "%d bytes needed, buffer holds %d", len(s)+1, int(n)))
+	}
+	return 0
+}
+
+// cstr copies a C string; NULL reads as "".
+func cstr(p *C.te_cchar) string { return C.GoString((*C.char)(p)) }
+
+func cbytes(p *C.te_cchar, n C.size_t) string {
+	if p == nil || n == 0 {
+		return ""
+	}
+	return string(unsafe.Slice((*byte)(unsafe.Pointer(p)), int(n)))
+}
+
+//export te_abi_version
+func te_abi_version() C.int { return C.TE_ABI_VERSION }
+
+//export te_last_error
+func te_last_error(buf *C.char, n C.size_t) (rc C.int) {
+	defer enter("last error", &rc)()
+	if buf == nil || n == 0 {
+		// Not recorded: that would replace the message the caller is after.
+		return C.int(capihelp.Code(errs.ErrInvalidArgument))
+	}
+	if capihelp.CopyString(cbuf(buf, n), lastErr.Get(capihelp.Tid())) {
+		return C.int(capihelp.Code(errs.ErrBufferTooSmall))
+	}
+	return 0
+}

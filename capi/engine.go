@@ -1,0 +1,184 @@
+package main
+
+/*
+#include "te.h"
+typedef const te_config_t te_cconfig;
+*/
+import "C"
+
+import (
+	"encoding/json"
+	"unsafe"
+
+	"github.com/tecache/te/engine"
+	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/capihelp"
+)
+
+// maxConfigSize bounds te_config_t.size: a larger value is a caller bug.
+const maxConfigSize = 1 << 16
+
+// readConfig copies the fields of cfg that lie within cfg.size.
+func readConfig(cfg *C.te_cconfig) (capihelp.Config, error) {
+	var c capihelp.Config
+	if cfg == nil {
+		return c, nil
+	}
+	size := uintptr(cfg.size)
+	known := unsafe.Sizeof(C.te_config_t{})
+	if size < unsafe.Sizeof(cfg.size) || size > maxConfigSize {
+		return c, errs.New(errs.InvalidArgument, "create", "te_config_t.size is %d; initialise with TE_CONFIG_INIT", size)
+	}
+	if size > known {
+		// A newer header's fields: refuse only if the caller set one.
+		tail := unsafe.Slice((*byte)(unsafe.Add(unsafe.Pointer(cfg), known)), size-known)
+		for _, b := range tail {
+			if b != 0 {
+				return c, errs.New(errs.NotSupported, "create",
+					"te_config_t has %d bytes, this library knows %d and a field it does not know is set", size, known)
+			}
+		}
+	}
+	var z C.te_config_t
+	has := func(off, n uintptr) bool { return off+n <= size }
+	if has(unsafe.Offsetof(z.log_level), 4) {
+		c.LogLevel = int(cfg.log_level)
+	}
+	str := func(off uintptr, p *C.char) string {
+		if !has(off, unsafe.Sizeof(p)) {
+			return ""
+		}
+		return C.GoString(p)
+	}
+	c.SegmentName = str(unsafe.Offsetof(z.segment_name), cfg.segment_name)
+	c.Metadata = str(unsafe.Offsetof(z.metadata), cfg.metadata)
+	c.ListenAddr = str(unsafe.Offsetof(z.listen_addr), cfg.listen_addr)
+	c.Hostname = str(unsafe.Offsetof(z.hostname), cfg.hostname)
+	c.Transports = str(unsafe.Offsetof(z.transports), cfg.transports)
+	c.ForceTransport = str(unsafe.Offsetof(z.force_transport), cfg.force_transport)
+	c.Params = str(unsafe.Offsetof(z.params), cfg.params)
+	if has(unsafe.Offsetof(z.transfer_timeout_ms), 8) {
+		c.TransferTimeoutMS = int64(cfg.transfer_timeout_ms)
+	}
+	if has(unsafe.Offsetof(z.rpc_timeout_ms), 8) {
+		c.RPCTimeoutMS = int64(cfg.rpc_timeout_ms)
+	}
+	if has(unsafe.Offsetof(z.max_frame), 8) {
+		c.MaxFrame = uint64(cfg.max_frame)
+	}
+	if has(unsafe.Offsetof(z.max_notifies), 8) {
+		c.MaxNotifies = int64(cfg.max_notifies)
+	}
+	return c, nil
+}
+
+//export te_create
+func te_create(cfg *C.te_cconfig, out *C.te_engine_t) (rc C.int) {
+	defer enter("create", &rc)()
+	if out == nil {
+		return null("create", "out")
+	}
+	*out = 0
+	c, err := readConfig(cfg)
+	if err != nil {
+		return fail(err)
+	}
+	ec, err := c.EngineConfig()
+	if err != nil {
+		return fail(err)
+	}
+	e, err := engine.New(ec)
+	if err != nil {
+		return fail(err)
+	}
+	*out = C.te_engine_t(engines.Put(0, e))
+	return 0
+}
+
+//export te_destroy
+func te_destroy(h C.te_engine_t) (rc C.int) {
+	defer enter("destroy", &rc)()
+	e, err := engines.Delete("destroy", uint64(h))
+	if err != nil {
+		return fail(err)
+	}
+	segments.DropOwner(uint64(h))
+	batches.DropOwner(uint64(h))
+	return fail(e.Close())
+}
+
+func getEngine(op string, h C.te_engine_t) (*engine.Engine, error) {
+	e, _, err := engines.Get(op, uint64(h))
+	return e, err
+}
+
+//export te_segment_name
+func te_segment_name(h C.te_engine_t, buf *C.char, n C.size_t) (rc C.int) {
+	defer enter("segment name", &rc)()
+	e, err := getEngine("segment name", h)
+	if err != nil {
+		return fail(err)
+	}
+	return putString("segment name", buf, n, e.Name())
+}
+
+//export te_rpc_port
+func te_rpc_port(h C.te_engine_t, port *C.int32_t) (rc C.int) {
+	defer enter("rpc port", &rc)()
+	e, err := getEngine("rpc port", h)
+	if err != nil {
+		return fail(err)
+	}
+	if port == nil {
+		return null("rpc port", "port")
+	}
+	*port = C.int32_t(e.RPCPort())
+	return 0
+}
+
+//export te_stats
+func te_stats(h C.te_engine_t, out *C.te_stats_t) (rc C.int) {
+	defer enter("stats", &rc)()
+	e, err := getEngine("stats", h)
+	if err != nil {
+		return fail(err)
+	}
+	if out == nil {
+		return null("stats", "out")
+	}
+	size := uintptr(out.size)
+	if size < unsafe.Sizeof(out.size) {
+		return fail(errs.New(errs.InvalidArgument, "stats", "te_stats_t.size is %d; set it to sizeof(te_stats_t)", size))
+	}
+	s := e.Stats()
+	var z C.te_stats_t
+	put := func(off uintptr, dst *C.uint64_t, v uint64) {
+		if off+8 <= size {
+			*dst = C.uint64_t(v)
+		}
+	}
+	if unsafe.Offsetof(z.buffers)+4 <= size {
+		out.buffers = C.uint32_t(s.Buffers)
+	}
+	put(unsafe.Offsetof(z.tasks_completed), &out.tasks_completed, s.TasksCompleted)
+	put(unsafe.Offsetof(z.tasks_failed), &out.tasks_failed, s.TasksFailed)
+	put(unsafe.Offsetof(z.tasks_timed_out), &out.tasks_timed_out, s.TasksTimedOut)
+	put(unsafe.Offsetof(z.bytes_transferred), &out.bytes_transferred, s.BytesTransferred)
+	put(unsafe.Offsetof(z.notifies_sent), &out.notifies_sent, s.NotifiesSent)
+	put(unsafe.Offsetof(z.notifies_received), &out.notifies_received, s.NotifiesReceived)
+	return 0
+}
+
+//export te_stats_json
+func te_stats_json(h C.te_engine_t, buf *C.char, n C.size_t) (rc C.int) {
+	defer enter("stats json", &rc)()
+	e, err := getEngine("stats json", h)
+	if err != nil {
+		return fail(err)
+	}
+	b, err := json.Marshal(e.Stats())
+	if err != nil {
+		return fail(errs.Wrap(errs.Internal, "stats json", err, "encoding"))
+	}
+	return putString("stats json", buf, n, string(b))
+}

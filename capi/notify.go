@@ -1,0 +1,124 @@
+package main
+
+/*
+#include <stdlib.h>
+#include <string.h>
+#include "te.h"
+typedef const char te_cchar;
+*/
+import "C"
+
+import (
+	"unsafe"
+
+	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/engine/wire"
+)
+
+// notifyLimits refuses oversized notifications before their bytes are copied.
+func notifyLimits(op string, name *C.te_cchar, msgLen C.size_t) error {
+	if msgLen > wire.MaxNotifyMsg {
+		return errs.New(errs.TooLarge, op, "message of %d bytes exceeds %d", msgLen, wire.MaxNotifyMsg)
+	}
+	if n := C.strnlen((*C.char)(name), wire.MaxNotifyName+1); n > wire.MaxNotifyName {
+		return errs.New(errs.TooLarge, op, "notification name exceeds %d bytes", wire.MaxNotifyName)
+	}
+	return nil
+}
+
+//export te_notify_send
+func te_notify_send(h C.te_engine_t, segment, name, msg *C.te_cchar, msgLen C.size_t) (rc C.int) {
+	defer enter("notify", &rc)()
+	e, err := getEngine("notify", h)
+	if err != nil {
+		return fail(err)
+	}
+	if segment == nil {
+		return null("notify", "segment")
+	}
+	if name == nil {
+		return null("notify", "name")
+	}
+	if msg == nil && msgLen > 0 {
+		return null("notify", "msg")
+	}
+	if err := notifyLimits("notify", name, msgLen); err != nil {
+		return fail(err)
+	}
+	return fail(e.SendNotify(cstr(segment), cstr(name), cbytes(msg, msgLen)))
+}
+
+//export te_notify_drain
+func te_notify_drain(h C.te_engine_t, out **C.te_notify_t, count *C.size_t) (rc C.int) {
+	defer enter("notify drain", &rc)()
+	e, err := getEngine("notify drain", h)
+	if err != nil {
+		return fail(err)
+	}
+	if out == nil || count == nil {
+		return null("notify drain", "out or count")
+	}
+	*out, *count = nil, 0
+	ns := e.Notifies()
+	if len(ns) == 0 {
+		return 0
+	}
+	// One allocation: the entries, then each name and message with a NUL,
+	// so te_notify_free is a single free().
+	entry := unsafe.Sizeof(C.te_notify_t{})
+	total := entry * uintptr(len(ns))
+	for _, n := range ns {
+		total += uintptr(len(n.Name) + 1 + len(n.Msg) + 1)
+	}
+	base := C.malloc(C.size_t(total))
+	if base == nil {
+		// The notifications are lost to this caller; say so.
+		return fail(errs.New(errs.NoMemory, "notify drain", "allocating %d bytes for %d notifications (dropped)", total, len(ns)))
+	}
+	mem := unsafe.Slice((*byte)(base), total)
+	list := unsafe.Slice((*C.te_notify_t)(base), len(ns))
+	off := entry * uintptr(len(ns))
+	put := func(s string) *C.char {
+		p := (*C.char)(unsafe.Pointer(&mem[off]))
+		copy(mem[off:], s)
+		mem[off+uintptr(len(s))] = 0
+		off += uintptr(len(s)) + 1
+		return p
+	}
+	for i, n := range ns {
+		list[i].name = put(n.Name)
+		list[i].msg = put(n.Msg)
+		list[i].msg_len = C.uint64_t(len(n.Msg))
+	}
+	*out, *count = (*C.te_notify_t)(base), C.size_t(len(ns))
+	return 0
+}
+
+//export te_notify_free
+func te_notify_free(list *C.te_notify_t) (rc C.int) {
+	defer enter("notify free", &rc)()
+	C.free(unsafe.Pointer(list))
+	return 0
+}
+
+//export te_probe
+func te_probe(h C.te_engine_t, segment *C.te_cchar, out *C.te_probe_t) (rc C.int) {
+	defer enter("probe", &rc)()
+	e, err := getEngine("probe", h)
+	if err != nil {
+		return fail(err)
+	}
+	if segment == nil {
+		return null("probe", "segment")
+	}
+	p, err := e.Probe(cstr(segment))
+	if err != nil {
+		return fail(err)
+	}
+	if out != nil {
+		out.rtt_ns = C.uint64_t(p.RTT.Nanoseconds())
+		out.version = C.uint64_t(p.Version)
+		copyCut(unsafe.Slice((*byte)(unsafe.Pointer(&out.instance[0])), len(out.instance)), p.Instance)
+	}
+	return 0
+}

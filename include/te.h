@@ -1,0 +1,424 @@
+/*
+ * te.h - the C interface of te, a KV-cache transfer engine.
+ *
+ * Link with -lte (CMake: find_package(te) and target te::te; pkg-config: te).
+ * This header is written by hand and versioned; the one cgo generates while
+ * building libte.so is not part of the interface.
+ *
+ * Conventions (they hold for every function unless its comment says
+ * otherwise):
+ *
+ *  - Return value: 0 on success, or a negative TE_ERR_* code. The message of
+ *    the last failed call on the calling thread is read with te_last_error.
+ *  - Handles (te_engine_t, te_segment_t, te_batch_t) are opaque, typed 64-bit
+ *    integers; 0 is never a valid handle. A handle of the wrong kind, a closed
+ *    or freed handle, or a made-up one is TE_ERR_INVALID_ARGUMENT, never a
+ *    crash. Destroying an engine invalidates every segment and batch handle
+ *    it gave out.
+ *  - Pointers: a NULL pointer where an object is required is
+ *    TE_ERR_INVALID_ARGUMENT; a pointer to unmapped memory is caught where
+ *    the library reads or writes it and returned as TE_ERR_INTERNAL (a best
+ *    effort: do not rely on it). Memory passed in belongs to the caller and is
+ *    not kept after the call returns (registered memory excepted: it must stay
+ *    valid until it is unregistered). Memory the library hands out has a
+ *    matching free function (te_notify_free).
+ *  - Thread safety: every function may be called from any thread at any time,
+ *    concurrently with any other (calls on one batch from several threads
+ *    are serialised by the library). Destroying an engine, closing a segment
+ *    or freeing a batch while another thread still uses that handle is safe:
+ *    the other call completes, or fails cleanly with TE_ERR_INVALID_ARGUMENT
+ *    or TE_ERR_CLOSED.
+ *  - Blocking: each function says whether it blocks ("Blocks: yes" waits for
+ *    the network, at most the engine's RPC timeout, or for transfers); the
+ *    others return promptly.
+ *  - Strings: NUL-terminated UTF-8. Output strings are always NUL-terminated
+ *    when the buffer has room for at least one byte; a string cut short
+ *    returns TE_ERR_BUFFER_TOO_SMALL (the truncated text is still written).
+ *  - Processes: libte contains a Go runtime. Load it once per process, never
+ *    unload it, and do not fork() a process that has created an engine unless
+ *    the child calls exec() next (use posix_spawn or Python's "spawn" start
+ *    method). The library never exits the process and installs no handler
+ *    for SIGINT/SIGTERM; like every Go shared library it handles SIGURG
+ *    (goroutine preemption) and turns faults inside its own code into errors
+ *    or, if it cannot, into a crash report.
+ */
+#ifndef TE_H
+#define TE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ABI version: te_abi_version() returns (MAJOR << 16) | MINOR. A library
+ * with the same MAJOR and a MINOR at least the one compiled against serves
+ * this header. */
+#define TE_ABI_VERSION_MAJOR 1
+#define TE_ABI_VERSION_MINOR 0
+#define TE_ABI_VERSION ((TE_ABI_VERSION_MAJOR << 16) | TE_ABI_VERSION_MINOR)
+
+/* Error codes: stable, never renumbered. Functions return them negated. */
+#define TE_OK 0
+#define TE_ERR_INVALID_ARGUMENT (-1)
+#define TE_ERR_ADDRESS_NOT_REGISTERED (-2)
+#define TE_ERR_ADDRESS_OVERLAPPED (-3)
+#define TE_ERR_BATCH_BUSY (-4)
+#define TE_ERR_SEGMENT_NOT_FOUND (-5)
+#define TE_ERR_TRANSPORT_UNAVAILABLE (-6)
+#define TE_ERR_PEER_UNREACHABLE (-7)
+#define TE_ERR_TIMEOUT (-8)
+#define TE_ERR_METADATA (-9)
+#define TE_ERR_NOT_SUPPORTED (-10)
+#define TE_ERR_CLOSED (-11)
+#define TE_ERR_STALE_DESCRIPTOR (-12)
+#define TE_ERR_ACCESS_DENIED (-13)
+#define TE_ERR_TOO_LARGE (-14)
+#define TE_ERR_PROTOCOL (-15)
+#define TE_ERR_CANCELED (-16)
+#define TE_ERR_NO_MEMORY (-17)
+#define TE_ERR_INTERNAL (-18)
+#define TE_ERR_NOT_FOUND (-19)
+#define TE_ERR_BUFFER_TOO_SMALL (-20)
+#define TE_ERR_TRANSFER_LOST (-21) /* a handoff transfer is gone from the sidecar that held it */
+
+/* Opcodes, numbered as in Mooncake. */
+#define TE_READ 0  /* copy from the target segment into local memory */
+#define TE_WRITE 1 /* copy local memory into the target segment */
+
+/* Task and batch states, numbered as in Mooncake. */
+#define TE_TASK_WAITING 0   /* nothing submitted yet */
+#define TE_TASK_PENDING 1   /* submitted, not finished */
+#define TE_TASK_INVALID 2   /* no such task */
+#define TE_TASK_CANCELED 3
+#define TE_TASK_COMPLETED 4 /* every byte arrived (WRITE: in the target's memory) */
+#define TE_TASK_TIMEOUT 5
+#define TE_TASK_FAILED 6
+
+/* Log levels for te_config_t.log_level. */
+#define TE_LOG_DEFAULT 0 /* warnings and errors */
+#define TE_LOG_DEBUG 1
+#define TE_LOG_INFO 2
+#define TE_LOG_WARN 3
+#define TE_LOG_ERROR 4
+#define TE_LOG_OFF 5
+
+typedef uint64_t te_engine_t;
+typedef uint64_t te_segment_t;
+typedef uint64_t te_batch_t;
+
+/*
+ * Engine configuration. Initialise with TE_CONFIG_INIT (it sets size to the
+ * size this header declares and every other field to its default) and set
+ * what you need:
+ *
+ *     te_config_t cfg = TE_CONFIG_INIT;
+ *     cfg.listen_addr = "127.0.0.1:0";
+ *
+ * size lets newer libraries accept older callers: fields past size are
+ * treated as unset. NULL strings and zero numbers mean "default".
+ */
+typedef struct te_config {
+    uint32_t size;               /* sizeof(te_config_t); required */
+    int32_t log_level;           /* TE_LOG_*; logs go to stderr */
+    const char *segment_name;    /* default (and in P2P mode required): host:port of the RPC listener */
+    const char *metadata;        /* "P2PHANDSHAKE" (default), "mem://NAME", "etcd://h1:p1,h2:p2", ... */
+    const char *listen_addr;     /* RPC listener, default "0.0.0.0:0" (port 0: a free port) */
+    const char *hostname;        /* host peers reach this engine at; default: listener host or first non-loopback IPv4 */
+    const char *transports;      /* comma-separated list to install, e.g. "local,tcp"; default: all available */
+    const char *force_transport; /* use this transport for every request, e.g. "tcp" */
+    const char *params;          /* transport parameters "key=value" separated by ',' ';' or newlines, e.g. "tcp.conns=4" */
+    int64_t transfer_timeout_ms; /* per request; 0: 30 s; negative: none */
+    int64_t rpc_timeout_ms;      /* control-plane calls; 0 (or negative): 5 s */
+    uint64_t max_frame;          /* control-plane frame limit in bytes; 0: 64 MiB */
+    int64_t max_notifies;        /* queue of received notifications; 0 (or negative): 65536 */
+} te_config_t;
+
+/* Every field spelled out, so -Wmissing-field-initializers stays quiet. */
+#define TE_CONFIG_INIT \
+    {(uint32_t)sizeof(te_config_t), TE_LOG_DEFAULT, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0, 0, 0}
+
+/* One range for te_register_batch. */
+typedef struct te_region {
+    void *addr;
+    uint64_t length;
+    const char *location; /* "cpu", "cpu:N", "cuda:N" or "*"; NULL means "cpu" */
+    int32_t remote;       /* non-zero: peers may access it */
+    int32_t reserved;     /* set to 0 */
+} te_region_t;
+
+/* One transfer: length bytes between local memory at local and address
+ * remote of segment (for RAM segments the remote virtual address, as in
+ * Mooncake). */
+typedef struct te_request {
+    int32_t opcode;       /* TE_READ or TE_WRITE */
+    int32_t reserved;     /* set to 0 */
+    void *local;          /* inside memory registered with this engine */
+    te_segment_t segment; /* from te_open_segment on the batch's engine */
+    uint64_t remote;      /* inside one buffer of the segment */
+    uint64_t length;      /* non-zero */
+} te_request_t;
+
+typedef struct te_task_status {
+    int32_t state;        /* TE_TASK_* */
+    int32_t error;        /* TE_ERR_* why it did not complete, else 0 */
+    uint64_t transferred; /* bytes */
+    char transport[16];   /* transport that carried it, NUL-terminated */
+} te_task_status_t;
+
+typedef struct te_batch_status {
+    int32_t state;        /* TE_TASK_PENDING while any task is; else the worst outcome */
+    int32_t error;        /* code of the first failed task, else 0 */
+    uint64_t transferred; /* bytes of completed tasks */
+    uint64_t tasks;       /* submitted so far */
+    uint64_t completed;
+    uint64_t failed;      /* FAILED, TIMEOUT and CANCELED together */
+} te_batch_status_t;
+
+/* One received notification, owned by the library (see te_notify_drain). */
+typedef struct te_notify {
+    const char *name; /* NUL-terminated */
+    const char *msg;  /* msg_len bytes, followed by a NUL */
+    uint64_t msg_len;
+} te_notify_t;
+
+typedef struct te_probe {
+    uint64_t rtt_ns;   /* round-trip time of the probe */
+    uint64_t version;  /* version of the peer's published descriptor */
+    char instance[40]; /* peer's random per-start identity, NUL-terminated */
+} te_probe_t;
+
+/* One buffer of a segment's descriptor. */
+typedef struct te_buffer_desc {
+    uint64_t addr;
+    uint64_t length;
+    char location[32]; /* e.g. "cpu:0", NUL-terminated (cut if longer) */
+} te_buffer_desc_t;
+
+/* Engine counters. Set size to sizeof(te_stats_t) before te_stats; fields
+ * past size are not written. */
+typedef struct te_stats {
+    uint32_t size;
+    uint32_t buffers; /* registered ranges */
+    uint64_t tasks_completed;
+    uint64_t tasks_failed;
+    uint64_t tasks_timed_out;
+    uint64_t bytes_transferred;
+    uint64_t notifies_sent;
+    uint64_t notifies_received;
+} te_stats_t;
+
+/* ---- Functions ----------------------------------------------------------
+ * Each comment ends with a line of the form
+ *   Blocks: ... | Thread-safe: ... | Errors: ...
+ * "Errors" lists the codes the function itself decides; every function that
+ * takes a handle or pointer also returns TE_ERR_INVALID_ARGUMENT for a bad
+ * handle or a NULL pointer, and TE_ERR_INTERNAL for a bug caught inside. */
+
+/* ---- Library ----------------------------------------------------------- */
+
+/* te_abi_version returns TE_ABI_VERSION of the loaded library, a positive
+ * number (the one exception to the return convention).
+ * Blocks: no | Thread-safe: yes | Errors: none, never fails. */
+int te_abi_version(void);
+
+/* te_last_error copies the message of the last call that failed on the
+ * calling thread into buf (len bytes, NUL-terminated). Successful calls do
+ * not clear it; a thread with no failure gets "". Reading it does not change
+ * it, and a failure of te_last_error itself is not recorded.
+ * Blocks: no | Thread-safe: yes (per thread) | Errors: TE_ERR_BUFFER_TOO_SMALL
+ * (the message was cut to fit), TE_ERR_INVALID_ARGUMENT (buf NULL or len 0). */
+int te_last_error(char *buf, size_t len);
+
+/* ---- Engines ----------------------------------------------------------- */
+
+/* te_create starts an engine: binds its RPC listener, starts the transports
+ * and publishes an empty segment. cfg may be NULL for defaults; otherwise
+ * cfg->size must be set (TE_CONFIG_INIT). On success *out is the handle, on
+ * failure 0.
+ * Blocks: yes (metadata store, up to the RPC timeout) | Thread-safe: yes |
+ * Errors: TE_ERR_INVALID_ARGUMENT (size, log_level, params, listen address),
+ * TE_ERR_NOT_SUPPORTED (a newer header's field is set, unknown metadata
+ * scheme), TE_ERR_TRANSPORT_UNAVAILABLE (a listed or forced transport cannot
+ * start), TE_ERR_METADATA. */
+int te_create(const te_config_t *cfg, te_engine_t *out);
+
+/* te_destroy stops the engine: in-flight transfers end FAILED, listeners,
+ * connections and threads are gone, and every segment and batch handle of
+ * the engine becomes invalid. Calls blocked in te_wait on its batches return.
+ * Blocks: yes, until the engine is down | Thread-safe: yes | Errors:
+ * TE_ERR_INVALID_ARGUMENT (also for a second call on the same handle). */
+int te_destroy(te_engine_t engine);
+
+/* te_segment_name writes the engine's own segment name (peers open it by
+ * this name; with P2PHANDSHAKE it is host:port).
+ * Blocks: no | Thread-safe: yes | Errors: TE_ERR_BUFFER_TOO_SMALL. */
+int te_segment_name(te_engine_t engine, char *buf, size_t len);
+
+/* te_rpc_port stores the RPC listener's port in *port.
+ * Blocks: no | Thread-safe: yes | Errors: handle and pointer only. */
+int te_rpc_port(te_engine_t engine, int32_t *port);
+
+/* te_stats fills the counters that fit in out->size bytes.
+ * Blocks: no | Thread-safe: yes | Errors: TE_ERR_INVALID_ARGUMENT (size not
+ * set). */
+int te_stats(te_engine_t engine, te_stats_t *out);
+
+/* te_stats_json writes the engine's counters, segment name and installed
+ * transports as a JSON object.
+ * Blocks: no | Thread-safe: yes | Errors: TE_ERR_BUFFER_TOO_SMALL. */
+int te_stats_json(te_engine_t engine, char *buf, size_t len);
+
+/* ---- Memory ------------------------------------------------------------ */
+
+/* te_register registers [addr, addr+length) with every installed transport
+ * and, when remote is non-zero, publishes it so peers may access it.
+ * Registering the identical range again succeeds and changes nothing.
+ * location: "cpu", "cpu:N", "cuda:N", "*" (detect) or NULL (cpu).
+ * Blocks: yes (publishing to the metadata store) | Thread-safe: yes |
+ * Errors: TE_ERR_INVALID_ARGUMENT (NULL addr, zero length, bad location),
+ * TE_ERR_ADDRESS_OVERLAPPED (overlaps a registered range), and a transport's
+ * refusal (e.g. TE_ERR_NOT_SUPPORTED). */
+int te_register(te_engine_t engine, void *addr, uint64_t length, const char *location, int32_t remote);
+
+/* te_unregister unregisters the range registered at addr: it stops new
+ * accesses, waits for those in flight and publishes the new descriptor before
+ * it returns, so the memory may be freed afterwards.
+ * Blocks: yes (in-flight transfers, metadata) | Thread-safe: yes | Errors:
+ * TE_ERR_ADDRESS_NOT_REGISTERED (addr does not start a registered range). */
+int te_unregister(te_engine_t engine, void *addr);
+
+/* te_register_batch registers n ranges, all or none, publishing once.
+ * Blocks: yes, like te_register | Thread-safe: yes | Errors: as te_register,
+ * plus TE_ERR_INVALID_ARGUMENT for n == 0 and TE_ERR_ADDRESS_OVERLAPPED for
+ * ranges of the batch that overlap each other. */
+int te_register_batch(te_engine_t engine, const te_region_t *regions, size_t n);
+
+/* te_unregister_batch unregisters n ranges (each must be registered; if one
+ * is not, none is unregistered) and publishes once.
+ * Blocks: yes, like te_unregister | Thread-safe: yes | Errors:
+ * TE_ERR_INVALID_ARGUMENT (n == 0, a NULL address),
+ * TE_ERR_ADDRESS_NOT_REGISTERED. */
+int te_unregister_batch(te_engine_t engine, void *const *addrs, size_t n);
+
+/* ---- Segments ---------------------------------------------------------- */
+
+/* te_open_segment returns a handle to the named segment (a peer's, or the
+ * engine's own), fetching its descriptor unless one is cached. On failure
+ * *out is 0.
+ * Blocks: yes (RPC timeout) | Thread-safe: yes | Errors:
+ * TE_ERR_INVALID_ARGUMENT (empty name; with P2PHANDSHAKE a name that is not
+ * host:port), TE_ERR_SEGMENT_NOT_FOUND (unknown or not answering),
+ * TE_ERR_METADATA. */
+int te_open_segment(te_engine_t engine, const char *name, te_segment_t *out);
+
+/* te_close_segment releases a segment handle.
+ * Blocks: no | Thread-safe: yes | Errors: TE_ERR_INVALID_ARGUMENT (also for
+ * a handle closed before). */
+int te_close_segment(te_segment_t segment);
+
+/* te_segment_buffers copies up to cap buffer descriptions of the segment's
+ * current descriptor into out (out may be NULL when cap is 0) and stores the
+ * total number of buffers in *count.
+ * Blocks: only when a transfer marked the descriptor stale and it is fetched
+ * again (RPC timeout) | Thread-safe: yes | Errors: TE_ERR_SEGMENT_NOT_FOUND
+ * (refetch failed). */
+int te_segment_buffers(te_segment_t segment, te_buffer_desc_t *out, size_t cap, size_t *count);
+
+/* ---- Batches ----------------------------------------------------------- */
+
+/* te_allocate_batch returns an empty batch for up to capacity requests
+ * (1 .. 16777216). On failure *out is 0.
+ * Blocks: no | Thread-safe: yes | Errors: TE_ERR_INVALID_ARGUMENT
+ * (capacity), TE_ERR_CLOSED. */
+int te_allocate_batch(te_engine_t engine, size_t capacity, te_batch_t *out);
+
+/* te_submit validates all n requests, then starts them; if one is invalid
+ * none is started and the message names its index. Requests may be submitted
+ * in several calls up to the capacity; tasks are numbered in submission
+ * order. It does not wait for the transfers.
+ * Blocks: only to refetch a stale descriptor (RPC timeout) | Thread-safe:
+ * yes | Errors: TE_ERR_INVALID_ARGUMENT (n == 0, over capacity, zero length,
+ * bad opcode, bad or foreign segment handle, freed batch),
+ * TE_ERR_ADDRESS_NOT_REGISTERED (local range not registered, or remote range
+ * not inside one buffer of the segment), TE_ERR_TRANSPORT_UNAVAILABLE (no
+ * transport reaches the peer), TE_ERR_CLOSED. */
+int te_submit(te_batch_t batch, const te_request_t *requests, size_t n);
+
+/* te_submit_with_notify submits like te_submit and, once every task of the
+ * batch has COMPLETED, sends the notification (name, msg) to the named
+ * segment. No notification is sent when a task fails. msg is msg_len bytes
+ * (may be NULL when msg_len is 0).
+ * Blocks: like te_submit | Thread-safe: yes | Errors: as te_submit, plus
+ * TE_ERR_TOO_LARGE (name over 4096 bytes or msg over 16 MiB). */
+int te_submit_with_notify(te_batch_t batch, const te_request_t *requests, size_t n, const char *segment,
+                          const char *name, const char *msg, size_t msg_len);
+
+/* te_task_status fills *out with the state of task index.
+ * Blocks: no | Thread-safe: yes | Errors: TE_ERR_INVALID_ARGUMENT (index not
+ * yet submitted; out->state is then TE_TASK_INVALID). */
+int te_task_status(te_batch_t batch, size_t index, te_task_status_t *out);
+
+/* te_batch_status fills *out with the batch's summary.
+ * Blocks: no | Thread-safe: yes | Errors: handle and pointer only. */
+int te_batch_status(te_batch_t batch, te_batch_status_t *out);
+
+/* te_wait waits until every submitted task has finished or timeout_ms has
+ * passed (negative: no limit; 0: just look). out may be NULL; when given it
+ * is filled in every case. A batch with nothing submitted returns 0 at once.
+ * Blocks: yes, up to timeout_ms (tasks themselves end within the engine's
+ * transfer timeout) | Thread-safe: yes, several threads may wait on one
+ * batch | Errors: TE_ERR_TIMEOUT (time ran out first; the tasks go on), else
+ * the code of the first task that did not complete (e.g.
+ * TE_ERR_PEER_UNREACHABLE, TE_ERR_ACCESS_DENIED, TE_ERR_TIMEOUT). */
+int te_wait(te_batch_t batch, int64_t timeout_ms, te_batch_status_t *out);
+
+/* te_batch_fd stores in *fd an eventfd that becomes readable each time every
+ * task submitted so far has finished, for event loops (epoll, poll, asyncio's
+ * add_reader): wait for readability, then read 8 bytes to reset it and look
+ * at te_batch_status. The batch owns the fd: do not close it; te_free_batch
+ * does. The same fd is returned on every call.
+ * Blocks: no | Thread-safe: yes | Errors: TE_ERR_NO_MEMORY (no eventfd). */
+int te_batch_fd(te_batch_t batch, int32_t *fd);
+
+/* te_free_batch releases the batch and its handle.
+ * Blocks: no | Thread-safe: yes | Errors: TE_ERR_BATCH_BUSY (tasks pending:
+ * wait first; the handle stays valid), TE_ERR_INVALID_ARGUMENT (also for a
+ * batch freed before). */
+int te_free_batch(te_batch_t batch);
+
+/* ---- Notifications and probes ------------------------------------------ */
+
+/* te_notify_send delivers (name, msg) to the named segment's engine and
+ * waits until it is queued there. msg is msg_len bytes (NULL when 0).
+ * Blocks: yes (RPC timeout) | Thread-safe: yes | Errors: TE_ERR_TOO_LARGE
+ * (name over 4096 bytes, msg over 16 MiB), TE_ERR_PEER_UNREACHABLE,
+ * TE_ERR_TIMEOUT, TE_ERR_NO_MEMORY (the receiver's queue is full),
+ * TE_ERR_INVALID_ARGUMENT (segment name not host:port in P2P mode). */
+int te_notify_send(te_engine_t engine, const char *segment, const char *name, const char *msg, size_t msg_len);
+
+/* te_notify_drain removes the notifications received so far and returns them
+ * oldest first: *out points to *count entries in one block allocated by the
+ * library (NULL when *count is 0). Free it with te_notify_free.
+ * Blocks: no | Thread-safe: yes (each notification goes to one caller) |
+ * Errors: TE_ERR_NO_MEMORY (allocation failed; the drained notifications are
+ * lost). */
+int te_notify_drain(te_engine_t engine, te_notify_t **out, size_t *count);
+
+/* te_notify_free frees what te_notify_drain returned; NULL is accepted.
+ * Blocks: no | Thread-safe: yes | Errors: none. */
+int te_notify_free(te_notify_t *list);
+
+/* te_probe checks that the named segment's engine answers; out (may be NULL)
+ * receives its identity and the round-trip time.
+ * Blocks: yes (RPC timeout) | Thread-safe: yes | Errors:
+ * TE_ERR_PEER_UNREACHABLE, TE_ERR_TIMEOUT, TE_ERR_SEGMENT_NOT_FOUND,
+ * TE_ERR_INVALID_ARGUMENT (name not host:port in P2P mode). */
+int te_probe(te_engine_t engine, const char *segment, te_probe_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TE_H */

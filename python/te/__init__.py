@@ -1,0 +1,27 @@
+"""te: a KV-cache transfer engine, through its C ABI (libte.so, te.h).
+
+    import te
+    with te.Engine(listen_addr="127.0.0.1:0") as e:
+        buf = bytearray(1 << 20)
+        e.register(buf)
+        seg = e.open_segment(peer_name)
+        e.write(seg, buf, remote_addr)
+
+libte.so is found through $TE_LIBRARY, then this package's folder, then the
+repository's build/ folder. It contains a Go runtime: it is loaded once and
+never unloaded, and a process must not fork() after creating an engine
+(use multiprocessing's "spawn" start method). Blocking calls release the GIL.
+Errors are raised as subclasses of te.TeError carrying te's stable code.
+"""
+
+from ._lib import ABI_MAJOR, ABI_MINOR, load, path as library_path  # noqa: F401
+from .core import (CANCELED, COMPLETED, FAILED, INVALID, PENDING, READ, STATE_NAMES, TIMEOUT, WAITING,  # noqa: F401
+                   WRITE, Batch, BatchStatus, Engine, Segment, address_of, check)
+from .errors import *  # noqa: F401,F403
+from .errors import BY_CODE, LibraryError, TeError, error_for  # noqa: F401
+
+
+def abi_version():
+    """(major, minor) of the loaded library."""
+    v = load().te_abi_version()
+    return v >> 16, v & 0xFFFF

@@ -1,0 +1,176 @@
+"""Loading libte.so and declaring every function of te.h for ctypes."""
+
+import ctypes
+import os
+import threading
+from ctypes import (POINTER, Structure, c_char, c_char_p, c_int, c_int32, c_int64, c_size_t, c_uint32, c_uint64,
+                    c_void_p)
+from pathlib import Path
+
+#: te.h's TE_ABI_VERSION_MAJOR / _MINOR this binding was written against.
+ABI_MAJOR = 1
+ABI_MINOR = 0
+
+engine_t = c_uint64
+segment_t = c_uint64
+batch_t = c_uint64
+
+
+class Config(Structure):
+    _fields_ = [
+        ("size", c_uint32),
+        ("log_level", c_int32),
+        ("segment_name", c_char_p),
+        ("metadata", c_char_p),
+        ("listen_addr", c_char_p),
+        ("hostname", c_char_p),
+        ("transports", c_char_p),
+        ("force_transport", c_char_p),
+        ("params", c_char_p),
+        ("transfer_timeout_ms", c_int64),
+        ("rpc_timeout_ms", c_int64),
+        ("max_frame", c_uint64),
+        ("max_notifies", c_int64),
+    ]
+
+
+class Region(Structure):
+    _fields_ = [("addr", c_void_p), ("length", c_uint64), ("location", c_char_p), ("remote", c_int32),
+                ("reserved", c_int32)]
+
+
+class Request(Structure):
+    _fields_ = [("opcode", c_int32), ("reserved", c_int32), ("local", c_void_p), ("segment", segment_t),
+                ("remote", c_uint64), ("length", c_uint64)]
+
+
+class TaskStatus(Structure):
+    _fields_ = [("state", c_int32), ("error", c_int32), ("transferred", c_uint64), ("transport", c_char * 16)]
+
+
+class BatchStatus(Structure):
+    _fields_ = [("state", c_int32), ("error", c_int32), ("transferred", c_uint64), ("tasks", c_uint64),
+                ("completed", c_uint64), ("failed", c_uint64)]
+
+
+class Notify(Structure):
+    _fields_ = [("name", c_char_p), ("msg", c_void_p), ("msg_len", c_uint64)]
+
+
+class Probe(Structure):
+    _fields_ = [("rtt_ns", c_uint64), ("version", c_uint64), ("instance", c_char * 40)]
+
+
+class BufferDesc(Structure):
+    _fields_ = [("addr", c_uint64), ("length", c_uint64), ("location", c_char * 32)]
+
+
+class Stats(Structure):
+    _fields_ = [("size", c_uint32), ("buffers", c_uint32), ("tasks_completed", c_uint64), ("tasks_failed", c_uint64),
+                ("tasks_timed_out", c_uint64), ("bytes_transferred", c_uint64), ("notifies_sent", c_uint64),
+                ("notifies_received", c_uint64)]
+
+
+# Every function of te.h: name -> argument types. All return int.
+PROTOTYPES = {
+    "te_abi_version": [],
+    "te_last_error": [c_char_p, c_size_t],
+    "te_create": [POINTER(Config), POINTER(engine_t)],
+    "te_destroy": [engine_t],
+    "te_segment_name": [engine_t, c_char_p, c_size_t],
+    "te_rpc_port": [engine_t, POINTER(c_int32)],
+    "te_stats": [engine_t, POINTER(Stats)],
+    "te_stats_json": [engine_t, c_char_p, c_size_t],
+    "te_register": [engine_t, c_void_p, c_uint64, c_char_p, c_int32],
+    "te_unregister": [engine_t, c_void_p],
+    "te_register_batch": [engine_t, POINTER(Region), c_size_t],
+    "te_unregister_batch": [engine_t, POINTER(c_void_p), c_size_t],
+    "te_open_segment": [engine_t, c_char_p, POINTER(segment_t)],
+    "te_close_segment": [segment_t],
+    "te_segment_buffers": [segment_t, POINTER(BufferDesc), c_size_t, POINTER(c_size_t)],
+    "te_allocate_batch": [engine_t, c_size_t, POINTER(batch_t)],
+    "te_submit": [batch_t, POINTER(Request), c_size_t],
+    "te_submit_with_notify": [batch_t, POINTER(Request), c_size_t, c_char_p, c_char_p, c_char_p, c_size_t],
+    "te_task_status": [batch_t, c_size_t, POINTER(TaskStatus)],
+    "te_batch_status": [batch_t, POINTER(BatchStatus)],
+    "te_wait": [batch_t, c_int64, POINTER(BatchStatus)],
+    "te_batch_fd": [batch_t, POINTER(c_int32)],
+    "te_free_batch": [batch_t],
+    "te_notify_send": [engine_t, c_char_p, c_char_p, c_char_p, c_size_t],
+    "te_notify_drain": [engine_t, POINTER(POINTER(Notify)), POINTER(c_size_t)],
+    "te_notify_free": [POINTER(Notify)],
+    "te_probe": [engine_t, c_char_p, POINTER(Probe)],
+}
+
+_lock = threading.Lock()
+_lib = None
+_path = None
+
+
+def candidates():
+    """Where load() looks, in order: $TE_LIBRARY, this package's folder, the
+    repository's build/ folder."""
+    here = Path(__file__).resolve().parent
+    out = []
+    env = os.environ.get("TE_LIBRARY")
+    if env:
+        out.append(Path(env))
+    out.append(here / "libte.so")
+    out.append(here.parent.parent / "build" / "libte.so")
+    return out
+
+
+def load():
+    """Return the loaded libte (loading it on first use). The library holds a
+    Go runtime: it is loaded once per process and never unloaded."""
+    global _lib, _path
+    with _lock:
+        if _lib is not None:
+            return _lib
+        from .errors import LibraryError
+
+        env = os.environ.get("TE_LIBRARY")
+        paths = candidates()
+        if env:
+            # An explicit choice is not silently replaced by another library.
+            paths = paths[:1]
+        tried = []
+        for p in paths:
+            if not p.exists():
+                tried.append(f"{p} (missing)")
+                continue
+            try:
+                lib = ctypes.CDLL(str(p))
+            except OSError as e:
+                tried.append(f"{p} ({e})")
+                continue
+            _declare(lib)
+            v = lib.te_abi_version()
+            major, minor = v >> 16, v & 0xFFFF
+            if major != ABI_MAJOR or minor < ABI_MINOR:
+                raise LibraryError(f"{p} has ABI {major}.{minor}; this binding needs {ABI_MAJOR}.{ABI_MINOR} or a later "
+                                   f"{ABI_MAJOR}.x")
+            _lib, _path = lib, p
+            return lib
+        raise LibraryError("libte.so not found; tried: " + "; ".join(tried) +
+                           ". Build it with `make` or set TE_LIBRARY to its path.")
+
+
+def path():
+    """Path of the loaded library (None before load())."""
+    return _path
+
+
+def _declare(lib):
+    for name, args in PROTOTYPES.items():
+        f = getattr(lib, name)
+        f.argtypes = args
+        f.restype = c_int
+
+
+def last_error(lib=None):
+    """The calling thread's last error message from libte."""
+    lib = lib or load()
+    buf = ctypes.create_string_buffer(4096)
+    lib.te_last_error(buf, len(buf))
+    return buf.value.decode("utf-8", "replace")

@@ -1,0 +1,412 @@
+"""The native te API: Engine, Segment and Batch over libte's C ABI."""
+
+import ctypes
+import json
+import threading
+import weakref
+from ctypes import byref, c_int32, c_size_t, c_void_p
+
+from . import _lib
+from .errors import InvalidArgument, TeError, error_for
+
+READ = 0
+WRITE = 1
+
+# Task and batch states (te.h TE_TASK_*).
+WAITING, PENDING, INVALID, CANCELED, COMPLETED, TIMEOUT, FAILED = range(7)
+STATE_NAMES = {WAITING: "WAITING", PENDING: "PENDING", INVALID: "INVALID", CANCELED: "CANCELED",
+               COMPLETED: "COMPLETED", TIMEOUT: "TIMEOUT", FAILED: "FAILED"}
+
+LOG_LEVELS = {None: 0, "default": 0, "debug": 1, "info": 2, "warn": 3, "warning": 3, "error": 4, "off": 5}
+
+
+def check(rc, lib=None):
+    """Return rc when it is not negative; otherwise raise the exception class
+    of its code, carrying the calling thread's last error message."""
+    if rc >= 0:
+        return rc
+    raise error_for(-rc, _lib.last_error(lib))
+
+
+def _b(s):
+    if s is None:
+        return None
+    return s.encode() if isinstance(s, str) else bytes(s)
+
+
+def address_of(obj, length=None):
+    """(address, length) of a buffer: an int address (length must be given),
+    an object with .data_ptr() (torch-like tensors: length from nbytes or
+    numel()*element_size()), or a writable C-contiguous object with the buffer
+    protocol (bytearray, numpy array, mmap, array.array)."""
+    if isinstance(obj, bool):
+        raise TypeError("a bool is not an address")
+    if isinstance(obj, int):
+        if length is None:
+            raise InvalidArgument("length is required with an int address")
+        return obj, int(length)
+    if hasattr(obj, "data_ptr"):
+        addr = int(obj.data_ptr())
+        if length is None:
+            if hasattr(obj, "nbytes"):
+                length = int(obj.nbytes)
+            else:
+                length = int(obj.numel()) * int(obj.element_size())
+        return addr, int(length)
+    try:
+        mv = memoryview(obj)
+    except TypeError:
+        raise TypeError(f"{type(obj).__name__} is neither an address, a buffer nor has data_ptr()") from None
+    with mv:
+        if mv.readonly:
+            raise InvalidArgument(f"{type(obj).__name__} buffer is read-only")
+        if not mv.c_contiguous:
+            raise InvalidArgument("buffer is not C-contiguous")
+        n = mv.nbytes
+        if n == 0:
+            raise InvalidArgument("buffer is empty")
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(obj))
+    return addr, n if length is None else int(length)
+
+
+class Segment:
+    """An open handle to a (usually remote) segment; close() when done."""
+
+    def __init__(self, engine, handle, name):
+        self._engine = engine
+        self.handle = handle
+        self.name = name
+
+    def buffers(self):
+        """[(addr, length, location)] of the segment's current descriptor."""
+        lib = _lib.load()
+        n = c_size_t()
+        check(lib.te_segment_buffers(self.handle, None, 0, byref(n)), lib)
+        arr = (_lib.BufferDesc * max(n.value, 1))()
+        check(lib.te_segment_buffers(self.handle, arr, n.value, byref(n)), lib)
+        return [(b.addr, b.length, b.location.decode()) for b in arr[:n.value]]
+
+    def close(self):
+        if self.handle:
+            h, self.handle = self.handle, 0
+            check(_lib.load().te_close_segment(h))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return f"Segment({self.name!r})"
+
+
+class BatchStatus:
+    """Summary of a batch (te_batch_status_t)."""
+
+    def __init__(self, s):
+        self.state = s.state
+        self.error = -s.error
+        self.transferred = s.transferred
+        self.tasks = s.tasks
+        self.completed = s.completed
+        self.failed = s.failed
+
+    @property
+    def state_name(self):
+        return STATE_NAMES.get(self.state, str(self.state))
+
+    def __repr__(self):
+        return (f"BatchStatus({self.state_name}, tasks={self.tasks}, completed={self.completed}, "
+                f"failed={self.failed}, transferred={self.transferred})")
+
+
+class Batch:
+    """Requests submitted together and waited on together."""
+
+    def __init__(self, engine, handle, capacity):
+        self._engine = engine
+        self.handle = handle
+        self.capacity = capacity
+
+    @staticmethod
+    def _requests(reqs):
+        arr = (_lib.Request * len(reqs))()
+        for i, r in enumerate(reqs):
+            op, local, seg, remote, length = r
+            if not isinstance(local, int):
+                local, n = address_of(local)
+                length = n if length is None else length
+            arr[i].opcode = int(op)
+            arr[i].local = local
+            arr[i].segment = seg.handle if isinstance(seg, Segment) else int(seg)
+            arr[i].remote = int(remote)
+            arr[i].length = int(length)
+        return arr
+
+    def submit(self, requests, notify=None):
+        """Start requests, a list of (opcode, local, segment, remote, length);
+        local is an address or a buffer (length None: the buffer's size).
+        notify=(segment_name, name, msg) is sent once every task completed."""
+        if not requests:
+            raise InvalidArgument("no requests")
+        arr = self._requests(requests)
+        lib = _lib.load()
+        if notify is None:
+            check(lib.te_submit(self.handle, arr, len(arr)), lib)
+        else:
+            seg, name, msg = notify
+            m = _b(msg) or b""
+            check(lib.te_submit_with_notify(self.handle, arr, len(arr), _b(seg), _b(name), m, len(m)), lib)
+
+    def task_status(self, index):
+        """(state, error code, transferred, transport) of task index."""
+        lib = _lib.load()
+        ts = _lib.TaskStatus()
+        check(lib.te_task_status(self.handle, index, byref(ts)), lib)
+        return ts.state, -ts.error, ts.transferred, ts.transport.decode()
+
+    def status(self):
+        lib = _lib.load()
+        st = _lib.BatchStatus()
+        check(lib.te_batch_status(self.handle, byref(st)), lib)
+        return BatchStatus(st)
+
+    def wait(self, timeout=None):
+        """Block until every task finished (timeout seconds, None: no limit).
+        Returns the status; raises Timeout, or the first failure's error."""
+        ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        lib = _lib.load()
+        st = _lib.BatchStatus()
+        check(lib.te_wait(self.handle, ms, byref(st)), lib)
+        return BatchStatus(st)
+
+    def fileno(self):
+        """An eventfd, readable once every task submitted so far finished
+        (for select/epoll/asyncio add_reader); read 8 bytes to reset it. The
+        batch owns it: free() closes it."""
+        lib = _lib.load()
+        fd = c_int32()
+        check(lib.te_batch_fd(self.handle, byref(fd)), lib)
+        return fd.value
+
+    def free(self):
+        if self.handle:
+            check(_lib.load().te_free_batch(self.handle))
+            self.handle = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.handle:
+            try:
+                self.wait()
+            except TeError:
+                pass
+            self.free()
+
+
+class Engine:
+    """A te engine. Keyword arguments follow te_config_t; timeouts are in
+    seconds; transports is a list or comma-separated string; params a dict or
+    "k=v,k=v" string; log_level one of default, debug, info, warn, error, off.
+
+    Memory passed to register() as a Python object is kept alive by the
+    engine until it is unregistered."""
+
+    def __init__(self, *, segment_name=None, metadata=None, listen_addr=None, hostname=None, transports=None,
+                 force_transport=None, params=None, transfer_timeout=None, rpc_timeout=None, max_frame=None,
+                 max_notifies=None, log_level=None):
+        lib = _lib.load()
+        cfg = _lib.Config()
+        cfg.size = ctypes.sizeof(cfg)
+        if log_level not in LOG_LEVELS:
+            raise InvalidArgument(f"log_level {log_level!r} not in {sorted(k for k in LOG_LEVELS if k)}")
+        cfg.log_level = LOG_LEVELS[log_level]
+        cfg.segment_name = _b(segment_name)
+        cfg.metadata = _b(metadata)
+        cfg.listen_addr = _b(listen_addr)
+        cfg.hostname = _b(hostname)
+        if transports is not None and not isinstance(transports, str):
+            transports = ",".join(transports)
+        cfg.transports = _b(transports)
+        cfg.force_transport = _b(force_transport)
+        if isinstance(params, dict):
+            params = ",".join(f"{k}={v}" for k, v in params.items())
+        cfg.params = _b(params)
+        if transfer_timeout is not None:
+            cfg.transfer_timeout_ms = -1 if transfer_timeout < 0 else max(1, int(transfer_timeout * 1000))
+        if rpc_timeout is not None:
+            cfg.rpc_timeout_ms = max(1, int(rpc_timeout * 1000))
+        cfg.max_frame = max_frame or 0
+        cfg.max_notifies = max_notifies or 0
+        h = _lib.engine_t()
+        check(lib.te_create(byref(cfg), byref(h)), lib)
+        self.handle = h.value
+        self._pins = {}  # address -> objects kept alive while registered
+        self._pins_lock = threading.Lock()
+        self._finalizer = weakref.finalize(self, _destroy, self.handle)
+
+    # -- identity -------------------------------------------------------
+    @property
+    def name(self):
+        """The segment name peers open this engine by."""
+        lib = _lib.load()
+        buf = ctypes.create_string_buffer(1024)
+        check(lib.te_segment_name(self.handle, buf, len(buf)), lib)
+        return buf.value.decode()
+
+    @property
+    def rpc_port(self):
+        lib = _lib.load()
+        p = c_int32()
+        check(lib.te_rpc_port(self.handle, byref(p)), lib)
+        return p.value
+
+    def stats(self):
+        """Counters, segment name and installed transports as a dict."""
+        lib = _lib.load()
+        buf = ctypes.create_string_buffer(1 << 16)
+        check(lib.te_stats_json(self.handle, buf, len(buf)), lib)
+        return json.loads(buf.value.decode())
+
+    # -- memory ---------------------------------------------------------
+    def register(self, buf, length=None, location="cpu", remote=True):
+        """Register memory (see address_of for what buf may be); returns its
+        address."""
+        addr, n = address_of(buf, length)
+        lib = _lib.load()
+        check(lib.te_register(self.handle, addr, n, _b(location), 1 if remote else 0), lib)
+        if not isinstance(buf, int):
+            with self._pins_lock:
+                self._pins[addr] = buf
+        return addr
+
+    def unregister(self, buf):
+        """Unregister the range registered at buf (an address or the object)."""
+        addr = buf if isinstance(buf, int) else address_of(buf)[0]
+        lib = _lib.load()
+        check(lib.te_unregister(self.handle, addr), lib)
+        with self._pins_lock:
+            self._pins.pop(addr, None)
+
+    def register_batch(self, buffers, location="cpu", remote=True):
+        """Register several buffers (objects or (address, length) pairs), all
+        or none; returns their addresses."""
+        if not buffers:
+            raise InvalidArgument("no buffers")
+        regs = (_lib.Region * len(buffers))()
+        loc = _b(location)
+        addrs = []
+        for i, b in enumerate(buffers):
+            addr, n = address_of(*b) if isinstance(b, tuple) else address_of(b)
+            regs[i].addr, regs[i].length, regs[i].location, regs[i].remote = addr, n, loc, 1 if remote else 0
+            addrs.append(addr)
+        lib = _lib.load()
+        check(lib.te_register_batch(self.handle, regs, len(regs)), lib)
+        with self._pins_lock:
+            for a, b in zip(addrs, buffers):
+                if not isinstance(b, tuple):
+                    self._pins[a] = b
+        return addrs
+
+    def unregister_batch(self, buffers):
+        if not buffers:
+            raise InvalidArgument("no buffers")
+        addrs = [b if isinstance(b, int) else address_of(b)[0] for b in buffers]
+        arr = (c_void_p * len(addrs))(*addrs)
+        lib = _lib.load()
+        check(lib.te_unregister_batch(self.handle, arr, len(arr)), lib)
+        with self._pins_lock:
+            for a in addrs:
+                self._pins.pop(a, None)
+
+    # -- segments and batches ---------------------------------------------
+    def open_segment(self, name):
+        lib = _lib.load()
+        h = _lib.segment_t()
+        check(lib.te_open_segment(self.handle, _b(name), byref(h)), lib)
+        return Segment(self, h.value, name)
+
+    def allocate_batch(self, capacity):
+        lib = _lib.load()
+        h = _lib.batch_t()
+        check(lib.te_allocate_batch(self.handle, int(capacity), byref(h)), lib)
+        return Batch(self, h.value, capacity)
+
+    def transfer(self, requests, timeout=None, notify=None):
+        """Submit requests in one batch, wait, free it; returns the status."""
+        b = self.allocate_batch(len(requests))
+        try:
+            b.submit(requests, notify=notify)
+            return b.wait(timeout)
+        finally:
+            try:
+                b.free()
+            except TeError:
+                pass  # still busy after a wait timeout: the engine fails it later
+
+    def write(self, segment, local, remote, length=None, timeout=None):
+        """Copy local memory to remote address of segment and wait."""
+        return self.transfer([(WRITE, local, segment, remote, length)], timeout)
+
+    def read(self, segment, local, remote, length=None, timeout=None):
+        """Copy from remote address of segment into local memory and wait."""
+        return self.transfer([(READ, local, segment, remote, length)], timeout)
+
+    # -- notifications and probes -----------------------------------------
+    def send_notify(self, segment, name, msg=b""):
+        m = _b(msg) or b""
+        lib = _lib.load()
+        check(lib.te_notify_send(self.handle, _b(segment), _b(name), m, len(m)), lib)
+
+    def notifies(self):
+        """Drain received notifications: [(name, msg bytes)], oldest first."""
+        lib = _lib.load()
+        p = ctypes.POINTER(_lib.Notify)()
+        n = c_size_t()
+        check(lib.te_notify_drain(self.handle, byref(p), byref(n)), lib)
+        if n.value == 0:
+            return []
+        try:
+            return [(p[i].name.decode("utf-8", "replace"), ctypes.string_at(p[i].msg, p[i].msg_len))
+                    for i in range(n.value)]
+        finally:
+            lib.te_notify_free(p)
+
+    def probe(self, segment):
+        """Check that the segment's engine answers: {rtt_ns, version, instance}."""
+        lib = _lib.load()
+        pr = _lib.Probe()
+        check(lib.te_probe(self.handle, _b(segment), byref(pr)), lib)
+        return {"rtt_ns": pr.rtt_ns, "version": pr.version, "instance": pr.instance.decode()}
+
+    # -- lifetime ---------------------------------------------------------
+    def close(self):
+        """Stop the engine; its segment and batch handles become invalid."""
+        if self._finalizer.detach():
+            check(_lib.load().te_destroy(self.handle))
+        with self._pins_lock:
+            self._pins.clear()
+
+    @property
+    def closed(self):
+        return not self._finalizer.alive
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return f"Engine({self.name!r})" if not self.closed else "Engine(closed)"
+
+
+def _destroy(handle):
+    # Garbage-collected without close(): stop the engine.
+    try:
+        _lib.load().te_destroy(handle)
+    except Exception:
+        pass

@@ -1,0 +1,79 @@
+"""Target processes for the two-process tests. They run in a child started
+with multiprocessing's "spawn" method (never fork: libte holds a Go runtime)
+and take commands over a Pipe."""
+
+import random
+
+MB = 1 << 20
+
+
+def pattern(seed, n):
+    """n deterministic bytes: any offset error shows as a mismatch."""
+    return random.Random(seed).randbytes(n)
+
+
+def first_diff(a, b):
+    if a == b:
+        return -1
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def te_target(conn, size, seed_own, seed_peer):
+    """A te.Engine with one buffer: first half its own pattern, second half
+    to be written by the peer."""
+    import te
+
+    e = te.Engine(listen_addr="127.0.0.1:0", rpc_timeout=5)
+    half = size // 2
+    buf = bytearray(size)
+    buf[:half] = pattern(seed_own, half)
+    addr = e.register(buf)
+    conn.send((e.name, addr, size))
+    while True:
+        cmd = conn.recv()
+        if cmd == "check":
+            conn.send({
+                "peer_half": first_diff(bytes(buf[half:]), pattern(seed_peer, half)),
+                "own_half": first_diff(bytes(buf[:half]), pattern(seed_own, half)),
+                "notifies": e.notifies(),
+            })
+        elif cmd == "exit":
+            e.unregister(buf)
+            e.close()
+            conn.send("bye")
+            return
+
+
+def mooncake_target(conn, sizes, seeds, protocol):
+    """A mooncake TransferEngine set up the way vLLM's connector does: P2P
+    handshake, KV buffers registered with batch_register_memory."""
+    import ctypes
+    import mmap
+
+    from mooncake.engine import TransferEngine
+
+    eng = TransferEngine()
+    rc = eng.initialize("127.0.0.1", "P2PHANDSHAKE", protocol, "")
+    if rc != 0:
+        conn.send(("init failed", rc))
+        return
+    maps = [mmap.mmap(-1, n) for n in sizes]
+    addrs = [ctypes.addressof(ctypes.c_char.from_buffer(m)) for m in maps]
+    for m, n, s in zip(maps, sizes, seeds):
+        m[:] = pattern(s, n)
+    rc = eng.batch_register_memory(addrs, list(sizes))
+    conn.send((f"127.0.0.1:{eng.get_rpc_port()}", addrs, rc))
+    while True:
+        cmd = conn.recv()
+        if cmd[0] == "read":
+            _, i = cmd
+            conn.send(eng.read_bytes_from_buffer(addrs[i], sizes[i]))
+        elif cmd[0] == "notifies":
+            conn.send([(n.name, n.msg) for n in eng.get_notifies()])
+        elif cmd[0] == "exit":
+            conn.send(eng.batch_unregister_memory(addrs))
+            eng.close()
+            return

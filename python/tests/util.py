@@ -1,0 +1,48 @@
+"""Shared test helpers."""
+
+import multiprocessing
+import os
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+try:
+    import numpy  # noqa: F401
+    HAVE_NUMPY = True
+except ImportError:
+    HAVE_NUMPY = False
+
+
+class Peer:
+    """A target process started with "spawn", driven over a Pipe; every
+    receive is bounded so a broken peer fails the test instead of hanging."""
+
+    def __init__(self, target, *args, timeout=60):
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=target, args=(child,) + args, daemon=True)
+        self.proc.start()
+        child.close()
+        self.timeout = timeout
+
+    def recv(self):
+        if not self.conn.poll(self.timeout):
+            raise AssertionError(f"peer sent nothing within {self.timeout}s (exit code {self.proc.exitcode})")
+        return self.conn.recv()
+
+    def ask(self, msg):
+        self.conn.send(msg)
+        return self.recv()
+
+    def close(self):
+        self.proc.join(30)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+            raise AssertionError("peer did not exit")
+        if self.proc.exitcode != 0:
+            raise AssertionError(f"peer exited with {self.proc.exitcode}")
+
+
+def requires_numpy(f):
+    return unittest.skipUnless(HAVE_NUMPY, "numpy is not installed for this python3")(f)
