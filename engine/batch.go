@@ -118,7 +118,8 @@ type Batch struct {
 	done    chan struct{} // closed while pending == 0
 	notify  *batchNotify
 	freed   bool
-	efd     int // eventfd from EventFD, 0 when none
+	efd     int         // eventfd from EventFD, 0 when none
+	sum     BatchStatus // outcomes of the finished tasks
 }
 
 // AllocateBatch returns an empty batch for up to capacity requests.
@@ -131,7 +132,7 @@ func (e *Engine) AllocateBatch(capacity int) (*Batch, error) {
 	}
 	done := make(chan struct{})
 	close(done)
-	b := &Batch{e: e, capacity: capacity, done: done}
+	b := &Batch{e: e, capacity: capacity, done: done, sum: BatchStatus{State: Completed}}
 	e.batchMu.Lock()
 	e.batches[b] = struct{}{}
 	e.batchMu.Unlock()
@@ -343,6 +344,18 @@ func (b *Batch) finish(t *task, state TaskState, err error) {
 	t.err = err
 	t.state.Store(int32(state))
 	b.pending--
+	if state == Completed {
+		b.sum.Completed++
+		b.sum.Transferred += t.length
+	} else {
+		b.sum.Failed++
+		if b.sum.Err == nil {
+			b.sum.Err = err
+		}
+	}
+	if rank(state) > rank(b.sum.State) {
+		b.sum.State = state
+	}
 	var n *batchNotify
 	if b.pending == 0 {
 		close(b.done)
@@ -411,27 +424,16 @@ func (b *Batch) Status() BatchStatus {
 	return b.statusLocked()
 }
 
+// statusLocked is O(1): finish keeps the sums, since Wait and pollers call
+// this on every check and batches hold thousands of tasks.
 func (b *Batch) statusLocked() BatchStatus {
-	s := BatchStatus{State: Completed, Tasks: len(b.tasks)}
-	if len(b.tasks) == 0 {
+	s := b.sum
+	s.Tasks = len(b.tasks)
+	switch {
+	case len(b.tasks) == 0:
 		s.State = Waiting
-	}
-	for _, t := range b.tasks {
-		ts := t.status()
-		s.Transferred += ts.Transferred
-		switch ts.State {
-		case Completed:
-			s.Completed++
-		case Pending:
-		default:
-			s.Failed++
-			if s.Err == nil {
-				s.Err = ts.Err
-			}
-		}
-		if s.State != Pending && (ts.State == Pending || rank(ts.State) > rank(s.State)) {
-			s.State = ts.State
-		}
+	case b.pending > 0:
+		s.State = Pending
 	}
 	return s
 }
