@@ -1,0 +1,173 @@
+package rdma
+
+import (
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/engine/transport"
+)
+
+// Defaults and bounds of the transport's parameters.
+const (
+	DefaultSlice   = 64 << 10
+	MinSlice       = 4 << 10
+	MaxSlice       = 1 << 30 // an SGE's length is 32 bits; keep well below
+	DefaultQPs     = 2       // queue pairs per endpoint
+	DefaultDepth   = 256     // outstanding work requests per queue pair
+	DefaultRetries = 3       // further attempts of a failed slice
+	DefaultCQE     = 4096
+	// ParallelRegMin is the size from which a region is pre-faulted and
+	// registered on every NIC at once, as Mooncake does from 4 GiB.
+	ParallelRegMin = 4 << 30
+)
+
+// Options are the transport's settings, read from the engine's parameters.
+type Options struct {
+	// Devices is the allow-list of NIC names; empty means every device.
+	Devices []string
+	// Library is the libibverbs to load (default: ibv.Load's choice).
+	Library string
+	// Slice is the largest piece of a request one work request moves.
+	Slice uint64
+	// QPs is the number of queue pairs per endpoint.
+	QPs int
+	// Depth bounds outstanding work requests per queue pair.
+	Depth int
+	// Retries bounds further attempts of a failed slice, each on the next
+	// NIC pair.
+	Retries int
+	// GIDIndex is the GID table entry to use; -1 picks one (RoCE v2 on
+	// Ethernet, 0 on InfiniBand).
+	GIDIndex int
+	// ParallelRegMin is the size from which registrations are pre-faulted
+	// and done on all NICs in parallel.
+	ParallelRegMin uint64
+}
+
+// DefaultOptions returns the defaults.
+func DefaultOptions() Options {
+	return Options{Slice: DefaultSlice, QPs: DefaultQPs, Depth: DefaultDepth, Retries: DefaultRetries,
+		GIDIndex: -1, ParallelRegMin: ParallelRegMin}
+}
+
+// ParseOptions reads rdma.* parameters; the device allow-list falls back to
+// the environment (TE_RDMA_DEVICES, then Mooncake's MC_TE_FILTERS).
+func ParseOptions(param func(string) (string, bool), getenv func(string) string) (Options, error) {
+	o := DefaultOptions()
+	bad := func(key, v, why string) error {
+		return errs.New(errs.InvalidArgument, "rdma", "parameter %s=%q: %s", key, v, why)
+	}
+	list := ""
+	if v, ok := param("rdma.devices"); ok {
+		list = v
+	} else if v := getenv("TE_RDMA_DEVICES"); v != "" {
+		list = v
+	} else {
+		list = getenv("MC_TE_FILTERS")
+	}
+	o.Devices = splitList(list)
+	if v, ok := param("rdma.library"); ok {
+		o.Library = strings.TrimSpace(v)
+	}
+	if v, ok := param("rdma.slice"); ok {
+		n, err := parseSize(v)
+		if err != nil || n < MinSlice || n > MaxSlice {
+			return o, bad("rdma.slice", v, "want a size from 4KiB to 1GiB")
+		}
+		o.Slice = n
+	}
+	ints := []struct {
+		key      string
+		dst      *int
+		min, max int
+	}{
+		{"rdma.qps", &o.QPs, 1, 64},
+		{"rdma.depth", &o.Depth, 1, 16384},
+		{"rdma.retries", &o.Retries, 0, 64},
+		{"rdma.gid_index", &o.GIDIndex, -1, 1 << 16},
+	}
+	for _, p := range ints {
+		if v, ok := param(p.key); ok {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil || n < p.min || n > p.max {
+				return o, bad(p.key, v, "want an integer in ["+strconv.Itoa(p.min)+", "+strconv.Itoa(p.max)+"]")
+			}
+			*p.dst = n
+		}
+	}
+	if v, ok := param("rdma.parallel_reg_min"); ok {
+		n, err := parseSize(v)
+		if err != nil || n == 0 {
+			return o, bad("rdma.parallel_reg_min", v, "want a positive size")
+		}
+		o.ParallelRegMin = n
+	}
+	return o, nil
+}
+
+func optionsOf(h transport.Host) (Options, error) { return ParseOptions(h.Param, os.Getenv) }
+
+// splitList splits a comma- or space-separated list, dropping empty names.
+func splitList(s string) []string {
+	f := strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == ' ' || r == ';' })
+	if len(f) == 0 {
+		return nil
+	}
+	return f
+}
+
+// parseSize parses a byte count: a number, optionally with K/KiB, M/MiB or
+// G/GiB (powers of two) or B.
+func parseSize(s string) (uint64, error) {
+	s = strings.TrimSpace(s)
+	mult := uint64(1)
+	for _, u := range []struct {
+		suffix string
+		m      uint64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"B", 1}} {
+		if strings.HasSuffix(strings.ToUpper(s), strings.ToUpper(u.suffix)) {
+			s, mult = strings.TrimSpace(s[:len(s)-len(u.suffix)]), u.m
+			break
+		}
+	}
+	n, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return 0, err
+	}
+	if n > ^uint64(0)/mult {
+		return 0, strconv.ErrRange
+	}
+	return n * mult, nil
+}
+
+// FilterDevices applies the allow-list to the devices found, keeping their
+// order. An allowed name that is not present is an error naming what is, so
+// a typo does not silently fall back to no NIC.
+func FilterDevices(found, allow []string) ([]string, error) {
+	if len(allow) == 0 {
+		return found, nil
+	}
+	present := map[string]bool{}
+	for _, f := range found {
+		present[f] = true
+	}
+	for _, a := range allow {
+		if !present[a] {
+			return nil, errs.New(errs.NotSupported, "rdma", "device %q is in the allow-list but not present (found: %s)", a, strings.Join(found, ", ")).
+				WithHint("fix rdma.devices / TE_RDMA_DEVICES / MC_TE_FILTERS")
+		}
+	}
+	allowed := map[string]bool{}
+	for _, a := range allow {
+		allowed[a] = true
+	}
+	var out []string
+	for _, f := range found {
+		if allowed[f] {
+			out = append(out, f)
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,96 @@
+package rdma
+
+import (
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/tecache/te/engine/errs"
+)
+
+func params(m map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+func TestParseOptions(t *testing.T) {
+	o, err := ParseOptions(params(nil), env(nil))
+	if err != nil || !reflect.DeepEqual(o, DefaultOptions()) || o.Slice != 64<<10 {
+		t.Fatalf("defaults = %+v, %v", o, err)
+	}
+	o, err = ParseOptions(params(map[string]string{
+		"rdma.devices": "mlx5_0, mlx5_1", "rdma.slice": "256KiB", "rdma.qps": "4", "rdma.depth": "64",
+		"rdma.retries": "0", "rdma.gid_index": "3", "rdma.parallel_reg_min": "1M", "rdma.library": "/opt/libibverbs.so.1",
+	}), env(map[string]string{"TE_RDMA_DEVICES": "ignored", "MC_TE_FILTERS": "ignored"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Options{Devices: []string{"mlx5_0", "mlx5_1"}, Library: "/opt/libibverbs.so.1", Slice: 256 << 10, QPs: 4,
+		Depth: 64, Retries: 0, GIDIndex: 3, ParallelRegMin: 1 << 20}
+	if !reflect.DeepEqual(o, want) {
+		t.Fatalf("got %+v\nwant %+v", o, want)
+	}
+}
+
+// The allow-list comes from the parameter, else TE_RDMA_DEVICES, else
+// Mooncake's MC_TE_FILTERS.
+func TestAllowListSources(t *testing.T) {
+	for _, c := range []struct {
+		p, e map[string]string
+		want []string
+	}{
+		{nil, map[string]string{"MC_TE_FILTERS": "mlx5_2,mlx5_3"}, []string{"mlx5_2", "mlx5_3"}},
+		{nil, map[string]string{"TE_RDMA_DEVICES": "rxe0", "MC_TE_FILTERS": "mlx5_2"}, []string{"rxe0"}},
+		{map[string]string{"rdma.devices": "mlx5_9"}, map[string]string{"TE_RDMA_DEVICES": "rxe0"}, []string{"mlx5_9"}},
+		{map[string]string{"rdma.devices": ""}, map[string]string{"TE_RDMA_DEVICES": "rxe0"}, nil},
+	} {
+		o, err := ParseOptions(params(c.p), env(c.e))
+		if err != nil || !reflect.DeepEqual(o.Devices, c.want) {
+			t.Errorf("params %v env %v: devices %q, %v; want %q", c.p, c.e, o.Devices, err, c.want)
+		}
+	}
+}
+
+func TestParseOptionsInvalid(t *testing.T) {
+	for k, v := range map[string]string{
+		"rdma.slice": "1K", "rdma.qps": "0", "rdma.depth": "x", "rdma.retries": "-1",
+		"rdma.gid_index": "-2", "rdma.parallel_reg_min": "0",
+	} {
+		_, err := ParseOptions(params(map[string]string{k: v}), env(nil))
+		if !errors.Is(err, errs.ErrInvalidArgument) || !strings.Contains(err.Error(), k) {
+			t.Errorf("%s=%q: %v, want an invalid-argument error naming the parameter", k, v, err)
+		}
+	}
+}
+
+func TestParseSize(t *testing.T) {
+	for s, want := range map[string]uint64{"65536": 65536, "64KiB": 64 << 10, "64k": 64 << 10, "1 MiB": 1 << 20, "2G": 2 << 30, "512B": 512} {
+		if got, err := parseSize(s); err != nil || got != want {
+			t.Errorf("parseSize(%q) = %d, %v; want %d", s, got, err, want)
+		}
+	}
+	for _, s := range []string{"", "KiB", "-1", "1.5M", "99999999999999999999G"} {
+		if _, err := parseSize(s); err == nil {
+			t.Errorf("parseSize(%q) succeeded", s)
+		}
+	}
+}
+
+func TestFilterDevices(t *testing.T) {
+	found := []string{"mlx5_0", "mlx5_1", "mlx5_2"}
+	got, err := FilterDevices(found, nil)
+	if err != nil || !reflect.DeepEqual(got, found) {
+		t.Fatalf("no allow-list: %v, %v", got, err)
+	}
+	// Order is the devices', not the list's: keys are published in it.
+	got, err = FilterDevices(found, []string{"mlx5_2", "mlx5_0"})
+	if err != nil || !reflect.DeepEqual(got, []string{"mlx5_0", "mlx5_2"}) {
+		t.Fatalf("allow-list: %v, %v", got, err)
+	}
+	_, err = FilterDevices(found, []string{"mlx5_7"})
+	if !errors.Is(err, errs.ErrNotSupported) || !strings.Contains(err.Error(), "mlx5_7") || !strings.Contains(err.Error(), "mlx5_1") {
+		t.Fatalf("unknown device: %v", err)
+	}
+}
