@@ -151,6 +151,7 @@ type peerConn struct {
 	pending map[uint64]chan reply
 	dead    chan struct{}
 	err     error
+	reused  atomic.Bool // handed out before: may have died unnoticed
 }
 
 func (p *peerConn) fail(err error) {
@@ -176,6 +177,7 @@ func (c *ctrl) peer(ctx context.Context, addr string) (*peerConn, error) {
 			delete(c.peers, addr)
 		default:
 			c.mu.Unlock()
+			p.reused.Store(true)
 			return p, nil
 		}
 	}
@@ -246,6 +248,19 @@ func (c *ctrl) Call(ctx context.Context, addr string, kind uint8, body []byte) (
 	if err != nil {
 		return nil, err
 	}
+	res, err := c.call(ctx, p, addr, kind, body)
+	if err != nil && p.reused.Load() && errs.CodeOf(err) == errs.PeerUnreachable && ctx.Err() == nil {
+		// A pooled connection can be dead before its reader has noticed
+		// (the peer restarted under the same address): dial once more. The
+		// old peer is gone, so the new one cannot see the call twice.
+		if p2, err2 := c.peer(ctx, addr); err2 == nil && p2 != p {
+			return c.call(ctx, p2, addr, kind, body)
+		}
+	}
+	return res, err
+}
+
+func (c *ctrl) call(ctx context.Context, p *peerConn, addr string, kind uint8, body []byte) ([]byte, error) {
 	id := c.nextID.Add(1)
 	ch := make(chan reply, 1)
 	p.mu.Lock()
@@ -267,7 +282,7 @@ func (c *ctrl) Call(ctx context.Context, addr string, kind uint8, body []byte) (
 	} else {
 		p.conn.SetWriteDeadline(time.Time{})
 	}
-	_, err = p.conn.Write(frame)
+	_, err := p.conn.Write(frame)
 	p.wmu.Unlock()
 	if err != nil {
 		p.fail(errs.Wrap(errs.PeerUnreachable, "rpc", err, "send to %s", addr))
