@@ -1,0 +1,19 @@
+package cuda_test
+
+import (
+	"fmt"
+
+	tcuda "github.com/tecache/te/engine/transport/cuda"
+	"github.com/tecache/te/internal/sys/cuda"
+)
+
+// A GPU buffer's IPC handle travels in its descriptor as base64 under
+// te_extra.cuda_ipc.
+func ExampleEncodeHandle() {
+	var h cuda.IPCMemHandle
+	h.Reserved[0] = 0xff
+	s := tcuda.EncodeHandle(h)
+	back, err := tcuda.DecodeHandle(s)
+	fmt.Println(len(s), back == h, err)
+	// Output: 88 true <nil>
+}

@@ -1,0 +1,319 @@
+/*
+ * A fake CUDA driver for te's tests on machines without a GPU.
+ *
+ * It exports the driver entry points te binds, with cuda.h's signatures and
+ * versioned names, and behaves strictly where te could go wrong:
+ *
+ *  - "device memory" is a shared memory object mapped twice: the address handed out is
+ *    mapped PROT_NONE, so any CPU access to it faults (te must only touch it
+ *    through the copy calls); the copies use a second, readable mapping;
+ *  - calls that need a context fail with CUDA_ERROR_INVALID_CONTEXT unless
+ *    the calling thread has one current (the current context is per thread);
+ *  - IPC handles name the exporter's pid and object; a process cannot open its
+ *    own handles (as with the real driver); device memory is a POSIX shared
+ *    memory object named in the handle, so two processes share the bytes.
+ *
+ * FAKECUDA_DEVICES sets the number of devices (default 1; 0 makes cuInit
+ * fail with CUDA_ERROR_NO_DEVICE).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+typedef unsigned int CUresult;
+typedef unsigned long long CUdeviceptr;
+typedef int CUdevice;
+typedef void *CUcontext;
+typedef void *CUstream;
+typedef void *CUevent;
+typedef struct { char reserved[64]; } CUipcMemHandle;
+typedef struct { char bytes[16]; } CUuuid;
+
+enum {
+  OK = 0, INVALID_VALUE = 1, OUT_OF_MEMORY = 2, NOT_INITIALIZED = 3,
+  NO_DEVICE = 100, INVALID_DEVICE = 101, INVALID_CONTEXT = 201,
+  MAP_FAILED_ = 205, INVALID_HANDLE = 400, NOT_FOUND = 500
+};
+
+#define MAXA 4096
+#define MAGIC 0x4b465445u /* "ETFK" */
+
+struct alloc {
+  int used, kind; /* kind 1 host (pinned), 2 device, 3 device opened from IPC */
+  int dev, fd;
+  char *addr, *shadow;
+  char name[40];
+  size_t size;
+};
+
+static struct alloc tab[MAXA];
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static int ndev = -1, inited;
+static __thread uintptr_t cur; /* current context: 0x1000 + device */
+static long opened, streams, events;
+
+struct handle { uint32_t magic; int32_t pid, fd, dev; uint64_t size; char name[40]; };
+static long seq;
+
+static CUresult need_ctx(void) { return cur ? OK : INVALID_CONTEXT; }
+
+/* cuInit's outcome is decided once per process, as with the real driver. */
+CUresult cuInit(unsigned int flags) {
+  if (flags != 0) return INVALID_VALUE;
+  pthread_mutex_lock(&mu);
+  if (ndev < 0) {
+    const char *e = getenv("FAKECUDA_DEVICES");
+    ndev = e ? atoi(e) : 1;
+    if (ndev < 0) ndev = 0;
+    inited = ndev > 0;
+  }
+  pthread_mutex_unlock(&mu);
+  return inited ? OK : NO_DEVICE;
+}
+#define INIT() do { if (!inited) return NOT_INITIALIZED; } while (0)
+
+CUresult cuDriverGetVersion(int *v) { if (!v) return INVALID_VALUE; *v = 12040; return OK; }
+CUresult cuDeviceGetCount(int *n) { INIT(); *n = ndev; return OK; }
+CUresult cuDeviceGet(CUdevice *d, int ord) {
+  INIT(); if (ord < 0 || ord >= ndev) return INVALID_DEVICE; *d = ord; return OK;
+}
+CUresult cuDeviceGetUuid_v2(CUuuid *u, CUdevice d) {
+  INIT(); if (d < 0 || d >= ndev) return INVALID_DEVICE;
+  memset(u, 0, sizeof *u); snprintf(u->bytes, 16, "fakegpu-%04d", d & 1023); return OK;
+}
+CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
+  INIT(); if (d < 0 || d >= ndev) return INVALID_DEVICE; *c = (CUcontext)(uintptr_t)(0x1000 + d); return OK;
+}
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { INIT(); return (d < 0 || d >= ndev) ? INVALID_DEVICE : OK; }
+CUresult cuCtxGetCurrent(CUcontext *c) { INIT(); *c = (CUcontext)cur; return OK; }
+CUresult cuCtxSetCurrent(CUcontext c) {
+  INIT(); uintptr_t v = (uintptr_t)c;
+  if (v != 0 && (v < 0x1000 || v >= 0x1000 + (uintptr_t)ndev)) return INVALID_CONTEXT;
+  cur = v; return OK;
+}
+
+/* find returns the allocation holding p (lock held). */
+static struct alloc *find(uintptr_t p) {
+  for (int i = 0; i < MAXA; i++)
+    if (tab[i].used && p >= (uintptr_t)tab[i].addr && p < (uintptr_t)tab[i].addr + tab[i].size) return &tab[i];
+  return NULL;
+}
+static struct alloc *slot(void) {
+  for (int i = 0; i < MAXA; i++) if (!tab[i].used) { memset(&tab[i], 0, sizeof tab[i]); tab[i].used = 1; return &tab[i]; }
+  return NULL;
+}
+
+CUresult cuPointerGetAttributes(unsigned int n, unsigned int *attrs, void **data, CUdeviceptr ptr) {
+  INIT();
+  /* FAKECUDA_POINTER_NEEDS_CTX=1 plays a driver that wants a context here. */
+  if (!cur && getenv("FAKECUDA_POINTER_NEEDS_CTX")) return INVALID_CONTEXT;
+  pthread_mutex_lock(&mu);
+  struct alloc *a = find((uintptr_t)ptr);
+  for (unsigned i = 0; i < n; i++) {
+    switch (attrs[i]) {
+    case 1: *(uintptr_t *)data[i] = a ? 0x1000 + a->dev : 0; break;           /* CONTEXT */
+    case 2: *(unsigned *)data[i] = a ? (a->kind == 1 ? 1 : 2) : 0; break;      /* MEMORY_TYPE */
+    case 9: *(int *)data[i] = a ? a->dev : -2; break;                          /* DEVICE_ORDINAL */
+    default: pthread_mutex_unlock(&mu); return INVALID_VALUE;
+    }
+  }
+  pthread_mutex_unlock(&mu);
+  return OK;
+}
+CUresult cuPointerGetAttribute(void *data, unsigned int attr, CUdeviceptr ptr) {
+  INIT();
+  pthread_mutex_lock(&mu);
+  struct alloc *a = find((uintptr_t)ptr);
+  CUresult r = OK;
+  if (!a) r = INVALID_VALUE;
+  else if (attr == 1) *(uintptr_t *)data = 0x1000 + a->dev;
+  else if (attr == 2) *(unsigned *)data = a->kind == 1 ? 1 : 2;
+  else if (attr == 9) *(int *)data = a->dev;
+  else r = INVALID_VALUE;
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr ptr) {
+  INIT(); if (need_ctx()) return INVALID_CONTEXT;
+  pthread_mutex_lock(&mu);
+  struct alloc *a = find((uintptr_t)ptr);
+  if (a && a->kind != 1) { if (base) *base = (uintptr_t)a->addr; if (size) *size = a->size; }
+  pthread_mutex_unlock(&mu);
+  return a && a->kind != 1 ? OK : NOT_FOUND;
+}
+
+/* map_dev maps fd twice: PROT_NONE for the handed-out address, RW shadow. */
+static CUresult map_dev(struct alloc *a, int fd, size_t n) {
+  a->addr = mmap(NULL, n, PROT_NONE, MAP_SHARED, fd, 0);
+  if (a->addr == MAP_FAILED) return OUT_OF_MEMORY;
+  a->shadow = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (a->shadow == MAP_FAILED) { munmap(a->addr, n); return OUT_OF_MEMORY; }
+  a->size = n;
+  return OK;
+}
+
+CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
+  INIT(); if (need_ctx()) return INVALID_CONTEXT;
+  if (!p || n == 0) return INVALID_VALUE;
+  char name[40];
+  snprintf(name, sizeof name, "/fakecuda-%d-%ld", (int)getpid(), __sync_add_and_fetch(&seq, 1));
+  int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return OUT_OF_MEMORY;
+  if (ftruncate(fd, n) != 0) { close(fd); shm_unlink(name); return OUT_OF_MEMORY; }
+  pthread_mutex_lock(&mu);
+  struct alloc *a = slot();
+  CUresult r = a ? map_dev(a, fd, n) : OUT_OF_MEMORY;
+  if (r == OK) { a->kind = 2; a->dev = (int)(cur - 0x1000); a->fd = fd; memcpy(a->name, name, sizeof name); *p = (uintptr_t)a->addr; }
+  else { if (a) a->used = 0; close(fd); shm_unlink(name); }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+CUresult cuMemFree_v2(CUdeviceptr p) {
+  INIT();
+  pthread_mutex_lock(&mu);
+  struct alloc *a = find((uintptr_t)p);
+  if (!a || a->kind != 2 || (uintptr_t)a->addr != p) { pthread_mutex_unlock(&mu); return INVALID_VALUE; }
+  munmap(a->addr, a->size); munmap(a->shadow, a->size); close(a->fd); shm_unlink(a->name); a->used = 0;
+  pthread_mutex_unlock(&mu);
+  return OK;
+}
+CUresult cuMemHostAlloc(void **pp, size_t n, unsigned int flags) {
+  INIT(); if (need_ctx()) return INVALID_CONTEXT;
+  if (!pp || n == 0 || (flags & ~7u)) return INVALID_VALUE;
+  void *m = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) return OUT_OF_MEMORY;
+  pthread_mutex_lock(&mu);
+  struct alloc *a = slot();
+  if (!a) { pthread_mutex_unlock(&mu); munmap(m, n); return OUT_OF_MEMORY; }
+  a->kind = 1; a->dev = (int)(cur - 0x1000); a->addr = a->shadow = m; a->size = n; a->fd = -1;
+  pthread_mutex_unlock(&mu);
+  *pp = m;
+  return OK;
+}
+CUresult cuMemFreeHost(void *p) {
+  INIT();
+  pthread_mutex_lock(&mu);
+  struct alloc *a = find((uintptr_t)p);
+  if (!a || a->kind != 1 || a->addr != p) { pthread_mutex_unlock(&mu); return INVALID_VALUE; }
+  munmap(a->addr, a->size); a->used = 0;
+  pthread_mutex_unlock(&mu);
+  return OK;
+}
+
+/* xlat turns p into an address the CPU may touch; want: 0 any, 1 host, 2 device. */
+static CUresult xlat(uintptr_t p, size_t n, int want, char **out) {
+  struct alloc *a = find(p);
+  if (!a) {
+    if (want == 2) return INVALID_VALUE;
+    *out = (char *)p; return OK;
+  }
+  if (p + n > (uintptr_t)a->addr + a->size || p + n < p) return INVALID_VALUE;
+  if (want == 2 && a->kind == 1) return INVALID_VALUE;
+  if (want == 1 && a->kind != 1) return INVALID_VALUE;
+  *out = a->shadow + (p - (uintptr_t)a->addr);
+  return OK;
+}
+static CUresult copy(uintptr_t dst, int wd, uintptr_t src, int ws, size_t n) {
+  INIT(); if (need_ctx()) return INVALID_CONTEXT;
+  if (n == 0) return OK;
+  char *d, *s;
+  pthread_mutex_lock(&mu);
+  CUresult r = xlat(dst, n, wd, &d);
+  if (r == OK) r = xlat(src, n, ws, &s);
+  pthread_mutex_unlock(&mu);
+  if (r == OK) memmove(d, s, n);
+  return r;
+}
+CUresult cuMemcpy(CUdeviceptr d, CUdeviceptr s, size_t n) { return copy(d, 0, s, 0, n); }
+CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *s, size_t n) { return copy(d, 2, (uintptr_t)s, 1, n); }
+CUresult cuMemcpyDtoH_v2(void *d, CUdeviceptr s, size_t n) { return copy((uintptr_t)d, 1, s, 2, n); }
+CUresult cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr s, size_t n) { return copy(d, 2, s, 2, n); }
+/* Streams are synchronous here: a copy is done when the call returns. */
+static CUresult stream_ok(CUstream s) { return (s == NULL || (uintptr_t)s >= 0x10000) ? OK : INVALID_HANDLE; }
+CUresult cuMemcpyAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) { return stream_ok(st) ?: copy(d, 0, s, 0, n); }
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, CUstream st) { return stream_ok(st) ?: copy(d, 2, (uintptr_t)s, 1, n); }
+CUresult cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t n, CUstream st) { return stream_ok(st) ?: copy((uintptr_t)d, 1, s, 2, n); }
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) { return stream_ok(st) ?: copy(d, 2, s, 2, n); }
+
+CUresult cuStreamCreate(CUstream *s, unsigned int flags) {
+  INIT(); if (need_ctx()) return INVALID_CONTEXT;
+  if (flags > 1) return INVALID_VALUE;
+  *s = malloc(16); __sync_fetch_and_add(&streams, 1); return OK;
+}
+CUresult cuStreamSynchronize(CUstream s) { INIT(); return stream_ok(s); }
+CUresult cuStreamDestroy_v2(CUstream s) { INIT(); if (!s) return INVALID_HANDLE; free(s); __sync_fetch_and_sub(&streams, 1); return OK; }
+CUresult cuEventCreate(CUevent *e, unsigned int flags) {
+  (void)flags; INIT(); if (need_ctx()) return INVALID_CONTEXT;
+  *e = malloc(16); __sync_fetch_and_add(&events, 1); return OK;
+}
+CUresult cuEventRecord(CUevent e, CUstream s) { INIT(); return e ? stream_ok(s) : INVALID_HANDLE; }
+CUresult cuEventSynchronize(CUevent e) { INIT(); return e ? OK : INVALID_HANDLE; }
+CUresult cuEventDestroy_v2(CUevent e) { INIT(); if (!e) return INVALID_HANDLE; free(e); __sync_fetch_and_sub(&events, 1); return OK; }
+
+CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
+  INIT(); if (need_ctx()) return INVALID_CONTEXT;
+  pthread_mutex_lock(&mu);
+  struct alloc *a = find((uintptr_t)p);
+  if (!a || a->kind != 2) { pthread_mutex_unlock(&mu); return INVALID_VALUE; }
+  struct handle x = { MAGIC, getpid(), a->fd, a->dev, a->size, {0} };
+  memcpy(x.name, a->name, sizeof x.name);
+  pthread_mutex_unlock(&mu);
+  memset(h, 0, sizeof *h); memcpy(h, &x, sizeof x);
+  return OK;
+}
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned int flags) {
+  INIT(); if (need_ctx()) return INVALID_CONTEXT;
+  struct handle x; memcpy(&x, &h, sizeof x);
+  if (x.magic != MAGIC || flags > 1 || x.size == 0) return INVALID_VALUE;
+  if (x.pid == getpid()) return INVALID_CONTEXT; /* the real driver refuses too */
+  x.name[sizeof x.name - 1] = 0;
+  int fd = shm_open(x.name, O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) return MAP_FAILED_;
+  pthread_mutex_lock(&mu);
+  struct alloc *a = slot();
+  CUresult r = a ? map_dev(a, fd, x.size) : OUT_OF_MEMORY;
+  if (r == OK) { a->kind = 3; a->dev = (int)(cur - 0x1000); a->fd = fd; *p = (uintptr_t)a->addr; opened++; }
+  else { if (a) a->used = 0; close(fd); }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
+  INIT();
+  pthread_mutex_lock(&mu);
+  struct alloc *a = find((uintptr_t)p);
+  if (!a || a->kind != 3 || (uintptr_t)a->addr != p) { pthread_mutex_unlock(&mu); return INVALID_VALUE; }
+  munmap(a->addr, a->size); munmap(a->shadow, a->size); close(a->fd); a->used = 0; opened--;
+  pthread_mutex_unlock(&mu);
+  return OK;
+}
+CUresult cuGetErrorName(CUresult r, const char **s) {
+  switch (r) {
+  case OK: *s = "CUDA_SUCCESS"; return OK;
+  case INVALID_VALUE: *s = "CUDA_ERROR_INVALID_VALUE"; return OK;
+  case INVALID_CONTEXT: *s = "CUDA_ERROR_INVALID_CONTEXT"; return OK;
+  }
+  *s = NULL; return INVALID_VALUE;
+}
+
+/* Objects of a process that exits without freeing are unlinked at exit. */
+__attribute__((destructor)) static void cleanup(void) {
+  for (int i = 0; i < MAXA; i++)
+    if (tab[i].used && tab[i].kind == 2) shm_unlink(tab[i].name);
+}
+
+/* Test probes: what is still open. */
+long fakecuda_open_handles(void) { return opened; }
+long fakecuda_streams(void) { return streams; }
+long fakecuda_events(void) { return events; }
+/* fakecuda_ipc_arg echoes the handle's bytes: a check that purego passes the
+ * 64-byte struct by value the way the C ABI does. */
+CUresult fakecuda_ipc_arg(unsigned char *out, CUipcMemHandle h, unsigned int flags) {
+  memcpy(out, &h, 64); out[64] = (unsigned char)flags; return OK;
+}

@@ -1,0 +1,436 @@
+package cuda_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/ebitengine/purego"
+
+	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/sys/cuda"
+	"github.com/tecache/te/internal/sys/cuda/cudatest"
+	"github.com/tecache/te/internal/sys/mem"
+)
+
+var setupErr error
+
+func TestMain(m *testing.M) {
+	_, setupErr = cudatest.Setup()
+	os.Exit(m.Run())
+}
+
+// lib returns the driver for this process, or skips the test with the reason
+// CUDA is not available.
+func lib(t *testing.T) *cuda.Lib {
+	t.Helper()
+	if setupErr != nil {
+		t.Skipf("no CUDA driver and no fake: %v", setupErr)
+	}
+	l, err := cuda.Load()
+	if err != nil {
+		if errors.Is(err, errs.ErrNotSupported) {
+			t.Skipf("CUDA not available: %v", err)
+		}
+		t.Fatal(err)
+	}
+	return l
+}
+
+func TestOpenMissingLibrary(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "libcuda.so.1")
+	_, err := cuda.Open(path)
+	if !errors.Is(err, errs.ErrNotSupported) {
+		t.Fatalf("Open(%s) = %v, want NotSupported", path, err)
+	}
+	if !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), cuda.EnvLibrary) {
+		t.Fatalf("error %q names neither the file nor %s", err, cuda.EnvLibrary)
+	}
+}
+
+func TestOpenNotCUDA(t *testing.T) {
+	_, err := cuda.Open("libc.so.6")
+	if !errors.Is(err, errs.ErrNotSupported) {
+		t.Fatalf("Open(libc.so.6) = %v, want NotSupported", err)
+	}
+	// The versioned names are the ones asked for.
+	for _, s := range []string{"cuInit", "cuMemcpyHtoD_v2", "cuIpcOpenMemHandle_v2", "cuMemGetAddressRange_v2"} {
+		if !strings.Contains(err.Error(), s) {
+			t.Errorf("error %q does not name %s", err, s)
+		}
+	}
+}
+
+func TestBindsVersionedNames(t *testing.T) {
+	l := lib(t)
+	for api, want := range map[string]string{
+		"cuMemcpyHtoD": "cuMemcpyHtoD_v2", "cuMemcpyDtoDAsync": "cuMemcpyDtoDAsync_v2",
+		"cuIpcOpenMemHandle": "cuIpcOpenMemHandle_v2", "cuMemGetAddressRange": "cuMemGetAddressRange_v2",
+		"cuDevicePrimaryCtxRelease": "cuDevicePrimaryCtxRelease_v2", "cuStreamDestroy": "cuStreamDestroy_v2",
+	} {
+		if got := l.Bound[api]; got != want {
+			t.Errorf("%s bound to %q, want %q", api, got, want)
+		}
+	}
+}
+
+// TestIPCHandleByValue checks that the 64-byte CUipcMemHandle reaches C by
+// value as the ABI lays it out, through a fake entry point that echoes it.
+func TestIPCHandleByValue(t *testing.T) {
+	if !cudatest.Fake() {
+		t.Skip("needs the fake driver's echo entry point")
+	}
+	lib(t)
+	h, err := purego.Dlopen(os.Getenv(cuda.EnvLibrary), purego.RTLD_NOW)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sym, err := purego.Dlsym(h, "fakecuda_ipc_arg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var echo func(out uintptr, h cuda.IPCMemHandle, flags uint32) uint32
+	purego.RegisterFunc(&echo, sym)
+	out := mem.MustAlloc(4096)
+	defer mem.Free(out)
+	var in cuda.IPCMemHandle
+	for i := range in.Reserved {
+		in.Reserved[i] = byte(i*7 + 3)
+	}
+	if r := echo(uintptr(mem.Addr(out)), in, 0x1); r != 0 {
+		t.Fatalf("echo returned %d", r)
+	}
+	if !bytes.Equal(out[:64], in.Reserved[:]) || out[64] != 1 {
+		t.Fatalf("C received % x flags %d", out[:64], out[64])
+	}
+}
+
+func TestDevicesAndContexts(t *testing.T) {
+	l := lib(t)
+	v, err := l.DriverVersion()
+	if err != nil || v < 11000 {
+		t.Fatalf("DriverVersion = %d, %v", v, err)
+	}
+	n, err := l.DeviceCount()
+	if err != nil || n < 1 {
+		t.Fatalf("DeviceCount = %d, %v", n, err)
+	}
+	if _, err := l.DeviceGet(n); !errors.Is(err, errs.ErrInvalidArgument) {
+		t.Errorf("DeviceGet(%d) = %v, want InvalidArgument (CUDA_ERROR_INVALID_DEVICE)", n, err)
+	}
+	d, err := l.DeviceGet(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u, err := l.DeviceUUID(d); err != nil || u == (cuda.UUID{}) {
+		t.Errorf("DeviceUUID = %x, %v", u, err)
+	}
+	ctx, err := l.PrimaryCtxRetain(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.PrimaryCtxRelease(d)
+	// With makes ctx current inside and restores the thread's context after.
+	err = l.With(ctx, func() error {
+		c, err := l.CtxGetCurrent()
+		if err != nil || c != ctx {
+			return fmt.Errorf("inside With: current %#x, %v; want %#x", c, err, ctx)
+		}
+		return l.With(0, func() error {
+			c, _ := l.CtxGetCurrent()
+			if c != 0 {
+				return fmt.Errorf("nested With(0): current %#x", c)
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestMemoryAndCopies allocates device and pinned memory, recognises each by
+// its pointer attributes and moves bytes host -> device -> device -> host,
+// synchronously and on a stream.
+func TestMemoryAndCopies(t *testing.T) {
+	l := lib(t)
+	d, _ := l.DeviceGet(0)
+	ctx, err := l.PrimaryCtxRetain(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.PrimaryCtxRelease(d)
+	const n = 1 << 20
+	host := mem.MustAlloc(n)
+	defer mem.Free(host)
+	back := mem.MustAlloc(n)
+	defer mem.Free(back)
+	for i := range host {
+		host[i] = byte(i * 13)
+	}
+	err = l.With(ctx, func() error {
+		a, err := l.MemAlloc(n)
+		if err != nil {
+			return err
+		}
+		defer l.MemFree(a)
+		b, err := l.MemAlloc(n)
+		if err != nil {
+			return err
+		}
+		defer l.MemFree(b)
+		pinned, err := l.MemHostAlloc(n, cuda.HostAllocPortable)
+		if err != nil {
+			return err
+		}
+		defer l.MemFreeHost(pinned)
+
+		for _, c := range []struct {
+			p    uint64
+			want cuda.MemoryType
+		}{{a + 100, cuda.MemoryDevice}, {pinned, cuda.MemoryHost}, {mem.Addr(host), cuda.MemoryUnknown}} {
+			pi, err := l.PointerInfo(c.p)
+			if err != nil {
+				return err
+			}
+			if pi.Type != c.want || (c.want == cuda.MemoryDevice && (pi.Device != 0 || pi.Context != ctx)) {
+				return fmt.Errorf("PointerInfo(%#x) = %+v, want type %v", c.p, pi, c.want)
+			}
+		}
+		if v, err := l.PointerAttribute(cuda.AttrDeviceOrdinal, b); err != nil || v != 0 {
+			return fmt.Errorf("DEVICE_ORDINAL of b = %d, %v", v, err)
+		}
+		if base, size, err := l.MemGetAddressRange(a + 4096); err != nil || base != a || size < n {
+			return fmt.Errorf("MemGetAddressRange = %#x+%d, %v; want %#x+%d", base, size, err, a, n)
+		}
+		if err := l.CopyHtoD(a, mem.Addr(host), n); err != nil {
+			return err
+		}
+		if err := l.CopyDtoD(b, a, n); err != nil {
+			return err
+		}
+		if err := l.CopyDtoH(mem.Addr(back), b, n); err != nil {
+			return err
+		}
+		if !bytes.Equal(back, host) {
+			return errors.New("synchronous round trip changed the bytes")
+		}
+		clear(back)
+		s, err := l.StreamCreate(cuda.StreamNonBlocking)
+		if err != nil {
+			return err
+		}
+		defer l.StreamDestroy(s)
+		ev, err := l.EventCreate(cuda.EventDisableTiming)
+		if err != nil {
+			return err
+		}
+		defer l.EventDestroy(ev)
+		steps := []error{
+			l.CopyHtoDAsync(b, mem.Addr(host), n, s),
+			l.CopyDtoDAsync(a, b, n, s),
+			l.CopyDtoHAsync(pinned, a, n, s),
+			l.CopyAsync(mem.Addr(back), pinned, n, s),
+			l.EventRecord(ev, s),
+			l.EventSynchronize(ev),
+			l.StreamSynchronize(s),
+		}
+		if err := errors.Join(steps...); err != nil {
+			return err
+		}
+		if !bytes.Equal(back, host) {
+			return errors.New("asynchronous round trip changed the bytes")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCopyOutsideContext(t *testing.T) {
+	l := lib(t)
+	if !cudatest.Fake() {
+		t.Skip("the real driver may have a context current on this thread")
+	}
+	d, _ := l.DeviceGet(0)
+	ctx, _ := l.PrimaryCtxRetain(d)
+	defer l.PrimaryCtxRelease(d)
+	var a uint64
+	if err := l.With(ctx, func() (err error) { a, err = l.MemAlloc(4096); return }); err != nil {
+		t.Fatal(err)
+	}
+	defer l.With(ctx, func() error { return l.MemFree(a) })
+	err := l.With(0, func() error { return l.CopyDtoD(a, a, 16) })
+	r, ok := cuda.ResultOf(err)
+	if !ok || r != cuda.ErrInvalidContext {
+		t.Fatalf("copy without a context = %v, want CUDA_ERROR_INVALID_CONTEXT", err)
+	}
+	if !strings.Contains(err.Error(), "cuMemcpyDtoD") {
+		t.Fatalf("error %q does not name the call", err)
+	}
+}
+
+func TestIPCSameProcessRefused(t *testing.T) {
+	l := lib(t)
+	d, _ := l.DeviceGet(0)
+	ctx, _ := l.PrimaryCtxRetain(d)
+	defer l.PrimaryCtxRelease(d)
+	err := l.With(ctx, func() error {
+		a, err := l.MemAlloc(1 << 16)
+		if err != nil {
+			return err
+		}
+		defer l.MemFree(a)
+		h, err := l.IPCGetMemHandle(a)
+		if err != nil {
+			return err
+		}
+		if h == (cuda.IPCMemHandle{}) {
+			return errors.New("empty handle")
+		}
+		if p, err := l.IPCOpenMemHandle(h, cuda.IPCLazyEnablePeerAccess); err == nil {
+			l.IPCCloseMemHandle(p)
+			return errors.New("a process opened its own IPC handle")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestNoDevice runs a child process whose driver finds no device: Load must
+// say so with NotSupported and a hint, not fail later.
+func TestNoDevice(t *testing.T) {
+	if os.Getenv("TE_CUDA_NODEV_CHILD") == "1" {
+		_, err := cuda.Load()
+		if !errors.Is(err, errs.ErrNotSupported) || !strings.Contains(err.Error(), "CUDA_ERROR_NO_DEVICE") ||
+			!strings.Contains(err.Error(), "CUDA_VISIBLE_DEVICES") {
+			fmt.Printf("BAD %v\n", err)
+			os.Exit(1)
+		}
+		if cuda.Available() == nil {
+			fmt.Println("BAD Available() is nil")
+			os.Exit(1)
+		}
+		fmt.Println("OK")
+		os.Exit(0)
+	}
+	if !cudatest.Fake() {
+		t.Skip("needs the fake driver to hide the devices")
+	}
+	lib(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestNoDevice$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "TE_CUDA_NODEV_CHILD=1", "FAKECUDA_DEVICES=0")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !bytes.Contains(out, []byte("OK")) {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+}
+
+// TestPointerInfoWithoutContext: should the driver want a context for a
+// pointer query, PointerInfo asks again under the primary context.
+func TestPointerInfoWithoutContext(t *testing.T) {
+	l := lib(t)
+	if !cudatest.Fake() {
+		t.Skip("needs the fake driver")
+	}
+	d, _ := l.DeviceGet(0)
+	ctx, _ := l.PrimaryCtxRetain(d)
+	defer l.PrimaryCtxRelease(d)
+	var a uint64
+	if err := l.With(ctx, func() (err error) { a, err = l.MemAlloc(4096); return }); err != nil {
+		t.Fatal(err)
+	}
+	defer l.With(ctx, func() error { return l.MemFree(a) })
+	t.Setenv("FAKECUDA_POINTER_NEEDS_CTX", "1")
+	var pi cuda.PointerInfo
+	err := l.With(0, func() (err error) { pi, err = l.PointerInfo(a); return })
+	if err != nil || pi.Type != cuda.MemoryDevice {
+		t.Fatalf("PointerInfo without a context = %+v, %v", pi, err)
+	}
+}
+
+// TestStager pipelines a device buffer through two pinned chunks to host
+// memory and back to another device buffer.
+func TestStager(t *testing.T) {
+	l := lib(t)
+	const chunk, total = 64 << 10, 1 << 20
+	s, err := cuda.NewStager(l, 0, chunk, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := cuda.NewStager(l, 0, 0, 2); !errors.Is(err, errs.ErrInvalidArgument) {
+		t.Fatalf("zero chunk: %v", err)
+	}
+	if err := s.ToHost(2, 0, 1); !errors.Is(err, errs.ErrInvalidArgument) {
+		t.Fatalf("chunk out of range: %v", err)
+	}
+	d, _ := l.DeviceGet(0)
+	ctx, _ := l.PrimaryCtxRetain(d)
+	defer l.PrimaryCtxRelease(d)
+	var a, b uint64
+	src := mem.MustAlloc(total)
+	defer mem.Free(src)
+	back := mem.MustAlloc(total)
+	defer mem.Free(back)
+	for i := range src {
+		src[i] = byte(i * 5)
+	}
+	err = l.With(ctx, func() (err error) {
+		if a, err = l.MemAlloc(total); err != nil {
+			return err
+		}
+		if b, err = l.MemAlloc(total); err != nil {
+			return err
+		}
+		return l.CopyHtoD(a, mem.Addr(src), total)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.With(ctx, func() error { l.MemFree(a); return l.MemFree(b) })
+	// Device a -> chunk -> "wire" (a host slice) -> chunk -> device b, with
+	// chunk i+1 copying while chunk i is handled.
+	wire := make([]byte, total)
+	n := total / chunk
+	if err := s.ToHost(0, a, chunk); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < n; i++ {
+		if i+1 < n {
+			if err := s.ToHost((i+1)%2, a+uint64(i+1)*chunk, chunk); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := s.Wait(i % 2); err != nil {
+			t.Fatal(err)
+		}
+		copy(wire[i*chunk:], s.Chunk(i%2))
+	}
+	for i := 0; i < n; i++ {
+		if err := s.Wait(i % 2); err != nil { // the chunk is free again
+			t.Fatal(err)
+		}
+		copy(s.Chunk(i%2), wire[i*chunk:(i+1)*chunk])
+		if err := s.ToDevice(i%2, b+uint64(i)*chunk, chunk); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := errors.Join(s.Wait(0), s.Wait(1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.With(ctx, func() error { return l.CopyDtoH(mem.Addr(back), b, total) }); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(back, src) {
+		t.Fatal("staged round trip changed the bytes")
+	}
+}
