@@ -1,0 +1,20 @@
+// Command te-sidecar is te's per-pod daemon: it serves Mooncake's HTTP
+// metadata protocol, /healthz and Prometheus /metrics. Run te-sidecar -h for
+// its flags and environment variables; the logic is in internal/sidecar.
+package main
+
+import (
+	"context"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/tecache/te/internal/sidecar"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	code := sidecar.Main(ctx, os.Args[1:], os.Getenv, os.Stderr)
+	stop()
+	os.Exit(code)
+}

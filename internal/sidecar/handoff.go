@@ -1,0 +1,22 @@
+package sidecar
+
+import "github.com/tecache/te/internal/handoff"
+
+// mountHandoff installs the prefill-to-decode handoff rendezvous
+// (/handoff/...) with its metrics in this server's registry.
+func mountHandoff(s *Server) { handoff.Mount(s, handoffMetrics{s.metrics}, handoff.Config{}) }
+
+// handoffMetrics adapts Metrics to handoff.Registry.
+type handoffMetrics struct{ m *Metrics }
+
+func (h handoffMetrics) Counter(name, help string, labels ...string) handoff.Adder {
+	return h.m.Counter(name, help, labels...)
+}
+
+func (h handoffMetrics) Gauge(name, help string, labels ...string) handoff.Adder {
+	return h.m.Gauge(name, help, labels...)
+}
+
+func (h handoffMetrics) Histogram(name, help string, buckets []float64, labels ...string) handoff.Observer {
+	return h.m.Histogram(name, help, buckets, labels...)
+}

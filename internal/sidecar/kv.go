@@ -1,0 +1,134 @@
+package sidecar
+
+import (
+	"errors"
+	"sync"
+
+	"github.com/valyala/fasthttp"
+)
+
+// MaxKeyLen bounds a metadata key.
+const MaxKeyLen = 4096
+
+// KV is the sidecar's in-memory metadata store: Mooncake's HTTP metadata
+// server semantics (the last PUT wins; DELETE of a missing key succeeds).
+type KV struct {
+	maxKeys, maxValue int
+
+	mu    sync.RWMutex
+	m     map[string][]byte
+	bytes int
+}
+
+// NewKV returns an empty store with the given bounds.
+func NewKV(maxKeys, maxValue int) *KV {
+	return &KV{maxKeys: maxKeys, maxValue: maxValue, m: map[string][]byte{}}
+}
+
+// Get returns the value at key (not a copy: values are never modified in
+// place).
+func (kv *KV) Get(key string) ([]byte, bool) {
+	kv.mu.RLock()
+	defer kv.mu.RUnlock()
+	v, ok := kv.m[key]
+	return v, ok
+}
+
+// errFull is returned by Put when the store holds MaxKeys keys.
+var errFull = errors.New("metadata store full")
+
+// Put stores a copy of value.
+func (kv *KV) Put(key string, value []byte) error {
+	v := append([]byte(nil), value...)
+	kv.mu.Lock()
+	defer kv.mu.Unlock()
+	old, ok := kv.m[key]
+	if !ok && len(kv.m) >= kv.maxKeys {
+		return errFull
+	}
+	if ok {
+		kv.bytes -= len(key) + len(old)
+	}
+	kv.m[key] = v
+	kv.bytes += len(key) + len(v)
+	return nil
+}
+
+// Delete removes key and reports whether it was there.
+func (kv *KV) Delete(key string) bool {
+	kv.mu.Lock()
+	defer kv.mu.Unlock()
+	old, ok := kv.m[key]
+	if ok {
+		kv.bytes -= len(key) + len(old)
+		delete(kv.m, key)
+	}
+	return ok
+}
+
+// Size returns the number of keys and their total size in bytes.
+func (kv *KV) Size() (keys, bytes int) {
+	kv.mu.RLock()
+	defer kv.mu.RUnlock()
+	return len(kv.m), kv.bytes
+}
+
+func (s *Server) installMetadata() {
+	ops := s.metrics.Counter("te_sidecar_metadata_ops_total", "Metadata operations by kind and result.", "op", "result")
+	key := func(ctx *fasthttp.RequestCtx) (string, bool) {
+		// Peek decodes the query; an empty or absent key is the client's
+		// mistake, never a key.
+		k := string(ctx.QueryArgs().Peek("key"))
+		if k == "" || len(k) > MaxKeyLen {
+			ctx.Error("missing or oversized key parameter", fasthttp.StatusBadRequest)
+			return "", false
+		}
+		return k, true
+	}
+	const ctype = "application/json; charset=utf-8"
+	s.handle("GET", "/metadata", func(ctx *fasthttp.RequestCtx) {
+		k, ok := key(ctx)
+		if !ok {
+			return
+		}
+		v, ok := s.kv.Get(k)
+		if !ok {
+			ops.Inc("get", "not_found")
+			ctx.SetContentType(ctype)
+			ctx.SetStatusCode(fasthttp.StatusNotFound)
+			ctx.SetBodyString("metadata not found")
+			return
+		}
+		ops.Inc("get", "ok")
+		ctx.SetContentType(ctype)
+		ctx.SetBody(v)
+	}, true)
+	s.handle("PUT", "/metadata", func(ctx *fasthttp.RequestCtx) {
+		k, ok := key(ctx)
+		if !ok {
+			return
+		}
+		if err := s.kv.Put(k, ctx.PostBody()); err != nil {
+			ops.Inc("put", "full")
+			s.log.Warn("metadata store full", "keys", s.cfg.MaxKeys, "key", k)
+			ctx.Error(err.Error(), fasthttp.StatusInsufficientStorage)
+			return
+		}
+		ops.Inc("put", "ok")
+		ctx.SetContentType(ctype)
+		ctx.SetBodyString("metadata updated")
+	}, true)
+	s.handle("DELETE", "/metadata", func(ctx *fasthttp.RequestCtx) {
+		k, ok := key(ctx)
+		if !ok {
+			return
+		}
+		if s.kv.Delete(k) {
+			ops.Inc("delete", "ok")
+		} else {
+			ops.Inc("delete", "not_found")
+		}
+		ctx.SetContentType(ctype)
+		ctx.SetBodyString("metadata deleted")
+	}, true)
+}
