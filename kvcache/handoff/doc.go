@@ -1,0 +1,41 @@
+// Package handoff is the client side of te's prefill-to-decode KV-cache
+// handoff: what a prefill process and a decode process call to move a
+// request's KV blocks from one to the other through te-sidecar.
+//
+// Decode declares where the KV must go (Client.Expect: its engine segment,
+// its cache layout with base addresses, its block ids, the mode); prefill
+// declares that the KV is ready (Client.Ready: its layout and block ids).
+// Whichever comes second pairs the transfer. Then the side that moves the
+// bytes plans the copy with package kvcache, submits it through its engine
+// and reports the outcome to the sidecar:
+//
+//   - Push (the default, as Mooncake and SGLang do): prefill WRITEs into
+//     decode's blocks. Prefill may send layer by layer (Transfer.SendLayer)
+//     as layers are computed, so that the transfer overlaps the prefill.
+//   - Pull (as NIXL does): decode READs from prefill's blocks once prefill
+//     has declared them ready.
+//
+// The moving side's batch carries an engine notification (NotifyName, with
+// the transfer id) to the other side, so the waiting side learns of the
+// completion without a sidecar round trip; it also long-polls the sidecar,
+// which is how it learns of a failure, an abort or an expiry.
+//
+// Transfer.Wait (Send on the prefill side) finishes a transfer on either
+// side and returns only once this side's memory is no longer touched for
+// it; Transfer.Abort gives a transfer up and, likewise, returns once the
+// moving side has stopped, so blocks can always be released. Every
+// transfer has a deadline (Request.Timeout) after which the sidecar expires
+// it.
+//
+// Errors are *errs.Error values with stable codes: Canceled for an aborted
+// transfer, Timeout for an expired one, InvalidArgument for a bad
+// declaration or caches that do not match (dtype, block size, head dim,
+// block counts), the mover's transport code for a failed transfer, and
+// TransferLost when the sidecar restarted (its instance id changed) or no
+// longer knows the transfer: the caller must not wait for it any more.
+//
+// The memory of both layouts must be registered with the engines
+// (kvcache.Layout.Regions lists it) for as long as transfers use it. A
+// Client reads its engine's notifications; applications that use
+// notifications for themselves read the others with Client.Notifies.
+package handoff

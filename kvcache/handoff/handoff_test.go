@@ -1,0 +1,408 @@
+package handoff_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tecache/te/engine"
+	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/handoff/pattern"
+	"github.com/tecache/te/kvcache"
+	"github.com/tecache/te/kvcache/handoff"
+)
+
+// Small caches with the vLLM shape: 4 layers, 4 KiB blocks.
+var (
+	prefillShape = pattern.Shape{Layers: 4, Blocks: 64, BlockSize: 16, Heads: 2, HeadDim: 64, DType: kvcache.BF16}
+	decodeShape  = pattern.Shape{Layers: 4, Blocks: 80, BlockSize: 16, Heads: 2, HeadDim: 64, DType: kvcache.BF16}
+	// Non-contiguous on both sides, with some runs that coalesce.
+	srcBlocks = []int{5, 6, 7, 8, 20, 21, 3, 40, 41, 42, 43, 63}
+	dstBlocks = []int{0, 1, 2, 30, 31, 9, 10, 11, 50, 51, 52, 79}
+)
+
+func moved() uint64 {
+	return uint64(prefillShape.Layers) * 2 * uint64(len(srcBlocks)) * prefillShape.BlockBytes()
+}
+
+// TestHandoff moves KV from this process (prefill) to a decode process
+// through a real sidecar, over tcp and shm, pushing (whole or layer by
+// layer) and pulling, with either side declaring first, and checks every
+// byte of decode's cache.
+func TestHandoff(t *testing.T) {
+	sc := startSidecar(t)
+	ctx := context.Background()
+	for _, tr := range []string{"tcp", "shm"} {
+		t.Run(tr, func(t *testing.T) {
+			dec := startChild(t, sc.addr, tr, decodeShape, time.Second)
+			pre := newLocal(t, sc, tr, prefillShape, time.Second)
+			pre.cache.Fill(srcBlocks)
+			for _, c := range []struct {
+				name       string
+				mode       handoff.Mode
+				layered    bool
+				readyFirst bool
+			}{
+				{"push", handoff.Push, false, false},
+				{"push layer by layer", handoff.Push, true, true},
+				{"pull", handoff.Pull, false, true},
+				{"pull expect first", handoff.Pull, false, false},
+			} {
+				t.Run(c.name, func(t *testing.T) {
+					id := tr + "/" + c.name
+					dec.do(command{Op: "clear"})
+					expect := func() {
+						if a := dec.do(command{Op: "expect", ID: id, Blocks: dstBlocks, Mode: string(c.mode)}); a.Err != "" {
+							t.Fatalf("expect: %s", a.Err)
+						}
+					}
+					if !c.readyFirst {
+						expect()
+					}
+					tx, err := pre.c.Ready(ctx, handoff.Request{ID: id, Layout: &pre.cache.Layout, Blocks: srcBlocks})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if c.readyFirst {
+						expect()
+					}
+					waiting := dec.send(command{Op: "wait", ID: id})
+					if c.layered {
+						for l := prefillShape.Layers - 1; l >= 0; l-- { // any order
+							if err := tx.SendLayer(ctx, l); err != nil {
+								t.Fatal(err)
+							}
+						}
+						if err := tx.SendLayer(ctx, 0); !errors.Is(err, errs.ErrInvalidArgument) {
+							t.Fatalf("layer sent twice: %v", err)
+						}
+					}
+					res, err := tx.Send(ctx)
+					if err != nil {
+						t.Fatal(err)
+					}
+					a := dec.get(waiting)
+					if a.Err != "" {
+						t.Fatalf("decode wait: %s", a.Err)
+					}
+					mover, other := res, a.Result
+					if c.mode == handoff.Pull {
+						mover, other = a.Result, res
+					}
+					if !mover.Mover || other.Mover || mover.Bytes != moved() || other.Bytes != moved() || mover.Transport != tr ||
+						mover.Mode != c.mode || !mover.Recorded || mover.Requests <= 0 || mover.Requests >= mover.BlockRequests {
+						t.Fatalf("results: mover %+v, other %+v (want %d bytes over %s)", mover, other, moved(), tr)
+					}
+					if c.layered && mover.Requests <= prefillShape.Layers {
+						t.Fatalf("layer by layer should coalesce within layers only: %+v", mover)
+					}
+					if a := dec.do(command{Op: "check", Src: srcBlocks, Blocks: dstBlocks}); a.Bad != 0 {
+						t.Fatalf("decode cache: %d bad words, first: %s", a.Bad, a.First)
+					}
+					if a := dec.do(command{Op: "status", ID: id}); a.Status.State != "done" || !a.Status.Settled || a.Status.Bytes != moved() {
+						t.Fatalf("status: %+v %s", a.Status, a.Err)
+					}
+				})
+			}
+			if a := dec.do(command{Op: "stats"}); a.Stats.NotifiesReceived == 0 {
+				t.Fatalf("decode received no completion notification: %+v", a.Stats)
+			}
+		})
+	}
+}
+
+// TestAbort aborts from each side, before pairing and after, and checks
+// that the other side learns it and that an abort returns only once the
+// mover has stopped (the transfer is settled).
+func TestAbort(t *testing.T) {
+	sc := startSidecar(t)
+	ctx := context.Background()
+	dec := startChild(t, sc.addr, "tcp", decodeShape, time.Second)
+	pre := newLocal(t, sc, "tcp", prefillShape, time.Second)
+	ready := func(id string) (*handoff.Transfer, error) {
+		return pre.c.Ready(ctx, handoff.Request{ID: id, Layout: &pre.cache.Layout, Blocks: srcBlocks})
+	}
+
+	t.Run("decode before pairing", func(t *testing.T) {
+		dec.do(command{Op: "expect", ID: "a1", Blocks: dstBlocks})
+		if a := dec.do(command{Op: "abort", ID: "a1", Reason: "request cancelled"}); a.Err != "" {
+			t.Fatal(a.Err)
+		}
+		_, err := ready("a1")
+		wantCode(t, "ready after decode aborted", err, errs.Canceled)
+		if !strings.Contains(err.Error(), "request cancelled") {
+			t.Fatalf("the reason is lost: %v", err)
+		}
+	})
+
+	t.Run("prefill after pairing, push", func(t *testing.T) {
+		dec.do(command{Op: "expect", ID: "a2", Blocks: dstBlocks})
+		tx, err := ready("a2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		waiting := dec.send(command{Op: "wait", ID: "a2"})
+		if err := tx.Abort(ctx, "out of memory"); err != nil {
+			t.Fatal(err)
+		}
+		a := dec.get(waiting)
+		if a.Code != errs.Canceled || !strings.Contains(a.Err, "out of memory") {
+			t.Fatalf("decode wait after prefill abort: %+v", a)
+		}
+		if st, err := tx.Status(ctx); err != nil || st.State != "aborted" || !st.Settled {
+			t.Fatalf("status %+v %v", st, err)
+		}
+		if _, err := tx.Wait(ctx); errs.CodeOf(err) != errs.Canceled {
+			t.Fatalf("wait after abort: %v", err)
+		}
+	})
+
+	t.Run("decode after pairing, push", func(t *testing.T) {
+		dec.do(command{Op: "expect", ID: "a3", Blocks: dstBlocks})
+		tx, err := ready("a3")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Decode's abort settles only once prefill (the mover) reports.
+		aborting := dec.send(command{Op: "abort", ID: "a3", Reason: "decode restarting"})
+		time.Sleep(100 * time.Millisecond)
+		select {
+		case a := <-aborting:
+			t.Fatalf("decode's abort returned before the mover stopped: %+v", a)
+		default:
+		}
+		_, err = tx.Wait(ctx)
+		wantCode(t, "prefill wait after decode abort", err, errs.Canceled)
+		if a := dec.get(aborting); a.Err != "" {
+			t.Fatal(a.Err)
+		}
+	})
+
+	t.Run("prefill after pairing, pull", func(t *testing.T) {
+		tx, err := ready("a4")
+		if err != nil {
+			t.Fatal(err)
+		}
+		dec.do(command{Op: "expect", ID: "a4", Blocks: dstBlocks, Mode: "pull"})
+		aborted := make(chan error, 1)
+		go func() { aborted <- tx.Abort(ctx, "shutting down") }()
+		time.Sleep(100 * time.Millisecond)
+		a := dec.do(command{Op: "wait", ID: "a4"})
+		if a.Code != errs.Canceled {
+			t.Fatalf("decode (the reader) wait after prefill abort: %+v", a)
+		}
+		select {
+		case err := <-aborted:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("prefill's abort did not return once decode reported")
+		}
+	})
+
+	t.Run("abort a finished transfer", func(t *testing.T) {
+		dec.do(command{Op: "expect", ID: "a5", Blocks: dstBlocks})
+		tx, err := ready("a5")
+		if err != nil {
+			t.Fatal(err)
+		}
+		waiting := dec.send(command{Op: "wait", ID: "a5"})
+		if _, err := tx.Send(ctx); err != nil {
+			t.Fatal(err)
+		}
+		dec.get(waiting)
+		wantCode(t, "abort after done", tx.Abort(ctx, "late"), errs.InvalidArgument)
+	})
+}
+
+// TestExpiry: a transfer nobody pairs expires, and both kinds of side learn
+// it with a Timeout error.
+func TestExpiry(t *testing.T) {
+	sc := startSidecar(t)
+	ctx := context.Background()
+	dec := startChild(t, sc.addr, "tcp", decodeShape, time.Second)
+	pre := newLocal(t, sc, "tcp", prefillShape, time.Second)
+
+	dec.do(command{Op: "expect", ID: "e1", Blocks: dstBlocks, Timeout: 300})
+	t0 := time.Now()
+	if a := dec.do(command{Op: "wait", ID: "e1"}); a.Code != errs.Timeout || !strings.Contains(a.Err, "prefill never declared") {
+		t.Fatalf("decode wait: %+v", a)
+	}
+	if el := time.Since(t0); el > 5*time.Second {
+		t.Fatalf("expiry took %v", el)
+	}
+	tx, err := pre.c.Ready(ctx, handoff.Request{ID: "e2", Layout: &pre.cache.Layout, Blocks: srcBlocks, Timeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = tx.Send(ctx)
+	wantCode(t, "prefill send, nobody expects", err, errs.Timeout)
+	// A late declaration learns that the transfer expired.
+	if a := dec.do(command{Op: "expect", ID: "e2", Blocks: dstBlocks}); a.Code != errs.Timeout {
+		t.Fatalf("late expect: %+v", a)
+	}
+}
+
+// TestSidecarRestart: transfers declared to a sidecar that restarts are
+// reported lost (TransferLost), on both sides, instead of waited for.
+func TestSidecarRestart(t *testing.T) {
+	sc := startSidecar(t)
+	ctx := context.Background()
+	dec := startChild(t, sc.addr, "tcp", decodeShape, 500*time.Millisecond)
+	pre := newLocal(t, sc, "tcp", prefillShape, 500*time.Millisecond)
+
+	// Decode waits, unpaired, while the sidecar restarts.
+	dec.do(command{Op: "expect", ID: "l1", Blocks: dstBlocks})
+	waiting := dec.send(command{Op: "wait", ID: "l1"})
+	time.Sleep(100 * time.Millisecond)
+	// Paired, but prefill has not sent yet.
+	dec.do(command{Op: "expect", ID: "l2", Blocks: dstBlocks})
+	tx, err := pre.c.Ready(ctx, handoff.Request{ID: "l2", Layout: &pre.cache.Layout, Blocks: srcBlocks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc.restart()
+
+	a := dec.get(waiting)
+	if a.Code != errs.TransferLost || !strings.Contains(a.Err, "restarted") && !strings.Contains(a.Err, "no longer knows") {
+		t.Fatalf("decode wait across a restart: %+v", a)
+	}
+	_, err = tx.Send(ctx)
+	// Prefill learned decode's declaration before the restart, so it may
+	// have moved the bytes (and notified decode) before it learned about
+	// the restart: either it moved everything, or it reports the loss.
+	if err != nil && !errors.Is(err, errs.ErrTransferLost) {
+		t.Fatalf("prefill send across a restart: %v", err)
+	}
+	_, err = tx.Status(ctx)
+	wantCode(t, "status across a restart", err, errs.TransferLost)
+	// A fresh declaration on the new sidecar works.
+	if a := dec.do(command{Op: "expect", ID: "l3", Blocks: dstBlocks}); a.Err != "" {
+		t.Fatal(a.Err)
+	}
+	waiting = dec.send(command{Op: "wait", ID: "l3"})
+	tx, err = pre.c.Ready(ctx, handoff.Request{ID: "l3", Layout: &pre.cache.Layout, Blocks: srcBlocks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Send(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if a := dec.get(waiting); a.Err != "" {
+		t.Fatal(a.Err)
+	}
+}
+
+// TestSidecarGone: with no sidecar at all, a waiting side gives up as lost
+// after LostGrace instead of waiting forever.
+func TestSidecarGone(t *testing.T) {
+	sc := startSidecar(t)
+	ctx := context.Background()
+	pre := newLocal(t, sc, "tcp", prefillShape, 300*time.Millisecond)
+	tx, err := pre.c.Ready(ctx, handoff.Request{ID: "g1", Layout: &pre.cache.Layout, Blocks: srcBlocks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc.stop()
+	t0 := time.Now()
+	_, err = tx.Send(ctx)
+	wantCode(t, "send with the sidecar gone", err, errs.TransferLost)
+	if el := time.Since(t0); el > 5*time.Second {
+		t.Fatalf("took %v", el)
+	}
+	_, err = pre.c.Ready(ctx, handoff.Request{ID: "g2", Layout: &pre.cache.Layout, Blocks: srcBlocks})
+	wantCode(t, "ready with the sidecar gone", err, errs.PeerUnreachable)
+}
+
+// TestBadInput: the client's and the sidecar's refusals arrive as clear
+// errors with stable codes.
+func TestBadInput(t *testing.T) {
+	sc := startSidecar(t)
+	ctx := context.Background()
+	pre := newLocal(t, sc, "tcp", prefillShape, time.Second)
+	dec := newLocal(t, sc, "tcp", decodeShape, time.Second)
+	l := &pre.cache.Layout
+	for _, c := range []struct {
+		name string
+		r    handoff.Request
+	}{
+		{"nil layout", handoff.Request{ID: "b", Blocks: srcBlocks}},
+		{"invalid layout", handoff.Request{ID: "b", Layout: &kvcache.Layout{Format: kvcache.VLLM}, Blocks: srcBlocks}},
+		{"no id", handoff.Request{Layout: l, Blocks: srcBlocks}},
+		{"no blocks", handoff.Request{ID: "b", Layout: l}},
+		{"block out of range", handoff.Request{ID: "b", Layout: l, Blocks: []int{64}}},
+		{"bad mode", handoff.Request{ID: "b", Layout: l, Blocks: srcBlocks, Mode: "sideways"}},
+		{"negative timeout", handoff.Request{ID: "b", Layout: l, Blocks: srcBlocks, Timeout: -1}},
+	} {
+		_, err := pre.c.Ready(ctx, c.r)
+		wantCode(t, c.name, err, errs.InvalidArgument)
+	}
+	if _, err := handoff.New(nil, handoff.Options{Sidecar: sc.addr}); !errors.Is(err, errs.ErrInvalidArgument) {
+		t.Fatalf("nil engine: %v", err)
+	}
+	for _, addr := range []string{"", "ftp://x", "http://"} {
+		if _, err := handoff.New(pre.e, handoff.Options{Sidecar: addr}); !errors.Is(err, errs.ErrInvalidArgument) {
+			t.Fatalf("sidecar %q: %v", addr, err)
+		}
+	}
+	// Duplicate id.
+	if _, err := pre.c.Ready(ctx, handoff.Request{ID: "dup", Layout: l, Blocks: srcBlocks}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := pre.c.Ready(ctx, handoff.Request{ID: "dup", Layout: l, Blocks: srcBlocks})
+	wantCode(t, "duplicate ready", err, errs.InvalidArgument)
+	// Caches that cannot match: the second declaration fails, and the first
+	// side's Wait learns it.
+	tx, err := pre.c.Ready(ctx, handoff.Request{ID: "mm", Layout: l, Blocks: srcBlocks[:3]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = dec.c.Expect(ctx, handoff.Request{ID: "mm", Layout: &dec.cache.Layout, Blocks: dstBlocks})
+	wantCode(t, "expect with a different block count", err, errs.InvalidArgument)
+	if !strings.Contains(err.Error(), "do not match") {
+		t.Fatal(err)
+	}
+	_, err = tx.Wait(ctx)
+	wantCode(t, "wait on a mismatched transfer", err, errs.InvalidArgument)
+	// SendLayer is for the pushing prefill only.
+	dt, err := dec.c.Expect(ctx, handoff.Request{ID: "sl", Layout: &dec.cache.Layout, Blocks: dstBlocks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantCode(t, "decode SendLayer", dt.SendLayer(ctx, 0), errs.InvalidArgument)
+	pt, err := pre.c.Ready(ctx, handoff.Request{ID: "sl", Layout: l, Blocks: srcBlocks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantCode(t, "layer out of range", pt.SendLayer(ctx, 4), errs.InvalidArgument)
+	// Decode's abort returns once prefill, the mover, has reported.
+	aborted := make(chan error, 1)
+	go func() { aborted <- dt.Abort(ctx, "test over") }()
+	time.Sleep(50 * time.Millisecond)
+	_, err = pt.Wait(ctx)
+	wantCode(t, "wait after abort", err, errs.Canceled)
+	if err := <-aborted; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestNotifiesPassThrough: notifications that are not handoff completions
+// reach the application through Client.Notifies.
+func TestNotifiesPassThrough(t *testing.T) {
+	sc := startSidecar(t)
+	a := newLocal(t, sc, "tcp", prefillShape, time.Second)
+	b := newLocal(t, sc, "tcp", decodeShape, time.Second)
+	if err := a.e.SendNotify(b.e.Name(), "app", "hello"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.e.SendNotify(b.e.Name(), handoff.NotifyName, "not json"); err != nil {
+		t.Fatal(err)
+	}
+	got := b.c.Notifies()
+	if len(got) != 1 || got[0] != (engine.Notification{Name: "app", Msg: "hello"}) {
+		t.Fatalf("notifies: %+v", got)
+	}
+}

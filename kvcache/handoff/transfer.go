@@ -1,0 +1,675 @@
+package handoff
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/url"
+	"sync"
+	"time"
+
+	"github.com/tecache/te/engine"
+	"github.com/tecache/te/engine/errs"
+	proto "github.com/tecache/te/internal/handoff"
+	"github.com/tecache/te/kvcache"
+)
+
+// Request declares one side of a transfer.
+type Request struct {
+	// ID names the transfer; prefill and decode use the same one (the
+	// serving system's request id). At most 256 printable bytes.
+	ID string
+	// Layout is this side's cache, with its base addresses. Its memory must
+	// be registered with the engine (remote-accessible) for the whole
+	// transfer.
+	Layout *kvcache.Layout
+	// Blocks are this side's block ids, in token order; prefill's i-th block
+	// goes to decode's i-th.
+	Blocks []int
+	// Mode is chosen by decode (Push when empty). Prefill may leave it
+	// empty or name the mode it expects, to have a mismatch refused.
+	Mode Mode
+	// Timeout bounds the transfer from this declaration: unpaired or
+	// unfinished by then, it expires (0: the sidecar's default, 30s).
+	Timeout time.Duration
+}
+
+// Result describes a finished transfer.
+type Result struct {
+	ID   string
+	Mode Mode
+	// Mover is true on the side that moved the bytes (prefill in push
+	// mode, decode in pull mode).
+	Mover bool
+	Bytes uint64
+	// BlockRequests and Requests are the requests before and after
+	// coalescing (known on the moving side).
+	BlockRequests int
+	Requests      int
+	// Transport is the engine transport that moved the bytes (moving side).
+	Transport string
+	// Elapsed is, on the moving side, the time from its first submit to
+	// its last byte; on the other side, the time Wait waited.
+	Elapsed time.Duration
+	// Recorded is false when the moving side moved every byte and notified
+	// the peer but the sidecar lost the transfer before recording it.
+	Recorded bool
+}
+
+// Transfer is one declared transfer. Wait (or Send) finishes it; Abort gives
+// it up. Wait and SendLayer are called from one goroutine; Abort and Status
+// from any.
+type Transfer struct {
+	c        *Client
+	role     proto.Role
+	id       string
+	layout   *kvcache.Layout
+	blocks   []int
+	instance string
+
+	waitMu sync.Mutex // one Wait at a time
+
+	mu      sync.Mutex
+	rec     proto.Record
+	plan    *kvcache.Plan
+	seg     *engine.Segment
+	batch   *engine.Batch
+	layered bool
+	sent    map[int]bool
+	start   time.Time
+	aborted bool
+	done    bool          // the outcome is being or was reported
+	fin     chan struct{} // closed once result and err are set
+	result  *Result
+	err     error
+}
+
+// Expect declares, on the decode side, where transfer r.ID's KV must go. It
+// does not block beyond one sidecar call; Wait waits for (push) or performs
+// (pull) the transfer.
+func (c *Client) Expect(ctx context.Context, r Request) (*Transfer, error) {
+	if r.Mode == "" {
+		r.Mode = Push
+	}
+	return c.declare(ctx, proto.Decode, r)
+}
+
+// Ready declares, on the prefill side, that transfer r.ID's KV can be taken
+// from r.Blocks. In pull mode the KV must be complete when Ready is called;
+// in push mode the bytes move with SendLayer and Wait (also named Send),
+// so Ready may come before the layers are computed. It does not block
+// beyond one sidecar call.
+func (c *Client) Ready(ctx context.Context, r Request) (*Transfer, error) {
+	return c.declare(ctx, proto.Prefill, r)
+}
+
+func (c *Client) declare(ctx context.Context, role proto.Role, r Request) (*Transfer, error) {
+	op := "handoff " + map[proto.Role]string{proto.Decode: "expect", proto.Prefill: "ready"}[role]
+	if r.Layout == nil {
+		return nil, errs.New(errs.InvalidArgument, op, "nil layout")
+	}
+	if err := r.Layout.Validate(); err != nil {
+		return nil, err
+	}
+	switch r.Mode {
+	case "", Push, Pull:
+	default:
+		return nil, errs.New(errs.InvalidArgument, op, "mode %q is neither push nor pull", r.Mode)
+	}
+	if r.Timeout < 0 {
+		return nil, errs.New(errs.InvalidArgument, op, "negative timeout")
+	}
+	lj, err := json.Marshal(r.Layout)
+	if err != nil {
+		return nil, errs.Wrap(errs.InvalidArgument, op, err, "encoding the layout")
+	}
+	d := proto.Decl{ID: r.ID, Segment: c.e.Name(), Layout: lj, Blocks: r.Blocks, Mode: proto.Mode(r.Mode)}
+	if r.Timeout > 0 {
+		d.TimeoutMS = max(1, r.Timeout.Milliseconds())
+	}
+	path := "/handoff/expect"
+	if role == proto.Prefill {
+		path = "/handoff/ready"
+	}
+	rec, he, err := c.call(ctx, http.MethodPost, path, d, c.opts.RequestTimeout)
+	if err != nil {
+		return nil, err
+	}
+	if he != nil {
+		if he.body.Record != nil && he.body.Record.State.Terminal() {
+			return nil, endErr(op, *he.body.Record)
+		}
+		return nil, refused(op, he)
+	}
+	t := &Transfer{c: c, role: role, id: r.ID, layout: r.Layout, blocks: append([]int(nil), r.Blocks...),
+		instance: rec.Instance, rec: rec}
+	if rec.State == proto.Failed {
+		return nil, endErr(op, rec) // caches that cannot match: nothing moves
+	}
+	return t, nil
+}
+
+// ID returns the transfer's id.
+func (t *Transfer) ID() string { return t.id }
+
+// record keeps rec as the latest state; a different sidecar instance means
+// the transfer is lost.
+func (t *Transfer) record(op string, rec proto.Record) error {
+	if rec.Instance != t.instance {
+		return lost(op, t.id, "te-sidecar restarted (instance "+t.instance+" is now "+rec.Instance+")")
+	}
+	t.mu.Lock()
+	if rec.Version >= t.rec.Version || rec.State.Terminal() {
+		t.rec = rec
+	}
+	t.mu.Unlock()
+	return nil
+}
+
+func (t *Transfer) last() proto.Record {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.rec
+}
+
+// answer interprets a sidecar answer about this transfer.
+func (t *Transfer) answer(op string, rec proto.Record, he *httpError) (proto.Record, error) {
+	if he != nil {
+		if he.body.Instance != "" && he.body.Instance != t.instance {
+			return rec, lost(op, t.id, "te-sidecar restarted (instance "+t.instance+" is now "+he.body.Instance+")")
+		}
+		if he.status == http.StatusNotFound {
+			return rec, lost(op, t.id, "te-sidecar no longer knows it")
+		}
+		if he.body.Record != nil {
+			if err := t.record(op, *he.body.Record); err != nil {
+				return rec, err
+			}
+			return *he.body.Record, refused(op, he)
+		}
+		return rec, refused(op, he)
+	}
+	return rec, t.record(op, rec)
+}
+
+// Status asks the sidecar for the transfer's state.
+func (t *Transfer) Status(ctx context.Context) (Status, error) {
+	q := url.Values{"id": {t.id}}
+	rec, he, err := t.c.call(ctx, http.MethodGet, "/handoff/status?"+q.Encode(), nil, t.c.opts.RequestTimeout)
+	if err != nil {
+		return Status{}, err
+	}
+	rec, err = t.answer("handoff status", rec, he)
+	if err != nil {
+		return Status{}, err
+	}
+	return statusOf(rec), nil
+}
+
+// poll long-polls the sidecar until the record changes or about two
+// seconds pass.
+func (t *Transfer) poll(ctx context.Context, since uint64) (proto.Record, error) {
+	q := url.Values{"id": {t.id}, "role": {string(t.role)}, "since": {itoa(since)}, "timeout_ms": {"2000"}}
+	rec, he, err := t.c.call(ctx, http.MethodGet, wait(q), nil, 2*time.Second+t.c.opts.RequestTimeout)
+	if err != nil {
+		return rec, err
+	}
+	return t.answer("handoff wait", rec, he)
+}
+
+// until long-polls until ok(record) holds, the transfer is lost, or ctx
+// ends. An unreachable sidecar is retried for LostGrace.
+func (t *Transfer) until(ctx context.Context, op string, ok func(proto.Record) bool) (proto.Record, error) {
+	var down time.Time
+	for {
+		rec := t.last()
+		if ok(rec) {
+			return rec, nil
+		}
+		_, err := t.poll(ctx, rec.Version)
+		switch {
+		case err == nil:
+			down = time.Time{}
+		case ctx.Err() != nil:
+			return rec, errs.Wrap(errs.Canceled, op, ctx.Err(), "transfer %q", t.id)
+		case errs.CodeOf(err) == errs.PeerUnreachable || errs.CodeOf(err) == errs.Timeout:
+			if down.IsZero() {
+				down = time.Now()
+			}
+			if time.Since(down) > t.c.opts.LostGrace {
+				return rec, lost(op, t.id, "te-sidecar unreachable: "+err.Error())
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(50 * time.Millisecond):
+			}
+		case errs.CodeOf(err) == errs.TransferLost:
+			return rec, err
+		default:
+			// A refusal that carried the record (e.g. 409) updated it above.
+			if r := t.last(); ok(r) {
+				return r, nil
+			}
+			return rec, err
+		}
+	}
+}
+
+// paired waits until both sides have declared.
+func (t *Transfer) paired(ctx context.Context, op string) (proto.Record, error) {
+	rec, err := t.until(ctx, op, func(r proto.Record) bool { return r.State != proto.Waiting })
+	if err != nil {
+		return rec, err
+	}
+	if rec.State != proto.Transferring {
+		return rec, endErr(op, rec)
+	}
+	return rec, nil
+}
+
+// isMover reports whether this side moves the bytes (known once paired).
+func (t *Transfer) isMover(rec proto.Record) bool {
+	return rec.Mode != "" && rec.Mode.Mover() == t.role
+}
+
+// Send is Wait, named for the prefill side.
+func (t *Transfer) Send(ctx context.Context) (Result, error) { return t.Wait(ctx) }
+
+// Wait finishes the transfer on this side and returns once this side's
+// memory is no longer touched for it: the moving side (prefill in push
+// mode, decode in pull mode) waits for the pairing, plans, submits what
+// SendLayer has not, waits for its batch and reports the outcome; the other
+// side waits for the mover's completion notification (no sidecar round
+// trip) or for the sidecar to report a failure, an abort or an expiry.
+//
+// Once the moving side has submitted, Wait returns only after its batch has
+// finished (bounded by the engine's transfer timeout), whatever ctx says:
+// returning earlier would let the caller free memory the engine still uses.
+// When ctx ends on the waiting side, Wait returns a Canceled error and the
+// transfer goes on; call Abort to end it and settle.
+func (t *Transfer) Wait(ctx context.Context) (Result, error) {
+	t.waitMu.Lock()
+	defer t.waitMu.Unlock()
+	t.mu.Lock()
+	if t.done {
+		t.mu.Unlock()
+		return t.finish(ctx, nil) // the outcome another call reported
+	}
+	t.mu.Unlock()
+	rec, err := t.paired(ctx, "handoff wait")
+	if err != nil {
+		if rec.State.Terminal() && !rec.Settled && t.isMover(rec) {
+			// Aborted or expired after pairing, before this side moved
+			// anything: its report settles the transfer for the peer.
+			t.finish(ctx, err)
+			return Result{ID: t.id, Mode: Mode(rec.Mode), Mover: true}, err
+		}
+		if rec.State.Terminal() && !rec.Settled {
+			// Aborted or expired while the mover moved: wait until it stops.
+			if _, serr := t.until(ctx, "handoff wait", func(r proto.Record) bool { return r.Settled }); serr != nil {
+				return Result{}, serr
+			}
+		}
+		return Result{ID: t.id, Mode: Mode(rec.Mode)}, err
+	}
+	if t.isMover(rec) {
+		return t.move(ctx, rec)
+	}
+	return t.await(ctx)
+}
+
+// setup plans the transfer and opens the peer's segment once paired.
+func (t *Transfer) setup(rec proto.Record, layered bool) error {
+	if t.plan != nil {
+		return nil
+	}
+	op := "handoff"
+	if rec.Peer == nil {
+		return errs.New(errs.Protocol, op, "the sidecar paired transfer %q without the peer's declaration", t.id)
+	}
+	var peer kvcache.Layout
+	if err := json.Unmarshal(rec.Peer.Layout, &peer); err != nil {
+		return errs.Wrap(errs.InvalidArgument, op, err, "the peer's layout")
+	}
+	src, dst, sb, db := t.layout, &peer, t.blocks, rec.Peer.Blocks
+	if t.role == proto.Decode {
+		src, dst, sb, db = &peer, t.layout, rec.Peer.Blocks, t.blocks
+	}
+	p, err := kvcache.NewPlan(src, dst, sb, db, kvcache.LayerRange{})
+	if err != nil {
+		return err
+	}
+	seg, err := t.c.e.OpenSegment(rec.Peer.Segment)
+	if err != nil {
+		return err
+	}
+	n := len(p.Transfers())
+	if layered {
+		n = p.Stats().Requests
+	}
+	b, err := t.c.e.AllocateBatch(n)
+	if err != nil {
+		t.c.e.CloseSegment(seg)
+		return err
+	}
+	t.plan, t.seg, t.batch, t.layered, t.sent = p, seg, b, layered, map[int]bool{}
+	return nil
+}
+
+func (t *Transfer) opcode() engine.Opcode {
+	if t.role == proto.Prefill {
+		return engine.Write
+	}
+	return engine.Read
+}
+
+// notice is the completion message the engine sends to the peer.
+func (t *Transfer) notice(ok bool, bytes uint64, code errs.Code) string {
+	b, _ := json.Marshal(proto.Notice{ID: t.id, OK: ok, Bytes: bytes, Code: int32(code)})
+	return string(b)
+}
+
+// submitLayers submits the given layers; the one that completes the plan
+// carries the completion notification. Callers hold t.mu.
+func (t *Transfer) submitLayers(layers []int) error {
+	lr := t.plan.Layers()
+	total := lr.End - lr.Start
+	for _, l := range layers {
+		if t.aborted {
+			return errs.New(errs.Canceled, "handoff send", "transfer %q was aborted", t.id)
+		}
+		rs, err := kvcache.EngineRequests(t.plan.Layer(l), t.seg, t.opcode())
+		if err != nil {
+			return err
+		}
+		if t.start.IsZero() {
+			t.start = time.Now()
+		}
+		if len(t.sent)+1 == total {
+			err = t.batch.SubmitWithNotify(t.seg.Name(), NotifyName, t.notice(true, t.plan.Stats().Bytes, 0), rs...)
+		} else {
+			err = t.batch.Submit(rs...)
+		}
+		if err != nil {
+			return err
+		}
+		t.sent[l] = true
+	}
+	return nil
+}
+
+// SendLayer pushes one layer (a model-wide layer index) as soon as it is
+// computed, without waiting for it to arrive, so that its transfer overlaps
+// the computation of the next. Push mode, prefill side only. The first call
+// waits for decode's declaration. Wait (Send) submits the layers not sent
+// and waits for all of them.
+func (t *Transfer) SendLayer(ctx context.Context, layer int) error {
+	const op = "handoff send layer"
+	if t.role != proto.Prefill {
+		return errs.New(errs.InvalidArgument, op, "only prefill sends layers")
+	}
+	rec, err := t.paired(ctx, op)
+	if err != nil {
+		return err
+	}
+	if rec.Mode != proto.Push {
+		return errs.New(errs.InvalidArgument, op, "transfer %q is in %s mode: decode reads it, prefill sends nothing", t.id, rec.Mode)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.done {
+		return errs.New(errs.InvalidArgument, op, "transfer %q is finished", t.id)
+	}
+	if err := t.setup(rec, true); err != nil {
+		return err
+	}
+	if !t.layered {
+		return errs.New(errs.InvalidArgument, op, "transfer %q is already being sent whole", t.id)
+	}
+	lr := t.plan.Layers()
+	if layer < lr.Start || layer >= lr.End {
+		return errs.New(errs.InvalidArgument, op, "layer %d outside the plan's layers [%d, %d)", layer, lr.Start, lr.End)
+	}
+	if t.sent[layer] {
+		return errs.New(errs.InvalidArgument, op, "layer %d already sent", layer)
+	}
+	return t.submitLayers([]int{layer})
+}
+
+// move is Wait on the moving side.
+func (t *Transfer) move(ctx context.Context, rec proto.Record) (Result, error) {
+	t.mu.Lock()
+	var err error
+	if t.done || t.aborted {
+		err = errs.New(errs.Canceled, "handoff wait", "transfer %q was aborted", t.id)
+	} else {
+		err = t.setup(rec, false)
+	}
+	if err == nil {
+		if t.layered {
+			var rest []int
+			lr := t.plan.Layers()
+			for l := lr.Start; l < lr.End; l++ {
+				if !t.sent[l] {
+					rest = append(rest, l)
+				}
+			}
+			err = t.submitLayers(rest)
+		} else if t.start.IsZero() {
+			if t.aborted {
+				err = errs.New(errs.Canceled, "handoff wait", "transfer %q was aborted", t.id)
+			} else {
+				var rs []engine.Request
+				rs, err = kvcache.EngineRequests(t.plan.Transfers(), t.seg, t.opcode())
+				if err == nil {
+					t.start = time.Now()
+					err = t.batch.SubmitWithNotify(t.seg.Name(), NotifyName, t.notice(true, t.plan.Stats().Bytes, 0), rs...)
+				}
+			}
+		}
+	}
+	b := t.batch
+	t.mu.Unlock()
+	if b != nil {
+		<-b.Done() // what was submitted finishes before memory may be reused
+	}
+	return t.finish(ctx, err)
+}
+
+// finish reports the mover's outcome once: to the peer by notification
+// when it failed (a success was notified by the batch), to the sidecar, and
+// releases the batch and segment.
+func (t *Transfer) finish(ctx context.Context, submitErr error) (Result, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.done {
+		// Another caller is reporting (or has): its outcome is ours.
+		fin := t.fin
+		t.mu.Unlock()
+		<-fin
+		t.mu.Lock()
+		return *t.result, t.err
+	}
+	t.done = true
+	t.fin = make(chan struct{})
+	defer close(t.fin)
+	res := Result{ID: t.id, Mode: Mode(t.rec.Mode), Mover: true}
+	var st engine.BatchStatus
+	if t.batch != nil {
+		st = t.batch.Status()
+		if ts, err := t.batch.TaskStatus(0); err == nil {
+			res.Transport = ts.Transport
+		}
+		res.Requests = st.Tasks
+	}
+	if t.plan != nil {
+		res.BlockRequests = t.plan.Stats().BlockRequests
+	}
+	if !t.start.IsZero() {
+		res.Elapsed = time.Since(t.start)
+	}
+	failure := submitErr
+	if failure == nil && (st.Tasks == 0 || st.Failed > 0 || st.State != engine.Completed) {
+		failure = st.Err
+		if failure == nil {
+			failure = errs.New(errs.Internal, "handoff", "batch ended %s", st.State)
+		}
+	}
+	c := proto.Complete{ID: t.id, OK: failure == nil, Bytes: st.Transferred, Requests: res.Requests, Seconds: res.Elapsed.Seconds()}
+	peer := ""
+	if failure != nil {
+		c.Code, c.Reason = int32(errs.CodeOf(failure)), failure.Error()
+		if t.seg != nil {
+			peer = t.seg.Name()
+		}
+	} else {
+		res.Bytes = st.Transferred
+	}
+	if t.batch != nil {
+		t.batch.Free()
+		t.batch = nil
+	}
+	if t.seg != nil {
+		t.c.e.CloseSegment(t.seg)
+		t.seg = nil
+	}
+	// The report must reach the sidecar even when the caller's ctx has
+	// ended: it is what settles the transfer for the peer.
+	rctx := context.WithoutCancel(ctx)
+	t.mu.Unlock()
+	if peer != "" {
+		// Best effort: the sidecar tells the peer too.
+		t.c.e.SendNotify(peer, NotifyName, t.notice(false, st.Transferred, errs.CodeOf(failure)))
+	}
+	rec, he, err := t.c.call(rctx, http.MethodPost, "/handoff/complete", c, t.c.opts.RequestTimeout)
+	if err == nil {
+		rec, err = t.answer("handoff complete", rec, he)
+	}
+	t.mu.Lock()
+	switch {
+	case failure != nil:
+		t.err = failure
+	case err == nil:
+		res.Recorded = true
+	case errs.CodeOf(err) == errs.TransferLost || errs.CodeOf(err) == errs.PeerUnreachable:
+		// Every byte moved and the peer was notified; only the record is
+		// gone.
+	case rec.State.Terminal() && rec.State != proto.Done:
+		t.err = endErr("handoff complete", rec)
+	default:
+		t.err = err
+	}
+	t.result = &res
+	return res, t.err
+}
+
+// await is Wait on the side that does not move the bytes.
+func (t *Transfer) await(ctx context.Context) (Result, error) {
+	const op = "handoff wait"
+	start := time.Now()
+	res := Result{ID: t.id, Mode: Mode(t.last().Mode)}
+	pctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	type update struct {
+		rec proto.Record
+		err error
+	}
+	updates := make(chan update, 1)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		rec, err := t.until(pctx, op, func(r proto.Record) bool { return r.State == proto.Done || r.State.Terminal() && r.Settled })
+		select {
+		case updates <- update{rec, err}:
+		case <-pctx.Done():
+		}
+	}()
+	defer func() { cancel(); wg.Wait() }()
+
+	interval := 20 * time.Microsecond
+	timer := time.NewTimer(interval)
+	defer timer.Stop()
+	var lostAt time.Time
+	var lostErr error
+	for {
+		if n, ok := t.c.notice(t.id); ok {
+			res.Elapsed = time.Since(start)
+			res.Bytes = n.Bytes
+			if n.OK {
+				res.Recorded = true
+				return res, nil
+			}
+			return res, errs.New(errs.Code(n.Code), op, "the moving side reported transfer %q failed", t.id)
+		}
+		if !lostAt.IsZero() && time.Since(lostAt) > t.c.opts.LostGrace {
+			return res, lostErr
+		}
+		select {
+		case u := <-updates:
+			if u.err != nil {
+				if errs.CodeOf(u.err) == errs.TransferLost && u.rec.State == proto.Transferring {
+					// The mover may still be moving: give its notification
+					// a chance before calling the transfer lost.
+					lostAt, lostErr = time.Now(), u.err
+					continue
+				}
+				if ctx.Err() != nil {
+					return res, errs.Wrap(errs.Canceled, op, ctx.Err(), "transfer %q still running; Abort ends it", t.id)
+				}
+				return res, u.err
+			}
+			res.Elapsed = time.Since(start)
+			if u.rec.State == proto.Done {
+				res.Bytes, res.Requests, res.Recorded = u.rec.Bytes, u.rec.Requests, true
+				return res, nil
+			}
+			return res, endErr(op, u.rec)
+		case <-timer.C:
+			interval = min(2*interval, t.c.opts.PollInterval)
+			timer.Reset(interval)
+		case <-ctx.Done():
+			return res, errs.Wrap(errs.Canceled, op, ctx.Err(), "transfer %q still running; Abort ends it", t.id)
+		}
+	}
+}
+
+// Abort gives the transfer up and returns once neither side's memory is
+// touched for it any more (the moving side has stopped), or ctx ends. The
+// peer learns it from the sidecar. Aborting a finished transfer is an
+// InvalidArgument error.
+func (t *Transfer) Abort(ctx context.Context, reason string) error {
+	const op = "handoff abort"
+	a := proto.Abort{ID: t.id, Role: t.role, Reason: reason}
+	rec, he, err := t.c.call(ctx, http.MethodPost, "/handoff/abort", a, t.c.opts.RequestTimeout)
+	if err != nil {
+		return err
+	}
+	rec, err = t.answer(op, rec, he)
+	if err != nil {
+		if !rec.State.Terminal() {
+			return err
+		}
+		if rec.State == proto.Done {
+			return errs.New(errs.InvalidArgument, op, "transfer %q already done", t.id)
+		}
+		// Already failed, aborted or expired: settle below like a fresh abort.
+	}
+	t.mu.Lock()
+	t.aborted = true
+	b := t.batch
+	t.mu.Unlock()
+	if rec.Settled {
+		return nil // nothing moves: unpaired, or the mover already reported
+	}
+	if t.isMover(rec) {
+		// This side moves: what it submitted finishes, then its report
+		// settles the transfer.
+		if b != nil {
+			<-b.Done()
+		}
+		t.finish(ctx, errs.New(errs.Canceled, op, "transfer %q aborted by %s: %s", t.id, t.role, reason))
+		return nil
+	}
+	_, err = t.until(ctx, op, func(r proto.Record) bool { return r.Settled })
+	return err
+}

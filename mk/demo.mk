@@ -1,0 +1,15 @@
+# `make demo`: the prefill-to-decode handoff on loopback. It builds te-sidecar
+# and te-demo, then te-demo starts the sidecar and a prefill and a decode
+# process (Llama-3-8B-shaped cache, 4096-token prompt) and checks every byte.
+# DEMO_ARGS passes flags, e.g. DEMO_ARGS="-transport tcp -modes push".
+DEMO_TARGET := 1
+DEMO_ARGS ?=
+
+.PHONY: demo
+# The binaries go to $(BUILD)/demo so that they never stand in for the
+# release builds of other rules.
+demo: deps
+	@mkdir -p $(BUILD)/demo
+	$(GO) build -o $(BUILD)/demo/te-sidecar ./cmd/te-sidecar
+	$(GO) build -o $(BUILD)/demo/te-demo ./cmd/te-demo
+	$(BUILD)/demo/te-demo -sidecar-bin $(BUILD)/demo/te-sidecar $(DEMO_ARGS)
