@@ -1,0 +1,353 @@
+package tebench
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/engine/transport/tcp"
+)
+
+const usage = `usage:
+  te-bench target    [--listen host:port] [--buffer SIZE] [--metadata URL]
+  te-bench initiator --segment NAME [--ref host:port] [run flags]
+  te-bench loopback  [run flags]          (starts its own target process)
+
+run flags (op, block, batch and threads take comma-separated lists; every
+combination is run):
+  --op read|write        --block SIZE (4096, 64KiB, 1MiB)   --batch N
+  --threads N            --duration D (Go duration or seconds)
+  --transport tcp|shm|local|auto      --conns N (tcp.conns)  --slice SIZE (tcp.slice)
+  --json                 --cpuprofile FILE                   --metadata URL
+Mooncake's transfer_engine_bench names are accepted too: --operation,
+--block_size, --batch_size, --segment_id, --protocol, --metadata_server.
+`
+
+// Main runs te-bench with args (without the program name) and returns the
+// exit status. exe is the te-bench executable loopback starts as its target.
+func Main(ctx context.Context, exe string, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	var err error
+	switch args[0] {
+	case "target":
+		err = mainTarget(ctx, args[1:], stdin, stdout, stderr)
+	case "initiator":
+		err = mainRun(ctx, "", args[1:], stdout, stderr, false)
+	case "loopback":
+		err = mainRun(ctx, exe, args[1:], stdout, stderr, true)
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "te-bench: unknown mode %q\n%s", args[0], usage)
+		return 2
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "te-bench:", err)
+		if errs.CodeOf(err) == errs.InvalidArgument {
+			return 2
+		}
+		return 1
+	}
+	return 0
+}
+
+type sizeFlag struct{ v *uint64 }
+
+func (s sizeFlag) String() string {
+	if s.v == nil {
+		return ""
+	}
+	return FormatSize(*s.v)
+}
+func (s sizeFlag) Set(x string) error {
+	n, err := tcp.ParseSize(x)
+	if err != nil {
+		return err
+	}
+	*s.v = n
+	return nil
+}
+
+type durFlag struct{ v *time.Duration }
+
+func (d durFlag) String() string {
+	if d.v == nil {
+		return ""
+	}
+	return d.v.String()
+}
+func (d durFlag) Set(x string) error {
+	if n, err := strconv.Atoi(x); err == nil { // Mooncake's --duration is seconds
+		*d.v = time.Duration(n) * time.Second
+		return nil
+	}
+	v, err := time.ParseDuration(x)
+	if err != nil {
+		return err
+	}
+	*d.v = v
+	return nil
+}
+
+func mainTarget(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("te-bench target", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	o := TargetOptions{Buffer: 256 << 20}
+	fs.StringVar(&o.Listen, "listen", "127.0.0.1:0", "RPC listener host:port (the segment name in P2PHANDSHAKE mode)")
+	fs.StringVar(&o.Metadata, "metadata", "", "metadata connection string (default P2PHANDSHAKE)")
+	fs.StringVar(&o.Metadata, "metadata_server", "", "alias of --metadata")
+	fs.Var(sizeFlag{&o.Buffer}, "buffer", "registered buffer size")
+	stdinExit := fs.Bool("exit-on-stdin-eof", false, "stop when stdin closes (used by loopback)")
+	if err := fs.Parse(args); err != nil {
+		return errs.Wrap(errs.InvalidArgument, "te-bench", err, "flags")
+	}
+	t, err := StartTarget(o)
+	if err != nil {
+		return err
+	}
+	defer t.Close()
+	b, _ := json.Marshal(t.Info)
+	fmt.Fprintln(stdout, string(b))
+	fmt.Fprintf(stderr, "te-bench target: segment %s, %s at %#x, raw tcp reference at %s\n",
+		t.Info.Segment, FormatSize(t.Info.Length), t.Info.Addr, t.Info.Ref)
+	if *stdinExit {
+		eof := make(chan struct{})
+		go func() { io.Copy(io.Discard, stdin); close(eof) }()
+		select {
+		case <-eof:
+		case <-ctx.Done():
+		}
+		return nil
+	}
+	<-ctx.Done()
+	return nil
+}
+
+type runFlags struct {
+	segment, ref, metadata, transport string
+	ops, blocks, batches, threads     string
+	duration                          time.Duration
+	conns                             int
+	slice                             uint64
+	json                              bool
+	cpuprofile                        string
+	buffer                            uint64
+}
+
+func list(s string) []string {
+	var out []string
+	for _, x := range strings.Split(s, ",") {
+		if x = strings.TrimSpace(x); x != "" {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+func mainRun(ctx context.Context, exe string, args []string, stdout, stderr io.Writer, loopback bool) error {
+	fs := flag.NewFlagSet("te-bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	f := runFlags{duration: 5 * time.Second}
+	for _, n := range []string{"segment", "segment_id"} {
+		fs.StringVar(&f.segment, n, "", "target segment name")
+	}
+	fs.StringVar(&f.ref, "ref", "", "raw TCP reference server of the target (printed by te-bench target)")
+	for _, n := range []string{"metadata", "metadata_server"} {
+		fs.StringVar(&f.metadata, n, "", "metadata connection string (default P2PHANDSHAKE)")
+	}
+	for _, n := range []string{"transport", "protocol"} {
+		fs.StringVar(&f.transport, n, "tcp", "tcp, shm, local or auto")
+	}
+	for _, n := range []string{"op", "operation"} {
+		fs.StringVar(&f.ops, n, "read", "read, write or a list")
+	}
+	for _, n := range []string{"block", "block_size"} {
+		fs.StringVar(&f.blocks, n, "64KiB", "request size or a list")
+	}
+	for _, n := range []string{"batch", "batch_size"} {
+		fs.StringVar(&f.batches, n, "128", "requests per batch or a list")
+	}
+	fs.StringVar(&f.threads, "threads", "1", "initiator threads or a list")
+	fs.Var(durFlag{&f.duration}, "duration", "measured time per run")
+	fs.IntVar(&f.conns, "conns", 0, "tcp connections per peer (tcp.conns; default from the core count)")
+	fs.Var(sizeFlag{&f.slice}, "slice", "tcp slice size (tcp.slice; default from the L2 cache)")
+	fs.BoolVar(&f.json, "json", false, "print one JSON object per run")
+	fs.StringVar(&f.cpuprofile, "cpuprofile", "", "write a CPU profile of the initiator to this file")
+	fs.Var(sizeFlag{&f.buffer}, "buffer", "loopback: the target's buffer size (default 256MiB)")
+	if err := fs.Parse(args); err != nil {
+		return errs.Wrap(errs.InvalidArgument, "te-bench", err, "flags")
+	}
+	params := map[string]string{}
+	if f.conns != 0 {
+		params["tcp.conns"] = strconv.Itoa(f.conns)
+	}
+	if f.slice != 0 {
+		params["tcp.slice"] = strconv.FormatUint(f.slice, 10)
+	}
+	var runs []Options
+	for _, op := range list(f.ops) {
+		for _, bs := range list(f.blocks) {
+			block, err := tcp.ParseSize(bs)
+			if err != nil {
+				return err
+			}
+			for _, ba := range list(f.batches) {
+				batch, err := strconv.Atoi(ba)
+				if err != nil {
+					return errs.New(errs.InvalidArgument, "te-bench", "--batch %q", ba)
+				}
+				for _, th := range list(f.threads) {
+					threads, err := strconv.Atoi(th)
+					if err != nil {
+						return errs.New(errs.InvalidArgument, "te-bench", "--threads %q", th)
+					}
+					o := Options{Transport: f.transport, Op: op, Block: block, Batch: batch, Threads: threads, Duration: f.duration}
+					if err := o.check(); err != nil {
+						return err
+					}
+					runs = append(runs, o)
+				}
+			}
+		}
+	}
+	if len(runs) == 0 {
+		return errs.New(errs.InvalidArgument, "te-bench", "nothing to run")
+	}
+
+	segment, ref := f.segment, f.ref
+	var local *Target
+	switch {
+	case loopback && f.transport == "local":
+		// Same process: the target is an engine of this one.
+		t, err := StartTarget(TargetOptions{Metadata: f.metadata, Buffer: f.buffer, Params: params})
+		if err != nil {
+			return err
+		}
+		defer t.Close()
+		local, segment, ref = t, t.Info.Segment, t.Info.Ref
+	case loopback:
+		child, info, err := startChild(exe, f, stderr)
+		if err != nil {
+			return err
+		}
+		defer child.stop()
+		segment, ref = info.Segment, info.Ref
+	case segment == "":
+		return errs.New(errs.InvalidArgument, "te-bench", "initiator needs --segment")
+	}
+	_ = local
+	in, err := NewInitiator(segment, f.metadata, f.transport, params)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+
+	if f.cpuprofile != "" {
+		pf, err := os.Create(f.cpuprofile)
+		if err != nil {
+			return errs.Wrap(errs.InvalidArgument, "te-bench", err, "cpuprofile")
+		}
+		defer pf.Close()
+		if err := pprof.StartCPUProfile(pf); err != nil {
+			return errs.Wrap(errs.Internal, "te-bench", err, "cpuprofile")
+		}
+		defer pprof.StopCPUProfile()
+	}
+	if !f.json {
+		fmt.Fprintf(stdout, "machine: %s\n", ThisMachine())
+		fmt.Fprintf(stdout, "target: %s, tcp.conns %d, tcp.slice %s\n", segment, in.conns, FormatSize(in.slice))
+	}
+	for _, o := range runs {
+		o.Segment, o.Ref, o.Metadata, o.Params = segment, ref, f.metadata, params
+		r, err := in.Run(ctx, o)
+		if err != nil {
+			return err
+		}
+		if f.json {
+			fmt.Fprintln(stdout, r.JSON())
+		} else {
+			fmt.Fprintln(stdout, r)
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+type childProc struct {
+	cmd  *exec.Cmd
+	in   io.WriteCloser
+	done chan struct{}
+}
+
+// startChild starts `exe target` on loopback and reads its announcement.
+func startChild(exe string, f runFlags, stderr io.Writer) (*childProc, TargetInfo, error) {
+	args := []string{"target", "--listen", "127.0.0.1:0", "--exit-on-stdin-eof"}
+	if f.buffer != 0 {
+		args = append(args, "--buffer", strconv.FormatUint(f.buffer, 10))
+	}
+	if f.metadata != "" {
+		args = append(args, "--metadata", f.metadata)
+	}
+	cmd := exec.Command(exe, args...)
+	cmd.Stderr = stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, TargetInfo{}, errs.Wrap(errs.Internal, "te-bench", err, "stdin pipe")
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, TargetInfo{}, errs.Wrap(errs.Internal, "te-bench", err, "stdout pipe")
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, TargetInfo{}, errs.Wrap(errs.Internal, "te-bench", err, "start target %s", exe)
+	}
+	c := &childProc{cmd: cmd, in: in, done: make(chan struct{})}
+	lines := make(chan string, 1)
+	go func() {
+		s, _ := bufio.NewReader(out).ReadString('\n')
+		lines <- s
+		io.Copy(io.Discard, out)
+		cmd.Wait()
+		close(c.done)
+	}()
+	var line string
+	select {
+	case line = <-lines:
+	case <-time.After(30 * time.Second):
+		c.stop()
+		return nil, TargetInfo{}, errs.New(errs.Timeout, "te-bench", "target process did not announce itself")
+	}
+	var info TargetInfo
+	if err := json.Unmarshal([]byte(line), &info); err != nil || info.Segment == "" {
+		c.stop()
+		return nil, TargetInfo{}, errs.New(errs.Internal, "te-bench", "target process said %q", strings.TrimSpace(line))
+	}
+	return c, info, nil
+}
+
+// stop closes the child's stdin (it exits cleanly) and kills it if it lingers.
+func (c *childProc) stop() {
+	c.in.Close()
+	select {
+	case <-c.done:
+	case <-time.After(10 * time.Second):
+		c.cmd.Process.Kill()
+		<-c.done
+	}
+}

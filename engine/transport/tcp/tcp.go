@@ -1,0 +1,269 @@
+package tcp
+
+import (
+	"context"
+	"net"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/klauspost/cpuid/v2"
+
+	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/engine/segment"
+	"github.com/tecache/te/engine/transport"
+	"github.com/tecache/te/engine/wire"
+)
+
+// Name is the transport's name.
+const Name = "tcp"
+
+func init() {
+	transport.RegisterFactory(Name, func() (transport.Transport, error) { return New(), nil })
+}
+
+// Limits of the parameters.
+const (
+	MinConns = 2
+	MaxConns = 64
+	MinSlice = 4 << 10
+	MaxSlice = wire.MaxDataLength
+)
+
+// Options are the transport's parameters, read from the engine's Params in
+// Start.
+type Options struct {
+	Conns       int           // connections per peer
+	Slice       uint64        // largest request on the wire; larger ones are cut
+	Listen      string        // data listener address; "" for the RPC listener's IP
+	DialTimeout time.Duration // connect timeout
+	// Timeout fails a connection (and the requests on it) when requests
+	// are in flight and no byte arrived for this long: a peer that hangs
+	// without closing its socket does not hold requests, and the memory
+	// they pin, forever.
+	Timeout time.Duration
+}
+
+// DefaultOptions derives the defaults from the machine: one connection per
+// core (at least two, so a reader and a writer on each side can overlap), and
+// slices of half the L2 cache clamped to [256 KiB, 1 MiB], so a slice is
+// still cache-warm when the kernel copies it into the socket.
+func DefaultOptions() Options {
+	conns := runtime.NumCPU()
+	conns = max(MinConns, min(conns, 8))
+	slice := uint64(512 << 10)
+	if l2 := cpuid.CPU.Cache.L2; l2 > 0 {
+		slice = uint64(l2) / 2
+	}
+	slice = max(256<<10, min(slice, 1<<20))
+	return Options{Conns: conns, Slice: slice, DialTimeout: 5 * time.Second, Timeout: 30 * time.Second}
+}
+
+func parseOptions(h transport.Host) (Options, error) {
+	o := DefaultOptions()
+	bad := func(key, v, why string) error {
+		return errs.New(errs.InvalidArgument, "tcp", "parameter %s=%q: %s", key, v, why)
+	}
+	if v, ok := h.Param("tcp.conns"); ok {
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		if err != nil || n < MinConns || n > MaxConns {
+			return o, bad("tcp.conns", v, "want an integer in ["+strconv.Itoa(MinConns)+", "+strconv.Itoa(MaxConns)+"]")
+		}
+		o.Conns = n
+	}
+	if v, ok := h.Param("tcp.slice"); ok {
+		n, err := ParseSize(v)
+		if err != nil || n < MinSlice || n > MaxSlice {
+			return o, bad("tcp.slice", v, "want a size from 4KiB to 64MiB")
+		}
+		o.Slice = n
+	}
+	if v, ok := h.Param("tcp.listen"); ok {
+		if _, _, err := net.SplitHostPort(v); err != nil {
+			return o, bad("tcp.listen", v, "want host:port")
+		}
+		o.Listen = v
+	}
+	if v, ok := h.Param("tcp.dial_timeout"); ok {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return o, bad("tcp.dial_timeout", v, "want a positive duration")
+		}
+		o.DialTimeout = d
+	}
+	if v, ok := h.Param("tcp.timeout"); ok {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return o, bad("tcp.timeout", v, "want a positive duration")
+		}
+		o.Timeout = d
+	}
+	return o, nil
+}
+
+// ParseSize parses a byte count: a plain number or one with a unit (B, KiB,
+// MiB, GiB, or K, M, G meaning the same powers of two).
+func ParseSize(s string) (uint64, error) {
+	s = strings.TrimSpace(s)
+	i := len(s)
+	for i > 0 && (s[i-1] < '0' || s[i-1] > '9') {
+		i--
+	}
+	n, err := strconv.ParseUint(s[:i], 10, 64)
+	if err != nil {
+		return 0, errs.New(errs.InvalidArgument, "size", "%q is not a size", s)
+	}
+	var shift uint
+	switch strings.ToLower(strings.TrimSpace(s[i:])) {
+	case "", "b":
+	case "k", "kb", "kib":
+		shift = 10
+	case "m", "mb", "mib":
+		shift = 20
+	case "g", "gb", "gib":
+		shift = 30
+	default:
+		return 0, errs.New(errs.InvalidArgument, "size", "%q has an unknown unit", s)
+	}
+	if n > (^uint64(0))>>shift {
+		return 0, errs.New(errs.InvalidArgument, "size", "%q overflows", s)
+	}
+	return n << shift, nil
+}
+
+// Transport is the tcp transport. Use New (or the engine's factory).
+type Transport struct {
+	opt    Options
+	reg    *segment.Registry
+	logf   func(string, ...any)
+	ln     net.Listener
+	ctx    context.Context // canceled by Close: aborts dials
+	cancel context.CancelFunc
+
+	mu     sync.Mutex
+	closed bool
+	peers  map[string]*peer         // by endpoint
+	served map[*serverConn]struct{} // accepted connections
+	wg     sync.WaitGroup           // every goroutine of the transport
+}
+
+// New returns an unstarted transport.
+func New() *Transport {
+	return &Transport{peers: map[string]*peer{}, served: map[*serverConn]struct{}{}}
+}
+
+// Name returns "tcp".
+func (t *Transport) Name() string { return Name }
+
+// Options returns the options in effect (after Start).
+func (t *Transport) Options() Options { return t.opt }
+
+// bindHoster is implemented by engine hosts that can say which IP their RPC
+// listener is bound to; the data listener binds the same one.
+type bindHoster interface{ BindIP() string }
+
+// Start reads the parameters and opens the data listener.
+func (t *Transport) Start(h transport.Host) error {
+	o, err := parseOptions(h)
+	if err != nil {
+		return err
+	}
+	t.opt = o
+	t.reg = h.Registry()
+	t.logf = h.Logf
+	addr := o.Listen
+	if addr == "" {
+		ip := "0.0.0.0"
+		if b, ok := h.(bindHoster); ok && b.BindIP() != "" {
+			ip = b.BindIP()
+		}
+		addr = net.JoinHostPort(ip, "0")
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return errs.Wrap(errs.TransportUnavailable, "tcp", err, "data listener on %s", addr)
+	}
+	t.ln = ln
+	t.ctx, t.cancel = context.WithCancel(context.Background())
+	t.wg.Add(1)
+	go t.acceptLoop()
+	return nil
+}
+
+// Addr returns the data listener's address.
+func (t *Transport) Addr() net.Addr { return t.ln.Addr() }
+
+// Describe publishes the data endpoint: the host peers reach the engine's RPC
+// listener at, with the data listener's port.
+func (t *Transport) Describe(d *segment.Desc) {
+	if t.ln == nil {
+		return
+	}
+	port := t.ln.Addr().(*net.TCPAddr).Port
+	host, _, err := net.SplitHostPort(d.RPC)
+	if err != nil || host == "" {
+		host = t.ln.Addr().(*net.TCPAddr).IP.String()
+		if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+			host = "127.0.0.1"
+		}
+	}
+	if d.Endpoints == nil {
+		d.Endpoints = map[string]string{}
+	}
+	d.Endpoints[Name] = net.JoinHostPort(host, strconv.Itoa(port))
+	d.TCPDataPort = port
+}
+
+// Register needs no transport state: the capability key is the region's own
+// (segment.Region.Desc.Key), checked by the registry on every access.
+func (t *Transport) Register(*segment.Region) error { return nil }
+
+// Unregister needs no transport state: the registry already refuses new
+// accesses and the engine waited for those in flight.
+func (t *Transport) Unregister(*segment.Region) error { return nil }
+
+// Reachable reports whether the peer publishes a tcp endpoint.
+func (t *Transport) Reachable(d *segment.Desc) error {
+	ep := d.Endpoints[Name]
+	if ep == "" {
+		return errs.New(errs.TransportUnavailable, "tcp", "segment %q publishes no tcp endpoint", d.Name)
+	}
+	if _, _, err := net.SplitHostPort(ep); err != nil {
+		return errs.New(errs.TransportUnavailable, "tcp", "segment %q publishes a malformed tcp endpoint %q", d.Name, ep)
+	}
+	return nil
+}
+
+// Close fails every request in flight, closes the listener and every
+// connection, and waits for the transport's goroutines.
+func (t *Transport) Close() error {
+	t.mu.Lock()
+	if t.closed || t.ln == nil {
+		t.closed = true
+		t.mu.Unlock()
+		return nil
+	}
+	t.closed = true
+	t.cancel()
+	t.ln.Close()
+	peers := make([]*peer, 0, len(t.peers))
+	for _, p := range t.peers {
+		peers = append(peers, p)
+	}
+	for s := range t.served {
+		s.nc.Close()
+	}
+	t.mu.Unlock()
+	// Outside t.mu: peer.get holds the peer's lock while newConn takes
+	// t.mu. A connection made before closed was set is in p.conns by now;
+	// none is made after.
+	for _, p := range peers {
+		for _, c := range p.all() {
+			c.fail(errs.New(errs.Closed, "tcp", "transport closed"))
+		}
+	}
+	t.wg.Wait()
+	return nil
+}

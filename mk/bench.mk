@@ -1,0 +1,18 @@
+# te-bench: target / initiator / loopback benchmark (see bench/README.md).
+.PHONY: te-bench bench-table
+
+ALL_TARGETS += $(BUILD)/te-bench
+
+$(BUILD)/te-bench: $(shell find bench engine internal -name '*.go' -not -name '*_test.go') go.mod
+	@mkdir -p $(BUILD)
+	$(GO) build -o $@ ./bench/te-bench
+
+te-bench: $(BUILD)/te-bench
+
+# The table in bench/README.md: every block size, read and write, 1 and 2
+# initiator threads, batch 128, over tcp between two processes.
+BENCH_DURATION ?= 2s
+BENCH_FLAGS ?=
+bench-table: $(BUILD)/te-bench
+	$(BUILD)/te-bench loopback --transport tcp --op read,write --block 4KiB,64KiB,1MiB,4MiB \
+		--batch 128 --threads 1,2 --duration $(BENCH_DURATION) $(BENCH_FLAGS)
