@@ -125,7 +125,7 @@ func TestRegistryRemoveWaitsForAccess(t *testing.T) {
 		g.Add(r)
 		var wg sync.WaitGroup
 		var mu sync.Mutex
-		released := true
+		released := false
 		for i := 0; i < 4; i++ {
 			wg.Add(1)
 			go func() {
@@ -148,9 +148,6 @@ func TestRegistryRemoveWaitsForAccess(t *testing.T) {
 				}
 			}()
 		}
-		mu.Lock()
-		released = false
-		mu.Unlock()
 		rs, err := g.Remove(4096)
 		if err != nil {
 			t.Fatal(err)

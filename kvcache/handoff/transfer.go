@@ -261,7 +261,9 @@ func (t *Transfer) paired(ctx context.Context, op string) (proto.Record, error) 
 	if err != nil {
 		return rec, err
 	}
-	if rec.State != proto.Transferring {
+	// Done is a success too: on a fast path the waiting side may first see
+	// the transfer after the mover already reported it.
+	if rec.State != proto.Transferring && rec.State != proto.Done {
 		return rec, endErr(op, rec)
 	}
 	return rec, nil
