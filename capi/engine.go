@@ -102,6 +102,7 @@ func te_destroy(h C.te_engine_t) (rc C.int) {
 	if err != nil {
 		return fail(err)
 	}
+	dropHandoffs(uint64(h)) // before Close: aborts need the engine
 	segments.DropOwner(uint64(h))
 	batches.DropOwner(uint64(h))
 	return fail(e.Close())

@@ -59,7 +59,7 @@ func te_notify_drain(h C.te_engine_t, out **C.te_notify_t, count *C.size_t) (rc 
 		return null("notify drain", "out or count")
 	}
 	*out, *count = nil, 0
-	ns := e.Notifies()
+	ns := engineNotifies(uint64(h), e) // handoff clients keep the completions they read
 	if len(ns) == 0 {
 		return 0
 	}

@@ -10,18 +10,20 @@
  *
  *  - Return value: 0 on success, or a negative TE_ERR_* code. The message of
  *    the last failed call on the calling thread is read with te_last_error.
- *  - Handles (te_engine_t, te_segment_t, te_batch_t) are opaque, typed 64-bit
+ *  - Handles (te_engine_t, te_segment_t, te_batch_t and, from ABI 1.1,
+ *    te_layout_t, te_plan_t, te_handoff_t, te_xfer_t) are opaque, typed 64-bit
  *    integers; 0 is never a valid handle. A handle of the wrong kind, a closed
  *    or freed handle, or a made-up one is TE_ERR_INVALID_ARGUMENT, never a
- *    crash. Destroying an engine invalidates every segment and batch handle
- *    it gave out.
+ *    crash. Destroying an engine invalidates every segment, batch and
+ *    handoff-client handle it gave out (and those clients' transfers).
  *  - Pointers: a NULL pointer where an object is required is
  *    TE_ERR_INVALID_ARGUMENT; a pointer to unmapped memory is caught where
  *    the library reads or writes it and returned as TE_ERR_INTERNAL (a best
  *    effort: do not rely on it). Memory passed in belongs to the caller and is
  *    not kept after the call returns (registered memory excepted: it must stay
  *    valid until it is unregistered). Memory the library hands out has a
- *    matching free function (te_notify_free).
+ *    matching free function (te_notify_free); every handle has its free or
+ *    destroy function.
  *  - Thread safety: every function may be called from any thread at any time,
  *    concurrently with any other (calls on one batch from several threads
  *    are serialised by the library). Destroying an engine, closing a segment
@@ -56,7 +58,7 @@ extern "C" {
  * with the same MAJOR and a MINOR at least the one compiled against serves
  * this header. */
 #define TE_ABI_VERSION_MAJOR 1
-#define TE_ABI_VERSION_MINOR 0
+#define TE_ABI_VERSION_MINOR 1
 #define TE_ABI_VERSION ((TE_ABI_VERSION_MAJOR << 16) | TE_ABI_VERSION_MINOR)
 
 /* Error codes: stable, never renumbered. Functions return them negated. */
@@ -208,6 +210,135 @@ typedef struct te_stats {
     uint64_t notifies_sent;
     uint64_t notifies_received;
 } te_stats_t;
+
+/* ==== KV-cache layouts, transfer plans and the handoff (ABI 1.1) ==========
+ *
+ * A layout (te_layout_t) is one rank's KV cache: format, dtype, shape, the
+ * KV heads it holds and the base address of every layer, given as the JSON
+ * form of te's Go kvcache.Layout, for example
+ *
+ *     {"format":"vllm","order":"HND","dtype":"bf16","num_blocks":512,
+ *      "block_size":16,"num_heads":8,"head_dim":128,"bases":[140200000,...]}
+ *
+ * format: "vllm" ([2, num_blocks, ...] per layer; K/V split with "k_bases"
+ * and "v_bases"), "flashinfer" ([num_blocks, 2, ...]), "mla"
+ * ([num_blocks, block_size, dim]), "sglang" (per-layer K and V pools by page,
+ * "k_bases"/"v_bases"); order: "NHD" (default) or "HND"; dtype: "fp16",
+ * "bf16", "fp8_e4m3", "fp8_e5m2", "fp32"; optional "head_start",
+ * "total_heads" (tensor parallelism: the heads this rank holds) and
+ * "first_layer". Addresses are decimal numbers.
+ *
+ * A plan (te_plan_t) maps source blocks to destination blocks for a range of
+ * layers, K and V, coalescing runs that are consecutive on both sides; it is
+ * submitted to an engine batch layer by layer (so that layer i moves while
+ * layer i+1 is computed) or whole.
+ *
+ * The handoff moves one request's KV from a prefill process to a decode
+ * process through te-sidecar. Decode declares where it goes
+ * (te_handoff_expect), prefill that it is ready (te_handoff_ready); in push
+ * mode (the default) prefill writes (te_handoff_send_layer as layers are
+ * computed, then te_handoff_send), in pull mode decode reads (in its
+ * te_handoff_wait). te_handoff_wait on the other side returns once the bytes
+ * are there. Both layouts' memory must be registered, remote-accessible,
+ * with the engines (te_layout_regions lists it) for the whole transfer.
+ *
+ * Layout and plan handles belong to no engine: te_destroy leaves them valid.
+ * A handoff client belongs to its engine, a transfer (te_xfer_t) to its
+ * client: te_destroy and te_handoff_destroy abort the unfinished transfers
+ * and invalidate their handles. A handoff client reads its engine's
+ * notifications; te_notify_drain on that engine still returns the ones that
+ * are not handoff completions. Use one handoff client per engine. */
+
+typedef uint64_t te_layout_t;
+typedef uint64_t te_plan_t;
+typedef uint64_t te_handoff_t; /* a handoff client: one engine and one te-sidecar */
+typedef uint64_t te_xfer_t;    /* one handoff transfer, as one side sees it */
+
+/* te_plan_transfers: every layer, coalesced across layers too. */
+#define TE_PLAN_ALL_LAYERS (-1)
+
+/* Who moves the bytes. DEFAULT: push on the decode side; on the prefill
+ * side, whatever decode chose (naming a mode has a mismatch refused). */
+#define TE_HANDOFF_MODE_DEFAULT 0
+#define TE_HANDOFF_MODE_PUSH 1 /* prefill WRITEs into decode (Mooncake, SGLang) */
+#define TE_HANDOFF_MODE_PULL 2 /* decode READs from prefill (NIXL) */
+
+/* Handoff transfer states. DONE, FAILED, ABORTED and EXPIRED are final. */
+#define TE_HANDOFF_WAITING 0      /* one side declared, the other not yet */
+#define TE_HANDOFF_TRANSFERRING 1 /* both declared; the mover moves the KV */
+#define TE_HANDOFF_DONE 2
+#define TE_HANDOFF_FAILED 3
+#define TE_HANDOFF_ABORTED 4
+#define TE_HANDOFF_EXPIRED 5
+
+/* A layout's summary. Set size to sizeof(te_layout_info_t); fields past
+ * size are not written. */
+typedef struct te_layout_info {
+    uint32_t size;
+    int32_t num_layers;
+    int32_t first_layer;  /* model-wide index of the first layer */
+    int32_t num_blocks;
+    int32_t components;   /* 2 (K and V) or 1 (MLA) */
+    int32_t regions;      /* tensors, see te_layout_regions */
+    uint64_t block_bytes; /* one block of one component */
+    uint64_t layer_bytes; /* one layer: every block, K and V */
+} te_layout_info_t;
+
+/* A range of memory. */
+typedef struct te_span {
+    uint64_t addr;
+    uint64_t length;
+} te_span_t;
+
+/* One copy of a plan: length bytes from source address src to destination
+ * address dst. */
+typedef struct te_plan_transfer {
+    uint64_t src;
+    uint64_t dst;
+    uint64_t length;
+} te_plan_transfer_t;
+
+/* A plan's numbers. Set size to sizeof(te_plan_stats_t). */
+typedef struct te_plan_stats {
+    uint32_t size;
+    int32_t layers;               /* layers covered: [layer_begin, layer_end) */
+    int32_t layer_begin;
+    int32_t layer_end;
+    int32_t blocks;               /* block pairs */
+    int32_t pieces;               /* contiguous runs per block and component (NHD head slices: block_size) */
+    uint64_t bytes;               /* bytes moved */
+    uint64_t block_requests;      /* requests before coalescing */
+    uint64_t requests;            /* after coalescing within each layer: what te_plan_submit_layer submits in all */
+    uint64_t merged;              /* after coalescing across layers too: what te_plan_submit submits */
+    uint64_t max_layer_requests;  /* the most requests one layer submits */
+} te_plan_stats_t;
+
+/* The outcome of a handoff transfer on this side. Set size to
+ * sizeof(te_handoff_result_t). */
+typedef struct te_handoff_result {
+    uint32_t size;
+    int32_t mode;            /* TE_HANDOFF_MODE_PUSH or _PULL */
+    int32_t mover;           /* 1 on the side that moved the bytes */
+    int32_t recorded;        /* 0: the bytes moved but te-sidecar lost the record */
+    uint64_t bytes;
+    uint64_t block_requests; /* mover: requests before coalescing */
+    uint64_t requests;       /* mover: requests submitted */
+    uint64_t elapsed_ns;     /* mover: first submit to last byte; other side: time waited */
+    char transport[16];      /* mover: the transport that moved the bytes */
+} te_handoff_result_t;
+
+/* A handoff transfer as te-sidecar holds it. Set size to
+ * sizeof(te_handoff_status_t). */
+typedef struct te_handoff_status {
+    uint32_t size;
+    int32_t state;    /* TE_HANDOFF_WAITING .. TE_HANDOFF_EXPIRED (-1: a state this library does not know) */
+    int32_t mode;     /* TE_HANDOFF_MODE_*; DEFAULT until both sides declared */
+    int32_t error;    /* TE_ERR_* of a failed, aborted (TE_ERR_CANCELED) or expired (TE_ERR_TIMEOUT) transfer */
+    int32_t settled;  /* 1 once the mover no longer touches either side's memory for it */
+    int32_t reserved;
+    uint64_t bytes;
+    char reason[256]; /* why it failed, was aborted or expired; NUL-terminated, cut to fit */
+} te_handoff_status_t;
 
 /* ---- Functions ----------------------------------------------------------
  * Each comment ends with a line of the form
@@ -416,6 +547,197 @@ int te_notify_free(te_notify_t *list);
  * TE_ERR_PEER_UNREACHABLE, TE_ERR_TIMEOUT, TE_ERR_SEGMENT_NOT_FOUND,
  * TE_ERR_INVALID_ARGUMENT (name not host:port in P2P mode). */
 int te_probe(te_engine_t engine, const char *segment, te_probe_t *out);
+
+/* ---- KV-cache layouts (ABI 1.1) ---------------------------------------- */
+
+/* te_layout_create parses and validates a layout (JSON, see above): known
+ * format, dtype and order, positive dimensions, one base address per layer
+ * in the form the format needs, no overlapping tensors. Unknown JSON fields
+ * are refused. On failure *out is 0.
+ * Blocks: no | Thread-safe: yes | Errors: TE_ERR_INVALID_ARGUMENT (the
+ * message names the field), TE_ERR_TOO_LARGE (JSON over 16 MiB). */
+int te_layout_create(const char *json, te_layout_t *out);
+
+/* te_layout_bytes reads only the shape of a layout JSON (base addresses may
+ * be absent) and stores the bytes of one block of one component in
+ * *block_bytes and of one layer in *layer_bytes (either may be NULL): what
+ * to allocate before the addresses are known.
+ * Blocks: no | Thread-safe: yes | Errors: TE_ERR_INVALID_ARGUMENT,
+ * TE_ERR_TOO_LARGE. */
+int te_layout_bytes(const char *json, uint64_t *block_bytes, uint64_t *layer_bytes);
+
+/* te_layout_info fills *out (out->size set by the caller) with the layout's
+ * summary.
+ * Blocks: no | Thread-safe: yes | Errors: TE_ERR_INVALID_ARGUMENT
+ * (out->size not set). */
+int te_layout_info(te_layout_t layout, te_layout_info_t *out);
+
+/* te_layout_regions copies up to cap of the memory ranges the layout
+ * occupies (one per tensor, in layer order: what to register with
+ * te_register_batch) into out (NULL when cap is 0) and stores their number
+ * in *count.
+ * Blocks: no | Thread-safe: yes | Errors: handle and pointer only. */
+int te_layout_regions(te_layout_t layout, te_span_t *out, size_t cap, size_t *count);
+
+/* te_layout_free releases a layout handle. Plans and transfers made from it
+ * keep their own copy.
+ * Blocks: no | Thread-safe: yes | Errors: TE_ERR_INVALID_ARGUMENT (also for
+ * a handle freed before). */
+int te_layout_free(te_layout_t layout);
+
+/* ---- Transfer plans (ABI 1.1) ------------------------------------------ */
+
+/* te_plan_create plans the copy of source block src_blocks[i] to
+ * destination block dst_blocks[i] (n_src == n_dst) for layers
+ * [layer_begin, layer_end) (model-wide indexes; 0, 0: every layer of the
+ * source), K and V, of the KV heads both layouts hold. The layouts must
+ * agree on dtype, block size and head dim and be both MLA or both not; they
+ * may differ in format, order and tensor-parallel head range. Source ids may
+ * repeat, destination ids may not. On failure *out is 0.
+ * Blocks: no | Thread-safe: yes | Errors: TE_ERR_INVALID_ARGUMENT
+ * (mismatched layouts, block id out of range, duplicate destination block,
+ * empty or unequal lists, layer range outside a layout), TE_ERR_TOO_LARGE
+ * (over 16777216 transfers). */
+int te_plan_create(te_layout_t src, te_layout_t dst, const int32_t *src_blocks, size_t n_src,
+                   const int32_t *dst_blocks, size_t n_dst, int32_t layer_begin, int32_t layer_end,
+                   te_plan_t *out);
+
+/* te_plan_stats fills *out (out->size set by the caller).
+ * Blocks: no | Thread-safe: yes | Errors: TE_ERR_INVALID_ARGUMENT
+ * (out->size not set). */
+int te_plan_stats(te_plan_t plan, te_plan_stats_t *out);
+
+/* te_plan_transfers copies up to cap copies of model-wide layer `layer`
+ * (TE_PLAN_ALL_LAYERS: the whole plan, coalesced across layers) into out
+ * (NULL when cap is 0) and stores their number in *count.
+ * Blocks: no | Thread-safe: yes | Errors: TE_ERR_INVALID_ARGUMENT (layer
+ * outside the plan). */
+int te_plan_transfers(te_plan_t plan, int32_t layer, te_plan_transfer_t *out, size_t cap, size_t *count);
+
+/* te_plan_submit_layer submits layer `layer` of the plan to the batch and
+ * returns without waiting (te_wait on the batch after the last layer). The
+ * plan runs from source to destination: with TE_WRITE this process holds the
+ * source and segment is the destination's engine (push); with TE_READ this
+ * process holds the destination and segment is the source's (pull). The
+ * batch needs room for the layer's requests (te_plan_stats:
+ * max_layer_requests per layer); batch and segment must come from one
+ * engine.
+ * Blocks: like te_submit | Thread-safe: yes | Errors: as te_submit, plus
+ * TE_ERR_INVALID_ARGUMENT (layer outside the plan, opcode, segment of
+ * another engine). */
+int te_plan_submit_layer(te_batch_t batch, te_segment_t segment, te_plan_t plan, int32_t layer, int32_t opcode);
+
+/* te_plan_submit submits the whole plan (te_plan_stats: merged requests),
+ * like te_plan_submit_layer for every layer at once.
+ * Blocks: like te_submit | Thread-safe: yes | Errors: as
+ * te_plan_submit_layer. */
+int te_plan_submit(te_batch_t batch, te_segment_t segment, te_plan_t plan, int32_t opcode);
+
+/* te_plan_free releases a plan handle.
+ * Blocks: no | Thread-safe: yes | Errors: TE_ERR_INVALID_ARGUMENT (also for
+ * a handle freed before). */
+int te_plan_free(te_plan_t plan);
+
+/* ---- Prefill-to-decode handoff through te-sidecar (ABI 1.1) ------------ */
+
+/* te_handoff_create returns a handoff client for the engine and the
+ * te-sidecar at sidecar ("host:port" or "http://host:port"). It contacts
+ * nothing yet. On failure *out is 0.
+ * Blocks: no | Thread-safe: yes | Errors: TE_ERR_INVALID_ARGUMENT (empty or
+ * malformed address). */
+int te_handoff_create(te_engine_t engine, const char *sidecar, te_handoff_t *out);
+
+/* te_handoff_destroy releases the client: transfers of it that no wait or
+ * abort has ended are aborted (each waits at most 10 s for its moving side
+ * to stop; te-sidecar expires the rest), and its transfer handles become
+ * invalid.
+ * Blocks: yes, while it aborts | Thread-safe: yes | Errors:
+ * TE_ERR_INVALID_ARGUMENT (also for a second call). */
+int te_handoff_destroy(te_handoff_t client);
+
+/* te_handoff_expect declares, on the decode side, where transfer `id` (the
+ * serving system's request id, at most 256 printable bytes; both sides use
+ * the same) must go: this engine's layout and its n block ids in token
+ * order. mode is TE_HANDOFF_MODE_DEFAULT (push), _PUSH or _PULL.
+ * timeout_ms bounds the transfer from now (0: te-sidecar's default, 30 s):
+ * unpaired or unfinished by then it expires. Then call te_handoff_wait. On
+ * failure *out is 0.
+ * Blocks: yes, one te-sidecar call (5 s at most) | Thread-safe: yes |
+ * Errors: TE_ERR_INVALID_ARGUMENT (layout, id, mode, negative timeout, a
+ * declaration that does not match prefill's: dtype, block size, block
+ * counts), TE_ERR_PEER_UNREACHABLE and TE_ERR_TIMEOUT (te-sidecar),
+ * TE_ERR_CANCELED (prefill aborted it first). */
+int te_handoff_expect(te_handoff_t client, const char *id, te_layout_t layout, const int32_t *blocks, size_t n,
+                      int32_t mode, int64_t timeout_ms, te_xfer_t *out);
+
+/* te_handoff_ready declares, on the prefill side, that transfer `id`'s KV
+ * can be taken from these n block ids of this engine's layout, prefill's
+ * i-th block going to decode's i-th. In pull mode the KV must be complete
+ * now; in push mode it moves with te_handoff_send_layer and te_handoff_send,
+ * so ready may come before the layers are computed. mode: DEFAULT accepts
+ * decode's choice. Arguments and errors as te_handoff_expect.
+ * Blocks: yes, one te-sidecar call | Thread-safe: yes */
+int te_handoff_ready(te_handoff_t client, const char *id, te_layout_t layout, const int32_t *blocks, size_t n,
+                     int32_t mode, int64_t timeout_ms, te_xfer_t *out);
+
+/* te_handoff_send_layer pushes model-wide layer `layer` as soon as it is
+ * computed and returns without waiting for it to arrive, so that it moves
+ * while the next layer is computed. Prefill side, push mode only. The first
+ * call waits up to timeout_ms (negative: no limit) for decode's declaration.
+ * te_handoff_send then sends the layers not sent and waits for all.
+ * Blocks: until decode has declared, then like te_submit | Thread-safe: call
+ * it and te_handoff_send from one thread | Errors: TE_ERR_INVALID_ARGUMENT
+ * (decode side, pull mode, layer outside the layouts or sent before, the
+ * transfer finished), TE_ERR_TIMEOUT (decode did not declare in time), the
+ * transfer's end (TE_ERR_CANCELED aborted, TE_ERR_TIMEOUT expired), and
+ * te_submit's errors. */
+int te_handoff_send_layer(te_xfer_t xfer, int32_t layer, int64_t timeout_ms);
+
+/* te_handoff_wait finishes the transfer on this side and returns once this
+ * side's memory is no longer touched for it. The moving side (prefill in
+ * push mode, decode in pull mode) waits for the pairing, submits what is not
+ * yet submitted, waits for its transfers and reports to te-sidecar; the
+ * other side waits for the mover's completion notification or for te-sidecar
+ * to report a failure, an abort or an expiry. timeout_ms (negative: no
+ * limit) bounds the waiting for the peer: when it runs out the call returns
+ * TE_ERR_TIMEOUT and the transfer goes on (wait again, or abort). Once the
+ * moving side has submitted, it returns only after its transfers ended
+ * (within the engine's transfer timeout). out may be NULL; when given
+ * (out->size set) it is filled in every case.
+ * Blocks: yes | Thread-safe: yes (waits on one transfer are serialised) |
+ * Errors: TE_ERR_TIMEOUT (timeout_ms ran out, or the transfer expired),
+ * TE_ERR_CANCELED (aborted), TE_ERR_TRANSFER_LOST (te-sidecar restarted or
+ * dropped it: release the blocks, do not wait again), TE_ERR_INVALID_ARGUMENT
+ * (the two declarations do not match), the mover's transport errors. */
+int te_handoff_wait(te_xfer_t xfer, int64_t timeout_ms, te_handoff_result_t *out);
+
+/* te_handoff_send is te_handoff_wait under the name the prefill side uses.
+ * Blocks: yes | Thread-safe: yes | Errors: as te_handoff_wait. */
+int te_handoff_send(te_xfer_t xfer, int64_t timeout_ms, te_handoff_result_t *out);
+
+/* te_handoff_abort gives the transfer up (reason may be NULL) and returns
+ * once neither side's memory is touched for it any more, so the blocks can
+ * be released; the peer's wait fails with TE_ERR_CANCELED.
+ * Blocks: yes, until the moving side stopped (at most the transfer's
+ * timeout) | Thread-safe: yes, also while another thread waits |
+ * Errors: TE_ERR_INVALID_ARGUMENT (the transfer is already done),
+ * TE_ERR_TRANSFER_LOST, TE_ERR_PEER_UNREACHABLE (te-sidecar). */
+int te_handoff_abort(te_xfer_t xfer, const char *reason);
+
+/* te_handoff_status asks te-sidecar for the transfer's state and fills *out
+ * (out->size set by the caller).
+ * Blocks: yes, one te-sidecar call | Thread-safe: yes | Errors:
+ * TE_ERR_TRANSFER_LOST (te-sidecar restarted or no longer knows it),
+ * TE_ERR_PEER_UNREACHABLE, TE_ERR_TIMEOUT. */
+int te_handoff_status(te_xfer_t xfer, te_handoff_status_t *out);
+
+/* te_handoff_free releases a transfer handle. A transfer that no wait or
+ * abort has ended is aborted first (waiting at most 10 s), so a freed handle
+ * never leaves blocks in use.
+ * Blocks: only to abort | Thread-safe: yes; a wait on it in another thread
+ * returns | Errors: TE_ERR_INVALID_ARGUMENT (also for a handle freed
+ * before). */
+int te_handoff_free(te_xfer_t xfer);
 
 #ifdef __cplusplus
 }

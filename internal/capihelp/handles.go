@@ -27,7 +27,7 @@ func (k Kind) String() string {
 	case KindBatch:
 		return "batch"
 	}
-	return "unknown"
+	return kvKindName(k)
 }
 
 const (

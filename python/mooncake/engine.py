@@ -18,6 +18,13 @@ Differences a caller may notice:
   than carving a 2 GiB pool at initialize.
 * MC_TRANSFER_TIMEOUT (seconds, at least 5) bounds each transfer, as in
   Mooncake; sync calls block until their transfers end.
+
+GPU memory: as in Mooncake, register_memory(tensor.data_ptr(), tensor.nbytes)
+and batch_register_memory(ptrs, sizes) register with location "*", so te
+detects device memory from the pointer (cuda:N) through the CUDA driver.
+Tensor objects themselves are accepted too (capacity may then be omitted):
+they register at their own device, "cuda:N" for a CUDA tensor, which fails
+cleanly (NotSupported, -10) in a process without CUDA.
 """
 
 import ctypes
@@ -77,6 +84,15 @@ def _conn_string(metadata_server, metadata_type):
     if "://" in metadata_server:
         return metadata_server
     return f"{metadata_type}://{metadata_server}"
+
+
+def _show(addr):
+    if te.tensors.is_tensor(addr):
+        return f"tensor at {int(addr.data_ptr()):#x} on {te.location_of(addr)}"
+    try:
+        return f"{int(addr):#x}"
+    except (TypeError, ValueError):
+        return repr(addr)
 
 
 def _rc(e):
@@ -151,20 +167,23 @@ class TransferEngine:
         return self._engine
 
     # -- memory -----------------------------------------------------------
-    def register_memory(self, buffer_addr, capacity, location="*"):
+    def register_memory(self, buffer_addr, capacity=None, location="*"):
         try:
+            if te.tensors.is_tensor(buffer_addr):
+                self._engine.register(buffer_addr, capacity, location=location)
+                return 0
             self._engine.register(int(buffer_addr), int(capacity), location=location or "*")
             return 0
         except te.TeError as e:
-            log.error("register_memory(%#x, %d): %s", buffer_addr, capacity, e)
+            log.error("register_memory(%s, %s): %s", _show(buffer_addr), capacity, e)
             return _rc(e)
 
     def unregister_memory(self, buffer_addr):
         try:
-            self._engine.unregister(int(buffer_addr))
+            self._engine.unregister(buffer_addr if te.tensors.is_tensor(buffer_addr) else int(buffer_addr))
             return 0
         except te.TeError as e:
-            log.error("unregister_memory(%#x): %s", buffer_addr, e)
+            log.error("unregister_memory(%s): %s", _show(buffer_addr), e)
             return _rc(e)
 
     def batch_register_memory(self, buffer_addresses, capacities, location="*"):
@@ -172,7 +191,8 @@ class TransferEngine:
             log.error("batch_register_memory: %d addresses, %d capacities", len(buffer_addresses), len(capacities))
             return -te.InvalidArgument.code
         try:
-            self._engine.register_batch([(int(a), int(c)) for a, c in zip(buffer_addresses, capacities)],
+            self._engine.register_batch([(a if te.tensors.is_tensor(a) else int(a), None if c is None else int(c))
+                                         for a, c in zip(buffer_addresses, capacities)],
                                         location=location or "*")
             return 0
         except te.TeError as e:
@@ -181,7 +201,7 @@ class TransferEngine:
 
     def batch_unregister_memory(self, buffer_addresses):
         try:
-            self._engine.unregister_batch([int(a) for a in buffer_addresses])
+            self._engine.unregister_batch([a if te.tensors.is_tensor(a) else int(a) for a in buffer_addresses])
             return 0
         except te.TeError as e:
             log.error("batch_unregister_memory: %s", e)

@@ -12,6 +12,10 @@ repository's build/ folder. It contains a Go runtime: it is loaded once and
 never unloaded, and a process must not fork() after creating an engine
 (use multiprocessing's "spawn" start method). Blocking calls release the GIL.
 Errors are raised as subclasses of te.TeError carrying te's stable code.
+
+te.kvcache has KV-cache layouts, transfer plans and the prefill-to-decode
+handoff through te-sidecar. Tensor-like objects (torch tensors: data_ptr(),
+.device) register at their device's location, "cuda:N" for GPU memory.
 """
 
 from ._lib import ABI_MAJOR, ABI_MINOR, load, path as library_path  # noqa: F401
@@ -19,6 +23,8 @@ from .core import (CANCELED, COMPLETED, FAILED, INVALID, PENDING, READ, STATE_NA
                    WRITE, Batch, BatchStatus, Engine, Segment, address_of, check)
 from .errors import *  # noqa: F401,F403
 from .errors import BY_CODE, LibraryError, TeError, error_for  # noqa: F401
+from .tensors import device_of, location_of  # noqa: F401
+from . import kvcache  # noqa: F401,E402
 
 
 def abi_version():

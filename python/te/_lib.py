@@ -9,11 +9,15 @@ from pathlib import Path
 
 #: te.h's TE_ABI_VERSION_MAJOR / _MINOR this binding was written against.
 ABI_MAJOR = 1
-ABI_MINOR = 0
+ABI_MINOR = 1
 
 engine_t = c_uint64
 segment_t = c_uint64
 batch_t = c_uint64
+layout_t = c_uint64
+plan_t = c_uint64
+handoff_t = c_uint64
+xfer_t = c_uint64
 
 
 class Config(Structure):
@@ -71,6 +75,36 @@ class Stats(Structure):
                 ("notifies_received", c_uint64)]
 
 
+class LayoutInfo(Structure):
+    _fields_ = [("size", c_uint32), ("num_layers", c_int32), ("first_layer", c_int32), ("num_blocks", c_int32),
+                ("components", c_int32), ("regions", c_int32), ("block_bytes", c_uint64), ("layer_bytes", c_uint64)]
+
+
+class Span(Structure):
+    _fields_ = [("addr", c_uint64), ("length", c_uint64)]
+
+
+class PlanTransfer(Structure):
+    _fields_ = [("src", c_uint64), ("dst", c_uint64), ("length", c_uint64)]
+
+
+class PlanStats(Structure):
+    _fields_ = [("size", c_uint32), ("layers", c_int32), ("layer_begin", c_int32), ("layer_end", c_int32),
+                ("blocks", c_int32), ("pieces", c_int32), ("bytes", c_uint64), ("block_requests", c_uint64),
+                ("requests", c_uint64), ("merged", c_uint64), ("max_layer_requests", c_uint64)]
+
+
+class HandoffResult(Structure):
+    _fields_ = [("size", c_uint32), ("mode", c_int32), ("mover", c_int32), ("recorded", c_int32),
+                ("bytes", c_uint64), ("block_requests", c_uint64), ("requests", c_uint64),
+                ("elapsed_ns", c_uint64), ("transport", c_char * 16)]
+
+
+class HandoffStatus(Structure):
+    _fields_ = [("size", c_uint32), ("state", c_int32), ("mode", c_int32), ("error", c_int32),
+                ("settled", c_int32), ("reserved", c_int32), ("bytes", c_uint64), ("reason", c_char * 256)]
+
+
 # Every function of te.h: name -> argument types. All return int.
 PROTOTYPES = {
     "te_abi_version": [],
@@ -100,6 +134,31 @@ PROTOTYPES = {
     "te_notify_drain": [engine_t, POINTER(POINTER(Notify)), POINTER(c_size_t)],
     "te_notify_free": [POINTER(Notify)],
     "te_probe": [engine_t, c_char_p, POINTER(Probe)],
+    # ABI 1.1: layouts, plans, handoff
+    "te_layout_create": [c_char_p, POINTER(layout_t)],
+    "te_layout_bytes": [c_char_p, POINTER(c_uint64), POINTER(c_uint64)],
+    "te_layout_info": [layout_t, POINTER(LayoutInfo)],
+    "te_layout_regions": [layout_t, POINTER(Span), c_size_t, POINTER(c_size_t)],
+    "te_layout_free": [layout_t],
+    "te_plan_create": [layout_t, layout_t, POINTER(c_int32), c_size_t, POINTER(c_int32), c_size_t, c_int32, c_int32,
+                       POINTER(plan_t)],
+    "te_plan_stats": [plan_t, POINTER(PlanStats)],
+    "te_plan_transfers": [plan_t, c_int32, POINTER(PlanTransfer), c_size_t, POINTER(c_size_t)],
+    "te_plan_submit_layer": [batch_t, segment_t, plan_t, c_int32, c_int32],
+    "te_plan_submit": [batch_t, segment_t, plan_t, c_int32],
+    "te_plan_free": [plan_t],
+    "te_handoff_create": [engine_t, c_char_p, POINTER(handoff_t)],
+    "te_handoff_destroy": [handoff_t],
+    "te_handoff_expect": [handoff_t, c_char_p, layout_t, POINTER(c_int32), c_size_t, c_int32, c_int64,
+                          POINTER(xfer_t)],
+    "te_handoff_ready": [handoff_t, c_char_p, layout_t, POINTER(c_int32), c_size_t, c_int32, c_int64,
+                         POINTER(xfer_t)],
+    "te_handoff_send_layer": [xfer_t, c_int32, c_int64],
+    "te_handoff_wait": [xfer_t, c_int64, POINTER(HandoffResult)],
+    "te_handoff_send": [xfer_t, c_int64, POINTER(HandoffResult)],
+    "te_handoff_abort": [xfer_t, c_char_p],
+    "te_handoff_status": [xfer_t, POINTER(HandoffStatus)],
+    "te_handoff_free": [xfer_t],
 }
 
 _lock = threading.Lock()

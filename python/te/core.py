@@ -8,6 +8,7 @@ from ctypes import byref, c_int32, c_size_t, c_void_p
 
 from . import _lib
 from .errors import InvalidArgument, TeError, error_for
+from .tensors import is_tensor, resolve_location
 
 READ = 0
 WRITE = 1
@@ -38,14 +39,18 @@ def address_of(obj, length=None):
     """(address, length) of a buffer: an int address (length must be given),
     an object with .data_ptr() (torch-like tensors: length from nbytes or
     numel()*element_size()), or a writable C-contiguous object with the buffer
-    protocol (bytearray, numpy array, mmap, array.array)."""
+    protocol (bytearray, numpy array, mmap, array.array). A tensor may live on
+    a GPU (see te.tensors); it must be contiguous."""
     if isinstance(obj, bool):
         raise TypeError("a bool is not an address")
     if isinstance(obj, int):
         if length is None:
             raise InvalidArgument("length is required with an int address")
         return obj, int(length)
-    if hasattr(obj, "data_ptr"):
+    if is_tensor(obj):
+        if hasattr(obj, "is_contiguous") and not obj.is_contiguous():
+            # data_ptr() + nbytes would not cover a strided view's elements.
+            raise InvalidArgument("tensor is not contiguous; register its base tensor or a .contiguous() copy")
         addr = int(obj.data_ptr())
         if length is None:
             if hasattr(obj, "nbytes"):
@@ -272,10 +277,12 @@ class Engine:
         return json.loads(buf.value.decode())
 
     # -- memory ---------------------------------------------------------
-    def register(self, buf, length=None, location="cpu", remote=True):
+    def register(self, buf, length=None, location=None, remote=True):
         """Register memory (see address_of for what buf may be); returns its
-        address."""
+        address. location: "cpu", "cuda:N" or "*" (detect); None means "cpu",
+        or for a tensor its own device (a CUDA tensor registers as cuda:N)."""
         addr, n = address_of(buf, length)
+        location = resolve_location(buf, location)
         lib = _lib.load()
         check(lib.te_register(self.handle, addr, n, _b(location), 1 if remote else 0), lib)
         if not isinstance(buf, int):
@@ -291,24 +298,27 @@ class Engine:
         with self._pins_lock:
             self._pins.pop(addr, None)
 
-    def register_batch(self, buffers, location="cpu", remote=True):
-        """Register several buffers (objects or (address, length) pairs), all
-        or none; returns their addresses."""
+    def register_batch(self, buffers, location=None, remote=True):
+        """Register several buffers (objects or (object or address, length)
+        pairs), all or none; returns their addresses. location as in
+        register, resolved per buffer."""
         if not buffers:
             raise InvalidArgument("no buffers")
         regs = (_lib.Region * len(buffers))()
-        loc = _b(location)
+        locs = []  # keeps the encoded strings alive for the call
         addrs = []
         for i, b in enumerate(buffers):
             addr, n = address_of(*b) if isinstance(b, tuple) else address_of(b)
-            regs[i].addr, regs[i].length, regs[i].location, regs[i].remote = addr, n, loc, 1 if remote else 0
+            locs.append(_b(resolve_location(b[0] if isinstance(b, tuple) else b, location)))
+            regs[i].addr, regs[i].length, regs[i].location, regs[i].remote = addr, n, locs[-1], 1 if remote else 0
             addrs.append(addr)
         lib = _lib.load()
         check(lib.te_register_batch(self.handle, regs, len(regs)), lib)
         with self._pins_lock:
             for a, b in zip(addrs, buffers):
-                if not isinstance(b, tuple):
-                    self._pins[a] = b
+                obj = b[0] if isinstance(b, tuple) else b
+                if not isinstance(obj, int):
+                    self._pins[a] = obj
         return addrs
 
     def unregister_batch(self, buffers):
