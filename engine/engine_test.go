@@ -148,6 +148,15 @@ func TestRegistry(t *testing.T) {
 	if v := e.Descriptor().Version; v != v1+1 {
 		t.Fatalf("batch registration published %d times", v-v1)
 	}
+	for _, b := range e.Descriptor().Buffers {
+		if b.Addr == a+700<<10 && b.Name != "cpu" {
+			t.Fatalf("host memory registered at \"*\" published as %q", b.Name)
+		}
+	}
+	// "*" resolves the same way again: an identical re-registration.
+	if err := e.RegisterMemory(a+700<<10, 4096, "*", true); err != nil {
+		t.Fatal(err)
+	}
 	bad := []engine.MemoryRegion{{Addr: a + 900<<10, Length: 4096}, {Addr: a + 600<<10 + 1, Length: 10}}
 	code(t, "batch with an overlap", e.RegisterMemoryBatch(bad), errs.AddressOverlapped)
 	code(t, "batch overlapping itself", e.RegisterMemoryBatch([]engine.MemoryRegion{{Addr: a + 950<<10, Length: 8192}, {Addr: a + 951<<10, Length: 10}}), errs.AddressOverlapped)

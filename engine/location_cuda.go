@@ -43,12 +43,17 @@ func resolveLocations(rs []*segment.Region) error {
 				return err
 			}
 		case "*":
+			// Host memory unless the driver says otherwise; publish what was
+			// found, as Mooncake does, never "*".
+			host := segment.Location{Kind: "cpu", Index: -1}
 			l, err := cudaLoad()
 			if err != nil {
+				r.Location, r.Desc.Name = host, host.String()
 				continue
 			}
 			pi, err := l.PointerInfo(r.Addr)
 			if err != nil || pi.Type != cuda.MemoryDevice {
+				r.Location, r.Desc.Name = host, host.String()
 				continue
 			}
 			if err := checkDevice(l, r, pi.Device); err != nil {
