@@ -121,5 +121,5 @@ func (e *Engine) routeDevice(d *segment.Desc, buf *segment.BufferDesc, r *Reques
 	}
 	return nil, errs.New(errs.NotSupported, "submit",
 		"no installed transport moves GPU memory between this engine and segment %q (local %#x, remote %s)", d.Name, r.Local, buf.Name).
-		WithHint("cudaipc needs both engines on one host with CUDA; staging through host memory is not available yet")
+		WithHint("cudaipc needs both engines on one host with CUDA; tcp stages GPU memory through pinned host buffers when CUDA loads on both sides")
 }

@@ -13,7 +13,9 @@
 #      cudaipc: write and read both ways with CRCs, the owner's Unregister
 #      closing the peer's mapping, and GB/s against a device-to-device copy
 #      of the same bytes in the same run;
-#   3. the same case forced over tcp (SKIP until tcp stages GPU memory);
+#   3. the same case forced over tcp (GPU memory staged through pinned host
+#      chunks), then tcp's own staging cases: GPU<->GPU, GPU<->host and
+#      host<->GPU, READ and WRITE, 1 B to 16 MiB at unaligned offsets;
 #   4. a vLLM-shaped KV handoff GPU to GPU (scattered blocks, one batch).
 #
 # Written without access to a GPU: it has not been run yet.
@@ -28,6 +30,7 @@ if [ "$mode" = build ]; then
 	# particular glibc version on the GPU machine.
 	CGO_ENABLED=0 go test -c -o "$GPU_BUILD/cuda.test" ./internal/sys/cuda
 	CGO_ENABLED=0 go test -c -o "$GPU_BUILD/cudaipc.test" ./engine/transport/cuda
+	CGO_ENABLED=0 go test -c -o "$GPU_BUILD/tcp.test" ./engine/transport/tcp
 	cp bench/gpu/check.sh "$GPU_BUILD/"
 	echo "built $GPU_BUILD; carry it and run: $GPU_BUILD/check.sh run"
 	exit 0
@@ -63,7 +66,8 @@ step() { # name, timeout seconds, command...
 # The binding test reads testdata/ relative to its package directory.
 step "driver bindings" 60 bash -c 'cd internal/sys/cuda && exec "$0" -test.v -test.count=1' "$BIN/cuda.test"
 step "GPU<->GPU over cudaipc, 2 processes x 1 GiB" 90 "$BIN/cudaipc.test" -test.v -test.count=1 -test.run '^TestGPUToGPU$'
-step "GPU<->GPU over tcp" 60 env TE_GPU_TRANSPORT=tcp "$BIN/cudaipc.test" -test.v -test.count=1 -test.run '^TestGPUToGPU$'
+step "GPU<->GPU over tcp (staged)" 60 env TE_GPU_TRANSPORT=tcp "$BIN/cudaipc.test" -test.v -test.count=1 -test.run '^TestGPUToGPU$'
+step "tcp staging: GPU/host mixes, 1 B..16 MiB" 60 "$BIN/tcp.test" -test.v -test.count=1 -test.run '^TestGPU'
 step "vLLM-shaped KV handoff GPU->GPU" 60 "$BIN/cudaipc.test" -test.v -test.count=1 -test.run '^TestKVHandoff$'
 step "protocol units" 30 "$BIN/cudaipc.test" -test.count=1 -test.run 'Test(Msg|Descriptor|Open|Unregister|Close)'
 echo "results: $RESULTS (full logs: $RESULTS.full)"

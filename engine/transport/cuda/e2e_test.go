@@ -308,7 +308,7 @@ func TestGPUToGPU(t *testing.T) {
 	if line := c.cmdLine(t, "crc 0 "+strconv.FormatUint(half, 10)); line != fmt.Sprintf("CRC %d <nil>", got) {
 		t.Fatalf("read back %d, child has %s", got, line)
 	}
-	t.Logf("read %d MiB GPU->GPU over cudaipc: %.2f GB/s", half>>20, float64(half)/took.Seconds()/1e9)
+	t.Logf("read %d MiB GPU->GPU over %s: %.2f GB/s", half>>20, ts0(force), float64(half)/took.Seconds()/1e9)
 	b, _ := e.AllocateBatch(1)
 	b.Submit(engine.Request{Op: engine.Write, Local: g.addr, Segment: seg, Remote: c.addr, Length: 4096})
 	b.Wait(10 * time.Second)

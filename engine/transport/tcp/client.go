@@ -18,6 +18,7 @@ import (
 // op is one transport request, cut into slices.
 type op struct {
 	req       *transport.Request
+	gpu       int // local memory: 0 host, else device ordinal+1 (staged, gpu.go)
 	remaining atomic.Int32
 	err       atomic.Pointer[errBox]
 }
@@ -126,6 +127,13 @@ func (t *Transport) Submit(reqs []*transport.Request) {
 			continue
 		}
 		o := &op{req: r}
+		if g, ok := t.reg.Lookup(r.Local, r.Length); ok && isDevice(g) {
+			if _, err := cudaLoad(); err != nil {
+				r.Done(errs.Wrap(errs.NotSupported, "tcp", err, "local %#x is GPU memory", r.Local))
+				continue
+			}
+			o.gpu = g.Location.Index + 1
+		}
 		n := (r.Length + t.opt.Slice - 1) / t.opt.Slice
 		o.remaining.Store(int32(n))
 		start := int((p.rr.Add(1) - 1) % uint64(len(p.conns)))
@@ -250,6 +258,8 @@ func (c *conn) exit() {
 
 func (c *conn) writeLoop() {
 	defer c.exit()
+	st := c.p.t.newStage()
+	defer st.release() // before exit: its copies end before any Done
 	t := c.p.t
 	d := net.Dialer{Timeout: t.opt.DialTimeout}
 	nc, err := d.DialContext(t.ctx, "tcp", c.p.addr)
@@ -281,6 +291,7 @@ func (c *conn) writeLoop() {
 	var spare []item
 	var hdrs []byte
 	var bufs net.Buffers
+	var devs []devPiece
 	for {
 		select {
 		case <-c.wake:
@@ -299,7 +310,7 @@ func (c *conn) writeLoop() {
 		}
 		c.queue = spare[:0]
 		hdrs = grow(hdrs, len(batch)*wire.ReqHeaderSize)
-		bufs = bufs[:0]
+		bufs, devs = bufs[:0], devs[:0]
 		start := 0
 		for i, it := range batch {
 			id := c.nextID
@@ -312,7 +323,11 @@ func (c *conn) writeLoop() {
 			}
 			off := i * wire.ReqHeaderSize
 			wire.PutDataRequest(hdrs[off:], wire.DataRequest{Kind: kind, ID: id, Addr: r.Remote + it.off, Length: it.n, Key: r.Buffer.Key})
-			if kind == wire.DataWrite {
+			if kind == wire.DataWrite && it.op.gpu > 0 {
+				bufs = append(bufs, hdrs[start:off+wire.ReqHeaderSize])
+				devs = append(devs, devPiece{at: len(bufs), dev: it.op.gpu - 1, addr: r.Local + it.off, n: it.n})
+				start = off + wire.ReqHeaderSize
+			} else if kind == wire.DataWrite {
 				bufs = append(bufs, hdrs[start:off+wire.ReqHeaderSize], mem.Bytes(r.Local+it.off, it.n))
 				start = off + wire.ReqHeaderSize
 			}
@@ -323,6 +338,13 @@ func (c *conn) writeLoop() {
 		}
 		clear(batch)
 		spare = batch
+		if len(devs) > 0 {
+			if err := st.write(nc, bufs, devs); err != nil {
+				c.fail(errs.Wrap(errs.CodeOf(err), "tcp", err, "send GPU payload to %s", c.p.addr))
+				return
+			}
+			continue
+		}
 		w := bufs // WriteTo consumes its receiver
 		if _, err := w.WriteTo(nc); err != nil {
 			c.fail(errs.Wrap(errs.PeerUnreachable, "tcp", err, "send to %s", c.p.addr))
@@ -333,6 +355,8 @@ func (c *conn) writeLoop() {
 
 func (c *conn) readLoop(nc net.Conn) {
 	defer c.exit()
+	st := c.p.t.newStage()
+	defer st.release() // before exit: its copies end before any Done
 	br := bufio.NewReaderSize(nc, readBufSize)
 	var h [wire.CompHeaderSize]byte
 	// The read deadline is pushed out at most every quarter timeout (a
@@ -389,7 +413,19 @@ func (c *conn) readLoop(nc net.Conn) {
 			c.fail(err)
 			return
 		}
-		if want > 0 {
+		if want > 0 && it.op.gpu > 0 {
+			copyErr, ioErr := st.recv(br, nc, it.op.gpu-1, r.Local+it.off, want)
+			if ioErr != nil {
+				err := errs.Wrap(errs.PeerUnreachable, "tcp", ioErr, "connection to %s lost", c.p.addr)
+				it.done(err)
+				c.fail(err)
+				return
+			}
+			if copyErr != nil {
+				it.done(errs.Wrap(errs.CodeOf(copyErr), "tcp", copyErr, "stage %d bytes into GPU memory at %#x", want, r.Local+it.off))
+				continue
+			}
+		} else if want > 0 {
 			if err := readFull(br, nc, mem.Bytes(r.Local+it.off, want)); err != nil {
 				err := errs.Wrap(errs.PeerUnreachable, "tcp", err, "connection to %s lost", c.p.addr)
 				it.done(err)

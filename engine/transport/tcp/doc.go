@@ -19,6 +19,21 @@
 // WRITE, and acknowledges a WRITE only once its bytes are in memory. The
 // frames are specified in engine/wire/spec.md.
 //
+// GPU memory (a region registered as cuda:N) is never touched by the CPU:
+// each side stages its own device memory through rings of pinned host
+// chunks (internal/sys/cuda.Stager), so the wire format is unchanged and a
+// peer cannot tell. Sending, chunk k+depth is copied device to host on a
+// stream while chunk k is on the wire, across the requests of one writev
+// batch; receiving, chunk k is read from the socket while chunk k-1 is
+// copied to the device, and a WRITE is acknowledged only after its last
+// copy ended. Chunks are at most a quarter slice, so one slice's chunks
+// overlap. A ring is taken from a pool per transport the first time a
+// connection's reader or writer meets device memory, returned when it
+// exits and freed by Close; a target that cannot load CUDA refuses a cuda
+// region with NotSupported without touching it. The engine routes GPU
+// requests here (engine.DeviceTransport) when cudaipc cannot reach the
+// peer or tcp is forced.
+//
 // Parameters (engine.Config.Params):
 //
 //	tcp.conns         connections per peer (default: core count, at least 2)
@@ -27,4 +42,6 @@
 //	tcp.dial_timeout  connect timeout (default 5s)
 //	tcp.timeout       fail a connection whose peer sent nothing for this long
 //	                  while requests are in flight (default 30s)
+//	tcp.gpu_staging   pinned host memory per connection for GPU payloads,
+//	                  half per direction (default 4MiB, 64KiB to 1GiB)
 package tcp

@@ -1,14 +1,24 @@
 package tcp_test
 
 import (
+	"os"
 	"testing"
 
 	"github.com/tecache/te/engine"
 
 	"github.com/tecache/te/engine/transport/transporttest"
+	"github.com/tecache/te/internal/sys/cuda/cudatest"
 )
 
-func TestMain(m *testing.M) { transporttest.Main(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(envGPUChild) == "1" {
+		os.Exit(runGPUChild())
+	}
+	// The real driver where TE_CUDA_REAL=1, else the fake one (gpu_test.go);
+	// child processes inherit the choice.
+	_, gpuSetupErr = cudatest.Setup()
+	transporttest.Main(m)
+}
 
 // TestConformance runs the shared suite with the target in a child process,
 // so every byte crosses a real socket between two processes.

@@ -164,6 +164,8 @@ func (s *serverConn) readLoop() {
 		return
 	}
 	s.nc.SetReadDeadline(time.Time{})
+	st := s.t.newStage()
+	defer st.release()
 	var scratch []byte
 	for {
 		if _, err := io.ReadFull(br, h[:]); err != nil {
@@ -185,6 +187,14 @@ func (s *serverConn) readLoop() {
 			var err error
 			region, err = s.t.reg.Acquire(req.Addr, req.Length, req.Key, true)
 			status = errs.CodeOf(err)
+			if isDevice(region) {
+				// The CPU never touches device memory: without CUDA
+				// there is no way to move it.
+				if _, err := cudaLoad(); err != nil {
+					region.Release()
+					region, status = nil, errs.NotSupported
+				}
+			}
 		}
 		if req.Kind == wire.DataWrite {
 			if status != errs.OK {
@@ -196,6 +206,13 @@ func (s *serverConn) readLoop() {
 				if err := drain(br, req.Length, scratch); err != nil {
 					return
 				}
+			} else if isDevice(region) {
+				copyErr, ioErr := st.recv(br, s.nc, region.Location.Index, req.Addr, req.Length)
+				region.Release()
+				if ioErr != nil {
+					return
+				}
+				status = errs.CodeOf(copyErr)
 			} else {
 				err := readFull(br, s.nc, mem.Bytes(req.Addr, req.Length))
 				region.Release()
@@ -262,9 +279,12 @@ func readFull(br *bufio.Reader, nc net.Conn, dst []byte) error {
 
 func (s *serverConn) writeLoop() {
 	defer close(s.done)
+	st := s.t.newStage()
+	defer st.release()
 	var spare []response
 	var hdrs []byte
 	var bufs net.Buffers
+	var devs []devPiece
 	for {
 		<-s.wake
 		s.mu.Lock()
@@ -285,12 +305,16 @@ func (s *serverConn) writeLoop() {
 			continue
 		}
 		hdrs = grow(hdrs, len(batch)*wire.CompHeaderSize)
-		bufs = bufs[:0]
+		bufs, devs = bufs[:0], devs[:0]
 		start := 0
 		for i := range batch {
 			off := i * wire.CompHeaderSize
 			wire.PutCompletion(hdrs[off:], batch[i].comp)
-			if batch[i].region != nil {
+			if g := batch[i].region; isDevice(g) {
+				bufs = append(bufs, hdrs[start:off+wire.CompHeaderSize])
+				devs = append(devs, devPiece{at: len(bufs), dev: g.Location.Index, addr: batch[i].addr, n: batch[i].comp.Length})
+				start = off + wire.CompHeaderSize
+			} else if batch[i].region != nil {
 				bufs = append(bufs, hdrs[start:off+wire.CompHeaderSize], mem.Bytes(batch[i].addr, batch[i].comp.Length))
 				start = off + wire.CompHeaderSize
 			}
@@ -298,8 +322,14 @@ func (s *serverConn) writeLoop() {
 		if end := len(batch) * wire.CompHeaderSize; start < end {
 			bufs = append(bufs, hdrs[start:end])
 		}
-		w := bufs // WriteTo consumes its receiver
-		_, err := w.WriteTo(s.nc)
+		var err error
+		if len(devs) > 0 {
+			// Copies from device memory end before its region is released.
+			err = st.write(s.nc, bufs, devs)
+		} else {
+			w := bufs // WriteTo consumes its receiver
+			_, err = w.WriteTo(s.nc)
+		}
 		for i := range batch {
 			if batch[i].region != nil {
 				batch[i].region.Release()

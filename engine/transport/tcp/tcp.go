@@ -44,6 +44,9 @@ type Options struct {
 	// without closing its socket does not hold requests, and the memory
 	// they pin, forever.
 	Timeout time.Duration
+	// GPUStaging is the pinned host memory per connection that GPU
+	// payloads are staged through (half for each direction).
+	GPUStaging uint64
 }
 
 // DefaultOptions derives the defaults from the machine: one connection per
@@ -58,7 +61,7 @@ func DefaultOptions() Options {
 		slice = uint64(l2) / 2
 	}
 	slice = max(256<<10, min(slice, 1<<20))
-	return Options{Conns: conns, Slice: slice, DialTimeout: 5 * time.Second, Timeout: 30 * time.Second}
+	return Options{Conns: conns, Slice: slice, DialTimeout: 5 * time.Second, Timeout: 30 * time.Second, GPUStaging: DefaultGPUStaging}
 }
 
 func parseOptions(h transport.Host) (Options, error) {
@@ -99,6 +102,13 @@ func parseOptions(h transport.Host) (Options, error) {
 			return o, bad("tcp.timeout", v, "want a positive duration")
 		}
 		o.Timeout = d
+	}
+	if v, ok := h.Param("tcp.gpu_staging"); ok {
+		n, err := ParseSize(v)
+		if err != nil || n < MinGPUStaging || n > MaxGPUStaging {
+			return o, bad("tcp.gpu_staging", v, "want a size from 64KiB to 1GiB")
+		}
+		o.GPUStaging = n
 	}
 	return o, nil
 }
@@ -147,6 +157,7 @@ type Transport struct {
 	peers  map[string]*peer         // by endpoint
 	served map[*serverConn]struct{} // accepted connections
 	wg     sync.WaitGroup           // every goroutine of the transport
+	gpu    gpuPool                  // pinned rings for GPU payloads (gpu.go)
 }
 
 // New returns an unstarted transport.
@@ -171,6 +182,7 @@ func (t *Transport) Start(h transport.Host) error {
 		return err
 	}
 	t.opt = o
+	t.gpu.setGeometry(o)
 	t.reg = h.Registry()
 	t.logf = h.Logf
 	addr := o.Listen
@@ -265,5 +277,6 @@ func (t *Transport) Close() error {
 		}
 	}
 	t.wg.Wait()
+	t.closeGPU()
 	return nil
 }

@@ -1,0 +1,300 @@
+package tcp
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"sync"
+
+	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/engine/segment"
+	"github.com/tecache/te/internal/sys/cuda"
+)
+
+// GPU memory over tcp. The socket can only read and write host memory, and
+// the CPU must never touch device memory, so device payloads go through
+// rings of pinned host chunks (cuda.Stager): a device payload is copied to
+// the host chunk by chunk on a stream while earlier chunks are on the wire,
+// and a payload arriving for device memory is read into one chunk while the
+// previous chunk is copied to the device. The wire format does not change:
+// either side stages only its own memory, so a host-to-GPU or GPU-to-GPU
+// transfer looks like any other to the peer.
+//
+// Each goroutine that moves device memory (a connection's writer or reader,
+// on either side) holds one ring per device, taken lazily from the
+// transport's pool on its first device payload and returned when it exits,
+// so a reconnect reuses the rings; Close frees them.
+
+// cudaLoad is cuda.Load, replaceable in tests.
+var cudaLoad = cuda.Load
+
+// Limits and default of tcp.gpu_staging: pinned host memory per connection,
+// half for its sending and half for its receiving goroutine.
+const (
+	DefaultGPUStaging = 4 << 20
+	MinGPUStaging     = 64 << 10
+	MaxGPUStaging     = 1 << 30
+	maxStageDepth     = 16
+)
+
+// gpuPool holds the rings not in use and their geometry.
+type gpuPool struct {
+	chunk uint64
+	depth int
+
+	mu     sync.Mutex
+	closed bool
+	free   map[int][]*cuda.Stager // by device ordinal
+}
+
+// setGeometry derives the rings from the options: chunks of at most a
+// quarter slice, so a slice's payload is cut into several chunks that
+// overlap each other, and as many as half the staging budget holds.
+func (g *gpuPool) setGeometry(o Options) {
+	ring := o.GPUStaging / 2
+	chunk := min(ring/2, o.Slice/4) &^ (4<<10 - 1)
+	chunk = max(chunk, 4<<10)
+	g.chunk = chunk
+	g.depth = int(max(2, min(ring/chunk, maxStageDepth)))
+}
+
+func (t *Transport) takeStager(dev int) (*cuda.Stager, error) {
+	g := &t.gpu
+	g.mu.Lock()
+	if g.closed {
+		g.mu.Unlock()
+		return nil, errs.New(errs.Closed, "tcp", "transport closed")
+	}
+	if f := g.free[dev]; len(f) > 0 {
+		s := f[len(f)-1]
+		g.free[dev] = f[:len(f)-1]
+		g.mu.Unlock()
+		return s, nil
+	}
+	g.mu.Unlock()
+	l, err := cudaLoad()
+	if err != nil {
+		return nil, errs.Wrap(errs.NotSupported, "tcp", err, "GPU memory needs CUDA")
+	}
+	return cuda.NewStager(l, dev, g.chunk, g.depth)
+}
+
+// putStager returns a ring to the pool once its copies have ended; a ring
+// whose copies failed, or one returned after Close, is freed.
+func (t *Transport) putStager(dev int, s *cuda.Stager) {
+	var err error
+	for i := 0; i < s.Depth(); i++ {
+		if e := s.Wait(i); e != nil && err == nil {
+			err = e
+		}
+	}
+	g := &t.gpu
+	g.mu.Lock()
+	if err == nil && !g.closed {
+		if g.free == nil {
+			g.free = map[int][]*cuda.Stager{}
+		}
+		g.free[dev] = append(g.free[dev], s)
+		g.mu.Unlock()
+		return
+	}
+	g.mu.Unlock()
+	s.Close()
+}
+
+// closeGPU frees the pooled rings; called by Close once every goroutine has
+// returned its own.
+func (t *Transport) closeGPU() {
+	g := &t.gpu
+	g.mu.Lock()
+	g.closed = true
+	free := g.free
+	g.free = nil
+	g.mu.Unlock()
+	for _, f := range free {
+		for _, s := range f {
+			s.Close()
+		}
+	}
+}
+
+// DeviceMemory implements engine.DeviceTransport: tcp moves GPU memory for
+// every peer it reaches, staging its own side through host memory; local
+// device memory needs CUDA here. A target without CUDA cannot hold device
+// buffers (registration refuses them), and refuses them if asked.
+func (t *Transport) DeviceMemory(d *segment.Desc, buf *segment.BufferDesc, localDevice bool) bool {
+	if t.Reachable(d) != nil {
+		return false
+	}
+	if localDevice {
+		_, err := cudaLoad()
+		return err == nil
+	}
+	return true
+}
+
+// isDevice reports whether a region is device memory.
+func isDevice(r *segment.Region) bool { return r != nil && r.Location.Kind == "cuda" }
+
+// devPiece is a device payload in a writev list: it goes right before
+// bufs[at].
+type devPiece struct {
+	at      int
+	dev     int
+	addr, n uint64
+}
+
+// stageChunk is one chunk of a device payload on its way to the socket.
+type stageChunk struct {
+	s       *cuda.Stager
+	piece   int
+	addr, n uint64
+}
+
+// stage is the rings of one goroutine, by device ordinal.
+type stage struct {
+	t       *Transport
+	rings   map[int]*cuda.Stager
+	chunks  []stageChunk
+	out     net.Buffers
+	scratch []byte
+}
+
+func (t *Transport) newStage() *stage { return &stage{t: t} }
+
+func (st *stage) get(dev int) (*cuda.Stager, error) {
+	if s := st.rings[dev]; s != nil {
+		return s, nil
+	}
+	s, err := st.t.takeStager(dev)
+	if err != nil {
+		return nil, err
+	}
+	if st.rings == nil {
+		st.rings = map[int]*cuda.Stager{}
+	}
+	st.rings[dev] = s
+	return s, nil
+}
+
+// release returns the rings (after their copies ended) to the pool.
+func (st *stage) release() {
+	for dev, s := range st.rings {
+		st.t.putStager(dev, s)
+	}
+	st.rings = nil
+}
+
+// write sends bufs with the device payloads devs inserted, each through the
+// rings: chunk k+depth is copied to the host while chunk k is on the wire
+// (and chunks of the next payloads are already copied while this one is
+// sent). On any error the connection cannot be trusted; write returns only
+// after every copy it started ended, so the caller may release the memory.
+func (st *stage) write(w io.Writer, bufs net.Buffers, devs []devPiece) (err error) {
+	chunks := st.chunks[:0]
+	for i, p := range devs {
+		s, err := st.get(p.dev)
+		if err != nil {
+			return err
+		}
+		cs := s.ChunkSize()
+		for off := uint64(0); off < p.n; off += cs {
+			chunks = append(chunks, stageChunk{s: s, piece: i, addr: p.addr + off, n: min(cs, p.n-off)})
+		}
+	}
+	st.chunks = chunks
+	defer clear(chunks)
+	depth := st.t.gpu.depth
+	started := 0 // chunks whose copy was started
+	waited := 0  // chunks whose copy was waited for
+	defer func() {
+		for k := waited; k < started; k++ {
+			chunks[k].s.Wait(k % depth)
+		}
+	}()
+	startUpTo := func(n int) error {
+		for ; started < min(n, len(chunks)); started++ {
+			c := chunks[started]
+			if err := c.s.ToHost(started%depth, c.addr, c.n); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := startUpTo(depth); err != nil {
+		return err
+	}
+	out := st.out[:0]
+	defer func() { clear(out); st.out = out[:0] }()
+	bi := 0
+	for k, c := range chunks {
+		if at := devs[c.piece].at; at > bi {
+			out = append(out, bufs[bi:at]...)
+			bi = at
+		}
+		waited = k + 1
+		if err := c.s.Wait(k % depth); err != nil {
+			return err
+		}
+		out = append(out, c.s.Chunk(k % depth)[:c.n])
+		wb := out
+		if _, err := wb.WriteTo(w); err != nil {
+			return errs.Wrap(errs.PeerUnreachable, "tcp", err, "send")
+		}
+		clear(out)
+		out = out[:0]
+		if err := startUpTo(k + 1 + depth); err != nil {
+			return err
+		}
+	}
+	if bi < len(bufs) {
+		out = append(out, bufs[bi:]...)
+		wb := out
+		if _, err := wb.WriteTo(w); err != nil {
+			return errs.Wrap(errs.PeerUnreachable, "tcp", err, "send")
+		}
+	}
+	return nil
+}
+
+// recv reads n payload bytes from the connection into device memory at dst
+// of device dev: chunk k is read from the socket while chunk k-1 is copied
+// to the device. A failed copy (or no ring) does not break the stream: the
+// rest of the payload is read and dropped and copyErr says why. ioErr means
+// the connection is lost. recv returns after every copy it started ended.
+func (st *stage) recv(br *bufio.Reader, nc net.Conn, dev int, dst, n uint64) (copyErr, ioErr error) {
+	s, err := st.get(dev)
+	if err != nil {
+		if st.scratch == nil {
+			st.scratch = make([]byte, drainChunk)
+		}
+		return err, drain(br, n, st.scratch)
+	}
+	depth, cs := s.Depth(), s.ChunkSize()
+	k := 0
+	for off := uint64(0); off < n; k++ {
+		slot, m := k%depth, min(cs, n-off)
+		if k >= depth {
+			// Also after a failure: the slot's last copy must end
+			// before the socket overwrites it.
+			if err := s.Wait(slot); err != nil && copyErr == nil {
+				copyErr = err
+			}
+		}
+		if err := readFull(br, nc, s.Chunk(slot)[:m]); err != nil {
+			ioErr = err
+			k++
+			break
+		}
+		if copyErr == nil {
+			copyErr = s.ToDevice(slot, dst+off, m)
+		}
+		off += m
+	}
+	for slot := 0; slot < min(k, depth); slot++ {
+		if err := s.Wait(slot); err != nil && copyErr == nil {
+			copyErr = err
+		}
+	}
+	return copyErr, ioErr
+}
