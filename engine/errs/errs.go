@@ -37,6 +37,10 @@ const (
 	Internal             Code = 18
 	NotFound             Code = 19
 	BufferTooSmall       Code = 20
+	// TransferLost means a handoff transfer is gone from the sidecar that
+	// held it (it restarted or no longer knows the id): release the blocks
+	// and retry or fail the request rather than wait.
+	TransferLost Code = 21
 )
 
 var names = map[Code]string{
@@ -61,6 +65,7 @@ var names = map[Code]string{
 	Internal:             "internal error",
 	NotFound:             "not found",
 	BufferTooSmall:       "buffer too small",
+	TransferLost:         "transfer lost",
 }
 
 // String names the code.
@@ -130,6 +135,7 @@ var (
 	ErrInternal             = &Error{Code: Internal}
 	ErrNotFound             = &Error{Code: NotFound}
 	ErrBufferTooSmall       = &Error{Code: BufferTooSmall}
+	ErrTransferLost         = &Error{Code: TransferLost}
 )
 
 // New builds an *Error.
