@@ -356,26 +356,22 @@ func (b *Batch) finish(t *task, state TaskState, err error) {
 	if rank(state) > rank(b.sum.State) {
 		b.sum.State = state
 	}
+	// Counted before the batch can be seen done, so a caller that reads
+	// the stats after Wait sees this task.
+	t.group.remaining.Add(-1)
+	b.e.stats.count(t, state)
 	var n *batchNotify
 	if b.pending == 0 {
 		close(b.done)
 		if b.efd > 0 {
 			signalFD(b.efd)
 		}
-		if b.notify != nil {
+		if b.notify != nil && b.sum.Failed == 0 {
 			n = b.notify
-			b.notify = nil
-			for _, x := range b.tasks {
-				if TaskState(x.state.Load()) != Completed {
-					n = nil
-					break
-				}
-			}
 		}
+		b.notify = nil
 	}
 	b.mu.Unlock()
-	t.group.remaining.Add(-1)
-	b.e.stats.count(t, state)
 	if n != nil && !b.e.closed.Load() {
 		b.e.wg.Add(1)
 		go func() {
