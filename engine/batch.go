@@ -115,7 +115,7 @@ type Batch struct {
 	mu      sync.Mutex
 	tasks   []*task
 	pending int
-	done    chan struct{} // closed while pending == 0
+	done    chan struct{} // made by a waiter while tasks are pending; closed when none are
 	notify  *batchNotify
 	freed   bool
 	efd     int         // eventfd from EventFD, 0 when none
@@ -130,9 +130,7 @@ func (e *Engine) AllocateBatch(capacity int) (*Batch, error) {
 	if capacity <= 0 || capacity > 1<<24 {
 		return nil, errs.New(errs.InvalidArgument, "allocate batch", "capacity %d outside 1..%d", capacity, 1<<24)
 	}
-	done := make(chan struct{})
-	close(done)
-	b := &Batch{e: e, capacity: capacity, done: done, sum: BatchStatus{State: Completed}}
+	b := &Batch{e: e, capacity: capacity, sum: BatchStatus{State: Completed}}
 	e.batchMu.Lock()
 	e.batches[b] = struct{}{}
 	e.batchMu.Unlock()
@@ -211,9 +209,6 @@ func (b *Batch) submit(n *batchNotify, reqs []Request) error {
 		b.mu.Unlock()
 		release(len(ps))
 		return errs.New(errs.InvalidArgument, "submit", "batch freed or filled concurrently")
-	}
-	if b.pending == 0 {
-		b.done = make(chan struct{})
 	}
 	if n != nil {
 		b.notify = n
@@ -362,7 +357,10 @@ func (b *Batch) finish(t *task, state TaskState, err error) {
 	b.e.stats.count(t, state)
 	var n *batchNotify
 	if b.pending == 0 {
-		close(b.done)
+		if b.done != nil {
+			close(b.done)
+			b.done = nil
+		}
 		if b.efd > 0 {
 			signalFD(b.efd)
 		}
@@ -447,10 +445,25 @@ func rank(s TaskState) int {
 	return 0
 }
 
-// Done returns a channel closed once every submitted task has finished.
+// closed is the channel Done returns when nothing is pending.
+var closed = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// Done returns a channel closed once every submitted task has finished. The
+// channel is made only when someone waits while tasks are pending: a batch
+// that finished before anyone looked costs no channel.
 func (b *Batch) Done() <-chan struct{} {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	return b.doneLocked()
+}
+
+func (b *Batch) doneLocked() chan struct{} {
+	if b.pending == 0 {
+		return closed
+	}
+	if b.done == nil {
+		b.done = make(chan struct{})
+	}
 	return b.done
 }
 
@@ -458,7 +471,14 @@ func (b *Batch) Done() <-chan struct{} {
 // (a negative timeout waits without limit) and returns the batch status. On
 // timeout the error has code Timeout and the tasks go on.
 func (b *Batch) Wait(timeout time.Duration) (BatchStatus, error) {
-	done := b.Done()
+	b.mu.Lock()
+	if b.pending == 0 {
+		s := b.statusLocked()
+		b.mu.Unlock()
+		return s, nil
+	}
+	done := b.doneLocked()
+	b.mu.Unlock()
 	if timeout < 0 {
 		<-done
 		return b.Status(), nil
