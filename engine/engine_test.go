@@ -54,6 +54,9 @@ func TestNewDefaults(t *testing.T) {
 	if got := e.Transports(); len(got) != 2 || got[0] != "local" {
 		t.Fatalf("transports %v", got)
 	}
+	if c := e.Stats().Caps["local"]; !c.SameProcess || c.CrossHost || !c.HostMemory {
+		t.Fatalf("local transport caps %+v", c)
+	}
 	d := e.Descriptor()
 	if d.Instance == "" || d.Version == 0 || d.RPC != e.RPCAddr() || len(d.Buffers) != 0 {
 		t.Fatalf("descriptor %+v", d)

@@ -33,6 +33,9 @@ var (
 func newHold() *hold { return &hold{arrived: make(chan struct{}, 1<<16)} }
 
 func (h *hold) Name() string { return "hold" }
+func (h *hold) Caps() transport.Caps {
+	return transport.Caps{SameProcess: true, HostMemory: true}
+}
 func (h *hold) Start(host transport.Host) error {
 	holdMu.Lock()
 	holdPeers[host.Instance()] = h

@@ -1,6 +1,10 @@
 package engine
 
-import "sync/atomic"
+import (
+	"sync/atomic"
+
+	"github.com/tecache/te/engine/transport"
+)
 
 type stats struct {
 	completed, failed, timedOut, canceled atomic.Uint64
@@ -24,20 +28,27 @@ func (s *stats) count(t *task, state TaskState) {
 
 // Stats are an engine's counters since it started.
 type Stats struct {
-	Segment          string   `json:"segment"`
-	Transports       []string `json:"transports"`
-	Buffers          int      `json:"buffers"`
-	TasksCompleted   uint64   `json:"tasks_completed"`
-	TasksFailed      uint64   `json:"tasks_failed"`
-	TasksTimedOut    uint64   `json:"tasks_timed_out"`
-	BytesTransferred uint64   `json:"bytes_transferred"`
-	NotifiesSent     uint64   `json:"notifies_sent"`
-	NotifiesReceived uint64   `json:"notifies_received"`
+	Segment    string   `json:"segment"`
+	Transports []string `json:"transports"`
+	// Caps are the installed transports' declared capabilities.
+	Caps             map[string]transport.Caps `json:"caps"`
+	Buffers          int                       `json:"buffers"`
+	TasksCompleted   uint64                    `json:"tasks_completed"`
+	TasksFailed      uint64                    `json:"tasks_failed"`
+	TasksTimedOut    uint64                    `json:"tasks_timed_out"`
+	BytesTransferred uint64                    `json:"bytes_transferred"`
+	NotifiesSent     uint64                    `json:"notifies_sent"`
+	NotifiesReceived uint64                    `json:"notifies_received"`
 }
 
 // Stats returns the engine's counters.
 func (e *Engine) Stats() Stats {
+	caps := make(map[string]transport.Caps, len(e.transports))
+	for _, t := range e.transports {
+		caps[t.Name()] = t.Caps()
+	}
 	return Stats{
+		Caps:             caps,
 		Segment:          e.name,
 		Transports:       e.Transports(),
 		Buffers:          len(e.reg.Regions()),

@@ -64,10 +64,22 @@ type Host interface {
 	Param(key string) (string, bool) // transport parameters, e.g. "tcp.conns"
 }
 
+// Caps declares where a transport can reach and what memory it moves, so
+// selection and users can tell transports apart without trying them.
+type Caps struct {
+	SameProcess bool `json:"same_process"` // engines of one process
+	SameHost    bool `json:"same_host"`    // other processes on this host
+	CrossHost   bool `json:"cross_host"`   // other hosts
+	HostMemory  bool `json:"host_memory"`  // CPU memory
+	GPUMemory   bool `json:"gpu_memory"`   // device memory (when CUDA loads)
+}
+
 // Transport moves bytes between registered local memory and a peer's
 // registered memory. Implementations are safe for concurrent use.
 type Transport interface {
 	Name() string
+	// Caps declares the transport's reach and the memory it moves.
+	Caps() Caps
 	// Start is called once before any other method.
 	Start(h Host) error
 	// Describe adds the transport's endpoints and identity to the local

@@ -138,6 +138,11 @@ func New() *Transport {
 // Name returns "cudaipc".
 func (t *Transport) Name() string { return Name }
 
+// Caps declares the transport's reach and the memory it moves. Only GPU memory, between engines on one host.
+func (t *Transport) Caps() transport.Caps {
+	return transport.Caps{SameProcess: true, SameHost: true, GPUMemory: true}
+}
+
 // Stats returns the protocol counters.
 func (t *Transport) Stats() *Stats { return &t.st }
 

@@ -33,6 +33,11 @@ type Transport struct {
 // Name returns "local".
 func (t *Transport) Name() string { return Name }
 
+// Caps declares the transport's reach and the memory it moves.
+func (t *Transport) Caps() transport.Caps {
+	return transport.Caps{SameProcess: true, HostMemory: true}
+}
+
 // Start records the engine's registry so other engines of this process can
 // reach it.
 func (t *Transport) Start(h transport.Host) error {

@@ -111,6 +111,11 @@ func New() *Transport {
 // Name returns "rdma".
 func (t *Transport) Name() string { return Name }
 
+// Caps declares the transport's reach and the memory it moves. GPU memory needs GPUDirect (nvidia-peermem) on the NIC.
+func (t *Transport) Caps() transport.Caps {
+	return transport.Caps{SameHost: true, CrossHost: true, HostMemory: true, GPUMemory: true}
+}
+
 // Start loads libibverbs, opens every allowed NIC that has an active port
 // and starts their completion pollers. Without the library or a usable
 // device it returns a NotSupported error that says why.

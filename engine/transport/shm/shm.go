@@ -142,6 +142,11 @@ func New() *Transport { return &Transport{opt: DefaultOptions()} }
 // Name returns "shm".
 func (t *Transport) Name() string { return Name }
 
+// Caps declares the transport's reach and the memory it moves.
+func (t *Transport) Caps() transport.Caps {
+	return transport.Caps{SameHost: true, HostMemory: true}
+}
+
 // Options returns the options in force (after Start, the engine's params).
 func (t *Transport) Options() Options { return t.opt }
 

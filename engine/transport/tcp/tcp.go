@@ -168,6 +168,11 @@ func New() *Transport {
 // Name returns "tcp".
 func (t *Transport) Name() string { return Name }
 
+// Caps declares the transport's reach and the memory it moves. GPU memory is staged through pinned host buffers.
+func (t *Transport) Caps() transport.Caps {
+	return transport.Caps{SameHost: true, CrossHost: true, HostMemory: true, GPUMemory: true}
+}
+
 // Options returns the options in effect (after Start).
 func (t *Transport) Options() Options { return t.opt }
 
