@@ -126,31 +126,62 @@ func newEngine(o options) (*engine.Engine, error) {
 		TransferTimeout: 30 * time.Second, Logger: log})
 }
 
-func prefill(o options) error {
+// role is what each side of the demo sets up the same way: the plan, an
+// engine, a registered cache in use, and a handoff client.
+type role struct {
+	p     plan
+	e     *engine.Engine
+	c     *pattern.Cache
+	cl    *handoff.Client
+	close func()
+}
+
+func setup(o options, decode bool) (*role, error) {
 	p, err := makePlan(o)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	e, err := newEngine(o)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer e.Close()
-	c, err := pattern.New(p.prefill)
+	shape := p.prefill
+	if decode {
+		shape = p.decode
+	}
+	c, err := pattern.New(shape)
 	if err != nil {
-		return err
+		e.Close()
+		return nil, err
 	}
-	defer c.Free()
-	c.Clear(0) // a serving cache is in use: its pages exist before the prompt
+	c.Clear(0) // a serving cache is in use: its pages exist before any KV
 	if err := c.Register(e); err != nil {
-		return err
+		e.Close()
+		c.Free()
+		return nil, err
 	}
-	defer c.Unregister(e)
 	cl, err := handoff.New(e, handoff.Options{Sidecar: o.sidecar})
 	if err != nil {
+		c.Unregister(e)
+		e.Close()
+		c.Free()
+		return nil, err
+	}
+	return &role{p: p, e: e, c: c, cl: cl, close: func() {
+		cl.Close()
+		c.Unregister(e)
+		e.Close()
+		c.Free()
+	}}, nil
+}
+
+func prefill(o options) error {
+	r, err := setup(o, false)
+	if err != nil {
 		return err
 	}
-	defer cl.Close()
+	defer r.close()
+	p, e, c, cl := r.p, r.e, r.c, r.cl
 	ctx := context.Background()
 	mode := handoff.Mode(o.modes)
 	layered := o.layered && mode == handoff.Push
@@ -185,30 +216,12 @@ func prefill(o options) error {
 }
 
 func decode(o options) error {
-	p, err := makePlan(o)
+	r, err := setup(o, true)
 	if err != nil {
 		return err
 	}
-	e, err := newEngine(o)
-	if err != nil {
-		return err
-	}
-	defer e.Close()
-	c, err := pattern.New(p.decode)
-	if err != nil {
-		return err
-	}
-	defer c.Free()
-	c.Clear(0) // a serving cache is in use: its pages exist before KV arrives
-	if err := c.Register(e); err != nil {
-		return err
-	}
-	defer c.Unregister(e)
-	cl, err := handoff.New(e, handoff.Options{Sidecar: o.sidecar})
-	if err != nil {
-		return err
-	}
-	defer cl.Close()
+	defer r.close()
+	p, e, c, cl := r.p, r.e, r.c, r.cl
 	ctx := context.Background()
 	tx, err := cl.Expect(ctx, handoff.Request{ID: o.id, Layout: &c.Layout, Blocks: p.dst, Mode: handoff.Mode(o.modes),
 		Timeout: 60 * time.Second})
