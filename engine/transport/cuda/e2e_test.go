@@ -5,15 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"io"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/ebitengine/purego"
 	"go.uber.org/goleak"
 
 	"github.com/tecache/te/engine"
@@ -133,9 +130,7 @@ func runChild() int {
 }
 
 type child struct {
-	cmd  *exec.Cmd
-	in   io.WriteCloser
-	out  *bufio.Scanner
+	*cudatest.Child
 	name string
 	addr uint64
 	n    uint64
@@ -143,53 +138,12 @@ type child struct {
 }
 
 func startChild(t *testing.T) *child {
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), envChild+"=1")
-	cmd.Stderr = os.Stderr
-	in, _ := cmd.StdinPipe()
-	out, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	c := &child{cmd: cmd, in: in, out: bufio.NewScanner(out)}
-	t.Cleanup(func() { in.Close(); cmd.Wait() })
-	f := strings.Fields(c.line(t))
-	if len(f) != 5 || f[0] != "READY" {
-		t.Fatalf("child: %v", f)
-	}
-	c.name, c.loc = f[1], f[4]
-	c.addr, _ = strconv.ParseUint(f[2], 10, 64)
-	c.n, _ = strconv.ParseUint(f[3], 10, 64)
+	c := &child{Child: cudatest.StartChild(t, envChild, 5)}
+	f := c.Ready
+	c.name, c.loc = f[0], f[3]
+	c.addr, _ = strconv.ParseUint(f[1], 10, 64)
+	c.n, _ = strconv.ParseUint(f[2], 10, 64)
 	return c
-}
-
-func (c *child) line(t *testing.T) string {
-	t.Helper()
-	if !c.out.Scan() {
-		t.Fatal("child exited")
-	}
-	return c.out.Text()
-}
-
-func (c *child) cmdLine(t *testing.T, s string) string {
-	t.Helper()
-	fmt.Fprintln(c.in, s)
-	return c.line(t)
-}
-
-// fakeOpenHandles reads the fake driver's count of open IPC mappings.
-func fakeOpenHandles(t *testing.T) int64 {
-	h, err := purego.Dlopen(os.Getenv(cuda.EnvLibrary), purego.RTLD_NOW)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sym, err := purego.Dlsym(h, "fakecuda_open_handles")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var f func() int64
-	purego.RegisterFunc(&f, sym)
-	return f()
 }
 
 func transfer(t *testing.T, e *engine.Engine, reqs ...engine.Request) (engine.BatchStatus, time.Duration) {
@@ -295,7 +249,7 @@ func TestGPUToGPU(t *testing.T) {
 	}
 	t.Logf("write %d MiB GPU->GPU over %s: %.2f GB/s; device-to-device copy in one process: %.2f GB/s; ratio %.2f",
 		n>>20, ts0(force), float64(n)/took.Seconds()/1e9, float64(n)/refTook.Seconds()/1e9, refTook.Seconds()/took.Seconds())
-	if got := c.cmdLine(t, "crc 0 "+strconv.FormatUint(n, 10)); got != fmt.Sprintf("CRC %d <nil>", want) {
+	if got := c.Do(t, "crc 0 "+strconv.FormatUint(n, 10)); got != fmt.Sprintf("CRC %d <nil>", want) {
 		t.Fatalf("child after write: %s, want CRC %d", got, want)
 	}
 	// Read back half of the child's buffer into the second half of ours.
@@ -305,7 +259,7 @@ func TestGPUToGPU(t *testing.T) {
 		t.Fatalf("read: %+v", st)
 	}
 	got, _ := g.crc(half, half)
-	if line := c.cmdLine(t, "crc 0 "+strconv.FormatUint(half, 10)); line != fmt.Sprintf("CRC %d <nil>", got) {
+	if line := c.Do(t, "crc 0 "+strconv.FormatUint(half, 10)); line != fmt.Sprintf("CRC %d <nil>", got) {
 		t.Fatalf("read back %d, child has %s", got, line)
 	}
 	t.Logf("read %d MiB GPU->GPU over %s: %.2f GB/s", half>>20, ts0(force), float64(half)/took.Seconds()/1e9)
@@ -320,13 +274,13 @@ func TestGPUToGPU(t *testing.T) {
 	if force != "" && force != "cudaipc" {
 		return
 	}
-	if cudatest.Fake() && fakeOpenHandles(t) != 1 {
-		t.Fatalf("%d handles open, want 1 (opened once, cached)", fakeOpenHandles(t))
+	if cudatest.Fake() && cudatest.Counter(t, "fakecuda_open_handles") != 1 {
+		t.Fatalf("%d handles open, want 1 (opened once, cached)", cudatest.Counter(t, "fakecuda_open_handles"))
 	}
-	if line := c.cmdLine(t, "unreg"); line != "UNREG <nil>" {
+	if line := c.Do(t, "unreg"); line != "UNREG <nil>" {
 		t.Fatalf("child unregister: %s", line)
 	}
-	if cudatest.Fake() && fakeOpenHandles(t) != 0 {
+	if cudatest.Fake() && cudatest.Counter(t, "fakecuda_open_handles") != 0 {
 		t.Fatal("the owner's Unregister returned while this process still mapped its memory")
 	}
 	st, _ = transfer(t, e, engine.Request{Op: engine.Write, Local: g.addr, Segment: seg, Remote: c.addr, Length: 4096})

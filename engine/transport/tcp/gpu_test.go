@@ -5,20 +5,17 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"io"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/ebitengine/purego"
-
 	"github.com/tecache/te/engine"
 	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/transport/tcp"
 	"github.com/tecache/te/internal/sys/cuda"
+	"github.com/tecache/te/internal/sys/cuda/cudatest"
 	"github.com/tecache/te/internal/sys/mem"
 )
 
@@ -159,9 +156,7 @@ func runGPUChild() int {
 }
 
 type gpuChild struct {
-	cmd      *exec.Cmd
-	in       io.WriteCloser
-	out      *bufio.Scanner
+	*cudatest.Child
 	name     string
 	gpu, cpu uint64
 	loc      string
@@ -169,54 +164,12 @@ type gpuChild struct {
 
 func startGPUChild(t testing.TB) *gpuChild {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), envGPUChild+"=1")
-	cmd.Stderr = os.Stderr
-	in, _ := cmd.StdinPipe()
-	out, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	c := &gpuChild{cmd: cmd, in: in, out: bufio.NewScanner(out)}
-	t.Cleanup(func() { in.Close(); cmd.Wait() })
-	f := strings.Fields(c.line(t))
-	if len(f) != 5 || f[0] != "READY" {
-		t.Fatalf("child: %v", f)
-	}
-	c.name, c.loc = f[1], f[4]
-	c.gpu, _ = strconv.ParseUint(f[2], 10, 64)
-	c.cpu, _ = strconv.ParseUint(f[3], 10, 64)
+	c := &gpuChild{Child: cudatest.StartChild(t, envGPUChild, 5)}
+	f := c.Ready
+	c.name, c.loc = f[0], f[3]
+	c.gpu, _ = strconv.ParseUint(f[1], 10, 64)
+	c.cpu, _ = strconv.ParseUint(f[2], 10, 64)
 	return c
-}
-
-func (c *gpuChild) line(t testing.TB) string {
-	t.Helper()
-	if !c.out.Scan() {
-		t.Fatal("child exited")
-	}
-	return c.out.Text()
-}
-
-func (c *gpuChild) do(t testing.TB, format string, args ...any) string {
-	t.Helper()
-	fmt.Fprintf(c.in, format+"\n", args...)
-	return c.line(t)
-}
-
-// fakeCounter reads one of the fake driver's counters (streams, events).
-func fakeCounter(t *testing.T, name string) int64 {
-	t.Helper()
-	h, err := purego.Dlopen(os.Getenv(cuda.EnvLibrary), purego.RTLD_NOW)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sym, err := purego.Dlsym(h, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var f func() int64
-	purego.RegisterFunc(&f, sym)
-	return f()
 }
 
 func isFake() bool { return strings.HasSuffix(os.Getenv(cuda.EnvLibrary), "libfakecuda.so") }
@@ -287,10 +240,10 @@ func TestGPUStaged(t *testing.T) {
 		t.Fatal(err)
 	}
 	pattern(lh, 0x22)
-	if got := c.do(t, "fill gpu %d", 0x33); got != "OK <nil>" {
+	if got := c.Do(t, fmt.Sprintf("fill gpu %d", 0x33)); got != "OK <nil>" {
 		t.Fatal(got)
 	}
-	if got := c.do(t, "fill host %d", 0x44); got != "OK <nil>" {
+	if got := c.Do(t, fmt.Sprintf("fill host %d", 0x44)); got != "OK <nil>" {
 		t.Fatal(got)
 	}
 	check := func(b *buf, what string) {
@@ -301,7 +254,7 @@ func TestGPUStaged(t *testing.T) {
 			if b.gpu {
 				kind = "gpu"
 			}
-			if got := c.do(t, "crc %s", kind); got != fmt.Sprintf("CRC %d <nil>", want) {
+			if got := c.Do(t, "crc "+kind); got != fmt.Sprintf("CRC %d <nil>", want) {
 				t.Fatalf("%s: %s differs from its model: %s, want CRC %d", what, b.name, got, want)
 			}
 			return
@@ -358,7 +311,7 @@ func TestGPUStaged(t *testing.T) {
 		}
 	}
 	if isFake() {
-		if fakeCounter(t, "fakecuda_streams") == 0 {
+		if cudatest.Counter(t, "fakecuda_streams") == 0 {
 			t.Fatal("no staging stream exists after GPU transfers over tcp")
 		}
 		if err := e.Close(); err != nil {
@@ -366,7 +319,7 @@ func TestGPUStaged(t *testing.T) {
 		}
 		closed = true
 		// Close freed every ring: each has a stream and one event per chunk.
-		if n, m := fakeCounter(t, "fakecuda_streams"), fakeCounter(t, "fakecuda_events"); n != 0 || m != 0 {
+		if n, m := cudatest.Counter(t, "fakecuda_streams"), cudatest.Counter(t, "fakecuda_events"); n != 0 || m != 0 {
 			t.Fatalf("after Close %d streams and %d events remain", n, m)
 		}
 	}
@@ -402,8 +355,8 @@ func TestGPUBatchMixed(t *testing.T) {
 	// Blocks of 40 KiB + 1: GPU i -> remote GPU, host i -> remote host
 	// (writes); remote GPU -> local host, remote host -> local GPU at the
 	// second half (reads of the bytes the child was filled with).
-	c.do(t, "fill gpu 7")
-	c.do(t, "fill host 8")
+	c.Do(t, "fill gpu 7")
+	c.Do(t, "fill host 8")
 	const blk, nb = 40<<10 + 1, 64
 	half := uint64(8 << 20)
 	var reqs []engine.Request
@@ -446,10 +399,10 @@ func TestGPUBatchMixed(t *testing.T) {
 	if crc32.ChecksumIEEE(lh) != crc32.ChecksumIEEE(mh) {
 		t.Error("local host buffer differs from its model")
 	}
-	if line := c.do(t, "crc gpu"); line != fmt.Sprintf("CRC %d <nil>", crc32.ChecksumIEEE(rg)) {
+	if line := c.Do(t, "crc gpu"); line != fmt.Sprintf("CRC %d <nil>", crc32.ChecksumIEEE(rg)) {
 		t.Errorf("remote GPU buffer differs from its model: %s", line)
 	}
-	if line := c.do(t, "crc host"); line != fmt.Sprintf("CRC %d <nil>", crc32.ChecksumIEEE(rh)) {
+	if line := c.Do(t, "crc host"); line != fmt.Sprintf("CRC %d <nil>", crc32.ChecksumIEEE(rh)) {
 		t.Errorf("remote host buffer differs from its model: %s", line)
 	}
 }
