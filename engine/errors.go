@@ -27,6 +27,9 @@ var (
 	ErrProtocol             = errs.ErrProtocol
 	ErrCanceled             = errs.ErrCanceled
 	ErrNotFound             = errs.ErrNotFound
+	ErrUnauthenticated      = errs.ErrUnauthenticated
+	ErrForked               = errs.ErrForked
+	ErrResourceExhausted    = errs.ErrResourceExhausted
 )
 
 // CodeOf returns the stable code of err (0 for nil).

@@ -41,6 +41,18 @@ const (
 	// held it (it restarted or no longer knows the id): release the blocks
 	// and retry or fail the request rather than wait.
 	TransferLost Code = 21
+	// Unauthenticated means a peer did not prove it holds the cluster
+	// secret (or this side could not prove it to the peer): the message
+	// says which side refused. Nothing was learned or touched.
+	Unauthenticated Code = 22
+	// Forked means the call came from a child process forked after the
+	// library was initialized in its parent; the Go runtime cannot run
+	// there, so every entry point refuses at once.
+	Forked Code = 23
+	// ResourceExhausted means a bound on what a peer may make te hold
+	// (connections, calls in flight, notification bytes, declarations)
+	// was reached; the refusal is for this peer, the others carry on.
+	ResourceExhausted Code = 24
 )
 
 var names = map[Code]string{
@@ -66,6 +78,9 @@ var names = map[Code]string{
 	NotFound:             "not found",
 	BufferTooSmall:       "buffer too small",
 	TransferLost:         "transfer lost",
+	Unauthenticated:      "unauthenticated",
+	Forked:               "forked",
+	ResourceExhausted:    "resource exhausted",
 }
 
 // String names the code.
@@ -136,6 +151,9 @@ var (
 	ErrNotFound             = &Error{Code: NotFound}
 	ErrBufferTooSmall       = &Error{Code: BufferTooSmall}
 	ErrTransferLost         = &Error{Code: TransferLost}
+	ErrUnauthenticated      = &Error{Code: Unauthenticated}
+	ErrForked               = &Error{Code: Forked}
+	ErrResourceExhausted    = &Error{Code: ResourceExhausted}
 )
 
 // New builds an *Error.
