@@ -43,6 +43,73 @@ type Config struct {
 	MaxNotifies int
 	// Logger receives the engine's log lines. Default: slog.Default().
 	Logger *slog.Logger
+
+	// AuthSecret is the cluster secret: peers prove to each other that they
+	// hold it before any other message (SECURITY.md). A second line, if
+	// any, is an older secret still accepted from peers during a rotation.
+	// Empty: read AuthSecretFile; both empty: the environment
+	// (TE_AUTH_SECRET_FILE, then TE_AUTH_SECRET); none at all runs without
+	// authentication and says so in the log.
+	AuthSecret string
+	// AuthSecretFile is a file holding the secret (a Kubernetes Secret
+	// mount), in AuthSecret's format.
+	AuthSecretFile string
+	// AcceptMooncakePeers lets Mooncake Transfer Engine peers, which cannot
+	// authenticate and carry no capability key, read and write this
+	// engine's remote-accessible memory over tcp. Off by default; also
+	// turned on by TE_ACCEPT_MOONCAKE_PEERS=1. With a cluster secret it is
+	// refused unless AllowMooncakeWithSecret is set too.
+	AcceptMooncakePeers bool
+	// AllowMooncakeWithSecret accepts Mooncake peers even though a cluster
+	// secret is set: they bypass the secret, so this trusts the network.
+	AllowMooncakeWithSecret bool
+	// UnregisterGrace is how long UnregisterMemory and Close let remote
+	// accesses in flight finish before cutting the connections or queue
+	// pairs that carry them. Default 2s.
+	UnregisterGrace time.Duration
+	// Limits bound what peers can make this engine hold.
+	Limits Limits
+}
+
+// Limits bound the resources a peer, idle or hostile, can make an engine hold.
+// A zero field takes its default; a peer over a bound is refused
+// (errs.ResourceExhausted) or cut off, counted in the engine's stats, and the
+// other peers carry on.
+type Limits struct {
+	// MaxConns bounds accepted connections per listener (RPC and tcp data
+	// each). Default 1024.
+	MaxConns int
+	// MaxConnsPerHost bounds accepted connections per remote IP address per
+	// listener. Default 256.
+	MaxConnsPerHost int
+	// IdleTimeout closes an accepted connection that has nothing in flight
+	// for this long. Default 5m.
+	IdleTimeout time.Duration
+	// HandshakeTimeout bounds authentication and the data preface of a new
+	// connection, and the arrival of a frame or request header once its
+	// first byte came. Default 10s.
+	HandshakeTimeout time.Duration
+	// ProgressTimeout cuts a connection whose payload (a control frame
+	// body, a WRITE payload, a READ payload being sent) makes no progress
+	// for this long, ending the accesses it held. Default 10s.
+	ProgressTimeout time.Duration
+	// MaxFrame bounds a control frame that may carry a descriptor. Frames
+	// of other kinds are bounded by 64 KiB (notifications by their own
+	// limit). Default 16 MiB, the largest descriptor.
+	MaxFrame uint64
+	// MaxCallsPerConn bounds control calls in flight on one connection;
+	// past it the engine stops reading that connection. Default 64.
+	MaxCallsPerConn int
+	// MaxCalls bounds control calls in flight in the engine. Default 1024.
+	MaxCalls int
+	// NotifyBytes bounds the bytes of received, undrained notifications.
+	// Default 64 MiB.
+	NotifyBytes uint64
+	// NotifyBytesPerSender bounds them per sender name. Default 16 MiB.
+	NotifyBytesPerSender uint64
+	// PeerIdleTimeout drops a tcp peer's pooled connections when it had no
+	// request for this long. Default 5m.
+	PeerIdleTimeout time.Duration
 }
 
 func (c *Config) fill() {
