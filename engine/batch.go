@@ -22,7 +22,8 @@ const (
 // TaskState is the state of one request of a batch, numbered as Mooncake's.
 type TaskState int32
 
-// Task states.
+// Task states. A task leaves PENDING only once its transport will never touch
+// its memory again: every state after PENDING is a fence.
 const (
 	Waiting   TaskState = 0 // slot allocated, nothing submitted
 	Pending   TaskState = 1 // submitted, not finished
@@ -64,6 +65,10 @@ type Request struct {
 	Length  uint64
 	// Transport forces a transport for this request ("" chooses).
 	Transport string
+	// Window is the key of a window the target granted over the range
+	// (Engine.GrantWindow), presented instead of the buffer's own key: the
+	// target can then revoke this transfer's access alone. 0: none.
+	Window uint64
 }
 
 // TaskStatus is the state of one request.
@@ -84,22 +89,21 @@ type BatchStatus struct {
 	Err         error
 }
 
-type task struct {
-	state     atomic.Int32
-	length    uint64
-	transport string
-	st        *segState
-	group     *submitGroup
-	err       error // set before state leaves Pending
-	doneOnce  atomic.Bool
-}
+// Why the engine asked a transport to cancel a task; the outcome the task
+// ends with when the transport confirms.
+const (
+	whyNone int32 = iota
+	whyTimeout
+	whyCanceled
+)
 
-// submitGroup is the tasks of one Submit call, which share a deadline.
-type submitGroup struct {
-	remaining atomic.Int32
-	deadline  time.Time
-	b         *Batch
-	tasks     []*task
+type task struct {
+	state  atomic.Int32
+	why    atomic.Int32 // whyTimeout / whyCanceled once the engine canceled it
+	err    error        // written before state leaves Pending
+	length uint64
+	t      transport.Transport
+	st     *segState
 }
 
 type batchNotify struct {
@@ -107,19 +111,43 @@ type batchNotify struct {
 }
 
 // Batch is a set of requests submitted together and waited on together.
-// Submit may be called several times up to the capacity.
+// Submit may be called several times up to the capacity; Reset makes the
+// slots of a finished batch usable again.
+//
+// The slots (tasks and the transport requests) are allocated once per batch
+// and reused, and a task's completion is an index into them, so a submit
+// allocates nothing per request in steady state.
 type Batch struct {
 	e        *Engine
 	capacity int
+	tasks    []task
+	reqs     []transport.Request // reqs[i] is task i's request
 
-	mu      sync.Mutex
-	tasks   []*task
-	pending int
-	done    chan struct{} // made by a waiter while tasks are pending; closed when none are
-	notify  *batchNotify
-	freed   bool
-	efd     int         // eventfd from EventFD, 0 when none
-	sum     BatchStatus // outcomes of the finished tasks
+	smu sync.Mutex // serialises Submit, Reset and Free (slot owners)
+
+	// pending counts submitted tasks not ended, plus a batch notify being
+	// sent. Only the completion that brings it to zero takes mu.
+	pending atomic.Int64
+	nDone   atomic.Int64
+	nFail   atomic.Int64
+	bytes   atomic.Uint64
+
+	mu        sync.Mutex
+	n         int           // tasks submitted (slots in use)
+	settled   bool          // nothing pending and any notify sent
+	done      chan struct{} // made by a waiter while unsettled; closed on settling
+	notify    *batchNotify
+	worst     TaskState
+	firstErr  error
+	freed     bool
+	gen       uint32 // bumped by Reset and Free: reaper entries of old tasks are void
+	efd       int    // eventfd from EventFD, 0 when none
+	flushDone int64  // counts already added to the engine's stats
+	flushFail int64
+	flushB    uint64
+	timedOut  int64
+	canceled  int64
+	notifyErr error // the batch's notify could not be delivered
 }
 
 // AllocateBatch returns an empty batch for up to capacity requests.
@@ -130,11 +158,44 @@ func (e *Engine) AllocateBatch(capacity int) (*Batch, error) {
 	if capacity <= 0 || capacity > 1<<24 {
 		return nil, errs.New(errs.InvalidArgument, "allocate batch", "capacity %d outside 1..%d", capacity, 1<<24)
 	}
-	b := &Batch{e: e, capacity: capacity, sum: BatchStatus{State: Completed}}
+	b := &Batch{e: e, capacity: capacity, settled: true}
+	b.tasks, b.reqs = getSlots(capacity)
 	e.batchMu.Lock()
 	e.batches[b] = struct{}{}
 	e.batchMu.Unlock()
 	return b, nil
+}
+
+// Slots are pooled per capacity class, so an AllocateBatch/Free cycle (the
+// Mooncake pattern: one batch per transfer) reuses them too.
+var slotPools [25]sync.Pool
+
+type slots struct {
+	tasks []task
+	reqs  []transport.Request
+}
+
+func slotClass(capacity int) int {
+	c := 0
+	for 1<<c < capacity {
+		c++
+	}
+	return c
+}
+
+func getSlots(capacity int) ([]task, []transport.Request) {
+	c := slotClass(capacity)
+	if s, ok := slotPools[c].Get().(*slots); ok {
+		return s.tasks[:capacity], s.reqs[:capacity]
+	}
+	n := 1 << c
+	return make([]task, n)[:capacity], make([]transport.Request, n)[:capacity]
+}
+
+func putSlots(ts []task, rs []transport.Request) {
+	clear(ts[:cap(ts)])
+	clear(rs[:cap(rs)])
+	slotPools[slotClass(cap(ts))].Put(&slots{ts[:cap(ts)], rs[:cap(rs)]})
 }
 
 // Capacity returns the batch's capacity.
@@ -143,23 +204,18 @@ func (b *Batch) Capacity() int { return b.capacity }
 // Submit validates every request, then starts them all; if any request is
 // invalid nothing is started and the error names it. A request is valid when
 // its length is non-zero, its local range lies in registered memory and its
-// target range lies inside one buffer of the segment's descriptor.
+// target range lies inside one buffer of the segment's descriptor. Submit
+// does not wait for the transfers.
 func (b *Batch) Submit(reqs ...Request) error {
 	return b.submit(nil, reqs)
 }
 
 // SubmitWithNotify submits like Submit and, once every task of the batch has
-// COMPLETED, sends the notification (name, msg) to segment. No notification is
-// sent if a task fails.
+// COMPLETED, sends the notification (name, msg) to segment before the batch
+// reports COMPLETED. No notification is sent if a task fails; a notification
+// that cannot be delivered fails the batch.
 func (b *Batch) SubmitWithNotify(segment, name, msg string, reqs ...Request) error {
 	return b.submit(&batchNotify{segment, name, msg}, reqs)
-}
-
-type prepared struct {
-	t      transport.Transport
-	tr     *transport.Request
-	region *segment.Region
-	task   *task
 }
 
 func (b *Batch) submit(n *batchNotify, reqs []Request) error {
@@ -170,89 +226,102 @@ func (b *Batch) submit(n *batchNotify, reqs []Request) error {
 	if len(reqs) == 0 {
 		return errs.New(errs.InvalidArgument, "submit", "no requests")
 	}
+	b.smu.Lock()
+	defer b.smu.Unlock()
 	b.mu.Lock()
-	if b.freed {
-		b.mu.Unlock()
+	lo, freed := b.n, b.freed
+	b.mu.Unlock()
+	if freed {
 		return errs.New(errs.InvalidArgument, "submit", "batch was freed")
 	}
-	if len(b.tasks)+len(reqs) > b.capacity {
-		b.mu.Unlock()
+	if lo+len(reqs) > b.capacity {
 		return errs.New(errs.InvalidArgument, "submit", "%d requests exceed the batch's remaining capacity of %d",
-			len(reqs), b.capacity-len(b.tasks))
+			len(reqs), b.capacity-lo)
 	}
-	b.mu.Unlock()
-
-	// One allocation each for the tasks and transport requests of a submit:
-	// per-request garbage was the largest cost at small block sizes.
-	ps := make([]prepared, len(reqs))
-	tasks := make([]task, len(reqs))
-	trs := make([]transport.Request, len(reqs))
-	release := func(k int) {
-		for _, p := range ps[:k] {
-			p.region.Release()
-		}
-	}
+	// Slots [lo, lo+len) are this submit's: nobody reads them before b.n
+	// covers them. The local region is looked up once per run of requests
+	// in it, and retained once per run below.
+	var region *segment.Region
 	for i := range reqs {
 		r := &reqs[i]
-		p, err := e.prepare(b, i, r, &tasks[i], &trs[i])
-		if err != nil {
-			release(i)
+		if region == nil || r.Local < region.Addr || r.Local+r.Length > region.End() || r.Local+r.Length < r.Local {
+			region, _ = e.reg.Lookup(r.Local, r.Length)
+		}
+		if err := e.prepare(b, i, lo+i, r, region); err != nil {
+			b.clearSlots(lo, lo+i+1)
 			return err
 		}
-		ps[i] = p
+	}
+	if err := b.retain(lo, lo+len(reqs)); err != nil {
+		b.clearSlots(lo, lo+len(reqs))
+		return err
 	}
 
-	group := &submitGroup{}
-	group.remaining.Store(int32(len(ps)))
 	b.mu.Lock()
-	if b.freed || len(b.tasks)+len(ps) > b.capacity {
-		b.mu.Unlock()
-		release(len(ps))
-		return errs.New(errs.InvalidArgument, "submit", "batch freed or filled concurrently")
-	}
 	if n != nil {
 		b.notify = n
 	}
-	for i := range ps {
-		t := ps[i].task
-		t.group = group
-		b.tasks = append(b.tasks, t)
-	}
-	b.pending += len(ps)
+	b.n = lo + len(reqs)
+	b.settled = false
+	b.pending.Add(int64(len(reqs)))
+	gen := b.gen
 	b.mu.Unlock()
 
-	if e.cfg.TransferTimeout > 0 {
-		group.b = b
-		group.tasks = make([]*task, len(ps))
-		for i := range ps {
-			group.tasks[i] = ps[i].task
+	// Hand each transport its run of requests in one call.
+	for i := lo; i < lo+len(reqs); {
+		t := b.tasks[i].t
+		j := i + 1
+		for j < lo+len(reqs) && b.tasks[j].t == t {
+			j++
 		}
-		e.reaper.add(group, e.cfg.TransferTimeout)
+		t.Submit(b.reqs[i:j])
+		i = j
 	}
-
-	// Hand each transport its requests in one call.
-	for len(ps) > 0 {
-		t := ps[0].t
-		var mine []*transport.Request
-		rest := ps[:0]
-		for _, p := range ps {
-			if p.t == t {
-				mine = append(mine, p.tr)
-			} else {
-				rest = append(rest, p)
-			}
-		}
-		t.Submit(mine)
-		ps = rest
+	if e.cfg.TransferTimeout > 0 {
+		e.reaper.add(b, gen, lo, lo+len(reqs), e.cfg.TransferTimeout)
 	}
 	return nil
 }
 
-// prepare validates one request and builds its transport request; the local
-// region is held in flight until the transport calls Done.
-func (e *Engine) prepare(b *Batch, i int, r *Request, tk *task, tr *transport.Request) (prepared, error) {
-	fail := func(code errs.Code, format string, args ...any) (prepared, error) {
-		return prepared{}, errs.New(code, "submit", "request %d: "+format, append([]any{i}, args...)...)
+// retain holds the local regions of slots [lo, hi) for their requests: one
+// atomic update per run of requests in one region, undone if a region began
+// to unregister meanwhile.
+func (b *Batch) retain(lo, hi int) error {
+	for i := lo; i < hi; {
+		g := b.reqs[i].Region
+		j := i + 1
+		for j < hi && b.reqs[j].Region == g {
+			j++
+		}
+		if !g.Retain(int64(j - i)) {
+			for k := lo; k < i; {
+				h := b.reqs[k].Region
+				m := k + 1
+				for m < i && b.reqs[m].Region == h {
+					m++
+				}
+				h.ReleaseN(int64(m - k))
+				k = m
+			}
+			return errs.New(errs.AddressNotRegistered, "submit", "request %d: local [%#x,+%d) is being unregistered",
+				i-lo, b.reqs[i].Local, b.reqs[i].Length)
+		}
+		i = j
+	}
+	return nil
+}
+
+func (b *Batch) clearSlots(lo, hi int) {
+	clear(b.tasks[lo:hi])
+	clear(b.reqs[lo:hi])
+}
+
+// prepare validates request i (slot k) and fills its task and transport
+// request.
+func (e *Engine) prepare(b *Batch, i, k int, r *Request, region *segment.Region) error {
+	tk, tr := &b.tasks[k], &b.reqs[k]
+	fail := func(code errs.Code, format string, args ...any) error {
+		return errs.New(code, "submit", "request %d: "+format, append([]any{i}, args...)...)
 	}
 	if r.Op != Read && r.Op != Write {
 		return fail(errs.InvalidArgument, "opcode %d is neither READ nor WRITE", r.Op)
@@ -266,43 +335,37 @@ func (e *Engine) prepare(b *Batch, i int, r *Request, tk *task, tr *transport.Re
 	if r.Segment == nil || r.Segment.e != e || r.Segment.closed.Load() {
 		return fail(errs.InvalidArgument, "segment handle is nil, closed or of another engine")
 	}
+	if region == nil {
+		return fail(errs.AddressNotRegistered, "local range: [%#x,+%d) is not inside one registered buffer", r.Local, r.Length)
+	}
 	st := r.Segment.st
-	d, buf, t, err := e.target(st, r)
-	if err != nil && !st.local {
+	d, buf, t, err := e.target(st, r, region)
+	if err != nil && !st.local && e.mayRefresh(st, err) {
 		// The cached descriptor may predate a registration or a restart of
-		// the peer: look again once before refusing.
-		st.stale.Store(true)
-		if d2, _ := e.current(st); d2 != nil && d2 != d {
-			d, buf, t, err = e.target(st, r)
+		// the peer: look again once (this segment only) before refusing.
+		if d2, err2 := e.refresh(st, d); err2 == nil && d2 != d {
+			d, buf, t, err = e.target(st, r, region)
 		}
 	}
 	if err != nil {
 		return fail(errs.CodeOf(err), "%v", err)
 	}
-	region, err := e.reg.Acquire(r.Local, r.Length, 0, false)
-	if err != nil {
-		return fail(errs.CodeOf(err), "local range: %v", err)
+	key := buf.Key
+	if r.Window != 0 {
+		key = r.Window
 	}
-	tk.length, tk.transport, tk.st = r.Length, t.Name(), st
+	tk.length, tk.t, tk.st = r.Length, t, st
+	tk.err = nil
+	tk.why.Store(whyNone)
 	tk.state.Store(int32(Pending))
-	*tr = transport.Request{Op: r.Op, Local: r.Local, Remote: r.Remote, Length: r.Length, Peer: d, Buffer: buf}
-	tr.Done = func(err error) {
-		if !tk.doneOnce.CompareAndSwap(false, true) {
-			return // a transport bug must not release the region twice
-		}
-		region.Release()
-		if err != nil {
-			b.finish(tk, Failed, err)
-		} else {
-			b.finish(tk, Completed, nil)
-		}
-	}
-	return prepared{t: t, tr: tr, region: region, task: tk}, nil
+	*tr = transport.Request{Op: r.Op, Local: r.Local, Remote: r.Remote, Length: r.Length, Peer: d, Buffer: buf,
+		Key: key, Region: region, Owner: b, Index: k}
+	return nil
 }
 
 // target resolves a request against the segment's current descriptor: the
 // buffer holding the target range and the transport to use.
-func (e *Engine) target(st *segState, r *Request) (*segment.Desc, *segment.BufferDesc, transport.Transport, error) {
+func (e *Engine) target(st *segState, r *Request, region *segment.Region) (*segment.Desc, *segment.BufferDesc, transport.Transport, error) {
 	d, err := e.current(st)
 	if err != nil {
 		return nil, nil, nil, err
@@ -315,118 +378,251 @@ func (e *Engine) target(st *segState, r *Request) (*segment.Desc, *segment.Buffe
 	if err != nil {
 		return d, nil, nil, err
 	}
-	if t, err = e.routeDevice(d, buf, r, t); err != nil {
+	if t, err = e.routeDevice(d, buf, r, region, t); err != nil {
 		return d, nil, nil, err
 	}
 	return d, buf, t, nil
 }
 
-// finish moves t from PENDING to state; a task finishes once.
-func (b *Batch) finish(t *task, state TaskState, err error) {
-	if t.state.Load() != int32(Pending) {
-		return
-	}
+// Complete ends task i with the transport's outcome (transport.Completer).
+// The transport calls it once, after it stopped touching the task's memory.
+func (b *Batch) Complete(i int, err error) {
+	t := &b.tasks[i]
+	state := Completed
 	if err != nil {
-		// Before the batch can be seen done: a caller that resubmits on
-		// failure must get the refreshed descriptor.
-		b.e.invalidate(t.st, err)
-	}
-	b.mu.Lock()
-	if t.state.Load() != int32(Pending) {
-		b.mu.Unlock()
-		return
-	}
-	t.err = err
-	t.state.Store(int32(state))
-	b.pending--
-	if state == Completed {
-		b.sum.Completed++
-		b.sum.Transferred += t.length
-	} else {
-		b.sum.Failed++
-		if b.sum.Err == nil {
-			b.sum.Err = err
-		}
-	}
-	if rank(state) > rank(b.sum.State) {
-		b.sum.State = state
-	}
-	// Counted before the batch can be seen done, so a caller that reads
-	// the stats after Wait sees this task.
-	t.group.remaining.Add(-1)
-	b.e.stats.count(t, state)
-	var n *batchNotify
-	if b.pending == 0 {
-		if b.done != nil {
-			close(b.done)
-			b.done = nil
-		}
-		if b.efd > 0 {
-			signalFD(b.efd)
-		}
-		if b.notify != nil && b.sum.Failed == 0 {
-			n = b.notify
-		}
-		b.notify = nil
-	}
-	b.mu.Unlock()
-	if n != nil && !b.e.closed.Load() {
-		b.e.wg.Add(1)
-		go func() {
-			defer b.e.wg.Done()
-			if err := b.e.SendNotify(n.segment, n.name, n.msg); err != nil {
-				b.e.cfg.Logger.Warn("te: batch notify", "segment", n.segment, "err", err)
+		switch t.why.Load() {
+		case whyTimeout:
+			state = Timeout
+			if errs.CodeOf(err) == errs.Canceled {
+				err = errs.Wrap(errs.Timeout, "transfer", err, "not finished within %v", b.e.cfg.TransferTimeout)
 			}
-		}()
+		case whyCanceled:
+			state = Canceled
+		default:
+			state = Failed
+		}
+		t.err = err
+	}
+	if !t.state.CompareAndSwap(int32(Pending), int32(state)) {
+		return // a transport bug must not count a task twice
+	}
+	b.reqs[i].Region.Release()
+	if err != nil {
+		b.failed(t, state, err)
+	} else {
+		b.nDone.Add(1)
+		b.bytes.Add(t.length)
+	}
+	if b.pending.Add(-1) == 0 {
+		b.settle()
 	}
 }
 
-// failPending ends every pending task with err (engine close).
-func (b *Batch) failPending(err error) {
+// failed records a task that did not complete (the rare path, under mu).
+func (b *Batch) failed(t *task, state TaskState, err error) {
+	// Before the batch can be seen done: a caller that resubmits on
+	// failure must get a refreshed descriptor.
+	b.e.invalidate(t.st, err)
 	b.mu.Lock()
-	tasks := append([]*task(nil), b.tasks...)
-	b.mu.Unlock()
-	for _, t := range tasks {
-		b.finish(t, Failed, err)
+	b.nFail.Add(1)
+	if b.firstErr == nil {
+		b.firstErr = err
 	}
+	if rank(state) > rank(b.worst) {
+		b.worst = state
+	}
+	switch state {
+	case Timeout:
+		b.timedOut++
+	case Canceled:
+		b.canceled++
+	}
+	b.mu.Unlock()
+}
+
+// settle runs when nothing is pending: it sends the batch's notify first (the
+// batch stays PENDING until it is on the wire), then wakes the waiters.
+func (b *Batch) settle() {
+	b.mu.Lock()
+	if b.pending.Load() != 0 || b.settled {
+		b.mu.Unlock() // a submit reopened the batch, or a notify settles it
+		return
+	}
+	if n := b.notify; n != nil {
+		b.notify = nil
+		if b.nFail.Load() == 0 {
+			b.pending.Add(1) // held by the notify until it is delivered
+			b.mu.Unlock()
+			if !b.e.goTracked(func() { b.sendNotify(n) }) {
+				b.notifyFailed(errs.New(errs.Closed, "notify", "engine closed before the batch's notify was sent"))
+			}
+			return
+		}
+	}
+	b.settled = true
+	b.flushStats()
+	if b.done != nil {
+		close(b.done)
+		b.done = nil
+	}
+	if b.efd > 0 {
+		signalFD(b.efd)
+	}
+	b.mu.Unlock()
+}
+
+func (b *Batch) sendNotify(n *batchNotify) {
+	if err := b.e.SendNotify(n.segment, n.name, n.msg); err != nil {
+		b.notifyFailed(err)
+		return
+	}
+	if b.pending.Add(-1) == 0 {
+		b.settle()
+	}
+}
+
+// notifyFailed fails the batch: every task completed but the peer was not
+// told, and callers count on the notify to know the bytes are there.
+func (b *Batch) notifyFailed(err error) {
+	err = errs.Wrap(errs.CodeOf(err), "notify", err, "tasks completed but the batch's notify was not delivered")
+	b.mu.Lock()
+	b.notifyErr = err
+	b.mu.Unlock()
+	b.e.cfg.Logger.Warn("te: batch notify", "err", err)
+	if b.pending.Add(-1) == 0 {
+		b.settle()
+	}
+}
+
+// flushStats adds what the batch did since the last flush to the engine's
+// counters: one update per settle instead of two global atomics per task.
+// Called with mu held.
+func (b *Batch) flushStats() {
+	d, f, by := b.nDone.Load(), b.nFail.Load(), b.bytes.Load()
+	s := &b.e.stats
+	if x := d - b.flushDone; x > 0 {
+		s.completed.Add(uint64(x))
+	}
+	if x := by - b.flushB; x > 0 {
+		s.bytes.Add(x)
+	}
+	if x := f - b.flushFail; x > 0 {
+		s.failed.Add(uint64(x) - uint64(b.timedOut+b.canceled))
+		s.timedOut.Add(uint64(b.timedOut))
+		s.canceled.Add(uint64(b.canceled))
+	}
+	b.flushDone, b.flushFail, b.flushB = d, f, by
+	b.timedOut, b.canceled = 0, 0
+}
+
+// cancel asks the transports to end tasks [lo, hi) of generation gen that are
+// still pending; they end with state why (TIMEOUT or CANCELED) once the
+// transport has let go of them.
+func (b *Batch) cancel(gen uint32, lo, hi int, why int32) {
+	b.smu.Lock()
+	defer b.smu.Unlock()
+	b.mu.Lock()
+	if b.gen != gen || b.freed {
+		b.mu.Unlock()
+		return
+	}
+	hi = min(hi, b.n)
+	b.mu.Unlock()
+	b.cancelWhere(lo, hi, why, nil)
+}
+
+// cancelWhere cancels the pending tasks in [lo, hi) (those whose local region
+// is in rs, if rs is not nil). Called with smu held.
+func (b *Batch) cancelWhere(lo, hi int, why int32, rs []*segment.Region) {
+	byT := map[transport.Transport][]*transport.Request{}
+	for i := lo; i < hi; i++ {
+		t := &b.tasks[i]
+		if TaskState(t.state.Load()) != Pending {
+			continue
+		}
+		if rs != nil && !holds(rs, b.reqs[i].Region) {
+			continue
+		}
+		t.why.CompareAndSwap(whyNone, why)
+		byT[t.t] = append(byT[t.t], &b.reqs[i])
+	}
+	for tr, reqs := range byT {
+		tr.Cancel(reqs)
+	}
+}
+
+func holds(rs []*segment.Region, r *segment.Region) bool {
+	for _, x := range rs {
+		if x == r {
+			return true
+		}
+	}
+	return false
+}
+
+// Cancel ends every pending task early: each ends CANCELED (or with its real
+// outcome if it finished first) once its transport has stopped touching its
+// memory, which Wait then reports. Cancel itself does not block on the
+// network.
+func (b *Batch) Cancel() error {
+	b.smu.Lock()
+	defer b.smu.Unlock()
+	b.mu.Lock()
+	if b.freed {
+		b.mu.Unlock()
+		return errs.New(errs.InvalidArgument, "cancel", "batch was freed")
+	}
+	n := b.n
+	b.mu.Unlock()
+	b.cancelWhere(0, n, whyCanceled, nil)
+	return nil
 }
 
 // TaskStatus returns the state of task i (in submission order).
 func (b *Batch) TaskStatus(i int) (TaskStatus, error) {
 	b.mu.Lock()
-	defer b.mu.Unlock()
-	if i < 0 || i >= len(b.tasks) {
-		return TaskStatus{State: Invalid}, errs.New(errs.InvalidArgument, "task status", "task %d of %d", i, len(b.tasks))
+	n := b.n
+	b.mu.Unlock()
+	if i < 0 || i >= n { // a freed batch has no tasks
+		return TaskStatus{State: Invalid}, errs.New(errs.InvalidArgument, "task status", "task %d of %d", i, n)
 	}
-	return b.tasks[i].status(), nil
-}
-
-func (t *task) status() TaskStatus {
-	s := TaskStatus{State: TaskState(t.state.Load()), Transport: t.transport}
+	t := &b.tasks[i]
+	s := TaskStatus{State: TaskState(t.state.Load()), Transport: t.t.Name()}
 	if s.State == Completed {
 		s.Transferred = t.length
 	} else if s.State != Pending {
 		s.Err = t.err
 	}
-	return s
+	return s, nil
 }
 
-// Status sums up the batch.
+// Status sums up the batch. It is O(1): Wait and pollers call it on every
+// check and batches hold thousands of tasks.
 func (b *Batch) Status() BatchStatus {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.statusLocked()
 }
 
-// statusLocked is O(1): finish keeps the sums, since Wait and pollers call
-// this on every check and batches hold thousands of tasks.
 func (b *Batch) statusLocked() BatchStatus {
-	s := b.sum
-	s.Tasks = len(b.tasks)
+	s := BatchStatus{
+		State: Completed, Tasks: b.n, Completed: int(b.nDone.Load()), Transferred: b.bytes.Load(),
+		Err: b.firstErr,
+	}
+	s.Failed = int(b.nFail.Load())
+	if b.worst != 0 {
+		s.State = b.worst
+	}
+	if b.notifyErr != nil {
+		s.State = Failed
+		if s.Err == nil {
+			s.Err = b.notifyErr
+		}
+	}
 	switch {
-	case len(b.tasks) == 0:
+	case b.n == 0:
 		s.State = Waiting
-	case b.pending > 0:
+	case !b.settled:
 		s.State = Pending
 	}
 	return s
@@ -448,9 +644,9 @@ func rank(s TaskState) int {
 // closed is the channel Done returns when nothing is pending.
 var closed = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
-// Done returns a channel closed once every submitted task has finished. The
-// channel is made only when someone waits while tasks are pending: a batch
-// that finished before anyone looked costs no channel.
+// Done returns a channel closed once every submitted task has finished (and a
+// batch notify was sent). The channel is made only when someone waits while
+// tasks are pending: a batch that finished before anyone looked costs none.
 func (b *Batch) Done() <-chan struct{} {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -458,7 +654,7 @@ func (b *Batch) Done() <-chan struct{} {
 }
 
 func (b *Batch) doneLocked() chan struct{} {
-	if b.pending == 0 {
+	if b.settled {
 		return closed
 	}
 	if b.done == nil {
@@ -472,7 +668,7 @@ func (b *Batch) doneLocked() chan struct{} {
 // timeout the error has code Timeout and the tasks go on.
 func (b *Batch) Wait(timeout time.Duration) (BatchStatus, error) {
 	b.mu.Lock()
-	if b.pending == 0 {
+	if b.settled {
 		s := b.statusLocked()
 		b.mu.Unlock()
 		return s, nil
@@ -493,24 +689,71 @@ func (b *Batch) Wait(timeout time.Duration) (BatchStatus, error) {
 	}
 }
 
+// Reset empties a finished batch so its slots can take new requests; it is
+// refused with BatchBusy while tasks are pending. A reused batch allocates
+// nothing per submit.
+func (b *Batch) Reset() error {
+	b.smu.Lock()
+	defer b.smu.Unlock()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.freed {
+		return errs.New(errs.InvalidArgument, "reset batch", "batch was freed")
+	}
+	if !b.settled {
+		return errs.New(errs.BatchBusy, "reset batch", "%d tasks still in flight", b.pending.Load())
+	}
+	clear(b.tasks[:b.n])
+	clear(b.reqs[:b.n])
+	b.n = 0
+	b.gen++
+	b.nDone.Store(0)
+	b.nFail.Store(0)
+	b.bytes.Store(0)
+	b.flushDone, b.flushFail, b.flushB = 0, 0, 0
+	b.worst, b.firstErr, b.notify, b.notifyErr = 0, nil, nil, nil
+	return nil
+}
+
 // Free releases the batch. It is refused with BatchBusy while tasks are
 // pending; freeing twice is an InvalidArgument error.
 func (b *Batch) Free() error {
+	b.smu.Lock()
+	defer b.smu.Unlock()
 	b.mu.Lock()
 	if b.freed {
 		b.mu.Unlock()
 		return errs.New(errs.InvalidArgument, "free batch", "batch already freed")
 	}
-	if b.pending > 0 {
-		n := b.pending
+	if !b.settled {
+		n := b.pending.Load()
 		b.mu.Unlock()
 		return errs.New(errs.BatchBusy, "free batch", "%d tasks still in flight", n)
 	}
 	b.freed = true
+	b.gen++
 	b.closeFD()
+	ts, rs := b.tasks, b.reqs
+	b.tasks, b.reqs, b.n = nil, nil, 0
 	b.mu.Unlock()
+	putSlots(ts, rs)
 	b.e.batchMu.Lock()
 	delete(b.e.batches, b)
 	b.e.batchMu.Unlock()
 	return nil
+}
+
+// failUnclaimed ends, after Close closed the transports (which complete all
+// they hold), whatever is still pending: nothing can run it any more.
+func (b *Batch) failUnclaimed() {
+	b.smu.Lock()
+	defer b.smu.Unlock()
+	b.mu.Lock()
+	n := b.n
+	b.mu.Unlock()
+	for i := 0; i < n; i++ {
+		if TaskState(b.tasks[i].state.Load()) == Pending {
+			b.Complete(i, errs.New(errs.Closed, "transfer", "engine closed"))
+		}
+	}
 }

@@ -24,7 +24,7 @@ func (b *Batch) EventFD() (int, error) {
 		return -1, errs.Wrap(errs.NoMemory, "eventfd", err, "create eventfd")
 	}
 	b.efd = fd
-	if b.pending == 0 && len(b.tasks) > 0 {
+	if b.settled && b.n > 0 {
 		signalFD(fd)
 	}
 	return fd, nil

@@ -108,7 +108,8 @@ type Limits struct {
 	// NotifyBytesPerSender bounds them per sender name. Default 16 MiB.
 	NotifyBytesPerSender uint64
 	// PeerIdleTimeout drops a tcp peer's pooled connections when it had no
-	// request for this long. Default 5m.
+	// request for this long; shorter than IdleTimeout, so a client closes
+	// an idle connection before its peer does. Default 2m.
 	PeerIdleTimeout time.Duration
 }
 
@@ -131,4 +132,36 @@ func (c *Config) fill() {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.UnregisterGrace <= 0 {
+		c.UnregisterGrace = 2 * time.Second
+	}
+	c.Limits.fill()
+}
+
+func (l *Limits) fill() {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&l.IdleTimeout, 5*time.Minute)
+	def(&l.HandshakeTimeout, 10*time.Second)
+	def(&l.ProgressTimeout, 10*time.Second)
+	def(&l.PeerIdleTimeout, 2*time.Minute)
+}
+
+// param gives transports the limits that bound their connections, as
+// "limits.*" parameters (Host.Param), so a transport needs no engine types.
+func (l *Limits) param(key string) (string, bool) {
+	switch key {
+	case "limits.idle_timeout":
+		return l.IdleTimeout.String(), true
+	case "limits.handshake_timeout":
+		return l.HandshakeTimeout.String(), true
+	case "limits.progress_timeout":
+		return l.ProgressTimeout.String(), true
+	case "limits.peer_idle_timeout":
+		return l.PeerIdleTimeout.String(), true
+	}
+	return "", false
 }

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -57,8 +56,26 @@ type Engine struct {
 
 	closed    atomic.Bool
 	closeOnce sync.Once
+	lifeMu    sync.Mutex // orders wg.Add against Close's wg.Wait
 	wg        sync.WaitGroup
 	done      chan struct{}
+}
+
+// goTracked runs f in a goroutine Close waits for; it reports false (and does
+// not run f) once the engine is closing.
+func (e *Engine) goTracked(f func()) bool {
+	e.lifeMu.Lock()
+	if e.closed.Load() {
+		e.lifeMu.Unlock()
+		return false
+	}
+	e.wg.Add(1)
+	e.lifeMu.Unlock()
+	go func() {
+		defer e.wg.Done()
+		f()
+	}()
+	return true
 }
 
 // New starts an engine: it binds the RPC listener, starts the transports and
@@ -203,7 +220,12 @@ func (h host) Instance() string                { return h.e.instance }
 func (h host) Registry() *segment.Registry     { return h.e.reg }
 func (h host) Control() transport.Control      { return h.e.ctrl }
 func (h host) Logf(format string, args ...any) { h.e.cfg.Logger.Info(fmt.Sprintf(format, args...)) }
-func (h host) Param(key string) (string, bool) { v, ok := h.e.cfg.Params[key]; return v, ok }
+func (h host) Param(key string) (string, bool) {
+	if v, ok := h.e.cfg.Params[key]; ok {
+		return v, true
+	}
+	return h.e.cfg.Limits.param(key)
+}
 
 // Name returns the local segment name.
 func (e *Engine) Name() string { return e.name }
@@ -250,7 +272,7 @@ func (e *Engine) publish() error {
 		d.Protocol = "rdma"
 	}
 	for _, r := range e.reg.Regions() {
-		if r.Remote {
+		if r.Remote && !r.Closing() {
 			d.Buffers = append(d.Buffers, r.Desc)
 		}
 	}
@@ -332,7 +354,7 @@ func (e *Engine) RegisterMemoryBatch(rs []MemoryRegion) error {
 	// remote accesses only once every transport holds it.
 	var fresh []*segment.Region
 	for _, r := range regions {
-		if old, ok := e.reg.Lookup(r.Addr, r.Length); ok && old.Addr == r.Addr && old.Length == r.Length &&
+		if old, ok := e.reg.Lookup(r.Addr, r.Length); ok && !old.Closing() && old.Addr == r.Addr && old.Length == r.Length &&
 			old.Location == r.Location && old.Remote == r.Remote {
 			continue // identical re-registration
 		}
@@ -372,9 +394,14 @@ func (e *Engine) rollback(rs []*segment.Region) {
 	}
 }
 
-// UnregisterMemory unregisters the range registered at addr. It stops new
-// accesses, waits for those in flight, releases transport state, publishes the
-// new descriptor and only then returns, so the caller may free the memory.
+// UnregisterMemory unregisters the range registered at addr. It refuses new
+// accesses at once, lets those in flight (remote ones, and this engine's own
+// tasks on the range) finish for Config.UnregisterGrace, then cancels its own
+// and cuts the connections or queue pairs of the others, releases transport state
+// and publishes the new descriptor. When it returns nil nothing can touch the
+// range any more and the caller may free the memory. If a transport cannot
+// guarantee that, it returns the error and the range stays registered (and
+// refusing accesses): calling it again retries.
 func (e *Engine) UnregisterMemory(addr uint64) error {
 	return e.UnregisterMemoryBatch([]uint64{addr})
 }
@@ -387,45 +414,113 @@ func (e *Engine) UnregisterMemoryBatch(addrs []uint64) error {
 	}
 	e.regMu.Lock()
 	defer e.regMu.Unlock()
-	rs, err := e.reg.Remove(addrs...)
+	rs, err := e.reg.Close(addrs...)
 	if err != nil {
 		return err
 	}
+	if err := e.quiesce(rs); err != nil {
+		return err
+	}
 	var first error
-	ctx, cancel := context.WithTimeout(context.Background(), e.unregisterTimeout())
-	defer cancel()
 	for _, r := range rs {
-		if err := r.WaitIdle(ctx); err != nil && first == nil {
-			first = err
-		}
 		for _, t := range e.transports {
 			if err := t.Unregister(r); err != nil && first == nil {
-				first = err
+				first = errs.Wrap(errs.CodeOf(err), "unregister", err, "transport %s on [%#x,+%d)", t.Name(), r.Addr, r.Length)
 			}
 		}
 	}
+	if first != nil {
+		return first // still registered, still refusing: a retry tries again
+	}
+	e.reg.Drop(rs...)
 	if !e.closed.Load() {
-		if err := e.publish(); err != nil && first == nil {
-			first = err
+		if err := e.publish(); err != nil {
+			e.cfg.Logger.Warn("te: publishing descriptor", "err", err)
 		}
 	}
-	return first
+	return nil
 }
 
-func (e *Engine) unregisterTimeout() time.Duration {
-	if e.cfg.TransferTimeout > 0 {
-		return e.cfg.TransferTimeout + time.Second
+// quiesce returns once no access to rs is in flight: accesses (remote ones and
+// this engine's own tasks) get the grace period, then this engine's tasks on
+// rs are canceled and the transports cut what still holds them.
+func (e *Engine) quiesce(rs []*segment.Region) error {
+	idle := func() bool {
+		for _, r := range rs {
+			if !r.Idle() {
+				return false
+			}
+		}
+		return true
 	}
-	return time.Minute
+	if waitUntil(idle, e.cfg.UnregisterGrace) {
+		return nil
+	}
+	e.cancelOn(rs)
+	for _, r := range rs {
+		if r.Idle() {
+			continue
+		}
+		for _, t := range e.transports {
+			if err := t.Quiesce(r); err != nil {
+				return errs.Wrap(errs.CodeOf(err), "unregister", err, "transport %s could not end the accesses to [%#x,+%d)",
+					t.Name(), r.Addr, r.Length)
+			}
+		}
+	}
+	// What is left ends on its own (a memcpy by another engine of this
+	// process, a task completing): bounded, but not by a peer.
+	if !waitUntil(idle, e.cfg.RPCTimeout) {
+		return errs.New(errs.Timeout, "unregister", "accesses still in flight after the transports were quiesced")
+	}
+	return nil
 }
 
-// Close stops the engine. In-flight tasks end FAILED; listeners, connections
-// and goroutines are gone when it returns. Close is idempotent.
+// cancelOn cancels this engine's pending tasks whose local memory is in rs.
+func (e *Engine) cancelOn(rs []*segment.Region) {
+	e.batchMu.Lock()
+	bs := make([]*Batch, 0, len(e.batches))
+	for b := range e.batches {
+		bs = append(bs, b)
+	}
+	e.batchMu.Unlock()
+	for _, b := range bs {
+		b.smu.Lock()
+		b.mu.Lock()
+		n, live := b.n, !b.freed && !b.settled
+		b.mu.Unlock()
+		if live {
+			b.cancelWhere(0, n, whyCanceled, rs)
+		}
+		b.smu.Unlock()
+	}
+}
+
+// waitUntil polls cond, backing off from a spin to a millisecond, until it
+// holds (true) or d passes (false).
+func waitUntil(cond func() bool, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for p := time.Microsecond; !cond(); {
+		if time.Now().After(deadline) {
+			return cond()
+		}
+		time.Sleep(p)
+		p = min(2*p, time.Millisecond)
+	}
+	return true
+}
+
+// Close stops the engine. In-flight tasks end FAILED once their transports let
+// go of them; listeners, connections and goroutines are gone when it returns.
+// Close is idempotent.
 func (e *Engine) Close() error {
 	e.closeOnce.Do(func() {
+		e.lifeMu.Lock()
 		e.closed.Store(true)
+		e.lifeMu.Unlock()
 		close(e.done)
-		// Transports fail what they hold; then nothing can complete late.
+		// Transports complete what they hold before they return; then
+		// nothing can complete late.
 		e.closeTransports()
 		e.ctrl.close()
 		e.batchMu.Lock()
@@ -435,7 +530,7 @@ func (e *Engine) Close() error {
 		}
 		e.batchMu.Unlock()
 		for _, b := range bs {
-			b.failPending(errs.New(errs.Closed, "transfer", "engine closed"))
+			b.failUnclaimed()
 		}
 		e.wg.Wait()
 		if e.store != nil {
@@ -526,4 +621,3 @@ func (e *Engine) rpcAddrOf(name string) (string, error) {
 	return net.JoinHostPort(m.IPOrHostName, strconv.Itoa(m.RPCPort)), nil
 }
 
-var _ = os.Getpid

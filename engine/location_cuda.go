@@ -88,9 +88,8 @@ func isDevice(name string) bool { return strings.HasPrefix(name, "cuda") }
 // request touches: a request on GPU memory goes to the most preferred
 // transport that says it can move it (cudaipc on one host), and a request on
 // host memory never goes to a GPU-only transport.
-func (e *Engine) routeDevice(d *segment.Desc, buf *segment.BufferDesc, r *Request, t transport.Transport) (transport.Transport, error) {
-	local, _ := e.reg.Lookup(r.Local, r.Length)
-	localDev := local != nil && local.Location.Kind == "cuda"
+func (e *Engine) routeDevice(d *segment.Desc, buf *segment.BufferDesc, r *Request, local *segment.Region, t transport.Transport) (transport.Transport, error) {
+	localDev := local.Location.Kind == "cuda"
 	if !localDev && !isDevice(buf.Name) {
 		if t.Name() != "cudaipc" {
 			return t, nil

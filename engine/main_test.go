@@ -53,14 +53,41 @@ func (h *hold) Reachable(d *segment.Desc) error {
 	}
 	return nil
 }
-func (h *hold) Submit(reqs []*transport.Request) {
+func (h *hold) Submit(reqs []transport.Request) {
 	h.mu.Lock()
-	h.held = append(h.held, reqs...)
+	for i := range reqs {
+		h.held = append(h.held, &reqs[i])
+	}
 	h.mu.Unlock()
 	for range reqs {
 		h.arrived <- struct{}{}
 	}
 }
+
+// Cancel completes the held requests among reqs with Canceled.
+func (h *hold) Cancel(reqs []*transport.Request) {
+	h.mu.Lock()
+	var out []*transport.Request
+	keep := h.held[:0]
+	for _, r := range h.held {
+		found := false
+		for _, x := range reqs {
+			found = found || x == r
+		}
+		if found {
+			out = append(out, r)
+		} else {
+			keep = append(keep, r)
+		}
+	}
+	h.held = keep
+	h.mu.Unlock()
+	for _, r := range out {
+		r.Complete(errs.New(errs.Canceled, "hold", "canceled"))
+	}
+}
+
+func (h *hold) Quiesce(*segment.Region) error { return nil }
 
 // release completes every held request with err.
 func (h *hold) release(err error) int {
@@ -69,7 +96,7 @@ func (h *hold) release(err error) int {
 	h.held = nil
 	h.mu.Unlock()
 	for _, r := range held {
-		r.Done(err)
+		r.Complete(err)
 	}
 	return len(held)
 }

@@ -3,52 +3,73 @@ package engine
 import (
 	"sync"
 	"time"
-
-	"github.com/tecache/te/engine/errs"
 )
 
-// reaper ends tasks that outlive the transfer timeout. Every submit gets the
-// same timeout, so deadlines arrive in submission order and a FIFO queue
-// scanned by one goroutine replaces a timer per submit (which cost more than
-// the submit itself).
+// reaper times tasks out. Every submit gets the same timeout, so deadlines
+// arrive in submission order and a FIFO queue scanned by one goroutine
+// replaces a timer per submit (which cost more than the submit itself). An
+// entry names the submit's slots by batch generation, so a batch that was
+// reset or freed since voids its entries; entries are values, so adding one
+// allocates nothing once the queue has grown.
 type reaper struct {
 	mu   sync.Mutex
-	q    []*submitGroup
+	q    []reapEntry
 	head int
 }
 
-func (r *reaper) add(g *submitGroup, timeout time.Duration) {
-	g.deadline = time.Now().Add(timeout)
+type reapEntry struct {
+	b        *Batch
+	gen      uint32
+	lo, hi   int
+	deadline time.Time
+}
+
+func (r *reaper) add(b *Batch, gen uint32, lo, hi int, timeout time.Duration) {
+	e := reapEntry{b: b, gen: gen, lo: lo, hi: hi, deadline: time.Now().Add(timeout)}
 	r.mu.Lock()
-	r.q = append(r.q, g)
+	if r.head > 0 && r.head == len(r.q) { // drained: start over in place
+		r.q, r.head = r.q[:0], 0
+	}
+	r.q = append(r.q, e)
 	r.mu.Unlock()
 }
 
-// expired pops the groups whose deadline passed.
-func (r *reaper) expired(now time.Time) []*submitGroup {
+// live reports whether some task of the entry may still be pending.
+func (e *reapEntry) live() bool {
+	b := e.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.gen == e.gen && !b.settled
+}
+
+// expired pops the entries whose deadline passed, and those at the head whose
+// batch has settled since.
+func (r *reaper) expired(now time.Time) []reapEntry {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var out []*submitGroup
+	var out []reapEntry
 	for r.head < len(r.q) {
-		g := r.q[r.head]
-		if g.remaining.Load() > 0 && g.deadline.After(now) {
+		e := &r.q[r.head]
+		if e.deadline.After(now) && e.live() {
 			break
 		}
-		r.q[r.head] = nil
-		r.head++
-		if g.remaining.Load() > 0 {
-			out = append(out, g)
+		if !e.deadline.After(now) {
+			out = append(out, *e)
 		}
+		r.q[r.head] = reapEntry{}
+		r.head++
 	}
 	if r.head > 1024 && r.head*2 > len(r.q) { // compact
-		r.q = append(r.q[:0], r.q[r.head:]...)
-		r.head = 0
+		n := copy(r.q, r.q[r.head:])
+		clear(r.q[n:])
+		r.q, r.head = r.q[:n], 0
 	}
 	return out
 }
 
 // runReaper checks deadlines at a tenth of the timeout (1 ms to 100 ms), so a
-// task ends TIMEOUT at most about 10% late.
+// task is canceled at most about 10% late. A timed-out task ends TIMEOUT once
+// its transport confirms it let go of the task's memory.
 func (e *Engine) runReaper() {
 	defer e.wg.Done()
 	tick := e.cfg.TransferTimeout / 10
@@ -60,11 +81,14 @@ func (e *Engine) runReaper() {
 		case <-e.done:
 			return
 		case now := <-t.C:
-			for _, g := range e.reaper.expired(now) {
-				err := errs.New(errs.Timeout, "transfer", "not finished within %v", e.cfg.TransferTimeout)
-				for _, tk := range g.tasks {
-					g.b.finish(tk, Timeout, err)
+			for _, x := range e.reaper.expired(now) {
+				if !x.live() {
+					continue
 				}
+				// Off the reaper's goroutine: canceling waits for a
+				// submit in progress on the same batch.
+				x := x
+				e.goTracked(func() { x.b.cancel(x.gen, x.lo, x.hi, whyTimeout) })
 			}
 		}
 	}

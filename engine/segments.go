@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/meta"
@@ -21,8 +22,19 @@ type segState struct {
 
 	desc  atomic.Pointer[segment.Desc]
 	stale atomic.Bool // set when a transfer says the descriptor is out of date
-	mu    sync.Mutex  // serialises refreshes
 	pick  atomic.Pointer[pickCache]
+
+	// One refresh at a time per segment; callers wait on its channel, not
+	// on a lock, so a slow peer stalls only the submits that need it.
+	mu      sync.Mutex
+	flight  *refreshCall
+	fetched time.Time // when desc was last fetched
+}
+
+type refreshCall struct {
+	done chan struct{}
+	d    *segment.Desc
+	err  error
 }
 
 // pickCache remembers the transport chosen for one descriptor.
@@ -91,6 +103,7 @@ func (e *Engine) OpenSegment(name string) (*Segment, error) {
 			return nil, err
 		}
 		st.desc.Store(d)
+		st.fetched = time.Now()
 	}
 	e.segMu.Lock()
 	defer e.segMu.Unlock()
@@ -165,25 +178,76 @@ func (e *Engine) current(st *segState) (*segment.Desc, error) {
 	if st.local {
 		return e.desc.Load(), nil
 	}
+	d := st.desc.Load()
 	if !st.stale.Load() {
-		return st.desc.Load(), nil
+		return d, nil
+	}
+	return e.refresh(st, d)
+}
+
+// minRefetch is the least time between two refreshes a request for an
+// address the descriptor lacks may cause: a caller with bad addresses must
+// not turn every submit into a descriptor fetch.
+const minRefetch = 100 * time.Millisecond
+
+// mayRefresh says whether a request that failed validation with err (an
+// address the descriptor lacks, no transport reaching the instance it names)
+// should look at a fresh descriptor before it is refused.
+func (e *Engine) mayRefresh(st *segState, err error) bool {
+	if st.stale.Load() {
+		return true
+	}
+	switch errs.CodeOf(err) {
+	case errs.InvalidArgument:
+		return false
+	case errs.AddressNotRegistered:
+	default:
+		return true // the peer as a whole changed (restart, transports)
 	}
 	st.mu.Lock()
-	defer st.mu.Unlock()
-	if !st.stale.Load() {
-		return st.desc.Load(), nil
+	recent := time.Since(st.fetched) < minRefetch
+	st.mu.Unlock()
+	return !recent
+}
+
+// refresh fetches the segment's descriptor again, unless a refresh that began
+// after seen was loaded is running or done: concurrent callers share one
+// fetch and wait for it without holding a lock anyone else needs.
+func (e *Engine) refresh(st *segState, seen *segment.Desc) (*segment.Desc, error) {
+	st.mu.Lock()
+	if cur := st.desc.Load(); cur != seen && !st.stale.Load() {
+		st.mu.Unlock()
+		return cur, nil // someone refreshed since the caller looked
 	}
-	d, err := e.fetch(st.name)
-	if err != nil {
-		return nil, err
+	c := st.flight
+	if c == nil {
+		c = &refreshCall{done: make(chan struct{})}
+		st.flight = c
+		started := e.goTracked(func() {
+			d, err := e.fetch(st.name)
+			st.mu.Lock()
+			if err == nil {
+				if old := st.desc.Load(); old.Instance != d.Instance {
+					e.cfg.Logger.Info("te: peer restarted", "segment", st.name)
+				}
+				st.desc.Store(d)
+				st.stale.Store(false)
+				st.fetched = time.Now()
+			}
+			c.d, c.err = d, err
+			st.flight = nil
+			st.mu.Unlock()
+			close(c.done)
+		})
+		if !started {
+			c.err = errs.New(errs.Closed, "open segment", "engine closed")
+			st.flight = nil
+			close(c.done)
+		}
 	}
-	old := st.desc.Load()
-	if old.Instance != d.Instance {
-		e.cfg.Logger.Info("te: peer restarted", "segment", st.name)
-	}
-	st.desc.Store(d)
-	st.stale.Store(false)
-	return d, nil
+	st.mu.Unlock()
+	<-c.done
+	return c.d, c.err
 }
 
 // invalidate marks a segment's descriptor stale after a failure that suggests

@@ -12,20 +12,6 @@ type stats struct {
 	notifiesSent, notifiesReceived        atomic.Uint64
 }
 
-func (s *stats) count(t *task, state TaskState) {
-	switch state {
-	case Completed:
-		s.completed.Add(1)
-		s.bytes.Add(t.length)
-	case Timeout:
-		s.timedOut.Add(1)
-	case Canceled:
-		s.canceled.Add(1)
-	default:
-		s.failed.Add(1)
-	}
-}
-
 // Stats are an engine's counters since it started.
 type Stats struct {
 	Segment    string   `json:"segment"`

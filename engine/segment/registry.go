@@ -66,13 +66,16 @@ type Region struct {
 // End returns Addr+Length.
 func (r *Region) End() uint64 { return r.Addr + r.Length }
 
-// Release ends an access begun by Registry.Acquire.
+// Release ends an access begun by Registry.Acquire or Retain.
 func (r *Region) Release() { r.inflight.Add(-1) }
+
+// ReleaseN ends n accesses at once.
+func (r *Region) ReleaseN(n int64) { r.inflight.Add(-n) }
 
 // Closing reports whether the region is being unregistered.
 func (r *Region) Closing() bool { return r.closing.Load() }
 
-// WaitIdle waits until no access to r is in flight. It backs off from a spin
+// WaitIdle waits until no access to r is in flight or ctx ends. It backs off from a spin
 // to a millisecond sleep: unregistering is rare and accesses are short.
 func (r *Region) WaitIdle(ctx context.Context) error {
 	for d := time.Microsecond; r.inflight.Load() > 0; {
@@ -177,7 +180,7 @@ func (g *Registry) Acquire(addr, n, key uint64, remote bool) (*Region, error) {
 	if key != 0 && key != r.Desc.Key {
 		return nil, errs.New(errs.StaleDescriptor, "access", "key for buffer at %#x does not match its registration", r.Addr)
 	}
-	// Count first, then check closing: with Remove setting closing before it
+	// Count first, then check closing: with Close setting closing before it
 	// reads the count, one of the two always sees the other.
 	r.inflight.Add(1)
 	if r.closing.Load() {
@@ -202,6 +205,10 @@ func (g *Registry) Add(regions ...*Region) (out []*Region, added []bool, err err
 		j := find(next, r.Addr)
 		if j >= 0 && next[j].Addr == r.Addr && next[j].Length == r.Length &&
 			next[j].Location == r.Location && next[j].Remote == r.Remote {
+			if next[j].Closing() {
+				return nil, nil, errs.New(errs.AddressOverlapped, "register",
+					"[%#x,+%d) is being unregistered", r.Addr, r.Length)
+			}
 			out[i] = next[j]
 			continue
 		}
@@ -218,34 +225,64 @@ func (g *Registry) Add(regions ...*Region) (out []*Region, added []bool, err err
 	return out, added, nil
 }
 
-// Remove takes the regions starting at addrs out of the registry: new accesses
-// are refused from here on. The caller then waits for WaitIdle on each. All or
-// none: an unknown address is an AddressNotRegistered error.
-func (g *Registry) Remove(addrs ...uint64) ([]*Region, error) {
+// Close marks the regions starting at addrs as being unregistered: from here
+// on new accesses are refused, while the regions stay in the registry (and
+// keep their range) until Drop, so the range cannot be registered again while
+// accesses may still be in flight and a failed unregistration can be retried.
+// All or none: an unknown address is an AddressNotRegistered error; a region
+// already closing is returned again.
+func (g *Registry) Close(addrs ...uint64) ([]*Region, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	cur := *g.snap.Load()
-	gone := make(map[*Region]bool, len(addrs))
 	out := make([]*Region, 0, len(addrs))
 	for _, a := range addrs {
 		j := find(cur, a)
 		if j < 0 || cur[j].Addr != a {
 			return nil, errs.New(errs.AddressNotRegistered, "unregister", "no buffer registered at %#x", a)
 		}
-		if !gone[cur[j]] {
-			gone[cur[j]] = true
-			out = append(out, cur[j])
+		dup := false
+		for _, r := range out {
+			dup = dup || r == cur[j]
 		}
-	}
-	next := make([]*Region, 0, len(cur)-len(out))
-	for _, r := range cur {
-		if !gone[r] {
-			next = append(next, r)
+		if !dup {
+			out = append(out, cur[j])
 		}
 	}
 	for _, r := range out {
 		r.closing.Store(true)
 	}
-	g.snap.Store(&next)
 	return out, nil
+}
+
+// Drop removes closed regions from the registry once nothing can touch them.
+func (g *Registry) Drop(rs ...*Region) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	cur := *g.snap.Load()
+	next := make([]*Region, 0, len(cur))
+	for _, r := range cur {
+		gone := false
+		for _, x := range rs {
+			gone = gone || x == r
+		}
+		if !gone {
+			next = append(next, r)
+		}
+	}
+	g.snap.Store(&next)
+}
+
+// Idle reports whether no access to r is in flight.
+func (r *Region) Idle() bool { return r.inflight.Load() <= 0 }
+
+// Retain counts n more accesses to r, already looked up by the caller; it
+// fails (counting nothing) once r is closing. Each access ends with Release.
+func (r *Region) Retain(n int64) bool {
+	r.inflight.Add(n)
+	if r.closing.Load() {
+		r.inflight.Add(-n)
+		return false
+	}
+	return true
 }

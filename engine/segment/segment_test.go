@@ -117,7 +117,7 @@ func TestRegistryAcquire(t *testing.T) {
 }
 
 // TestRegistryRemoveWaitsForAccess races accesses against removal: once
-// Remove and WaitIdle return, no access may still hold the region.
+// Close and WaitIdle return, no access may still hold the region.
 func TestRegistryRemoveWaitsForAccess(t *testing.T) {
 	for round := 0; round < 200; round++ {
 		g := NewRegistry()
@@ -148,11 +148,12 @@ func TestRegistryRemoveWaitsForAccess(t *testing.T) {
 				}
 			}()
 		}
-		rs, err := g.Remove(4096)
+		rs, err := g.Close(4096)
 		if err != nil {
 			t.Fatal(err)
 		}
 		rs[0].WaitIdle(t.Context())
+		g.Drop(rs...)
 		mu.Lock()
 		released = true
 		mu.Unlock()

@@ -28,8 +28,13 @@ func (o Opcode) String() string {
 	return "opcode(?)"
 }
 
-// Request is one validated transfer handed to a transport: the local range is
-// registered and the target range lies inside Buffer of Peer's descriptor.
+// Request is one validated transfer handed to a transport: the local range
+// lies in Region (held for the request by the engine) and the target range
+// lies inside Buffer of Peer's descriptor.
+//
+// The engine owns the memory a Request lives in (a batch's slots). It stays
+// valid and unchanged from Submit until the transport completes the request,
+// so a transport may keep &reqs[i]; after Complete it must not touch it.
 type Request struct {
 	Op     Opcode
 	Local  uint64 // local address
@@ -37,12 +42,48 @@ type Request struct {
 	Length uint64
 	Peer   *segment.Desc       // descriptor the request was validated against
 	Buffer *segment.BufferDesc // the target buffer inside Peer
-	// Done is called exactly once, from any goroutine, when the transfer
-	// ended: nil means every byte arrived (for WRITE: is in the target's
-	// memory). Transports must call it for every request they accepted, also
-	// when they are closed.
-	Done func(err error)
+	// Key is the capability the owner checks: Buffer.Key, or the key of
+	// a window the owner granted over part of the buffer.
+	Key uint64
+	// Region is the registered local region holding [Local, Local+Length),
+	// acquired by the engine until the request completes: transports take
+	// its location and keys from here instead of looking it up again.
+	Region *segment.Region
+	// Owner is told when the request ends, as Owner.Complete(Index, err).
+	Owner Completer
+	Index int
+	// Priv is the transport's own per-request state (set in Submit, read
+	// in Cancel); the engine never looks at it.
+	Priv any
 }
+
+// Complete ends r: every transport reports the outcome of every request it
+// accepted exactly once, through this.
+func (r *Request) Complete(err error) { r.Owner.Complete(r.Index, err) }
+
+// Completer receives the outcome of requests.
+type Completer interface {
+	// Complete reports that request index ended: err nil means every
+	// byte arrived (for a WRITE: is in the target's memory). It is called
+	// exactly once per request, from any goroutine, and only once the
+	// transport will never touch the request's local memory again nor send
+	// more of its bytes: a terminal task state is a fence. It must not
+	// block.
+	Complete(index int, err error)
+}
+
+// DoneFunc adapts a function of the outcome alone to Completer, for requests
+// whose Index does not matter (tools, tests).
+type DoneFunc func(err error)
+
+// Complete calls f(err).
+func (f DoneFunc) Complete(_ int, err error) { f(err) }
+
+// CompleteFunc adapts a function to Completer.
+type CompleteFunc func(index int, err error)
+
+// Complete calls f(index, err).
+func (f CompleteFunc) Complete(index int, err error) { f(index, err) }
 
 // Control is the engine's control plane as seen by a transport: handlers for
 // its own message kinds and calls to a peer's RPC address.
@@ -88,16 +129,33 @@ type Transport interface {
 	// Register prepares r for this transport and may add keys to r.Desc. On
 	// error the engine rolls back the transports already registered.
 	Register(r *segment.Region) error
-	// Unregister releases the transport's state for r; no access to r is in
-	// flight when it is called.
+	// Unregister releases the transport's state for r. The engine calls it
+	// once r refuses new accesses and Quiesce returned; a transport whose
+	// peers reach r without the owner counting each access (shm's
+	// process_vm_writev, an RDMA NIC) fences them here: when it returns
+	// nil, no peer can touch r through it any more.
 	Unregister(r *segment.Region) error
 	// Reachable says whether this transport can reach the peer described by
 	// d; the error says why not.
 	Reachable(d *segment.Desc) error
-	// Submit starts the requests; each one's Done is called when it ends.
-	Submit(reqs []*Request)
-	// Close fails everything in flight (calling Done) and releases the
-	// transport's goroutines, sockets and handles before it returns.
+	// Submit starts the requests and returns without waiting for them (a
+	// small copy may run inline); each one is completed through its Owner.
+	Submit(reqs []Request)
+	// Cancel asks the transport to end reqs (submitted earlier, maybe
+	// already completed) early: those still running are completed, with
+	// errs.Canceled or their real outcome, as soon as nothing of them can
+	// touch local memory or send bytes any more (cut the connection or
+	// queue pair carrying them if need be). Cancel may return before
+	// then; it does not block on the network.
+	Cancel(reqs []*Request)
+	// Quiesce ends the accesses to r that this transport serves for peers
+	// (r is being unregistered: new ones are already refused). It returns
+	// once none is in flight, cutting the connections or queue pairs that
+	// carry them, or with an error if it cannot guarantee that.
+	Quiesce(r *segment.Region) error
+	// Close fails everything in flight (completing it) and releases the
+	// transport's goroutines, sockets and handles before it returns; no
+	// request is touched after.
 	Close() error
 }
 

@@ -326,10 +326,14 @@ func (t *Transport) DeviceMemory(d *segment.Desc, buf *segment.BufferDesc, local
 // Submit copies the requests on the GPU: one goroutine per call enqueues
 // every copy of the call on a stream per device and waits once, so a batch
 // of small KV blocks costs one synchronisation, not one per block.
-func (t *Transport) Submit(reqs []*transport.Request) {
+func (t *Transport) Submit(in []transport.Request) {
+	reqs := make([]*transport.Request, len(in))
+	for i := range in {
+		reqs[i] = &in[i]
+	}
 	if t.closed.Load() {
 		for _, r := range reqs {
-			r.Done(errs.New(errs.Closed, "cudaipc", "transport closed"))
+			r.Complete(errs.New(errs.Closed, "cudaipc", "transport closed"))
 		}
 		return
 	}
@@ -354,7 +358,7 @@ func (t *Transport) run(reqs []*transport.Request) {
 	for _, r := range reqs {
 		p, err := t.prepare(r)
 		if err != nil {
-			r.Done(err)
+			r.Complete(err)
 			continue
 		}
 		byDev[p.dev] = append(byDev[p.dev], p)
@@ -366,10 +370,10 @@ func (t *Transport) run(reqs []*transport.Request) {
 		}
 		errl := t.drv.copies(dev, spans)
 		for i, p := range ps {
-			// Release before Done: the copy has ended, and an Unregister
+			// Release before Complete: the copy has ended, and an Unregister
 			// waiting on the mapping need not wait for the caller.
 			p.release()
-			p.r.Done(errl[i])
+			p.r.Complete(errl[i])
 		}
 	}
 }

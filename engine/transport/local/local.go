@@ -15,7 +15,7 @@ import (
 const Name = "local"
 
 func init() {
-	transport.RegisterFactory(Name, func() (transport.Transport, error) { return &Transport{}, nil })
+	transport.RegisterFactory(Name, func() (transport.Transport, error) { return New(), nil })
 }
 
 // engines maps an engine instance to its registry, for every engine of this
@@ -25,10 +25,24 @@ var (
 	engines = map[string]*segment.Registry{}
 )
 
+// InlineBytes is the most one Submit copies on the caller's goroutine: below
+// it a hand-off costs more than the copy, above it Submit would wait for the
+// transfer, which it must not.
+const InlineBytes = 1 << 20
+
 // Transport is the local (same-process) transport.
 type Transport struct {
 	instance string
+
+	qmu     sync.Mutex
+	queue   []*transport.Request
+	closed  bool
+	running int // workers alive
+	wg      sync.WaitGroup
 }
+
+// New returns an unstarted transport.
+func New() *Transport { return &Transport{} }
 
 // Name returns "local".
 func (t *Transport) Name() string { return Name }
@@ -68,39 +82,140 @@ func (t *Transport) Reachable(d *segment.Desc) error {
 	return nil
 }
 
-// Submit copies synchronously: a memcpy is faster than handing it off.
-func (t *Transport) Submit(reqs []*transport.Request) {
-	for _, r := range reqs {
-		r.Done(t.do(r))
+// Submit copies a small submit at once (a memcpy is faster than handing it
+// off) and queues a larger one for a worker, so it never waits for a long
+// copy.
+func (t *Transport) Submit(reqs []transport.Request) {
+	var total uint64
+	for i := range reqs {
+		total += reqs[i].Length
+	}
+	if total <= InlineBytes {
+		var c cache
+		for i := range reqs {
+			reqs[i].Complete(c.do(&reqs[i]))
+		}
+		return
+	}
+	t.qmu.Lock()
+	if t.closed {
+		t.qmu.Unlock()
+		for i := range reqs {
+			reqs[i].Complete(errs.New(errs.Closed, "local", "transport closed"))
+		}
+		return
+	}
+	for i := range reqs {
+		t.queue = append(t.queue, &reqs[i])
+	}
+	if t.running == 0 {
+		t.running = 1
+		t.wg.Add(1)
+		go t.worker()
+	}
+	t.qmu.Unlock()
+}
+
+// worker copies queued requests one at a time and exits when the queue is
+// empty (the next large submit starts another).
+func (t *Transport) worker() {
+	defer t.wg.Done()
+	var c cache
+	for {
+		t.qmu.Lock()
+		if len(t.queue) == 0 {
+			t.running = 0
+			t.qmu.Unlock()
+			return
+		}
+		r := t.queue[0]
+		t.queue[0] = nil
+		t.queue = t.queue[1:]
+		t.qmu.Unlock()
+		r.Complete(c.do(r))
 	}
 }
 
-func (t *Transport) do(r *transport.Request) error {
-	mu.RLock()
-	reg := engines[r.Peer.Instance]
-	mu.RUnlock()
-	if reg == nil {
+// Cancel completes the requests still queued with Canceled; one being copied
+// ends when its memcpy does.
+func (t *Transport) Cancel(reqs []*transport.Request) {
+	t.qmu.Lock()
+	var out []*transport.Request
+	keep := t.queue[:0]
+	for _, q := range t.queue {
+		if containsReq(reqs, q) {
+			out = append(out, q)
+		} else {
+			keep = append(keep, q)
+		}
+	}
+	clear(t.queue[len(keep):])
+	t.queue = keep
+	t.qmu.Unlock()
+	for _, r := range out {
+		r.Complete(errs.New(errs.Canceled, "local", "canceled before it was copied"))
+	}
+}
+
+func containsReq(rs []*transport.Request, r *transport.Request) bool {
+	for _, x := range rs {
+		if x == r {
+			return true
+		}
+	}
+	return false
+}
+
+// Quiesce has nothing to cut: other engines of this process touch r only in a
+// memcpy, which ends on its own.
+func (t *Transport) Quiesce(*segment.Region) error { return nil }
+
+// cache remembers the last owner's registry, so a submit to one engine looks
+// it up once instead of taking the global lock per request.
+type cache struct {
+	inst string
+	reg  *segment.Registry
+}
+
+func (c *cache) do(r *transport.Request) error {
+	if c.reg == nil || c.inst != r.Peer.Instance {
+		mu.RLock()
+		c.reg = engines[r.Peer.Instance]
+		mu.RUnlock()
+		c.inst = r.Peer.Instance
+	}
+	if c.reg == nil {
 		return errs.New(errs.PeerUnreachable, "local", "segment %q has closed", r.Peer.Name)
 	}
 	// The owner's registry decides, with the key of the registration the
 	// descriptor was built from: a stale descriptor is refused.
-	region, err := reg.Acquire(r.Remote, r.Length, r.Buffer.Key, true)
+	region, err := c.reg.Acquire(r.Remote, r.Length, r.Key, true)
 	if err != nil {
 		return err
 	}
-	defer region.Release()
 	if r.Op == transport.Write {
 		mem.Copy(r.Remote, r.Local, r.Length)
 	} else {
 		mem.Copy(r.Local, r.Remote, r.Length)
 	}
+	region.Release()
 	return nil
 }
 
-// Close makes this engine unreachable to others.
+// Close makes this engine unreachable to others, fails what is queued and
+// waits for a copy in progress.
 func (t *Transport) Close() error {
 	mu.Lock()
 	delete(engines, t.instance)
 	mu.Unlock()
+	t.qmu.Lock()
+	t.closed = true
+	q := t.queue
+	t.queue = nil
+	t.qmu.Unlock()
+	for _, r := range q {
+		r.Complete(errs.New(errs.Closed, "local", "transport closed"))
+	}
+	t.wg.Wait()
 	return nil
 }

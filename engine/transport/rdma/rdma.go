@@ -247,7 +247,7 @@ func (q *request) sliceDone(err error) {
 		q.mu.Unlock()
 	}
 	if q.left.Add(-1) == 0 {
-		q.r.Done(q.err)
+		q.r.Complete(q.err)
 	}
 }
 
@@ -267,11 +267,12 @@ type slice struct {
 }
 
 // Submit cuts each request into slices and posts them over the NIC pairs.
-func (t *Transport) Submit(reqs []*transport.Request) {
-	for _, r := range reqs {
+func (t *Transport) Submit(reqs []transport.Request) {
+	for i := range reqs {
+		r := &reqs[i]
 		q, err := t.prepare(r)
 		if err != nil {
-			r.Done(err)
+			r.Complete(err)
 			continue
 		}
 		spans := planSlices(r.Length, t.opt.Slice)

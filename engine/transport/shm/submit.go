@@ -17,7 +17,7 @@ type reqState struct {
 
 func (s *reqState) failed() bool { return s.err.Load() != nil }
 
-// end records one span's outcome; the last one calls Done with the first
+// end records one span's outcome; the last one completes the request with the first
 // error.
 func (s *reqState) end(err error) {
 	if err != nil {
@@ -28,7 +28,7 @@ func (s *reqState) end(err error) {
 		if p := s.err.Load(); p != nil {
 			e = *p
 		}
-		s.r.Done(e)
+		s.r.Complete(e)
 	}
 }
 
@@ -61,7 +61,11 @@ const inlineBytes = 64 << 10
 // for the workers. A batch is spread over the workers in jobs of at least
 // minSplit bytes and at most JobBytes bytes and IOVMax spans; a request may
 // be cut between jobs. Submit blocks only while the queue is full.
-func (t *Transport) Submit(reqs []*transport.Request) {
+func (t *Transport) Submit(in []transport.Request) {
+	reqs := make([]*transport.Request, len(in))
+	for i := range in {
+		reqs[i] = &in[i]
+	}
 	type key struct {
 		inst string
 		op   transport.Opcode
@@ -75,7 +79,7 @@ func (t *Transport) Submit(reqs []*transport.Request) {
 	states := make([]reqState, len(reqs)) // one allocation for the batch
 	for i, r := range reqs {
 		if r.Length == 0 || r.Peer == nil || r.Buffer == nil {
-			r.Done(errs.New(errs.InvalidArgument, "shm", "empty request"))
+			r.Complete(errs.New(errs.InvalidArgument, "shm", "empty request"))
 			continue
 		}
 		k := key{r.Peer.Instance, r.Op}

@@ -15,12 +15,18 @@ import (
 	"github.com/tecache/te/internal/sys/mem"
 )
 
-// op is one transport request, cut into slices.
+// op is one transport request, cut into slices. A slice is released exactly
+// once, by whoever takes it off the connection's queue or pending table (or
+// by the connection's end); the op completes with its last slice, so it
+// completes only once no goroutine of the transport touches its memory.
 type op struct {
-	req       *transport.Request
+	req       *transport.Request // not to be read once the op completed
+	p         *peer
+	write     bool
 	gpu       int // local memory: 0 host, else device ordinal+1 (staged, gpu.go)
 	remaining atomic.Int32
 	err       atomic.Pointer[errBox]
+	canceled  atomic.Bool
 }
 
 type errBox struct{ err error }
@@ -31,8 +37,8 @@ type item struct {
 	off, n uint64
 }
 
-// done ends one slice; the op ends with its last slice, failed if any slice
-// failed.
+// done releases one slice; the op ends with its last slice, failed if any
+// slice failed.
 func (it item) done(err error) {
 	o := it.op
 	if err != nil {
@@ -40,20 +46,24 @@ func (it item) done(err error) {
 	}
 	if o.remaining.Add(-1) == 0 {
 		if b := o.err.Load(); b != nil {
-			o.req.Done(b.err)
+			o.req.Complete(b.err)
 		} else {
-			o.req.Done(nil)
+			o.req.Complete(nil)
 		}
 	}
 }
 
+var errCanceled = errs.New(errs.Canceled, "tcp", "canceled")
+
 // peer is the set of connections to one endpoint.
 type peer struct {
-	t     *Transport
-	addr  string
-	rr    atomic.Uint64 // striping start
-	mu    sync.Mutex
-	conns []*conn
+	t        *Transport
+	addr     string
+	rr       atomic.Uint64 // striping start
+	lastUsed atomic.Int64  // unix nanoseconds of the last submit
+	mu       sync.Mutex
+	conns    []*conn
+	gone     bool // pruned: get goes to the peer's replacement
 }
 
 func (t *Transport) peer(addr string) (*peer, error) {
@@ -67,7 +77,60 @@ func (t *Transport) peer(addr string) (*peer, error) {
 		p = &peer{t: t, addr: addr, conns: make([]*conn, t.opt.Conns)}
 		t.peers[addr] = p
 	}
+	// Under t.mu, so the janitor never prunes a peer a submit just chose.
+	p.lastUsed.Store(time.Now().UnixNano())
 	return p, nil
+}
+
+// janitor prunes peers that had no request for PeerIdle, with their idle
+// connections, so autoscaled-away peers do not pile up; a peer whose
+// connections are all dead and idle goes at the next round.
+func (t *Transport) janitor() {
+	defer t.wg.Done()
+	tick := min(max(t.opt.PeerIdle/4, 10*time.Millisecond), 30*time.Second)
+	tk := time.NewTicker(tick)
+	defer tk.Stop()
+	for {
+		select {
+		case <-t.ctx.Done():
+			return
+		case now := <-tk.C:
+			t.prune(now)
+		}
+	}
+}
+
+func (t *Transport) prune(now time.Time) {
+	var drop []*conn
+	t.mu.Lock()
+	for addr, p := range t.peers {
+		idle := now.UnixNano()-p.lastUsed.Load() > int64(t.opt.PeerIdle)
+		p.mu.Lock()
+		busy, alive := false, false
+		for _, c := range p.conns {
+			if c != nil {
+				busy = busy || c.busy()
+				alive = alive || !c.isDead()
+			}
+		}
+		if !busy && (idle || !alive) {
+			p.gone = true
+			delete(t.peers, addr)
+			for _, c := range p.conns {
+				if c != nil {
+					drop = append(drop, c)
+				}
+			}
+		}
+		p.mu.Unlock()
+	}
+	t.mu.Unlock()
+	for _, c := range drop {
+		c.fail(errs.New(errs.Closed, "tcp", "idle connection to %s pruned", c.p.addr))
+	}
+	if len(drop) > 0 {
+		t.pruned.Add(uint64(len(drop)))
+	}
 }
 
 // all returns the peer's live connection objects.
@@ -88,6 +151,14 @@ func (p *peer) all() []*conn {
 func (p *peer) get(i int) *conn {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.gone {
+		// Pruned between the submit's lookup and now: use its successor.
+		q, err := p.t.peer(p.addr)
+		if err != nil {
+			return newConn(p) // dead already: the transport is closed
+		}
+		return q.get(i)
+	}
 	c := p.conns[i]
 	if c != nil && !c.isDead() {
 		return c
@@ -99,7 +170,7 @@ func (p *peer) get(i int) *conn {
 
 // Submit cuts each request into slices, stripes them over the peer's
 // connections and queues them; it does not block on the network.
-func (t *Transport) Submit(reqs []*transport.Request) {
+func (t *Transport) Submit(reqs []transport.Request) {
 	type key struct {
 		p *peer
 		i int
@@ -107,33 +178,37 @@ func (t *Transport) Submit(reqs []*transport.Request) {
 	var groups map[key][]item
 	var lastAddr string
 	var last *peer
-	for _, r := range reqs {
+	ops := make([]op, len(reqs)) // one allocation per submit
+	for i := range reqs {
+		r := &reqs[i]
 		addr := r.Peer.Endpoints[Name]
 		if addr == "" {
-			r.Done(errs.New(errs.TransportUnavailable, "tcp", "segment %q publishes no tcp endpoint", r.Peer.Name))
+			r.Complete(errs.New(errs.TransportUnavailable, "tcp", "segment %q publishes no tcp endpoint", r.Peer.Name))
 			continue
 		}
 		p := last
 		if p == nil || addr != lastAddr {
 			var err error
 			if p, err = t.peer(addr); err != nil {
-				r.Done(err)
+				r.Complete(err)
 				continue
 			}
 			last, lastAddr = p, addr
 		}
 		if r.Length == 0 {
-			r.Done(errs.New(errs.InvalidArgument, "tcp", "zero length"))
+			r.Complete(errs.New(errs.InvalidArgument, "tcp", "zero length"))
 			continue
 		}
-		o := &op{req: r}
-		if g, ok := t.reg.Lookup(r.Local, r.Length); ok && isDevice(g) {
+		o := &ops[i]
+		o.req, o.p, o.write = r, p, r.Op == transport.Write
+		if isDevice(r.Region) {
 			if _, err := cudaLoad(); err != nil {
-				r.Done(errs.Wrap(errs.NotSupported, "tcp", err, "local %#x is GPU memory", r.Local))
+				r.Complete(errs.Wrap(errs.NotSupported, "tcp", err, "local %#x is GPU memory", r.Local))
 				continue
 			}
-			o.gpu = g.Location.Index + 1
+			o.gpu = r.Region.Location.Index + 1
 		}
+		r.Priv = o
 		n := (r.Length + t.opt.Slice - 1) / t.opt.Slice
 		o.remaining.Store(int32(n))
 		start := int((p.rr.Add(1) - 1) % uint64(len(p.conns)))
@@ -151,27 +226,59 @@ func (t *Transport) Submit(reqs []*transport.Request) {
 	}
 }
 
+// Cancel releases the slices of reqs that no goroutine is moving: queued ones
+// and those sent and waiting for their completion (whose late completion is
+// then dropped, its payload read into scratch). A slice being written or read
+// right now is released when that I/O ends, which the progress timeout
+// bounds. The connections stay up for everyone else.
+func (t *Transport) Cancel(reqs []*transport.Request) {
+	peers := map[*peer]bool{}
+	for _, r := range reqs {
+		o, ok := r.Priv.(*op)
+		if !ok || o == nil {
+			continue
+		}
+		o.canceled.Store(true)
+		peers[o.p] = true
+	}
+	for p := range peers {
+		for _, c := range p.all() {
+			c.cancel()
+		}
+	}
+}
+
 // conn is one initiator connection: the writer goroutine dials, then sends
 // queued slices; the reader goroutine matches completions to them. The last
-// of the two to exit fails whatever is still queued or pending, so no Done
-// runs while a goroutine may still touch that request's memory.
+// of the two to exit fails whatever is still queued or pending, so no slice
+// is released while a goroutine may still touch its memory.
 type conn struct {
 	p *peer
 
 	mu      sync.Mutex
 	queue   []item
-	pending map[uint64]item
+	pending map[uint64]slot
 	nextID  uint64
-	dead    bool
-	err     error
-	nc      net.Conn
-	running int           // goroutines not yet exited
-	wake    chan struct{} // queue not empty
-	down    chan struct{} // closed when dead
+	// Slices with ids in [sendLo, sendHi) are in the writer's current
+	// write: a canceled WRITE among them is the writer's to release.
+	sendLo, sendHi uint64
+	dead           bool
+	err            error
+	nc             net.Conn
+	running        int           // goroutines not yet exited
+	wake           chan struct{} // queue not empty
+	down           chan struct{} // closed when dead
+}
+
+// slot is a sent slice; released means a Cancel already let go of it and its
+// completion, when it comes, is dropped.
+type slot struct {
+	item
+	released bool
 }
 
 func newConn(p *peer) *conn {
-	c := &conn{p: p, pending: map[uint64]item{}, wake: make(chan struct{}, 1), down: make(chan struct{}), running: 1}
+	c := &conn{p: p, pending: map[uint64]slot{}, wake: make(chan struct{}, 1), down: make(chan struct{}), running: 1}
 	t := p.t
 	t.mu.Lock()
 	if t.closed {
@@ -190,6 +297,13 @@ func (c *conn) isDead() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.dead
+}
+
+// busy reports whether the connection has slices queued or in flight.
+func (c *conn) busy() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.queue) > 0 || len(c.pending) > 0
 }
 
 // enqueue queues slices; on a dead connection they fail at once.
@@ -211,6 +325,41 @@ func (c *conn) enqueue(items []item) {
 	}
 }
 
+// cancel releases the canceled slices nobody is moving (see Transport.Cancel).
+func (c *conn) cancel() {
+	var out []item
+	c.mu.Lock()
+	if c.dead {
+		c.mu.Unlock()
+		return // its last goroutine releases everything
+	}
+	keep := c.queue[:0]
+	for _, it := range c.queue {
+		if it.op.canceled.Load() {
+			out = append(out, it)
+		} else {
+			keep = append(keep, it)
+		}
+	}
+	clear(c.queue[len(keep):])
+	c.queue = keep
+	for id, s := range c.pending {
+		if s.released || !s.op.canceled.Load() {
+			continue
+		}
+		if s.op.write && id >= c.sendLo && id < c.sendHi {
+			continue // its payload is being written now
+		}
+		s.released = true
+		c.pending[id] = s
+		out = append(out, s.item)
+	}
+	c.mu.Unlock()
+	for _, it := range out {
+		it.done(errCanceled)
+	}
+}
+
 // fail marks the connection dead and closes its socket so both goroutines
 // return promptly.
 func (c *conn) fail(err error) {
@@ -227,7 +376,7 @@ func (c *conn) fail(err error) {
 }
 
 // exit is the last thing each goroutine does; the last one out fails every
-// request still queued or pending.
+// slice still queued or pending.
 func (c *conn) exit() {
 	c.mu.Lock()
 	c.running--
@@ -250,8 +399,10 @@ func (c *conn) exit() {
 	for _, it := range queue {
 		it.done(err)
 	}
-	for _, it := range pending {
-		it.done(err)
+	for _, s := range pending {
+		if !s.released {
+			s.done(err)
+		}
 	}
 	c.p.t.wg.Done()
 }
@@ -259,7 +410,7 @@ func (c *conn) exit() {
 func (c *conn) writeLoop() {
 	defer c.exit()
 	st := c.p.t.newStage()
-	defer st.release() // before exit: its copies end before any Done
+	defer st.release() // before exit: its copies end before any slice is released
 	t := c.p.t
 	d := net.Dialer{Timeout: t.opt.DialTimeout}
 	nc, err := d.DialContext(t.ctx, "tcp", c.p.addr)
@@ -279,18 +430,24 @@ func (c *conn) writeLoop() {
 		return
 	}
 	c.nc = nc
+	c.mu.Unlock()
+	if err := t.clientHello(nc); err != nil {
+		c.fail(err)
+		return
+	}
+	c.mu.Lock()
+	if c.dead {
+		c.mu.Unlock()
+		return
+	}
 	c.running++
 	t.wg.Add(1)
 	c.mu.Unlock()
 	go c.readLoop(nc)
 
-	if _, err := nc.Write([]byte(wire.DataPreface)); err != nil {
-		c.fail(errs.Wrap(errs.PeerUnreachable, "tcp", err, "send to %s", c.p.addr))
-		return
-	}
 	var spare []item
 	var hdrs []byte
-	var bufs net.Buffers
+	var bufs, chunk net.Buffers
 	var devs []devPiece
 	for {
 		select {
@@ -312,17 +469,18 @@ func (c *conn) writeLoop() {
 		hdrs = grow(hdrs, len(batch)*wire.ReqHeaderSize)
 		bufs, devs = bufs[:0], devs[:0]
 		start := 0
+		c.sendLo = c.nextID
 		for i, it := range batch {
 			id := c.nextID
 			c.nextID++
-			c.pending[id] = it
+			c.pending[id] = slot{item: it}
 			r := it.op.req
 			kind := wire.DataRead
 			if r.Op == transport.Write {
 				kind = wire.DataWrite
 			}
 			off := i * wire.ReqHeaderSize
-			wire.PutDataRequest(hdrs[off:], wire.DataRequest{Kind: kind, ID: id, Addr: r.Remote + it.off, Length: it.n, Key: r.Buffer.Key})
+			wire.PutDataRequest(hdrs[off:], wire.DataRequest{Kind: kind, ID: id, Addr: r.Remote + it.off, Length: it.n, Key: r.Key})
 			if kind == wire.DataWrite && it.op.gpu > 0 {
 				bufs = append(bufs, hdrs[start:off+wire.ReqHeaderSize])
 				devs = append(devs, devPiece{at: len(bufs), dev: it.op.gpu - 1, addr: r.Local + it.off, n: it.n})
@@ -332,6 +490,7 @@ func (c *conn) writeLoop() {
 				start = off + wire.ReqHeaderSize
 			}
 		}
+		c.sendHi = c.nextID
 		c.mu.Unlock()
 		if end := len(batch) * wire.ReqHeaderSize; start < end {
 			bufs = append(bufs, hdrs[start:end])
@@ -339,26 +498,46 @@ func (c *conn) writeLoop() {
 		clear(batch)
 		spare = batch
 		if len(devs) > 0 {
-			if err := st.write(nc, bufs, devs); err != nil {
-				c.fail(errs.Wrap(errs.CodeOf(err), "tcp", err, "send GPU payload to %s", c.p.addr))
-				return
-			}
-			continue
+			err = st.write(progressWriter{nc, t.opt.Progress}, bufs, devs)
+		} else {
+			chunk, err = writeProgress(nc, bufs, chunk, t.opt.Progress)
 		}
-		w := bufs // WriteTo consumes its receiver
-		if _, err := w.WriteTo(nc); err != nil {
+		c.sent()
+		if err != nil {
 			c.fail(errs.Wrap(errs.PeerUnreachable, "tcp", err, "send to %s", c.p.addr))
 			return
 		}
 	}
 }
 
+// sent ends the writer's hold on the slices it just wrote: canceled WRITEs
+// among them are released now (their payload is on the wire; the completion
+// that follows is dropped).
+func (c *conn) sent() {
+	var out []item
+	c.mu.Lock()
+	for id := c.sendLo; id < c.sendHi; id++ {
+		s, ok := c.pending[id]
+		if ok && !s.released && s.op.canceled.Load() {
+			s.released = true
+			c.pending[id] = s
+			out = append(out, s.item)
+		}
+	}
+	c.sendLo = c.sendHi
+	c.mu.Unlock()
+	for _, it := range out {
+		it.done(errCanceled)
+	}
+}
+
 func (c *conn) readLoop(nc net.Conn) {
 	defer c.exit()
 	st := c.p.t.newStage()
-	defer st.release() // before exit: its copies end before any Done
+	defer st.release() // before exit: its copies end before any slice is released
 	br := bufio.NewReaderSize(nc, readBufSize)
 	var h [wire.CompHeaderSize]byte
+	var scratch []byte
 	// The read deadline is pushed out at most every quarter timeout (a
 	// timer update per completion would cost more than the completion).
 	idle := c.p.t.opt.Timeout
@@ -372,10 +551,7 @@ func (c *conn) readLoop(nc net.Conn) {
 		if err != nil {
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() && n == 0 {
-				c.mu.Lock()
-				busy := len(c.pending) > 0
-				c.mu.Unlock()
-				if !busy {
+				if !c.busy() {
 					armed = time.Time{} // idle pool connection: fine
 					continue
 				}
@@ -391,27 +567,45 @@ func (c *conn) readLoop(nc net.Conn) {
 			return
 		}
 		c.mu.Lock()
-		it, ok := c.pending[comp.ID]
+		s, ok := c.pending[comp.ID]
 		delete(c.pending, comp.ID)
 		c.mu.Unlock()
 		if !ok {
 			c.fail(errs.New(errs.Protocol, "tcp", "%s completed unknown request %d", c.p.addr, comp.ID))
 			return
 		}
-		r := it.op.req
-		if comp.Status != errs.OK {
-			it.done(errs.New(comp.Status, "tcp", "%s refused %v of [%#x,+%d)", c.p.addr, r.Op, r.Remote+it.off, it.n))
-			continue
-		}
+		it := s.item
+		o := it.op
 		want := uint64(0)
-		if r.Op == transport.Read {
+		if !o.write && comp.Status == errs.OK {
 			want = it.n
 		}
 		if comp.Length != want {
-			err := errs.New(errs.Protocol, "tcp", "%s answered %d bytes for a %v of %d", c.p.addr, comp.Length, r.Op, it.n)
-			it.done(err)
+			err := errs.New(errs.Protocol, "tcp", "%s answered %d bytes for a request of %d", c.p.addr, comp.Length, it.n)
+			if !s.released {
+				it.done(err)
+			}
 			c.fail(err)
 			return
+		}
+		if s.released {
+			// Canceled: its completion is dropped, its payload read
+			// into scratch.
+			if want > 0 {
+				if scratch == nil {
+					scratch = make([]byte, drainChunk)
+				}
+				if err := drain(br, want, scratch); err != nil {
+					c.fail(errs.Wrap(errs.PeerUnreachable, "tcp", err, "connection to %s lost", c.p.addr))
+					return
+				}
+			}
+			continue
+		}
+		r := o.req
+		if comp.Status != errs.OK {
+			it.done(errs.New(comp.Status, "tcp", "%s refused %v of [%#x,+%d)", c.p.addr, r.Op, r.Remote+it.off, it.n))
+			continue
 		}
 		if want > 0 && it.op.gpu > 0 {
 			copyErr, ioErr := st.recv(br, nc, it.op.gpu-1, r.Local+it.off, want)
@@ -426,12 +620,13 @@ func (c *conn) readLoop(nc net.Conn) {
 				continue
 			}
 		} else if want > 0 {
-			if err := readFull(br, nc, mem.Bytes(r.Local+it.off, want)); err != nil {
+			if err := readProgress(br, nc, mem.Bytes(r.Local+it.off, want), c.p.t.opt.Progress); err != nil {
 				err := errs.Wrap(errs.PeerUnreachable, "tcp", err, "connection to %s lost", c.p.addr)
 				it.done(err)
 				c.fail(err)
 				return
 			}
+			armed = time.Time{}
 		}
 		it.done(nil)
 	}

@@ -268,7 +268,7 @@ func (st *stage) recv(br *bufio.Reader, nc net.Conn, dev int, dst, n uint64) (co
 		if st.scratch == nil {
 			st.scratch = make([]byte, drainChunk)
 		}
-		return err, drain(br, n, st.scratch)
+		return err, drainProgress(br, nc, n, st.scratch, st.t.opt.Progress)
 	}
 	depth, cs := s.Depth(), s.ChunkSize()
 	k := 0
@@ -281,7 +281,7 @@ func (st *stage) recv(br *bufio.Reader, nc net.Conn, dev int, dst, n uint64) (co
 				copyErr = err
 			}
 		}
-		if err := readFull(br, nc, s.Chunk(slot)[:m]); err != nil {
+		if err := readProgress(br, nc, s.Chunk(slot)[:m], st.t.opt.Progress); err != nil {
 			ioErr = err
 			k++
 			break

@@ -115,8 +115,8 @@ func TestGPURegionWithoutCUDA(t *testing.T) {
 		t.Error("DeviceMemory refuses host memory to a remote GPU buffer (the target stages it)")
 	}
 	done := make(chan error, 1)
-	tr.Submit([]*transport.Request{{Op: transport.Write, Local: gr.Addr, Remote: hr.Addr, Length: 8, Peer: d, Buffer: &hr.Desc,
-		Done: func(err error) { done <- err }}})
+	tr.Submit([]transport.Request{{Op: transport.Write, Local: gr.Addr, Remote: hr.Addr, Length: 8, Peer: d, Buffer: &hr.Desc, Key: hr.Desc.Key, Region: gr,
+		Owner: transport.DoneFunc(func(err error) { done <- err })}})
 	select {
 	case err := <-done:
 		if !errors.Is(err, errs.ErrNotSupported) {
@@ -156,8 +156,9 @@ func TestGPUCopyFailures(t *testing.T) {
 	run := func(op transport.Opcode, local, remote uint64, buf *segment.BufferDesc, n uint64) error {
 		t.Helper()
 		done := make(chan error, 1)
-		tr.Submit([]*transport.Request{{Op: op, Local: local, Remote: remote, Length: n, Peer: d, Buffer: buf,
-			Done: func(err error) { done <- err }}})
+		g, _ := reg.Lookup(local, n)
+		tr.Submit([]transport.Request{{Op: op, Local: local, Remote: remote, Length: n, Peer: d, Buffer: buf, Key: buf.Key, Region: g,
+			Owner: transport.DoneFunc(func(err error) { done <- err })}})
 		select {
 		case err := <-done:
 			return err

@@ -285,12 +285,12 @@ func startFake(t *testing.T, params map[string]string) *tcp.Transport {
 	return tr
 }
 
-func reqsTo(endpoint string, local []byte, n int, op transport.Opcode, r *result) []*transport.Request {
+func reqsTo(endpoint string, local []byte, n int, op transport.Opcode, r *result) []transport.Request {
 	d := &segment.Desc{Name: "peer", Endpoints: map[string]string{"tcp": endpoint}}
 	buf := &segment.BufferDesc{Addr: 1 << 40, Length: 1 << 30, Key: 42}
-	var out []*transport.Request
+	var out []transport.Request
 	for i := 0; i < n; i++ {
-		out = append(out, &transport.Request{Op: op, Local: mem.Addr(local), Remote: buf.Addr, Length: uint64(len(local)), Peer: d, Buffer: buf, Done: r.done})
+		out = append(out, transport.Request{Op: op, Local: mem.Addr(local), Remote: buf.Addr, Length: uint64(len(local)), Peer: d, Buffer: buf, Key: buf.Key, Owner: transport.DoneFunc(r.done)})
 	}
 	return out
 }
@@ -390,8 +390,8 @@ func TestCloseWhileSubmitting(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; i < per; i++ {
-				tr.Submit([]*transport.Request{{Op: transport.Opcode(i % 2), Local: mem.Addr(local), Remote: buf.Addr,
-					Length: uint64(len(local)), Peer: d, Buffer: buf, Done: r.done}})
+				tr.Submit([]transport.Request{{Op: transport.Opcode(i % 2), Local: mem.Addr(local), Remote: buf.Addr,
+					Length: uint64(len(local)), Peer: d, Buffer: buf, Key: buf.Key, Owner: transport.DoneFunc(r.done)}})
 			}
 		}()
 	}

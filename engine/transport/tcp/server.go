@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tecache/te/engine/errs"
@@ -25,8 +26,6 @@ const (
 	// connection; past it the reader stops reading, so an initiator that
 	// does not read its completions only stalls its own connection.
 	maxServerQueue = 8192
-	// prefaceTimeout bounds how long an accepted connection may stay silent.
-	prefaceTimeout = 10 * time.Second
 	// drainChunk is the scratch buffer a refused WRITE's payload is read
 	// into and discarded.
 	drainChunk = 64 << 10
@@ -83,7 +82,11 @@ type serverConn struct {
 	t  *Transport
 	nc net.Conn
 
+	// cur is the region the reader is writing a payload into, if any.
+	cur atomic.Pointer[segment.Region]
+
 	mu      sync.Mutex
+	writing []response // the writer's current batch, until it releases it
 	queue   []response
 	closing bool          // reader finished: flush the queue, then close
 	wake    chan struct{} // queue not empty or closing
@@ -153,22 +156,41 @@ func (s *serverConn) push(r response) bool {
 	}
 }
 
+// readHeader reads the next request header. A connection may sit idle
+// between requests for the idle timeout; once a header's first byte came, the
+// rest must follow within the header timeout. Bytes already buffered need no
+// deadline (and no system call).
+func (s *serverConn) readHeader(br *bufio.Reader, h []byte) error {
+	if br.Buffered() < len(h) {
+		o := &s.t.opt
+		s.nc.SetReadDeadline(time.Now().Add(o.Idle))
+		if _, err := br.Peek(1); err != nil {
+			return err
+		}
+		if br.Buffered() < len(h) {
+			s.nc.SetReadDeadline(time.Now().Add(o.Header))
+		}
+	}
+	_, err := io.ReadFull(br, h)
+	return err
+}
+
 func (s *serverConn) readLoop() {
 	br := bufio.NewReaderSize(s.nc, readBufSize)
 	var h [wire.ReqHeaderSize]byte
-	s.nc.SetReadDeadline(time.Now().Add(prefaceTimeout))
+	s.nc.SetReadDeadline(time.Now().Add(s.t.opt.Header))
 	if _, err := io.ReadFull(br, h[:wire.DataPrefaceSize]); err != nil {
 		return
 	}
 	if err := wire.CheckDataPreface(h[:wire.DataPrefaceSize]); err != nil {
 		return
 	}
-	s.nc.SetReadDeadline(time.Time{})
 	st := s.t.newStage()
 	defer st.release()
 	var scratch []byte
+	progress := s.t.opt.Progress
 	for {
-		if _, err := io.ReadFull(br, h[:]); err != nil {
+		if err := s.readHeader(br, h[:]); err != nil {
 			return
 		}
 		req, err := wire.DecodeDataRequest(h[:])
@@ -203,18 +225,22 @@ func (s *serverConn) readLoop() {
 				if scratch == nil {
 					scratch = make([]byte, drainChunk)
 				}
-				if err := drain(br, req.Length, scratch); err != nil {
+				if err := drainProgress(br, s.nc, req.Length, scratch, progress); err != nil {
 					return
 				}
 			} else if isDevice(region) {
+				s.cur.Store(region)
 				copyErr, ioErr := st.recv(br, s.nc, region.Location.Index, req.Addr, req.Length)
+				s.cur.Store(nil)
 				region.Release()
 				if ioErr != nil {
 					return
 				}
 				status = errs.CodeOf(copyErr)
 			} else {
-				err := readFull(br, s.nc, mem.Bytes(req.Addr, req.Length))
+				s.cur.Store(region)
+				err := readProgress(br, s.nc, mem.Bytes(req.Addr, req.Length), progress)
+				s.cur.Store(nil)
 				region.Release()
 				if err != nil {
 					return
@@ -235,6 +261,54 @@ func (s *serverConn) readLoop() {
 	}
 }
 
+// holds reports whether the connection is moving bytes of r or holds r for a
+// READ it has yet to send.
+func (s *serverConn) holds(r *segment.Region) bool {
+	if s.cur.Load() == r {
+		return true
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, q := range s.queue {
+		if q.region == r {
+			return true
+		}
+	}
+	for _, q := range s.writing {
+		if q.region == r {
+			return true
+		}
+	}
+	return false
+}
+
+// Quiesce cuts the served connections that hold accesses to r (r refuses new
+// ones already) and returns once r is idle. Other connections, and other
+// regions, carry on.
+func (t *Transport) Quiesce(r *segment.Region) error {
+	deadline := time.Now().Add(t.opt.Progress)
+	for p := 50 * time.Microsecond; !r.Idle(); p = min(2*p, 5*time.Millisecond) {
+		if time.Now().After(deadline) {
+			return errs.New(errs.Timeout, "tcp", "accesses to [%#x,+%d) did not end", r.Addr, r.Length)
+		}
+		// Scanned again each round: an access acquired just before the
+		// region began closing shows up a moment later.
+		t.mu.Lock()
+		var cut []*serverConn
+		for s := range t.served {
+			if s.holds(r) {
+				cut = append(cut, s)
+			}
+		}
+		t.mu.Unlock()
+		for _, s := range cut {
+			s.nc.Close()
+		}
+		time.Sleep(p)
+	}
+	return nil
+}
+
 // check refuses what the registry would not: key 0 means "no key check" to
 // the registry (local accesses), so a remote request must carry a real key.
 func (s *serverConn) check(req wire.DataRequest) errs.Code {
@@ -245,6 +319,18 @@ func (s *serverConn) check(req wire.DataRequest) errs.Code {
 		return errs.AccessDenied
 	}
 	return errs.OK
+}
+
+// drainProgress reads and drops n payload bytes, under the progress timeout.
+func drainProgress(br *bufio.Reader, nc net.Conn, n uint64, scratch []byte, d time.Duration) error {
+	for n > 0 {
+		k := min(n, uint64(len(scratch)))
+		if err := readProgress(br, nc, scratch[:k], d); err != nil {
+			return err
+		}
+		n -= k
+	}
+	return nil
 }
 
 func drain(br *bufio.Reader, n uint64, scratch []byte) error {
@@ -258,32 +344,13 @@ func drain(br *bufio.Reader, n uint64, scratch []byte) error {
 	return nil
 }
 
-// readFull fills dst: first from what br already buffered, then straight
-// from the socket for large remainders (no copy through br), else through br.
-func readFull(br *bufio.Reader, nc net.Conn, dst []byte) error {
-	if n := br.Buffered(); n > 0 {
-		k, _ := br.Read(dst[:min(n, len(dst))])
-		dst = dst[k:]
-	}
-	if len(dst) == 0 {
-		return nil
-	}
-	var err error
-	if len(dst) >= directRead {
-		_, err = io.ReadFull(nc, dst)
-	} else {
-		_, err = io.ReadFull(br, dst)
-	}
-	return err
-}
-
 func (s *serverConn) writeLoop() {
 	defer close(s.done)
 	st := s.t.newStage()
 	defer st.release()
 	var spare []response
 	var hdrs []byte
-	var bufs net.Buffers
+	var bufs, chunk net.Buffers
 	var devs []devPiece
 	for {
 		<-s.wake
@@ -291,6 +358,7 @@ func (s *serverConn) writeLoop() {
 		batch := s.queue
 		if len(batch) > 0 {
 			s.queue = spare[:0]
+			s.writing = batch
 		}
 		closing := s.closing
 		s.mu.Unlock()
@@ -325,17 +393,19 @@ func (s *serverConn) writeLoop() {
 		var err error
 		if len(devs) > 0 {
 			// Copies from device memory end before its region is released.
-			err = st.write(s.nc, bufs, devs)
+			err = st.write(progressWriter{s.nc, s.t.opt.Progress}, bufs, devs)
 		} else {
-			w := bufs // WriteTo consumes its receiver
-			_, err = w.WriteTo(s.nc)
+			chunk, err = writeProgress(s.nc, bufs, chunk, s.t.opt.Progress)
 		}
 		for i := range batch {
 			if batch[i].region != nil {
 				batch[i].region.Release()
 			}
-			batch[i] = response{}
 		}
+		s.mu.Lock()
+		s.writing = nil
+		s.mu.Unlock()
+		clear(batch)
 		spare = batch
 		if err != nil {
 			// The reader notices the closed socket and ends too.

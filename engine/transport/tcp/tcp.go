@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/klauspost/cpuid/v2"
@@ -47,6 +48,18 @@ type Options struct {
 	// GPUStaging is the pinned host memory per connection that GPU
 	// payloads are staged through (half for each direction).
 	GPUStaging uint64
+	// Progress bounds how long a payload may take to move each 4 MiB
+	// (either way, on either side): a peer that stalls or trickles is cut
+	// off. Default: the engine's Limits.ProgressTimeout (10s).
+	Progress time.Duration
+	// Idle closes an accepted connection with nothing in flight after this
+	// long (the engine's Limits.IdleTimeout, 5m); Header bounds the rest of
+	// a request header once its first byte came, and the preface
+	// (Limits.HandshakeTimeout, 10s).
+	Idle, Header time.Duration
+	// PeerIdle drops a peer's pooled connections after this long without a
+	// request (Limits.PeerIdleTimeout, 5m).
+	PeerIdle time.Duration
 }
 
 // DefaultOptions derives the defaults from the machine: one connection per
@@ -61,7 +74,8 @@ func DefaultOptions() Options {
 		slice = uint64(l2) / 2
 	}
 	slice = max(256<<10, min(slice, 1<<20))
-	return Options{Conns: conns, Slice: slice, DialTimeout: 5 * time.Second, Timeout: 30 * time.Second, GPUStaging: DefaultGPUStaging}
+	return Options{Conns: conns, Slice: slice, DialTimeout: 5 * time.Second, Timeout: 30 * time.Second, GPUStaging: DefaultGPUStaging,
+		Progress: 10 * time.Second, Idle: 5 * time.Minute, Header: 10 * time.Second, PeerIdle: 5 * time.Minute}
 }
 
 func parseOptions(h transport.Host) (Options, error) {
@@ -102,6 +116,21 @@ func parseOptions(h transport.Host) (Options, error) {
 			return o, bad("tcp.timeout", v, "want a positive duration")
 		}
 		o.Timeout = d
+	}
+	for _, p := range []struct {
+		key string
+		dst *time.Duration
+	}{
+		{"limits.progress_timeout", &o.Progress}, {"limits.idle_timeout", &o.Idle},
+		{"limits.handshake_timeout", &o.Header}, {"limits.peer_idle_timeout", &o.PeerIdle},
+	} {
+		if v, ok := h.Param(p.key); ok {
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 {
+				return o, bad(p.key, v, "want a positive duration")
+			}
+			*p.dst = d
+		}
 	}
 	if v, ok := h.Param("tcp.gpu_staging"); ok {
 		n, err := ParseSize(v)
@@ -158,6 +187,7 @@ type Transport struct {
 	served map[*serverConn]struct{} // accepted connections
 	wg     sync.WaitGroup           // every goroutine of the transport
 	gpu    gpuPool                  // pinned rings for GPU payloads (gpu.go)
+	pruned atomic.Uint64            // idle connections the janitor closed
 }
 
 // New returns an unstarted transport.
@@ -204,8 +234,9 @@ func (t *Transport) Start(h transport.Host) error {
 	}
 	t.ln = ln
 	t.ctx, t.cancel = context.WithCancel(context.Background())
-	t.wg.Add(1)
+	t.wg.Add(2)
 	go t.acceptLoop()
+	go t.janitor()
 	return nil
 }
 
@@ -250,6 +281,17 @@ func (t *Transport) Reachable(d *segment.Desc) error {
 	if _, _, err := net.SplitHostPort(ep); err != nil {
 		return errs.New(errs.TransportUnavailable, "tcp", "segment %q publishes a malformed tcp endpoint %q", d.Name, ep)
 	}
+	return nil
+}
+
+// clientHello opens a data connection: the preface, within the handshake
+// timeout.
+func (t *Transport) clientHello(nc net.Conn) error {
+	nc.SetWriteDeadline(time.Now().Add(t.opt.Header))
+	if _, err := nc.Write([]byte(wire.DataPreface)); err != nil {
+		return errs.Wrap(errs.PeerUnreachable, "tcp", err, "send preface")
+	}
+	nc.SetWriteDeadline(time.Time{})
 	return nil
 }
 

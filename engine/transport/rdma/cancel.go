@@ -1,0 +1,12 @@
+package rdma
+
+import (
+	"github.com/tecache/te/engine/segment"
+	"github.com/tecache/te/engine/transport"
+)
+
+// Cancel is not implemented yet: requests end when they would have.
+func (t *Transport) Cancel([]*transport.Request) {}
+
+// Quiesce is not implemented yet.
+func (t *Transport) Quiesce(*segment.Region) error { return nil }
