@@ -620,4 +620,3 @@ func (e *Engine) rpcAddrOf(name string) (string, error) {
 	}
 	return net.JoinHostPort(m.IPOrHostName, strconv.Itoa(m.RPCPort)), nil
 }
-
