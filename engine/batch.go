@@ -106,6 +106,12 @@ type task struct {
 	st     *segState
 }
 
+// lastFound is a descriptor and one of its buffers.
+type lastFound struct {
+	d   *segment.Desc
+	buf *segment.BufferDesc
+}
+
 type batchNotify struct {
 	segment, name, msg string
 }
@@ -123,7 +129,8 @@ type Batch struct {
 	tasks    []task
 	reqs     []transport.Request // reqs[i] is task i's request
 
-	smu sync.Mutex // serialises Submit, Reset and Free (slot owners)
+	smu  sync.Mutex // serialises Submit, Reset and Free (slot owners)
+	last lastFound  // target buffer of the previous request (under smu)
 
 	// pending counts submitted tasks not ended, plus a batch notify being
 	// sent. Only the completion that brings it to zero takes mu.
@@ -228,6 +235,7 @@ func (b *Batch) submit(n *batchNotify, reqs []Request) error {
 	}
 	b.smu.Lock()
 	defer b.smu.Unlock()
+	b.last = lastFound{}
 	b.mu.Lock()
 	lo, freed := b.n, b.freed
 	b.mu.Unlock()
@@ -339,17 +347,18 @@ func (e *Engine) prepare(b *Batch, i, k int, r *Request, region *segment.Region)
 		return fail(errs.AddressNotRegistered, "local range: [%#x,+%d) is not inside one registered buffer", r.Local, r.Length)
 	}
 	st := r.Segment.st
-	d, buf, t, err := e.target(st, r, region)
+	d, buf, t, err := e.target(st, r, region, b.last)
 	if err != nil && !st.local && e.mayRefresh(st, err) {
 		// The cached descriptor may predate a registration or a restart of
 		// the peer: look again once (this segment only) before refusing.
 		if d2, err2 := e.refresh(st, d); err2 == nil && d2 != d {
-			d, buf, t, err = e.target(st, r, region)
+			d, buf, t, err = e.target(st, r, region, lastFound{})
 		}
 	}
 	if err != nil {
 		return fail(errs.CodeOf(err), "%v", err)
 	}
+	b.last = lastFound{d, buf}
 	key := buf.Key
 	if r.Window != 0 {
 		key = r.Window
@@ -364,15 +373,18 @@ func (e *Engine) prepare(b *Batch, i, k int, r *Request, region *segment.Region)
 }
 
 // target resolves a request against the segment's current descriptor: the
-// buffer holding the target range and the transport to use.
-func (e *Engine) target(st *segState, r *Request, region *segment.Region) (*segment.Desc, *segment.BufferDesc, transport.Transport, error) {
+// buffer holding the target range and the transport to use. last is the
+// buffer the previous request of the submit found, tried before a search.
+func (e *Engine) target(st *segState, r *Request, region *segment.Region, last lastFound) (*segment.Desc, *segment.BufferDesc, transport.Transport, error) {
 	d, err := e.current(st)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	buf, err := d.Find(r.Remote, r.Length)
-	if err != nil {
-		return d, nil, nil, err
+	buf := last.buf
+	if last.d != d || !buf.Contains(r.Remote, r.Length) {
+		if buf, err = d.Find(r.Remote, r.Length); err != nil {
+			return d, nil, nil, err
+		}
 	}
 	t, err := e.choose(st, d, r.Transport)
 	if err != nil {

@@ -217,6 +217,7 @@ func (c *child) CRC(off, n uint64) (uint32, error) {
 	v, err := strconv.ParseUint(r, 10, 32)
 	return uint32(v), err
 }
+
 // Pause stops the peer process (SIGSTOP): its sockets stay open but nothing
 // answers, like a peer that hangs.
 func (c *child) Pause() error { return c.cmd.Process.Signal(syscall.SIGSTOP) }
