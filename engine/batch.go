@@ -361,7 +361,14 @@ func (e *Engine) prepare(b *Batch, i, k int, r *Request, region *segment.Region)
 	b.last = lastFound{d, buf}
 	key := buf.Key
 	if r.Window != 0 {
-		key = r.Window
+		if t.Caps().Windows {
+			key = r.Window
+		} else {
+			// The owner cannot check a window's key on this transport
+			// (an RDMA NIC checks the rkey): the buffer's key goes, and
+			// the owner cannot revoke this transfer's access alone.
+			e.stats.windowsUnenforced.Add(1)
+		}
 	}
 	tk.length, tk.t, tk.st = r.Length, t, st
 	tk.err = nil

@@ -61,16 +61,38 @@ type Region struct {
 
 	inflight atomic.Int64
 	closing  atomic.Bool
+	// parent is set on a window's region: an access through the window
+	// counts on the registered region it lies in as well.
+	parent *Region
 }
 
 // End returns Addr+Length.
 func (r *Region) End() uint64 { return r.Addr + r.Length }
 
 // Release ends an access begun by Registry.Acquire or Retain.
-func (r *Region) Release() { r.inflight.Add(-1) }
+func (r *Region) Release() {
+	r.inflight.Add(-1)
+	if r.parent != nil {
+		r.parent.inflight.Add(-1)
+	}
+}
 
 // ReleaseN ends n accesses at once.
-func (r *Region) ReleaseN(n int64) { r.inflight.Add(-n) }
+func (r *Region) ReleaseN(n int64) {
+	r.inflight.Add(-n)
+	if r.parent != nil {
+		r.parent.inflight.Add(-n)
+	}
+}
+
+// Parent returns the registered region a window's region lies in (nil for a
+// registered region itself).
+func (r *Region) Parent() *Region { return r.parent }
+
+// Within reports whether an access holding r touches x: r is x, or r is a
+// window's region inside x. Transports use it to find what holds a region
+// being unregistered.
+func (r *Region) Within(x *Region) bool { return r == x || (r != nil && r.parent == x) }
 
 // Closing reports whether the region is being unregistered.
 func (r *Region) Closing() bool { return r.closing.Load() }
@@ -108,8 +130,10 @@ func NewKey() uint64 {
 // Registry is the set of registered local memory. Lookups are lock-free and
 // O(log n): they read an immutable sorted snapshot that writers replace.
 type Registry struct {
-	mu   sync.Mutex // serialises writers
-	snap atomic.Pointer[snapshot]
+	mu      sync.Mutex // serialises writers
+	snap    atomic.Pointer[snapshot]
+	windows sync.Map // key -> *Window
+	nwin    atomic.Int64
 }
 
 // snapshot is the sorted regions and, beside them, their start addresses: a
@@ -207,6 +231,9 @@ func (g *Registry) Acquire(addr, n, key uint64, remote bool) (*Region, error) {
 		return nil, errs.New(errs.AccessDenied, "access", "buffer at %#x is not remote-accessible", r.Addr)
 	}
 	if key != 0 && key != r.Desc.Key {
+		if w := g.window(key); w != nil {
+			return w.acquire(addr, n)
+		}
 		return nil, errs.New(errs.StaleDescriptor, "access", "key for buffer at %#x does not match its registration", r.Addr)
 	}
 	// Count first, then check closing: with Close setting closing before it

@@ -143,3 +143,46 @@ func TestTrickledWriteCutOff(t *testing.T) {
 		t.Fatalf("unregister after the cut took %v", took)
 	}
 }
+
+// TestRevokeWindowCutsStalledWrite: a mover writes into a window granted over
+// the buffer and stalls halfway; RevokeWindow returns after its grace, the
+// rest of the payload never lands, and the buffer itself stays registered
+// and writable under its own key.
+func TestRevokeWindowCutsStalledWrite(t *testing.T) {
+	const grace = 200 * time.Millisecond
+	e, buf, ep, key := fenceTarget(t, func(c *engine.Config) { c.UnregisterGrace = grace })
+	defer mem.Free(buf)
+	fill(buf, 0)
+	win, err := e.GrantWindow([]engine.Range{{Addr: mem.Addr(buf), Length: 1 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := dialRaw(t, ep, true)
+	half := bytes.Repeat([]byte{0xAB}, 512<<10)
+	r.send(wire.DataWrite, 1, mem.Addr(buf), 1<<20, win, half)
+	waitFor(t, 10*time.Second, "first half of the payload in the target", func() bool {
+		return buf[len(half)-1] == 0xAB
+	})
+	if err := e.RevokeWindow(win); err != nil {
+		t.Fatalf("revoke with a stalled mover: %v", err)
+	}
+	fill(buf, 0xC3)
+	r.nc.Write(half)
+	r.expectClosed()
+	// Under the window's key nothing goes any more; under the buffer's,
+	// everything does.
+	r2 := dialRaw(t, ep, true)
+	r2.send(wire.DataWrite, 7, mem.Addr(buf)+100, 4, win, []byte("late"))
+	if c, _ := r2.recv(); c.Status == 0 {
+		t.Fatal("a write under the revoked window was accepted")
+	}
+	for i, c := range buf {
+		if c != 0xC3 {
+			t.Fatalf("a byte landed at %d after RevokeWindow returned: %#x", i, c)
+		}
+	}
+	r2.send(wire.DataWrite, 8, mem.Addr(buf), 4, key, []byte("kept"))
+	if c, _ := r2.recv(); c.Status != 0 || string(buf[:4]) != "kept" {
+		t.Fatalf("write under the buffer's key: status %v", c.Status)
+	}
+}
