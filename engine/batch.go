@@ -375,7 +375,7 @@ func (e *Engine) prepare(b *Batch, i, k int, r *Request, region *segment.Region)
 	tk.why.Store(whyNone)
 	tk.state.Store(int32(Pending))
 	*tr = transport.Request{Op: r.Op, Local: r.Local, Remote: r.Remote, Length: r.Length, Peer: d, Buffer: buf,
-		Key: key, Region: region, Owner: b, Index: k}
+		Key: key, Region: region, Owner: (*completer)(b), Index: k}
 	return nil
 }
 
@@ -403,9 +403,15 @@ func (e *Engine) target(st *segState, r *Request, region *segment.Region, last l
 	return d, buf, t, nil
 }
 
+// completer is the batch as its transports see it: unexported, so only a
+// transport can end a task.
+type completer Batch
+
 // Complete ends task i with the transport's outcome (transport.Completer).
 // The transport calls it once, after it stopped touching the task's memory.
-func (b *Batch) Complete(i int, err error) {
+func (c *completer) Complete(i int, err error) { (*Batch)(c).complete(i, err) }
+
+func (b *Batch) complete(i int, err error) {
 	t := &b.tasks[i]
 	state := Completed
 	if err != nil {
@@ -772,7 +778,7 @@ func (b *Batch) failUnclaimed() {
 	b.mu.Unlock()
 	for i := 0; i < n; i++ {
 		if TaskState(b.tasks[i].state.Load()) == Pending {
-			b.Complete(i, errs.New(errs.Closed, "transfer", "engine closed"))
+			b.complete(i, errs.New(errs.Closed, "transfer", "engine closed"))
 		}
 	}
 }
