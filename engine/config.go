@@ -2,6 +2,7 @@ package engine
 
 import (
 	"log/slog"
+	"strconv"
 	"time"
 )
 
@@ -162,6 +163,14 @@ func (l *Limits) param(key string) (string, bool) {
 		return l.ProgressTimeout.String(), true
 	case "limits.peer_idle_timeout":
 		return l.PeerIdleTimeout.String(), true
+	case "limits.max_conns":
+		if l.MaxConns > 0 {
+			return strconv.Itoa(l.MaxConns), true
+		}
+	case "limits.max_conns_per_host":
+		if l.MaxConnsPerHost > 0 {
+			return strconv.Itoa(l.MaxConnsPerHost), true
+		}
 	}
 	return "", false
 }
