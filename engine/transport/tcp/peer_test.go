@@ -203,7 +203,7 @@ type fakeHost struct {
 	inst   string
 }
 
-func (h *fakeHost) SegmentName() string           { return "fake" }
+func (h *fakeHost) SegmentName() string { return "fake" }
 func (h *fakeHost) Instance() string {
 	if h.inst == "" {
 		return "fake"
