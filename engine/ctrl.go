@@ -165,7 +165,7 @@ func (c *ctrl) acceptLoop() {
 			tc.SetNoDelay(true)
 		}
 		ctx, cancel := context.WithCancel(c.ctx)
-		sc := &srvConn{c: c, conn: conn, br: bufio.NewReader(conn), bw: bufio.NewWriterSize(conn, 32<<10), ctx: ctx, cancel: cancel,
+		sc := &srvConn{c: c, conn: conn, br: bufio.NewReader(conn), ctx: ctx, cancel: cancel,
 			slots: make(chan struct{}, c.opt.limits.MaxCallsPerConn)}
 		c.mu.Lock()
 		if c.closed {
@@ -265,6 +265,8 @@ func (sc *srvConn) authenticate() bool {
 	} else {
 		sc.sender = "address " + hostOf(sc.conn.RemoteAddr())
 	}
+	// Only now: a flood that never authenticates costs no reply buffer.
+	sc.bw = bufio.NewWriterSize(sc.conn, 16<<10)
 	return true
 }
 
