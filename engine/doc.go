@@ -28,6 +28,15 @@
 // A reused batch (Batch.Reset) allocates nothing per request; the engine's
 // own cost per request is tens of nanoseconds (BenchmarkSubmitWait4KiB).
 //
+// Peers authenticate: with a cluster secret (Config.AuthSecret,
+// AuthSecretFile, or TE_AUTH_SECRET_FILE / TE_AUTH_SECRET), every connection
+// opens with a mutual challenge-response, and a peer without the secret
+// learns and touches nothing (Unauthenticated). Without one the engine trusts
+// the network and says so in its log. An engine binds the host it
+// advertises unless ListenAddr names another. Config.Limits bounds what any
+// peer can make it hold; refusals are counted in Stats().Control.
+// SECURITY.md has the threat model.
+//
 // Every error is an *Error with a stable Code; errors.Is matches the
 // sentinels (ErrTimeout, ...). No method panics on bad input or blocks
 // without a bound.

@@ -88,7 +88,10 @@ func (t *Transport) peer(addr string) (*peer, error) {
 // connections are all dead and idle goes at the next round.
 func (t *Transport) janitor() {
 	defer t.wg.Done()
-	tick := min(max(t.opt.PeerIdle/4, 10*time.Millisecond), 30*time.Second)
+	tick := 30 * time.Second
+	if t.opt.PeerIdle > 0 {
+		tick = min(max(t.opt.PeerIdle/4, 10*time.Millisecond), tick)
+	}
 	tk := time.NewTicker(tick)
 	defer tk.Stop()
 	for {
@@ -105,7 +108,7 @@ func (t *Transport) prune(now time.Time) {
 	var drop []*conn
 	t.mu.Lock()
 	for addr, p := range t.peers {
-		idle := now.UnixNano()-p.lastUsed.Load() > int64(t.opt.PeerIdle)
+		idle := t.opt.PeerIdle > 0 && now.UnixNano()-p.lastUsed.Load() > int64(t.opt.PeerIdle)
 		p.mu.Lock()
 		busy, alive := false, false
 		for _, c := range p.conns {

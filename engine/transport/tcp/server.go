@@ -175,7 +175,11 @@ func (s *serverConn) push(r response) bool {
 func (s *serverConn) readHeader(br *bufio.Reader, h []byte) error {
 	if br.Buffered() < len(h) {
 		o := &s.t.opt
-		s.nc.SetReadDeadline(time.Now().Add(o.Idle))
+		if o.Idle > 0 {
+			s.nc.SetReadDeadline(time.Now().Add(o.Idle))
+		} else {
+			s.nc.SetReadDeadline(time.Time{})
+		}
 		if _, err := br.Peek(1); err != nil {
 			return err
 		}

@@ -132,7 +132,8 @@ func parseOptions(h transport.Host) (Options, error) {
 	} {
 		if v, ok := h.Param(p.key); ok {
 			d, err := time.ParseDuration(v)
-			if err != nil || d <= 0 {
+			never := d == 0 && (p.dst == &o.Idle || p.dst == &o.PeerIdle)
+			if err != nil || (d <= 0 && !never) {
 				return o, bad(p.key, v, "want a positive duration")
 			}
 			*p.dst = d
