@@ -41,66 +41,59 @@ func readConfig(cfg *C.te_cconfig) (capihelp.Config, error) {
 			}
 		}
 	}
+	// Each field is read only when it lies within size: a caller built
+	// against an older te.h has nothing beyond its struct's end.
 	var z C.te_config_t
+	base := unsafe.Pointer(cfg)
 	has := func(off, n uintptr) bool { return off+n <= size }
-	if has(unsafe.Offsetof(z.log_level), 4) {
-		c.LogLevel = int(cfg.log_level)
-	}
-	str := func(off uintptr, p *C.char) string {
-		if !has(off, unsafe.Sizeof(p)) {
+	str := func(off uintptr) string {
+		if !has(off, unsafe.Sizeof(z.params)) {
 			return ""
 		}
-		return C.GoString(p)
+		return C.GoString(*(**C.char)(unsafe.Add(base, off)))
 	}
-	c.SegmentName = str(unsafe.Offsetof(z.segment_name), cfg.segment_name)
-	c.Metadata = str(unsafe.Offsetof(z.metadata), cfg.metadata)
-	c.ListenAddr = str(unsafe.Offsetof(z.listen_addr), cfg.listen_addr)
-	c.Hostname = str(unsafe.Offsetof(z.hostname), cfg.hostname)
-	c.Transports = str(unsafe.Offsetof(z.transports), cfg.transports)
-	c.ForceTransport = str(unsafe.Offsetof(z.force_transport), cfg.force_transport)
-	c.Params = str(unsafe.Offsetof(z.params), cfg.params)
-	if has(unsafe.Offsetof(z.transfer_timeout_ms), 8) {
-		c.TransferTimeoutMS = int64(cfg.transfer_timeout_ms)
-	}
-	if has(unsafe.Offsetof(z.rpc_timeout_ms), 8) {
-		c.RPCTimeoutMS = int64(cfg.rpc_timeout_ms)
-	}
-	if has(unsafe.Offsetof(z.max_frame), 8) {
-		c.MaxFrame = uint64(cfg.max_frame)
-	}
-	if has(unsafe.Offsetof(z.max_notifies), 8) {
-		c.MaxNotifies = int64(cfg.max_notifies)
-	}
-	// ABI 1.2
-	c.AuthSecret = str(unsafe.Offsetof(z.auth_secret), cfg.auth_secret)
-	c.AuthSecretFile = str(unsafe.Offsetof(z.auth_secret_file), cfg.auth_secret_file)
-	i32 := func(off uintptr, v C.int32_t) int32 {
+	i32 := func(off uintptr) int32 {
 		if !has(off, 4) {
 			return 0
 		}
-		return int32(v)
+		return *(*int32)(unsafe.Add(base, off))
 	}
-	i64 := func(off uintptr, v C.int64_t) int64 {
+	i64 := func(off uintptr) int64 {
 		if !has(off, 8) {
 			return 0
 		}
-		return int64(v)
+		return *(*int64)(unsafe.Add(base, off))
 	}
-	u64 := func(off uintptr, v C.uint64_t) uint64 {
+	u64 := func(off uintptr) uint64 {
 		if !has(off, 8) {
 			return 0
 		}
-		return uint64(v)
+		return *(*uint64)(unsafe.Add(base, off))
 	}
-	c.AcceptMooncakePeers = i32(unsafe.Offsetof(z.accept_mooncake_peers), cfg.accept_mooncake_peers) != 0
-	c.AllowMooncakeWithSecret = i32(unsafe.Offsetof(z.allow_mooncake_with_secret), cfg.allow_mooncake_with_secret) != 0
-	c.UnregisterGraceMS = i64(unsafe.Offsetof(z.unregister_grace_ms), cfg.unregister_grace_ms)
-	c.MaxConns = i32(unsafe.Offsetof(z.max_conns), cfg.max_conns)
-	c.MaxConnsPerHost = i32(unsafe.Offsetof(z.max_conns_per_host), cfg.max_conns_per_host)
-	c.IdleTimeoutMS = i64(unsafe.Offsetof(z.idle_timeout_ms), cfg.idle_timeout_ms)
-	c.ProgressTimeoutMS = i64(unsafe.Offsetof(z.progress_timeout_ms), cfg.progress_timeout_ms)
-	c.NotifyBytes = u64(unsafe.Offsetof(z.notify_bytes), cfg.notify_bytes)
-	c.NotifyBytesPerSender = u64(unsafe.Offsetof(z.notify_bytes_per_sender), cfg.notify_bytes_per_sender)
+	c.LogLevel = int(i32(unsafe.Offsetof(z.log_level)))
+	c.SegmentName = str(unsafe.Offsetof(z.segment_name))
+	c.Metadata = str(unsafe.Offsetof(z.metadata))
+	c.ListenAddr = str(unsafe.Offsetof(z.listen_addr))
+	c.Hostname = str(unsafe.Offsetof(z.hostname))
+	c.Transports = str(unsafe.Offsetof(z.transports))
+	c.ForceTransport = str(unsafe.Offsetof(z.force_transport))
+	c.Params = str(unsafe.Offsetof(z.params))
+	c.TransferTimeoutMS = i64(unsafe.Offsetof(z.transfer_timeout_ms))
+	c.RPCTimeoutMS = i64(unsafe.Offsetof(z.rpc_timeout_ms))
+	c.MaxFrame = u64(unsafe.Offsetof(z.max_frame))
+	c.MaxNotifies = i64(unsafe.Offsetof(z.max_notifies))
+	// ABI 1.2
+	c.AuthSecret = str(unsafe.Offsetof(z.auth_secret))
+	c.AuthSecretFile = str(unsafe.Offsetof(z.auth_secret_file))
+	c.AcceptMooncakePeers = i32(unsafe.Offsetof(z.accept_mooncake_peers)) != 0
+	c.AllowMooncakeWithSecret = i32(unsafe.Offsetof(z.allow_mooncake_with_secret)) != 0
+	c.UnregisterGraceMS = i64(unsafe.Offsetof(z.unregister_grace_ms))
+	c.MaxConns = i32(unsafe.Offsetof(z.max_conns))
+	c.MaxConnsPerHost = i32(unsafe.Offsetof(z.max_conns_per_host))
+	c.IdleTimeoutMS = i64(unsafe.Offsetof(z.idle_timeout_ms))
+	c.ProgressTimeoutMS = i64(unsafe.Offsetof(z.progress_timeout_ms))
+	c.NotifyBytes = u64(unsafe.Offsetof(z.notify_bytes))
+	c.NotifyBytesPerSender = u64(unsafe.Offsetof(z.notify_bytes_per_sender))
 	return c, nil
 }
 
