@@ -557,21 +557,29 @@ class ForkTest(unittest.TestCase):
             r, w = os.pipe()
             pid = os.fork()
             if pid == 0:
-                start = time.monotonic()
-                errs = []
-                for call in (lambda: te.Engine(listen_addr="127.0.0.1:0"), e.stats, lambda: e.name,
-                             lambda: te.local_topology()):
-                    try:
-                        call()
-                        errs.append("no error")
-                    except te.ForkError as x:
-                        errs.append("ForkError" if "spawn" in str(x) else "no hint")
-                rc = mc.transfer_sync_write("127.0.0.1:1", 0, 0, 1)
-                # Under the binding, the library refuses too, without Go.
-                h = ctypes.c_uint64()
-                crc = lib.te_create(None, ctypes.byref(h))
-                took = time.monotonic() - start
-                os.write(w, repr((errs, rc, crc, took)).encode())
+                def refuse_all():
+                    start = time.monotonic()
+                    errs = []
+                    for call in (lambda: te.Engine(listen_addr="127.0.0.1:0"), e.stats, lambda: e.name,
+                                 lambda: te.local_topology()):
+                        try:
+                            call()
+                            errs.append("no error")
+                        except te.ForkError as x:
+                            errs.append("ForkError" if "spawn" in str(x) else "no hint")
+                    rc = mc.transfer_sync_write("127.0.0.1:1", 0, 0, 1)
+                    # Under the binding, the library refuses too, without Go.
+                    h = ctypes.c_uint64()
+                    crc = lib.te_create(None, ctypes.byref(h))
+                    return errs, rc, crc, time.monotonic() - start
+                # Every round must be refused; the time limit must hold in
+                # one of three, so a busy machine does not fail the test
+                # while a call that blocks still does.
+                rounds = [refuse_all()]
+                while rounds[-1][3] >= 0.1 and len(rounds) < 3:
+                    rounds.append(refuse_all())
+                bad = [r for r in rounds if r[:3] != rounds[0][:3]]
+                os.write(w, repr(rounds[0][:3] + (min(r[3] for r in rounds), len(bad))).encode())
                 os._exit(0)
             os.close(w)
             deadline = time.monotonic() + 20
@@ -580,7 +588,8 @@ class ForkTest(unittest.TestCase):
                     os.kill(pid, 9)
                     raise SystemExit("child hung")
                 time.sleep(0.005)
-            errs, rc, crc, took = eval(os.read(r, 4096).decode())
+            errs, rc, crc, took, differing = eval(os.read(r, 4096).decode())
+            assert differing == 0, differing
             assert errs == ["ForkError"] * 4, errs
             assert rc == -te.ForkError.code, rc
             assert crc == -te.ForkError.code, crc

@@ -75,10 +75,10 @@ static void roundtrip(void) {
     munmap(buf, 8192);
 }
 
-/* every_call_refused calls each function that enters Go with the parent's
- * live handles and checks it returns TE_ERR_FORKED with a message. */
-static int every_call_refused(te_engine_t e, te_segment_t s, te_batch_t b) {
-    tu_failures = 0;
+/* refuse_all calls each function that enters Go with the parent's live
+ * handles, checks it returns TE_ERR_FORKED with a message, and returns how
+ * long the calls took in all, in ms. */
+static double refuse_all(te_engine_t e, te_segment_t s, te_batch_t b) {
     char buf[512];
     int32_t i32 = 7;
     uint64_t u64 = 0;
@@ -185,11 +185,25 @@ static int every_call_refused(te_engine_t e, te_segment_t s, te_batch_t b) {
     CHECK(te_abi_version() == TE_ABI_VERSION);
     CHECK(te_notify_free(NULL) == 0);
     CHECK(te_last_error(buf, sizeof buf) == 0 && strstr(buf, "te_handoff_free") != NULL);
-    if (took > 100) {
-        fprintf(stderr, "child: %d refused calls took %.1f ms, want < 100\n", calls, took);
+    printf("child: %d calls refused in %.3f ms\n", calls, took);
+    return took;
+}
+
+/* every_call_refused runs refuse_all until one round stays under 100 ms, at
+ * most three times: each call must be refused in every round, and a call
+ * that blocks makes every round slow, while a round stretched by other work
+ * on a busy machine does not fail the test. */
+static int every_call_refused(te_engine_t e, te_segment_t s, te_batch_t b) {
+    tu_failures = 0;
+    double best = 1e9;
+    for (int round = 0; round < 3 && best >= 100; round++) {
+        double took = refuse_all(e, s, b);
+        if (took < best) best = took;
+    }
+    if (best >= 100) {
+        fprintf(stderr, "child: the refused calls took %.1f ms at best, want < 100\n", best);
         tu_failures++;
     }
-    printf("child: %d calls refused in %.3f ms\n", calls, took);
     fflush(stdout);
     return tu_failures;
 }
