@@ -15,8 +15,8 @@ import (
 	"github.com/tecache/te/engine/errs"
 )
 
-//export te_open_segment
-func te_open_segment(h C.te_engine_t, name *C.te_cchar, out *C.te_segment_t) (rc C.int) {
+//export tego_open_segment
+func tego_open_segment(h C.te_engine_t, name *C.te_cchar, out *C.te_segment_t) (rc C.int) {
 	defer enter("open segment", &rc)()
 	e, err := getEngine("open segment", h)
 	if err != nil {
@@ -37,8 +37,8 @@ func te_open_segment(h C.te_engine_t, name *C.te_cchar, out *C.te_segment_t) (rc
 	return 0
 }
 
-//export te_close_segment
-func te_close_segment(h C.te_segment_t) (rc C.int) {
+//export tego_close_segment
+func tego_close_segment(h C.te_segment_t) (rc C.int) {
 	defer enter("close segment", &rc)()
 	se, err := segments.Delete("close segment", uint64(h))
 	if err != nil {
@@ -47,8 +47,8 @@ func te_close_segment(h C.te_segment_t) (rc C.int) {
 	return fail(se.e.CloseSegment(se.s))
 }
 
-//export te_segment_buffers
-func te_segment_buffers(h C.te_segment_t, out *C.te_buffer_desc_t, capacity C.size_t, count *C.size_t) (rc C.int) {
+//export tego_segment_buffers
+func tego_segment_buffers(h C.te_segment_t, out *C.te_buffer_desc_t, capacity C.size_t, count *C.size_t) (rc C.int) {
 	defer enter("segment buffers", &rc)()
 	se, _, err := segments.Get("segment buffers", uint64(h))
 	if err != nil {
@@ -85,8 +85,8 @@ func copyCut(dst []byte, s string) {
 	dst[n] = 0
 }
 
-//export te_allocate_batch
-func te_allocate_batch(h C.te_engine_t, capacity C.size_t, out *C.te_batch_t) (rc C.int) {
+//export tego_allocate_batch
+func tego_allocate_batch(h C.te_engine_t, capacity C.size_t, out *C.te_batch_t) (rc C.int) {
 	defer enter("allocate batch", &rc)()
 	e, err := getEngine("allocate batch", h)
 	if err != nil {
@@ -140,8 +140,8 @@ func requests(op string, owner uint64, reqs *C.te_crequest, n C.size_t) ([]engin
 	return out, nil
 }
 
-//export te_submit
-func te_submit(h C.te_batch_t, reqs *C.te_crequest, n C.size_t) (rc C.int) {
+//export tego_submit
+func tego_submit(h C.te_batch_t, reqs *C.te_crequest, n C.size_t) (rc C.int) {
 	defer enter("submit", &rc)()
 	be, owner, err := batches.Get("submit", uint64(h))
 	if err != nil {
@@ -154,8 +154,8 @@ func te_submit(h C.te_batch_t, reqs *C.te_crequest, n C.size_t) (rc C.int) {
 	return fail(be.b.Submit(rs...))
 }
 
-//export te_submit_with_notify
-func te_submit_with_notify(h C.te_batch_t, reqs *C.te_crequest, n C.size_t, segment, name, msg *C.te_cchar, msgLen C.size_t) (rc C.int) {
+//export tego_submit_with_notify
+func tego_submit_with_notify(h C.te_batch_t, reqs *C.te_crequest, n C.size_t, segment, name, msg *C.te_cchar, msgLen C.size_t) (rc C.int) {
 	defer enter("submit", &rc)()
 	be, owner, err := batches.Get("submit", uint64(h))
 	if err != nil {
@@ -177,8 +177,8 @@ func te_submit_with_notify(h C.te_batch_t, reqs *C.te_crequest, n C.size_t, segm
 	return fail(be.b.SubmitWithNotify(cstr(segment), cstr(name), cbytes(msg, msgLen), rs...))
 }
 
-//export te_task_status
-func te_task_status(h C.te_batch_t, index C.size_t, out *C.te_task_status_t) (rc C.int) {
+//export tego_task_status
+func tego_task_status(h C.te_batch_t, index C.size_t, out *C.te_task_status_t) (rc C.int) {
 	defer enter("task status", &rc)()
 	be, _, err := batches.Get("task status", uint64(h))
 	if err != nil {
@@ -216,8 +216,8 @@ func putBatchStatus(out *C.te_batch_status_t, s engine.BatchStatus) {
 	}
 }
 
-//export te_batch_status
-func te_batch_status(h C.te_batch_t, out *C.te_batch_status_t) (rc C.int) {
+//export tego_batch_status
+func tego_batch_status(h C.te_batch_t, out *C.te_batch_status_t) (rc C.int) {
 	defer enter("batch status", &rc)()
 	be, _, err := batches.Get("batch status", uint64(h))
 	if err != nil {
@@ -234,8 +234,8 @@ func te_batch_status(h C.te_batch_t, out *C.te_batch_status_t) (rc C.int) {
 // overflowing a time.Duration.
 const maxWaitMS = 1 << 40
 
-//export te_wait
-func te_wait(h C.te_batch_t, timeoutMS C.int64_t, out *C.te_batch_status_t) (rc C.int) {
+//export tego_wait
+func tego_wait(h C.te_batch_t, timeoutMS C.int64_t, out *C.te_batch_status_t) (rc C.int) {
 	defer enter("wait", &rc)()
 	be, _, err := batches.Get("wait", uint64(h))
 	if err != nil {
@@ -277,8 +277,8 @@ func te_wait(h C.te_batch_t, timeoutMS C.int64_t, out *C.te_batch_status_t) (rc 
 	return fail(errs.New(code, "wait", "batch ended %v", st.State))
 }
 
-//export te_batch_fd
-func te_batch_fd(h C.te_batch_t, fd *C.int32_t) (rc C.int) {
+//export tego_batch_fd
+func tego_batch_fd(h C.te_batch_t, fd *C.int32_t) (rc C.int) {
 	defer enter("batch fd", &rc)()
 	be, _, err := batches.Get("batch fd", uint64(h))
 	if err != nil {
@@ -296,8 +296,8 @@ func te_batch_fd(h C.te_batch_t, fd *C.int32_t) (rc C.int) {
 	return 0
 }
 
-//export te_free_batch
-func te_free_batch(h C.te_batch_t) (rc C.int) {
+//export tego_free_batch
+func tego_free_batch(h C.te_batch_t) (rc C.int) {
 	defer enter("free batch", &rc)()
 	return fail(batches.DeleteIf("free batch", uint64(h), func(be batchEntry) error { return be.b.Free() }))
 }

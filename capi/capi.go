@@ -5,6 +5,7 @@ package main
 #include <stdlib.h>
 #include <string.h>
 #include "te.h"
+#include "entry.h"
 
 // const-qualified names for the exports' parameters, so the prototypes cgo
 // writes match te.h's and the compiler checks one against the other.
@@ -41,15 +42,21 @@ var (
 	engines  = capihelp.NewTable[*engine.Engine](capihelp.KindEngine)
 	segments = capihelp.NewTable[segEntry](capihelp.KindSegment)
 	batches  = capihelp.NewTable[batchEntry](capihelp.KindBatch)
-	lastErr  = capihelp.NewErrors()
 )
 
 // fail records err as the calling thread's last error and returns its code.
+// It runs on the thread of the C call (an export's goroutine is locked to
+// it), so the message lands in that thread's storage in entry.c.
 func fail(err error) C.int {
 	if err == nil {
 		return 0
 	}
-	lastErr.Set(capihelp.Tid(), err.Error())
+	msg := capihelp.CutMessage(err.Error(), C.TECAPI_MAX_MESSAGE-1)
+	if msg == "" {
+		C.tecapi_set_error(nil, 0)
+	} else {
+		C.tecapi_set_error((*C.char)(unsafe.Pointer(unsafe.StringData(msg))), C.size_t(len(msg)))
+	}
 	return C.int(capihelp.Code(err))
 }
 
@@ -95,20 +102,4 @@ func cbytes(p *C.te_cchar, n C.size_t) string {
 		return ""
 	}
 	return string(unsafe.Slice((*byte)(unsafe.Pointer(p)), int(n)))
-}
-
-//export te_abi_version
-func te_abi_version() C.int { return C.TE_ABI_VERSION }
-
-//export te_last_error
-func te_last_error(buf *C.char, n C.size_t) (rc C.int) {
-	defer enter("last error", &rc)()
-	if buf == nil || n == 0 {
-		// Not recorded: that would replace the message the caller is after.
-		return C.int(capihelp.Code(errs.ErrInvalidArgument))
-	}
-	if capihelp.CopyString(cbuf(buf, n), lastErr.Get(capihelp.Tid())) {
-		return C.int(capihelp.Code(errs.ErrBufferTooSmall))
-	}
-	return 0
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"debug/elf"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"go.uber.org/goleak"
 
 	"github.com/tecache/te/engine"
 	"github.com/tecache/te/engine/errs"
@@ -29,6 +32,13 @@ func TestMain(m *testing.M) {
 	if libDir != "" {
 		os.RemoveAll(libDir)
 	}
+	if code == 0 {
+		if err := goleak.Find(goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*workerPool).Start.func2"),
+			goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.updateServerDate.func1")); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
 	os.Exit(code)
 }
 
@@ -40,11 +50,23 @@ func buildLib(tb testing.TB) string {
 		if libErr != nil {
 			return
 		}
-		cmd := exec.Command("go", "build", "-buildmode=c-shared", "-o", filepath.Join(libDir, "libte.so"), ".")
+		// The flags of the release build (Makefile, CMakeLists.txt): the
+		// version script is what keeps the Go exports out of sight.
+		script, err := filepath.Abs("libte.map")
+		if err != nil {
+			libErr = err
+			return
+		}
+		cmd := exec.Command("go", "build", "-buildmode=c-shared", "-trimpath",
+			"-ldflags=-s -w -extldflags '-Wl,-soname,libte.so.1 -Wl,--version-script="+script+"'",
+			"-o", filepath.Join(libDir, "libte.so"), ".")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			libErr = &buildError{err, out}
+			return
 		}
+		// Programs linked with -lte look for the soname.
+		libErr = os.Symlink("libte.so", filepath.Join(libDir, "libte.so.1"))
 	})
 	if libErr != nil {
 		tb.Fatalf("building libte.so: %v", libErr)
@@ -68,8 +90,9 @@ func readHeader(t testing.TB) string {
 }
 
 // TestHeaderMatchesLibrary checks that every function te.h declares is
-// exported by libte.so and that libte.so exports no te_ function te.h does
-// not declare.
+// exported by libte.so and that libte.so exports no other function: not the
+// Go exports behind te.h's functions (tego_*), not the cgo glue or the Go
+// runtime.
 func TestHeaderMatchesLibrary(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds libte.so")
@@ -92,7 +115,7 @@ func TestHeaderMatchesLibrary(t *testing.T) {
 	}
 	exported := map[string]bool{}
 	for _, s := range syms {
-		if strings.HasPrefix(s.Name, "te_") && elf.ST_TYPE(s.Info) == elf.STT_FUNC && s.Section != elf.SHN_UNDEF {
+		if elf.ST_TYPE(s.Info) == elf.STT_FUNC && s.Section != elf.SHN_UNDEF {
 			exported[s.Name] = true
 		}
 	}
@@ -115,8 +138,8 @@ func TestHeaderMatchesLibrary(t *testing.T) {
 	if len(extra) > 0 {
 		t.Errorf("exported by libte.so but not declared in te.h: %v", extra)
 	}
-	if soname, _ := f.DynString(elf.DT_SONAME); len(soname) > 0 {
-		t.Logf("soname %v", soname)
+	if soname, _ := f.DynString(elf.DT_SONAME); len(soname) != 1 || soname[0] != "libte.so.1" {
+		t.Errorf("soname %v, want libte.so.1", soname)
 	}
 }
 
@@ -159,6 +182,9 @@ func TestHeaderConstants(t *testing.T) {
 		"TE_ERR_NOT_FOUND":              -int(errs.NotFound),
 		"TE_ERR_BUFFER_TOO_SMALL":       -int(errs.BufferTooSmall),
 		"TE_ERR_TRANSFER_LOST":          -int(errs.TransferLost),
+		"TE_ERR_AUTH":                   -int(errs.Unauthenticated),
+		"TE_ERR_FORKED":                 -int(errs.Forked),
+		"TE_ERR_RESOURCE_EXHAUSTED":     -int(errs.ResourceExhausted),
 		"TE_READ":                       int(engine.Read),
 		"TE_WRITE":                      int(engine.Write),
 		"TE_TASK_WAITING":               int(engine.Waiting),
@@ -199,8 +225,9 @@ func TestHeaderConstants(t *testing.T) {
 }
 
 // TestCPrograms compiles the C test programs against a fresh libte.so and
-// runs them: the error-path walk and the two-process transfer over tcp and
-// over the transport the engines choose. ctest runs the same programs.
+// runs them: the error-path walk, the two-process transfer over tcp and over
+// the transport the engines choose, the fork rules, the per-thread last
+// error and te_destroy's release of batches. ctest runs the same programs.
 func TestCPrograms(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds libte.so")
@@ -217,10 +244,17 @@ func TestCPrograms(t *testing.T) {
 	}{
 		{"errors", [][]string{nil}},
 		{"two_process", [][]string{{"tcp"}, {"auto"}}},
+		{"fork", [][]string{nil}},
+		{"fork_fresh", [][]string{{lib}}},
+		{"lifecycle", [][]string{nil}},
 	} {
 		bin := filepath.Join(dir, prog.src)
-		build := exec.Command(cc, "-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wextra", "-Werror", "-I../include", "-I../tests/c",
-			"../tests/c/"+prog.src+".c", "-o", bin, "-L"+filepath.Dir(lib), "-lte", "-Wl,-rpath,"+filepath.Dir(lib), "-lpthread")
+		link := []string{"-L" + filepath.Dir(lib), "-lte", "-Wl,-rpath," + filepath.Dir(lib), "-lpthread"}
+		if prog.src == "fork_fresh" {
+			link = []string{"-ldl"} // loads libte itself, in its child
+		}
+		build := exec.Command(cc, append([]string{"-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wextra", "-Werror", "-I../include",
+			"-I../tests/c", "../tests/c/" + prog.src + ".c", "-o", bin}, link...)...)
 		if out, err := build.CombinedOutput(); err != nil {
 			t.Fatalf("compiling %s: %v\n%s", prog.src, err, out)
 		}

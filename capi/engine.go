@@ -2,12 +2,14 @@ package main
 
 /*
 #include "te.h"
+typedef const char te_cchar;
 typedef const te_config_t te_cconfig;
 */
 import "C"
 
 import (
 	"encoding/json"
+	"strings"
 	"unsafe"
 
 	"github.com/tecache/te/engine"
@@ -39,41 +41,80 @@ func readConfig(cfg *C.te_cconfig) (capihelp.Config, error) {
 			}
 		}
 	}
+	// Each field is read only when it lies within size: a caller built
+	// against an older te.h has nothing beyond its struct's end.
 	var z C.te_config_t
+	base := unsafe.Pointer(cfg)
 	has := func(off, n uintptr) bool { return off+n <= size }
-	if has(unsafe.Offsetof(z.log_level), 4) {
-		c.LogLevel = int(cfg.log_level)
-	}
-	str := func(off uintptr, p *C.char) string {
-		if !has(off, unsafe.Sizeof(p)) {
+	str := func(off uintptr) string {
+		if !has(off, unsafe.Sizeof(z.params)) {
 			return ""
 		}
-		return C.GoString(p)
+		return C.GoString(*(**C.char)(unsafe.Add(base, off)))
 	}
-	c.SegmentName = str(unsafe.Offsetof(z.segment_name), cfg.segment_name)
-	c.Metadata = str(unsafe.Offsetof(z.metadata), cfg.metadata)
-	c.ListenAddr = str(unsafe.Offsetof(z.listen_addr), cfg.listen_addr)
-	c.Hostname = str(unsafe.Offsetof(z.hostname), cfg.hostname)
-	c.Transports = str(unsafe.Offsetof(z.transports), cfg.transports)
-	c.ForceTransport = str(unsafe.Offsetof(z.force_transport), cfg.force_transport)
-	c.Params = str(unsafe.Offsetof(z.params), cfg.params)
-	if has(unsafe.Offsetof(z.transfer_timeout_ms), 8) {
-		c.TransferTimeoutMS = int64(cfg.transfer_timeout_ms)
+	i32 := func(off uintptr) int32 {
+		if !has(off, 4) {
+			return 0
+		}
+		return *(*int32)(unsafe.Add(base, off))
 	}
-	if has(unsafe.Offsetof(z.rpc_timeout_ms), 8) {
-		c.RPCTimeoutMS = int64(cfg.rpc_timeout_ms)
+	i64 := func(off uintptr) int64 {
+		if !has(off, 8) {
+			return 0
+		}
+		return *(*int64)(unsafe.Add(base, off))
 	}
-	if has(unsafe.Offsetof(z.max_frame), 8) {
-		c.MaxFrame = uint64(cfg.max_frame)
+	u64 := func(off uintptr) uint64 {
+		if !has(off, 8) {
+			return 0
+		}
+		return *(*uint64)(unsafe.Add(base, off))
 	}
-	if has(unsafe.Offsetof(z.max_notifies), 8) {
-		c.MaxNotifies = int64(cfg.max_notifies)
-	}
+	c.LogLevel = int(i32(unsafe.Offsetof(z.log_level)))
+	c.SegmentName = str(unsafe.Offsetof(z.segment_name))
+	c.Metadata = str(unsafe.Offsetof(z.metadata))
+	c.ListenAddr = str(unsafe.Offsetof(z.listen_addr))
+	c.Hostname = str(unsafe.Offsetof(z.hostname))
+	c.Transports = str(unsafe.Offsetof(z.transports))
+	c.ForceTransport = str(unsafe.Offsetof(z.force_transport))
+	c.Params = str(unsafe.Offsetof(z.params))
+	c.TransferTimeoutMS = i64(unsafe.Offsetof(z.transfer_timeout_ms))
+	c.RPCTimeoutMS = i64(unsafe.Offsetof(z.rpc_timeout_ms))
+	c.MaxFrame = u64(unsafe.Offsetof(z.max_frame))
+	c.MaxNotifies = i64(unsafe.Offsetof(z.max_notifies))
+	// ABI 1.2
+	c.AuthSecret = str(unsafe.Offsetof(z.auth_secret))
+	c.AuthSecretFile = str(unsafe.Offsetof(z.auth_secret_file))
+	c.AcceptMooncakePeers = i32(unsafe.Offsetof(z.accept_mooncake_peers)) != 0
+	c.AllowMooncakeWithSecret = i32(unsafe.Offsetof(z.allow_mooncake_with_secret)) != 0
+	c.UnregisterGraceMS = i64(unsafe.Offsetof(z.unregister_grace_ms))
+	c.MaxConns = i32(unsafe.Offsetof(z.max_conns))
+	c.MaxConnsPerHost = i32(unsafe.Offsetof(z.max_conns_per_host))
+	c.IdleTimeoutMS = i64(unsafe.Offsetof(z.idle_timeout_ms))
+	c.ProgressTimeoutMS = i64(unsafe.Offsetof(z.progress_timeout_ms))
+	c.NotifyBytes = u64(unsafe.Offsetof(z.notify_bytes))
+	c.NotifyBytesPerSender = u64(unsafe.Offsetof(z.notify_bytes_per_sender))
 	return c, nil
 }
 
-//export te_create
-func te_create(cfg *C.te_cconfig, out *C.te_engine_t) (rc C.int) {
+//export tego_local_topology
+func tego_local_topology(devices *C.te_cchar, buf *C.char, n C.size_t) (rc C.int) {
+	defer enter("local topology", &rc)()
+	var filter []string
+	for _, d := range strings.Split(cstr(devices), ",") {
+		if d = strings.TrimSpace(d); d != "" {
+			filter = append(filter, d)
+		}
+	}
+	b, err := json.Marshal(capihelp.LocalTopology(capihelp.SysRoot, filter))
+	if err != nil {
+		return fail(errs.Wrap(errs.Internal, "local topology", err, "encoding"))
+	}
+	return putString("local topology", buf, n, string(b))
+}
+
+//export tego_create
+func tego_create(cfg *C.te_cconfig, out *C.te_engine_t) (rc C.int) {
 	defer enter("create", &rc)()
 	if out == nil {
 		return null("create", "out")
@@ -95,8 +136,8 @@ func te_create(cfg *C.te_cconfig, out *C.te_engine_t) (rc C.int) {
 	return 0
 }
 
-//export te_destroy
-func te_destroy(h C.te_engine_t) (rc C.int) {
+//export tego_destroy
+func tego_destroy(h C.te_engine_t) (rc C.int) {
 	defer enter("destroy", &rc)()
 	e, err := engines.Delete("destroy", uint64(h))
 	if err != nil {
@@ -104,8 +145,13 @@ func te_destroy(h C.te_engine_t) (rc C.int) {
 	}
 	dropHandoffs(uint64(h)) // before Close: aborts need the engine
 	segments.DropOwner(uint64(h))
-	batches.DropOwner(uint64(h))
-	return fail(e.Close())
+	bs := batches.DropOwner(uint64(h))
+	err = e.Close()
+	// Close has ended every task, so each batch frees (closing its eventfd).
+	for _, be := range bs {
+		be.b.Free()
+	}
+	return fail(err)
 }
 
 func getEngine(op string, h C.te_engine_t) (*engine.Engine, error) {
@@ -113,8 +159,8 @@ func getEngine(op string, h C.te_engine_t) (*engine.Engine, error) {
 	return e, err
 }
 
-//export te_segment_name
-func te_segment_name(h C.te_engine_t, buf *C.char, n C.size_t) (rc C.int) {
+//export tego_segment_name
+func tego_segment_name(h C.te_engine_t, buf *C.char, n C.size_t) (rc C.int) {
 	defer enter("segment name", &rc)()
 	e, err := getEngine("segment name", h)
 	if err != nil {
@@ -123,8 +169,8 @@ func te_segment_name(h C.te_engine_t, buf *C.char, n C.size_t) (rc C.int) {
 	return putString("segment name", buf, n, e.Name())
 }
 
-//export te_rpc_port
-func te_rpc_port(h C.te_engine_t, port *C.int32_t) (rc C.int) {
+//export tego_rpc_port
+func tego_rpc_port(h C.te_engine_t, port *C.int32_t) (rc C.int) {
 	defer enter("rpc port", &rc)()
 	e, err := getEngine("rpc port", h)
 	if err != nil {
@@ -137,8 +183,8 @@ func te_rpc_port(h C.te_engine_t, port *C.int32_t) (rc C.int) {
 	return 0
 }
 
-//export te_stats
-func te_stats(h C.te_engine_t, out *C.te_stats_t) (rc C.int) {
+//export tego_stats
+func tego_stats(h C.te_engine_t, out *C.te_stats_t) (rc C.int) {
 	defer enter("stats", &rc)()
 	e, err := getEngine("stats", h)
 	if err != nil {
@@ -170,8 +216,8 @@ func te_stats(h C.te_engine_t, out *C.te_stats_t) (rc C.int) {
 	return 0
 }
 
-//export te_stats_json
-func te_stats_json(h C.te_engine_t, buf *C.char, n C.size_t) (rc C.int) {
+//export tego_stats_json
+func tego_stats_json(h C.te_engine_t, buf *C.char, n C.size_t) (rc C.int) {
 	defer enter("stats json", &rc)()
 	e, err := getEngine("stats json", h)
 	if err != nil {

@@ -55,8 +55,8 @@ func engineNotifies(h uint64, e *engine.Engine) []engine.Notification {
 	return out
 }
 
-//export te_handoff_create
-func te_handoff_create(h C.te_engine_t, sidecar *C.te_cchar, out *C.te_handoff_t) (rc C.int) {
+//export tego_handoff_create
+func tego_handoff_create(h C.te_engine_t, sidecar *C.te_cchar, out *C.te_handoff_t) (rc C.int) {
 	defer enter("handoff create", &rc)()
 	e, err := getEngine("handoff create", h)
 	if err != nil {
@@ -77,8 +77,8 @@ func te_handoff_create(h C.te_engine_t, sidecar *C.te_cchar, out *C.te_handoff_t
 	return 0
 }
 
-//export te_handoff_destroy
-func te_handoff_destroy(h C.te_handoff_t) (rc C.int) {
+//export tego_handoff_destroy
+func tego_handoff_destroy(h C.te_handoff_t) (rc C.int) {
 	defer enter("handoff destroy", &rc)()
 	he, err := handoffs.Delete("handoff destroy", uint64(h))
 	if err != nil {
@@ -131,22 +131,22 @@ func declare(op string, prefill bool, h C.te_handoff_t, id *C.te_cchar, lh C.te_
 	return 0
 }
 
-//export te_handoff_expect
-func te_handoff_expect(h C.te_handoff_t, id *C.te_cchar, layout C.te_layout_t, blocks *C.te_cblock, n C.size_t,
+//export tego_handoff_expect
+func tego_handoff_expect(h C.te_handoff_t, id *C.te_cchar, layout C.te_layout_t, blocks *C.te_cblock, n C.size_t,
 	mode C.int32_t, timeoutMS C.int64_t, out *C.te_xfer_t) (rc C.int) {
 	defer enter("handoff expect", &rc)()
 	return declare("handoff expect", false, h, id, layout, blocks, n, mode, timeoutMS, out)
 }
 
-//export te_handoff_ready
-func te_handoff_ready(h C.te_handoff_t, id *C.te_cchar, layout C.te_layout_t, blocks *C.te_cblock, n C.size_t,
+//export tego_handoff_ready
+func tego_handoff_ready(h C.te_handoff_t, id *C.te_cchar, layout C.te_layout_t, blocks *C.te_cblock, n C.size_t,
 	mode C.int32_t, timeoutMS C.int64_t, out *C.te_xfer_t) (rc C.int) {
 	defer enter("handoff ready", &rc)()
 	return declare("handoff ready", true, h, id, layout, blocks, n, mode, timeoutMS, out)
 }
 
-//export te_handoff_send_layer
-func te_handoff_send_layer(h C.te_xfer_t, layer C.int32_t, timeoutMS C.int64_t) (rc C.int) {
+//export tego_handoff_send_layer
+func tego_handoff_send_layer(h C.te_xfer_t, layer C.int32_t, timeoutMS C.int64_t) (rc C.int) {
 	defer enter("handoff send layer", &rc)()
 	x, _, err := transfers.Get("handoff send layer", uint64(h))
 	if err != nil {
@@ -190,20 +190,20 @@ func waitXfer(op string, h C.te_xfer_t, timeoutMS C.int64_t, out *C.te_handoff_r
 	return fail(werr)
 }
 
-//export te_handoff_wait
-func te_handoff_wait(h C.te_xfer_t, timeoutMS C.int64_t, out *C.te_handoff_result_t) (rc C.int) {
+//export tego_handoff_wait
+func tego_handoff_wait(h C.te_xfer_t, timeoutMS C.int64_t, out *C.te_handoff_result_t) (rc C.int) {
 	defer enter("handoff wait", &rc)()
 	return waitXfer("handoff wait", h, timeoutMS, out)
 }
 
-//export te_handoff_send
-func te_handoff_send(h C.te_xfer_t, timeoutMS C.int64_t, out *C.te_handoff_result_t) (rc C.int) {
+//export tego_handoff_send
+func tego_handoff_send(h C.te_xfer_t, timeoutMS C.int64_t, out *C.te_handoff_result_t) (rc C.int) {
 	defer enter("handoff send", &rc)()
 	return waitXfer("handoff send", h, timeoutMS, out)
 }
 
-//export te_handoff_abort
-func te_handoff_abort(h C.te_xfer_t, reason *C.te_cchar) (rc C.int) {
+//export tego_handoff_abort
+func tego_handoff_abort(h C.te_xfer_t, reason *C.te_cchar) (rc C.int) {
 	defer enter("handoff abort", &rc)()
 	x, _, err := transfers.Get("handoff abort", uint64(h))
 	if err != nil {
@@ -212,8 +212,8 @@ func te_handoff_abort(h C.te_xfer_t, reason *C.te_cchar) (rc C.int) {
 	return fail(x.Abort(context.Background(), cstr(reason)))
 }
 
-//export te_handoff_status
-func te_handoff_status(h C.te_xfer_t, out *C.te_handoff_status_t) (rc C.int) {
+//export tego_handoff_status
+func tego_handoff_status(h C.te_xfer_t, out *C.te_handoff_status_t) (rc C.int) {
 	defer enter("handoff status", &rc)()
 	x, _, err := transfers.Get("handoff status", uint64(h))
 	if err != nil {
@@ -237,8 +237,8 @@ func te_handoff_status(h C.te_xfer_t, out *C.te_handoff_status_t) (rc C.int) {
 	return fail(putSized("handoff status", unsafe.Pointer(out), unsafe.Pointer(&v), unsafe.Sizeof(v)))
 }
 
-//export te_handoff_free
-func te_handoff_free(h C.te_xfer_t) (rc C.int) {
+//export tego_handoff_free
+func tego_handoff_free(h C.te_xfer_t) (rc C.int) {
 	defer enter("handoff free", &rc)()
 	x, err := transfers.Delete("handoff free", uint64(h))
 	if err != nil {

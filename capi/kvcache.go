@@ -59,8 +59,8 @@ func putSized(op string, out unsafe.Pointer, v unsafe.Pointer, known uintptr) er
 	return nil
 }
 
-//export te_layout_create
-func te_layout_create(json *C.te_cchar, out *C.te_layout_t) (rc C.int) {
+//export tego_layout_create
+func tego_layout_create(json *C.te_cchar, out *C.te_layout_t) (rc C.int) {
 	defer enter("layout create", &rc)()
 	if out == nil {
 		return null("layout create", "out")
@@ -78,8 +78,8 @@ func te_layout_create(json *C.te_cchar, out *C.te_layout_t) (rc C.int) {
 	return 0
 }
 
-//export te_layout_bytes
-func te_layout_bytes(json *C.te_cchar, block, layer *C.uint64_t) (rc C.int) {
+//export tego_layout_bytes
+func tego_layout_bytes(json *C.te_cchar, block, layer *C.uint64_t) (rc C.int) {
 	defer enter("layout bytes", &rc)()
 	s, err := layoutJSON("layout bytes", json)
 	if err != nil {
@@ -98,8 +98,8 @@ func te_layout_bytes(json *C.te_cchar, block, layer *C.uint64_t) (rc C.int) {
 	return 0
 }
 
-//export te_layout_info
-func te_layout_info(h C.te_layout_t, out *C.te_layout_info_t) (rc C.int) {
+//export tego_layout_info
+func tego_layout_info(h C.te_layout_t, out *C.te_layout_info_t) (rc C.int) {
 	defer enter("layout info", &rc)()
 	l, _, err := layouts.Get("layout info", uint64(h))
 	if err != nil {
@@ -120,8 +120,8 @@ func te_layout_info(h C.te_layout_t, out *C.te_layout_info_t) (rc C.int) {
 	return fail(putSized("layout info", unsafe.Pointer(out), unsafe.Pointer(&v), unsafe.Sizeof(v)))
 }
 
-//export te_layout_regions
-func te_layout_regions(h C.te_layout_t, out *C.te_span_t, capacity C.size_t, count *C.size_t) (rc C.int) {
+//export tego_layout_regions
+func tego_layout_regions(h C.te_layout_t, out *C.te_span_t, capacity C.size_t, count *C.size_t) (rc C.int) {
 	defer enter("layout regions", &rc)()
 	l, _, err := layouts.Get("layout regions", uint64(h))
 	if err != nil {
@@ -148,15 +148,15 @@ func te_layout_regions(h C.te_layout_t, out *C.te_span_t, capacity C.size_t, cou
 	return 0
 }
 
-//export te_layout_free
-func te_layout_free(h C.te_layout_t) (rc C.int) {
+//export tego_layout_free
+func tego_layout_free(h C.te_layout_t) (rc C.int) {
 	defer enter("layout free", &rc)()
 	_, err := layouts.Delete("layout free", uint64(h))
 	return fail(err)
 }
 
-//export te_plan_create
-func te_plan_create(src, dst C.te_layout_t, srcBlocks *C.te_cblock, nSrc C.size_t, dstBlocks *C.te_cblock, nDst C.size_t,
+//export tego_plan_create
+func tego_plan_create(src, dst C.te_layout_t, srcBlocks *C.te_cblock, nSrc C.size_t, dstBlocks *C.te_cblock, nDst C.size_t,
 	layerBegin, layerEnd C.int32_t, out *C.te_plan_t) (rc C.int) {
 	const op = "plan create"
 	defer enter(op, &rc)()
@@ -192,8 +192,8 @@ func te_plan_create(src, dst C.te_layout_t, srcBlocks *C.te_cblock, nSrc C.size_
 	return 0
 }
 
-//export te_plan_stats
-func te_plan_stats(h C.te_plan_t, out *C.te_plan_stats_t) (rc C.int) {
+//export tego_plan_stats
+func tego_plan_stats(h C.te_plan_t, out *C.te_plan_stats_t) (rc C.int) {
 	defer enter("plan stats", &rc)()
 	p, _, err := plans.Get("plan stats", uint64(h))
 	if err != nil {
@@ -212,8 +212,8 @@ func te_plan_stats(h C.te_plan_t, out *C.te_plan_stats_t) (rc C.int) {
 	return fail(putSized("plan stats", unsafe.Pointer(out), unsafe.Pointer(&v), unsafe.Sizeof(v)))
 }
 
-//export te_plan_transfers
-func te_plan_transfers(h C.te_plan_t, layer C.int32_t, out *C.te_plan_transfer_t, capacity C.size_t, count *C.size_t) (rc C.int) {
+//export tego_plan_transfers
+func tego_plan_transfers(h C.te_plan_t, layer C.int32_t, out *C.te_plan_transfer_t, capacity C.size_t, count *C.size_t) (rc C.int) {
 	defer enter("plan transfers", &rc)()
 	p, _, err := plans.Get("plan transfers", uint64(h))
 	if err != nil {
@@ -267,8 +267,8 @@ func planTarget(op string, bh C.te_batch_t, sh C.te_segment_t, ph C.te_plan_t, o
 	return be.b, se.s, p, engine.Opcode(uint8(opcode)), nil
 }
 
-//export te_plan_submit_layer
-func te_plan_submit_layer(bh C.te_batch_t, sh C.te_segment_t, ph C.te_plan_t, layer, opcode C.int32_t) (rc C.int) {
+//export tego_plan_submit_layer
+func tego_plan_submit_layer(bh C.te_batch_t, sh C.te_segment_t, ph C.te_plan_t, layer, opcode C.int32_t) (rc C.int) {
 	defer enter("plan submit layer", &rc)()
 	b, s, p, op, err := planTarget("plan submit layer", bh, sh, ph, opcode)
 	if err != nil {
@@ -277,8 +277,8 @@ func te_plan_submit_layer(bh C.te_batch_t, sh C.te_segment_t, ph C.te_plan_t, la
 	return fail(kvcache.SubmitLayer(b, s, p, int(layer), op))
 }
 
-//export te_plan_submit
-func te_plan_submit(bh C.te_batch_t, sh C.te_segment_t, ph C.te_plan_t, opcode C.int32_t) (rc C.int) {
+//export tego_plan_submit
+func tego_plan_submit(bh C.te_batch_t, sh C.te_segment_t, ph C.te_plan_t, opcode C.int32_t) (rc C.int) {
 	defer enter("plan submit", &rc)()
 	b, s, p, op, err := planTarget("plan submit", bh, sh, ph, opcode)
 	if err != nil {
@@ -287,8 +287,8 @@ func te_plan_submit(bh C.te_batch_t, sh C.te_segment_t, ph C.te_plan_t, opcode C
 	return fail(kvcache.Submit(b, s, p, op))
 }
 
-//export te_plan_free
-func te_plan_free(h C.te_plan_t) (rc C.int) {
+//export tego_plan_free
+func tego_plan_free(h C.te_plan_t) (rc C.int) {
 	defer enter("plan free", &rc)()
 	_, err := plans.Delete("plan free", uint64(h))
 	return fail(err)

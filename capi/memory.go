@@ -18,8 +18,8 @@ import (
 // maxBatchItems bounds the n of the batch calls before anything is read.
 const maxBatchItems = 1 << 24
 
-//export te_register
-func te_register(h C.te_engine_t, p unsafe.Pointer, length C.uint64_t, location *C.te_cchar, remote C.int32_t) (rc C.int) {
+//export tego_register
+func tego_register(h C.te_engine_t, p unsafe.Pointer, length C.uint64_t, location *C.te_cchar, remote C.int32_t) (rc C.int) {
 	defer enter("register", &rc)()
 	e, err := getEngine("register", h)
 	if err != nil {
@@ -31,8 +31,8 @@ func te_register(h C.te_engine_t, p unsafe.Pointer, length C.uint64_t, location 
 	return fail(e.RegisterMemory(addr(p), uint64(length), cstr(location), remote != 0))
 }
 
-//export te_unregister
-func te_unregister(h C.te_engine_t, p unsafe.Pointer) (rc C.int) {
+//export tego_unregister
+func tego_unregister(h C.te_engine_t, p unsafe.Pointer) (rc C.int) {
 	defer enter("unregister", &rc)()
 	e, err := getEngine("unregister", h)
 	if err != nil {
@@ -44,8 +44,8 @@ func te_unregister(h C.te_engine_t, p unsafe.Pointer) (rc C.int) {
 	return fail(e.UnregisterMemory(addr(p)))
 }
 
-//export te_register_batch
-func te_register_batch(h C.te_engine_t, regions *C.te_cregion, n C.size_t) (rc C.int) {
+//export tego_register_batch
+func tego_register_batch(h C.te_engine_t, regions *C.te_cregion, n C.size_t) (rc C.int) {
 	defer enter("register batch", &rc)()
 	e, err := getEngine("register batch", h)
 	if err != nil {
@@ -68,8 +68,8 @@ func te_register_batch(h C.te_engine_t, regions *C.te_cregion, n C.size_t) (rc C
 	return fail(e.RegisterMemoryBatch(rs))
 }
 
-//export te_unregister_batch
-func te_unregister_batch(h C.te_engine_t, addrs *C.te_caddr, n C.size_t) (rc C.int) {
+//export tego_unregister_batch
+func tego_unregister_batch(h C.te_engine_t, addrs *C.te_caddr, n C.size_t) (rc C.int) {
 	defer enter("unregister batch", &rc)()
 	e, err := getEngine("unregister batch", h)
 	if err != nil {

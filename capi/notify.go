@@ -26,8 +26,8 @@ func notifyLimits(op string, name *C.te_cchar, msgLen C.size_t) error {
 	return nil
 }
 
-//export te_notify_send
-func te_notify_send(h C.te_engine_t, segment, name, msg *C.te_cchar, msgLen C.size_t) (rc C.int) {
+//export tego_notify_send
+func tego_notify_send(h C.te_engine_t, segment, name, msg *C.te_cchar, msgLen C.size_t) (rc C.int) {
 	defer enter("notify", &rc)()
 	e, err := getEngine("notify", h)
 	if err != nil {
@@ -48,8 +48,8 @@ func te_notify_send(h C.te_engine_t, segment, name, msg *C.te_cchar, msgLen C.si
 	return fail(e.SendNotify(cstr(segment), cstr(name), cbytes(msg, msgLen)))
 }
 
-//export te_notify_drain
-func te_notify_drain(h C.te_engine_t, out **C.te_notify_t, count *C.size_t) (rc C.int) {
+//export tego_notify_drain
+func tego_notify_drain(h C.te_engine_t, out **C.te_notify_t, count *C.size_t) (rc C.int) {
 	defer enter("notify drain", &rc)()
 	e, err := getEngine("notify drain", h)
 	if err != nil {
@@ -94,15 +94,8 @@ func te_notify_drain(h C.te_engine_t, out **C.te_notify_t, count *C.size_t) (rc 
 	return 0
 }
 
-//export te_notify_free
-func te_notify_free(list *C.te_notify_t) (rc C.int) {
-	defer enter("notify free", &rc)()
-	C.free(unsafe.Pointer(list))
-	return 0
-}
-
-//export te_probe
-func te_probe(h C.te_engine_t, segment *C.te_cchar, out *C.te_probe_t) (rc C.int) {
+//export tego_probe
+func tego_probe(h C.te_engine_t, segment *C.te_cchar, out *C.te_probe_t) (rc C.int) {
 	defer enter("probe", &rc)()
 	e, err := getEngine("probe", h)
 	if err != nil {

@@ -1,7 +1,8 @@
 /*
  * te.h - the C interface of te, a KV-cache transfer engine.
  *
- * Link with -lte (CMake: find_package(te) and target te::te; pkg-config: te).
+ * Link with -lte (CMake: find_package(te 1.2) and target te::te; pkg-config:
+ * te). The package version is this header's ABI version.
  * This header is written by hand and versioned; the one cgo generates while
  * building libte.so is not part of the interface.
  *
@@ -36,11 +37,18 @@
  *  - Strings: NUL-terminated UTF-8. Output strings are always NUL-terminated
  *    when the buffer has room for at least one byte; a string cut short
  *    returns TE_ERR_BUFFER_TOO_SMALL (the truncated text is still written).
- *  - Processes: libte contains a Go runtime. Load it once per process, never
- *    unload it, and do not fork() a process that has created an engine unless
- *    the child calls exec() next (use posix_spawn or Python's "spawn" start
- *    method). The library never exits the process and installs no handler
- *    for SIGINT/SIGTERM; like every Go shared library it handles SIGURG
+ *  - Processes: libte contains a Go runtime, which starts when the library
+ *    is loaded (at program start when linked with -lte). Load it once per
+ *    process and never unload it. The runtime cannot run in a forked child:
+ *    in a child forked from a process that has loaded the library, every
+ *    function returns TE_ERR_FORKED at once without entering the runtime
+ *    (te_last_error says why; nothing hangs), except te_abi_version,
+ *    te_last_error and te_notify_free, which work as usual. Such a child
+ *    must exec() (use posix_spawn, or Python's "spawn" start method). Only a
+ *    process that has never loaded the library (it dlopen()s libte later)
+ *    may fork children that load and use it, create engines included.
+ *    The library never exits the process and installs no handler for
+ *    SIGINT/SIGTERM; like every Go shared library it handles SIGURG
  *    (goroutine preemption) and turns faults inside its own code into errors
  *    or, if it cannot, into a crash report.
  */
@@ -56,9 +64,12 @@ extern "C" {
 
 /* ABI version: te_abi_version() returns (MAJOR << 16) | MINOR. A library
  * with the same MAJOR and a MINOR at least the one compiled against serves
- * this header. */
+ * this header. The CMake and pkg-config packages carry it as their version
+ * (MAJOR.MINOR.0). 1.2 added the TE_ERR_AUTH, _FORKED and
+ * _RESOURCE_EXHAUSTED codes, the te_config_t fields after max_notifies and
+ * te_local_topology, and renamed some struct tags (the _t names stay). */
 #define TE_ABI_VERSION_MAJOR 1
-#define TE_ABI_VERSION_MINOR 1
+#define TE_ABI_VERSION_MINOR 2
 #define TE_ABI_VERSION ((TE_ABI_VERSION_MAJOR << 16) | TE_ABI_VERSION_MINOR)
 
 /* Error codes: stable, never renumbered. Functions return them negated. */
@@ -84,6 +95,10 @@ extern "C" {
 #define TE_ERR_NOT_FOUND (-19)
 #define TE_ERR_BUFFER_TOO_SMALL (-20)
 #define TE_ERR_TRANSFER_LOST (-21) /* a handoff transfer is gone from the sidecar that held it */
+/* ABI 1.2 */
+#define TE_ERR_AUTH (-22)               /* a peer failed (or refused) cluster-secret authentication */
+#define TE_ERR_FORKED (-23)             /* called in a child forked after the library was used */
+#define TE_ERR_RESOURCE_EXHAUSTED (-24) /* over a bound (connections, calls, notification bytes) */
 
 /* Opcodes, numbered as in Mooncake. */
 #define TE_READ 0  /* copy from the target segment into local memory */
@@ -135,11 +150,27 @@ typedef struct te_config {
     int64_t rpc_timeout_ms;      /* control-plane calls; 0 (or negative): 5 s */
     uint64_t max_frame;          /* control-plane frame limit in bytes; 0: 64 MiB */
     int64_t max_notifies;        /* queue of received notifications; 0 (or negative): 65536 */
+    /* ABI 1.2: authentication, Mooncake peers and the bounds on what peers
+     * can make the engine hold. */
+    const char *auth_secret;      /* cluster secret (a second line: an older one still accepted); NULL: auth_secret_file */
+    const char *auth_secret_file; /* file holding it; both NULL: $TE_AUTH_SECRET_FILE, then $TE_AUTH_SECRET, else none */
+    int32_t accept_mooncake_peers;      /* non-zero: Mooncake peers may access remote memory over tcp (also TE_ACCEPT_MOONCAKE_PEERS=1) */
+    int32_t allow_mooncake_with_secret; /* non-zero: accept them even with a cluster secret set (they bypass it) */
+    int64_t unregister_grace_ms;  /* in-flight remote accesses get this long at unregister/destroy, then are cut; 0: 2 s */
+    int32_t max_conns;            /* accepted connections per listener; 0: 1024 */
+    int32_t max_conns_per_host;   /* accepted connections per remote address per listener; 0: 256 */
+    int64_t idle_timeout_ms;      /* close an accepted connection idle this long; 0: 5 min */
+    int64_t progress_timeout_ms;  /* cut a connection whose payload makes no progress this long; 0: 10 s */
+    uint64_t notify_bytes;        /* bytes of received, undrained notifications; 0: 64 MiB */
+    uint64_t notify_bytes_per_sender; /* the same per sender name; 0: 16 MiB */
 } te_config_t;
 
-/* Every field spelled out, so -Wmissing-field-initializers stays quiet. */
-#define TE_CONFIG_INIT \
-    {(uint32_t)sizeof(te_config_t), TE_LOG_DEFAULT, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0, 0, 0}
+/* Every field spelled out, so -Wmissing-field-initializers stays quiet. No
+ * cast: sizeof is a constant that fits, which C and C++ (even in braces)
+ * convert without a warning. */
+#define TE_CONFIG_INIT                                                                                  \
+    {sizeof(te_config_t), TE_LOG_DEFAULT, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0, 0, 0, NULL, NULL, 0, \
+     0, 0, 0, 0, 0, 0, 0, 0}
 
 /* One range for te_register_batch. */
 typedef struct te_region {
@@ -162,14 +193,18 @@ typedef struct te_request {
     uint64_t length;      /* non-zero */
 } te_request_t;
 
-typedef struct te_task_status {
+/* The tags of the structs that share their name with a function
+ * (te_task_status, te_batch_status, te_probe, te_stats, te_layout_info,
+ * te_plan_stats, te_handoff_status) end in _s since ABI 1.2, so that C++
+ * sees no name hidden by another; use the _t names. */
+typedef struct te_task_status_s {
     int32_t state;        /* TE_TASK_* */
     int32_t error;        /* TE_ERR_* why it did not complete, else 0 */
     uint64_t transferred; /* bytes */
     char transport[16];   /* transport that carried it, NUL-terminated */
 } te_task_status_t;
 
-typedef struct te_batch_status {
+typedef struct te_batch_status_s {
     int32_t state;        /* TE_TASK_PENDING while any task is; else the worst outcome */
     int32_t error;        /* code of the first failed task, else 0 */
     uint64_t transferred; /* bytes of completed tasks */
@@ -185,7 +220,7 @@ typedef struct te_notify {
     uint64_t msg_len;
 } te_notify_t;
 
-typedef struct te_probe {
+typedef struct te_probe_s {
     uint64_t rtt_ns;   /* round-trip time of the probe */
     uint64_t version;  /* version of the peer's published descriptor */
     char instance[40]; /* peer's random per-start identity, NUL-terminated */
@@ -200,7 +235,7 @@ typedef struct te_buffer_desc {
 
 /* Engine counters. Set size to sizeof(te_stats_t) before te_stats; fields
  * past size are not written. */
-typedef struct te_stats {
+typedef struct te_stats_s {
     uint32_t size;
     uint32_t buffers; /* registered ranges */
     uint64_t tasks_completed;
@@ -273,7 +308,7 @@ typedef uint64_t te_xfer_t;    /* one handoff transfer, as one side sees it */
 
 /* A layout's summary. Set size to sizeof(te_layout_info_t); fields past
  * size are not written. */
-typedef struct te_layout_info {
+typedef struct te_layout_info_s {
     uint32_t size;
     int32_t num_layers;
     int32_t first_layer;  /* model-wide index of the first layer */
@@ -299,7 +334,7 @@ typedef struct te_plan_transfer {
 } te_plan_transfer_t;
 
 /* A plan's numbers. Set size to sizeof(te_plan_stats_t). */
-typedef struct te_plan_stats {
+typedef struct te_plan_stats_s {
     uint32_t size;
     int32_t layers;               /* layers covered: [layer_begin, layer_end) */
     int32_t layer_begin;
@@ -329,7 +364,7 @@ typedef struct te_handoff_result {
 
 /* A handoff transfer as te-sidecar holds it. Set size to
  * sizeof(te_handoff_status_t). */
-typedef struct te_handoff_status {
+typedef struct te_handoff_status_s {
     uint32_t size;
     int32_t state;    /* TE_HANDOFF_WAITING .. TE_HANDOFF_EXPIRED (-1: a state this library does not know) */
     int32_t mode;     /* TE_HANDOFF_MODE_*; DEFAULT until both sides declared */
@@ -357,10 +392,25 @@ int te_abi_version(void);
 /* te_last_error copies the message of the last call that failed on the
  * calling thread into buf (len bytes, NUL-terminated). Successful calls do
  * not clear it; a thread with no failure gets "". Reading it does not change
- * it, and a failure of te_last_error itself is not recorded.
+ * it, and a failure of te_last_error itself is not recorded. Each thread's
+ * message (at most 4095 bytes) lives in that thread's own storage, so
+ * threads never see or wait for each other's, however many there are; it
+ * also works in a forked child.
  * Blocks: no | Thread-safe: yes (per thread) | Errors: TE_ERR_BUFFER_TOO_SMALL
  * (the message was cut to fit), TE_ERR_INVALID_ARGUMENT (buf NULL or len 0). */
 int te_last_error(char *buf, size_t len);
+
+/* te_local_topology writes, as a JSON object in Mooncake's topology shape,
+ * the memory locations of this machine and the RDMA NICs te would use for
+ * each: {"cpu:0": [[preferred NICs], [other NICs]], "cuda:0": [[...], [...]]}.
+ * CPU locations are the NUMA nodes (a NIC on the node is preferred), GPU
+ * locations the CUDA devices the driver reports (the NICs nearest on the PCI
+ * bus are preferred). devices (NULL or "" for all) is a comma-separated list
+ * of NIC names to consider. Without libibverbs or NICs the lists are empty;
+ * without a CUDA driver there are no cuda entries. It needs no engine.
+ * Blocks: briefly (reads sysfs; the first call loads libibverbs and the CUDA
+ * driver when present) | Thread-safe: yes | Errors: TE_ERR_BUFFER_TOO_SMALL. */
+int te_local_topology(const char *devices, char *buf, size_t len);
 
 /* ---- Engines ----------------------------------------------------------- */
 
@@ -369,7 +419,8 @@ int te_last_error(char *buf, size_t len);
  * cfg->size must be set (TE_CONFIG_INIT). On success *out is the handle, on
  * failure 0.
  * Blocks: yes (metadata store, up to the RPC timeout) | Thread-safe: yes |
- * Errors: TE_ERR_INVALID_ARGUMENT (size, log_level, params, listen address),
+ * Errors: TE_ERR_INVALID_ARGUMENT (size, log_level, params, listen address,
+ * a negative limit or timeout),
  * TE_ERR_NOT_SUPPORTED (a newer header's field is set, unknown metadata
  * scheme), TE_ERR_TRANSPORT_UNAVAILABLE (a listed or forced transport cannot
  * start), TE_ERR_METADATA. */
@@ -377,7 +428,9 @@ int te_create(const te_config_t *cfg, te_engine_t *out);
 
 /* te_destroy stops the engine: in-flight transfers end FAILED, listeners,
  * connections and threads are gone, and every segment and batch handle of
- * the engine becomes invalid. Calls blocked in te_wait on its batches return.
+ * the engine becomes invalid: its batches are freed and their eventfds
+ * (te_batch_fd) closed, as if te_free_batch had been called on each. Calls
+ * blocked in te_wait on its batches return.
  * Blocks: yes, until the engine is down | Thread-safe: yes | Errors:
  * TE_ERR_INVALID_ARGUMENT (also for a second call on the same handle). */
 int te_destroy(te_engine_t engine);

@@ -3,9 +3,15 @@
 
 ALL_TARGETS += $(BUILD)/te-bench
 
-$(BUILD)/te-bench: $(shell find bench engine internal -name '*.go' -not -name '*_test.go') go.mod
+$(BUILD)/.te-bench.flags: FORCE
+	$(call flags_stamp,tags=$(TAGS))
+
+# The Go sources come from $(BUILD)/te-bench.d, written by mk/godeps.sh.
+$(BUILD)/te-bench: go.mod go.sum $(BUILD)/.te-bench.flags
 	@mkdir -p $(BUILD)
-	$(GO) build -o $@ ./bench/te-bench
+	$(GO) build -trimpath -tags '$(TAGS)' -o $@ ./bench/te-bench
+	@mk/godeps.sh $@ ./bench/te-bench
+-include $(BUILD)/te-bench.d
 
 te-bench: $(BUILD)/te-bench
 

@@ -4,9 +4,15 @@
 .PHONY: te-sidecar
 SIDECAR_VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-$(BUILD)/te-sidecar: $(shell find cmd/te-sidecar internal engine -name '*.go' -not -name '*_test.go') go.mod go.sum
+$(BUILD)/.te-sidecar.flags: FORCE
+	$(call flags_stamp,tags=$(TAGS))
+
+# The Go sources come from $(BUILD)/te-sidecar.d, written by mk/godeps.sh.
+$(BUILD)/te-sidecar: go.mod go.sum $(BUILD)/.te-sidecar.flags
 	@mkdir -p $(BUILD)
-	$(GO) build -ldflags "-X github.com/tecache/te/internal/sidecar.Version=$(SIDECAR_VERSION)" -o $@ ./cmd/te-sidecar
+	$(GO) build -trimpath -tags '$(TAGS)' -ldflags "-X github.com/tecache/te/internal/sidecar.Version=$(SIDECAR_VERSION)" -o $@ ./cmd/te-sidecar
+	@mk/godeps.sh $@ ./cmd/te-sidecar
+-include $(BUILD)/te-sidecar.d
 
 te-sidecar: $(BUILD)/te-sidecar
-ALL_TARGETS += te-sidecar
+ALL_TARGETS += $(BUILD)/te-sidecar

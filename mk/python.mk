@@ -1,12 +1,43 @@
-# Python binding (python/te, python/mooncake) tests against build/libte.so.
-# They use unittest only; numpy cases run when $(PYTHON) has numpy (CI installs
-# python3-numpy from Debian; elsewhere e.g. `make test-python PYTHON=/usr/bin/python3`).
-.PHONY: test-python
+# The Python package (python/te with libte.so inside, python/mooncake) as a
+# platform wheel, and its tests against the installed wheel.
+#   make wheel            $(BUILD)/wheel/te-<version>-py3-none-<platform>.whl
+#   make test-python      installs the wheel into a fresh venv and runs
+#                         python/tests there: no TE_LIBRARY, no PYTHONPATH
+#   make test-pip-install `pip install .` from this tree into another fresh
+#                         venv (building libte.so with Go through the
+#                         in-tree backend), then `import te, mooncake.engine`
+# numpy cases run when $(PYTHON) has numpy: the test venv sees the system's
+# site-packages (CI installs python3-numpy from Debian).
+.PHONY: wheel test-python test-pip-install
 
-PYTHON ?= python3
-LIBTE ?= $(BUILD)/libte.so
-TEST_TARGETS += test-python
+WHEEL_DIR := $(BUILD)/wheel
+WHEEL_STAMP := $(WHEEL_DIR)/.built
+VENV := $(BUILD)/venv
+PIP_VENV := $(BUILD)/venv-pip
+PY_PACKAGE := $(wildcard python/te/*.py python/mooncake/*.py python/pep517/*.py) pyproject.toml README.md
+TEST_TARGETS += test-python test-pip-install
 
-test-python: $(LIBTE)
-	TE_LIBRARY=$(abspath $(LIBTE)) PYTHONPATH=$(abspath python) \
-		$(PYTHON) -m unittest discover -s python/tests -v
+# The wheel bundles the libte.so `make` built (TE_WHEEL_LIBTE) rather than
+# linking another one.
+$(WHEEL_STAMP): $(LIBTE) $(PY_PACKAGE) include/te.h
+	rm -rf $(WHEEL_DIR) && mkdir -p $(WHEEL_DIR)
+	TE_WHEEL_LIBTE=$(abspath $(LIBTE)) $(PYTHON) -m pip wheel -q --no-index --no-deps --no-build-isolation \
+		--no-cache-dir -w $(WHEEL_DIR) .
+	@touch $@
+
+wheel: $(WHEEL_STAMP)
+
+test-python: $(WHEEL_STAMP)
+	rm -rf $(VENV)
+	$(PYTHON) -m venv --system-site-packages $(VENV)
+	$(VENV)/bin/python -m pip install -q --no-index --no-deps $(WHEEL_DIR)/te-*.whl
+	cd python/tests && env -u TE_LIBRARY -u PYTHONPATH TE_TEST_INSTALLED=1 \
+		$(abspath $(VENV))/bin/python -m unittest discover -s . -v
+
+test-pip-install: export TE_GO_TAGS = $(TAGS)
+test-pip-install:
+	rm -rf $(PIP_VENV)
+	$(PYTHON) -m venv $(PIP_VENV)
+	$(PIP_VENV)/bin/python -m pip install -q --no-index --no-cache-dir .
+	cd / && env -u TE_LIBRARY -u PYTHONPATH $(abspath $(PIP_VENV))/bin/python -c \
+		'import te, mooncake.engine; te.load(); print("pip install . ->", te.library_path(), "ABI", te.abi_version())'

@@ -31,7 +31,8 @@ func TestTableHandles(t *testing.T) {
 		want string
 	}{
 		{0, "handle is 0"},
-		{a, "is a engine handle, not a batch handle"},
+		{a, "is an engine handle, not a batch handle"},
+		{uint64(99)<<56 | 1, "is a handle of unknown kind, not a batch handle"},
 		{uint64(KindBatch)<<56 | 12345, "not open"},
 	} {
 		_, _, err := batches.Get("get", tc.h)
@@ -106,26 +107,20 @@ func TestTableConcurrent(t *testing.T) {
 	}
 }
 
-func TestErrorsPerThread(t *testing.T) {
-	s := NewErrors()
-	s.Set(1, "one")
-	s.Set(2, "two")
-	if s.Get(1) != "one" || s.Get(2) != "two" || s.Get(3) != "" {
-		t.Fatalf("got %q %q %q", s.Get(1), s.Get(2), s.Get(3))
+func TestCutMessage(t *testing.T) {
+	if got := CutMessage("short", 10); got != "short" {
+		t.Fatalf("short: %q", got)
 	}
-	s.Set(1, strings.Repeat("x", 3*maxMessage))
-	if len(s.Get(1)) != maxMessage {
-		t.Fatalf("message not bounded: %d", len(s.Get(1)))
+	long := strings.Repeat("x", 3*4096)
+	if got := CutMessage(long, 4095); len(got) != 4095 {
+		t.Fatalf("not bounded: %d", len(got))
 	}
-	// The store stays bounded however many threads come and go.
-	for i := 0; i < maxThreads+10; i++ {
-		s.Set(100+i, "m")
+	// Never cuts inside a UTF-8 character.
+	if got := CutMessage("ab€€", 4); got != "ab" || !utf8.ValidString(got) {
+		t.Fatalf("cut to %q", got)
 	}
-	if n := len(s.m); n > maxThreads {
-		t.Fatalf("%d entries", n)
-	}
-	if Tid() <= 0 {
-		t.Fatal("no thread id")
+	if got := CutMessage("€", 0); got != "" {
+		t.Fatalf("max 0: %q", got)
 	}
 }
 

@@ -36,6 +36,30 @@ type Config struct {
 	RPCTimeoutMS      int64
 	MaxFrame          uint64
 	MaxNotifies       int64
+
+	// ABI 1.2
+	AuthSecret              string
+	AuthSecretFile          string
+	AcceptMooncakePeers     bool
+	AllowMooncakeWithSecret bool
+	UnregisterGraceMS       int64
+	MaxConns                int32
+	MaxConnsPerHost         int32
+	IdleTimeoutMS           int64
+	ProgressTimeoutMS       int64
+	NotifyBytes             uint64
+	NotifyBytesPerSender    uint64
+}
+
+// maxMS bounds the millisecond fields (about 34 years) so that none
+// overflows a time.Duration.
+const maxMS = 1 << 40
+
+func millis(field string, ms int64) (time.Duration, error) {
+	if ms < 0 || ms > maxMS {
+		return 0, errs.New(errs.InvalidArgument, "create", "%s %d outside 0..%d (0: default)", field, ms, int64(maxMS))
+	}
+	return time.Duration(ms) * time.Millisecond, nil
 }
 
 // EngineConfig validates c and turns it into an engine.Config.
@@ -77,6 +101,35 @@ func (c Config) EngineConfig() (engine.Config, error) {
 			return engine.Config{}, errs.New(errs.InvalidArgument, "create", "max_notifies %d exceeds %d", c.MaxNotifies, 1<<30)
 		}
 		ec.MaxNotifies = int(c.MaxNotifies)
+	}
+	// Empty secrets leave engine.New to read TE_AUTH_SECRET_FILE and
+	// TE_AUTH_SECRET; a false AcceptMooncakePeers leaves it to read
+	// TE_ACCEPT_MOONCAKE_PEERS.
+	ec.AuthSecret = c.AuthSecret
+	ec.AuthSecretFile = c.AuthSecretFile
+	ec.AcceptMooncakePeers = c.AcceptMooncakePeers
+	ec.AllowMooncakeWithSecret = c.AllowMooncakeWithSecret
+	if c.MaxConns < 0 || c.MaxConnsPerHost < 0 {
+		return engine.Config{}, errs.New(errs.InvalidArgument, "create", "max_conns %d, max_conns_per_host %d: negative", c.MaxConns, c.MaxConnsPerHost)
+	}
+	ec.Limits.MaxConns = int(c.MaxConns)
+	ec.Limits.MaxConnsPerHost = int(c.MaxConnsPerHost)
+	ec.Limits.NotifyBytes = c.NotifyBytes
+	ec.Limits.NotifyBytesPerSender = c.NotifyBytesPerSender
+	for _, d := range []struct {
+		field string
+		ms    int64
+		dst   *time.Duration
+	}{
+		{"unregister_grace_ms", c.UnregisterGraceMS, &ec.UnregisterGrace},
+		{"idle_timeout_ms", c.IdleTimeoutMS, &ec.Limits.IdleTimeout},
+		{"progress_timeout_ms", c.ProgressTimeoutMS, &ec.Limits.ProgressTimeout},
+	} {
+		v, err := millis(d.field, d.ms)
+		if err != nil {
+			return engine.Config{}, err
+		}
+		*d.dst = v
 	}
 	return ec, nil
 }

@@ -1,6 +1,7 @@
 package capihelp
 
 import (
+	"strings"
 	"sync"
 
 	"github.com/tecache/te/engine/errs"
@@ -17,6 +18,18 @@ const (
 	KindSegment Kind = 2
 	KindBatch   Kind = 3
 )
+
+// handle names a handle of kind k with its article: "an engine handle".
+func (k Kind) handle() string {
+	n := k.String()
+	switch {
+	case n == "unknown":
+		return "a handle of unknown kind"
+	case strings.ContainsRune("aeiou", rune(n[0])):
+		return "an " + n + " handle"
+	}
+	return "a " + n + " handle"
+}
 
 func (k Kind) String() string {
 	switch k {
@@ -137,7 +150,7 @@ func (t *Table[T]) bad(op string, h uint64) error {
 	case h == 0:
 		return errs.New(errs.InvalidArgument, op, "%s handle is 0", t.kind)
 	case KindOf(h) != t.kind:
-		return errs.New(errs.InvalidArgument, op, "handle %#x is a %s handle, not a %s handle", h, KindOf(h), t.kind)
+		return errs.New(errs.InvalidArgument, op, "handle %#x is %s, not %s", h, KindOf(h).handle(), t.kind.handle())
 	}
 	return errs.New(errs.InvalidArgument, op, "%s handle %#x is not open (closed, freed or never issued)", t.kind, h)
 }

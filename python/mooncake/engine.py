@@ -1,21 +1,46 @@
 """mooncake.engine on top of te: Mooncake's TransferEngine Python API.
 
 Method names, arguments, defaults and return conventions follow Mooncake's
-binding: methods return 0 on success and a negative number on failure (never
-raise for a failed transfer), asynchronous batch calls return a batch id that
-is 0 on failure, allocate_managed_buffer returns 0 on failure. The negative
-numbers are te's error codes (te.h TE_ERR_*), which are more specific than
-Mooncake's -1; callers that test "!= 0" or "< 0" see no difference.
+binding (mooncake-integration/transfer_engine/transfer_engine_py.cpp):
+methods return 0 on success and a negative number on failure (never raise
+for a failed transfer); the asynchronous calls (batch_transfer_async*,
+transfer_submit_write) return a batch id that is 0 on failure;
+allocate_managed_buffer returns 0 on failure. The negative numbers are te's
+error codes (te.h TE_ERR_*), more specific than Mooncake's -1; callers that
+test "!= 0" or "< 0" see no difference.
+
+Authentication: the engine reads $TE_AUTH_SECRET_FILE or $TE_AUTH_SECRET
+(the cluster secret) and $TE_ACCEPT_MOONCAKE_PEERS=1 (let real Mooncake
+peers in over tcp) itself; set them in the environment of every process,
+before its first te call: libte takes the environment when it is loaded, and
+os.environ changes made after that do not reach it.
 
 Differences a caller may notice:
 
-* protocol is advisory: te picks the best transport both engines have
-  (local, shm, rdma, tcp). A protocol te does not have here ("rdma" on a
-  machine without RDMA, say) logs a warning and falls back; it is not an
-  error. MC_FORCE_TCP=1 forces tcp, as in Mooncake.
+* protocol is advisory among what te has: te picks the best transport both
+  engines have (local, shm, rdma, tcp, cuda). "rdma" on a machine without
+  RDMA, "nvlink" or "nvlink_intra" log a warning and fall back.
+  MC_FORCE_TCP=1 forces tcp, as in Mooncake.
+* Refused (initialize returns TE_ERR_NOT_SUPPORTED, -10, with a log line
+  saying why): protocols of hardware te has no transport for: "ascend"
+  (Ascend NPUs; also SGLang's hostname form host:port:npu_N with it),
+  "efa", "hip", "musa", "cxi", "xgmi". With another protocol, the
+  host:port:npu_N form is taken as host:port and the NPU is ignored, with
+  a warning. The module flags SUPPORT_EFA, SUPPORT_HIP, SUPPORT_MNNVL,
+  SUPPORT_MUSA and SUPPORT_INTRA_NVLINK are False; SUPPORT_CUDA is True
+  when the CUDA driver can be loaded (te then moves GPU memory).
+* get_engine() returns te's engine (a te.Engine), not Mooncake's C++ one:
+  mooncake.store (SGLang's HiCache with SGLANG_HICACHE_MOONCAKE_REUSE_TE)
+  cannot share it and rejects it; let the store start its own engine.
+  get_engine_ptr() returns 0 for the same reason, which mooncake.pg and
+  mooncake.ep read as "no engine to share".
+* transfer_*_on_cuda (CUDA-stream-triggered transfers) are not provided.
 * transport_hint is accepted and ignored, as in Mooncake builds without TENT.
-* allocate_managed_buffer maps and registers each buffer on its own rather
-  than carving a 2 GiB pool at initialize.
+* allocate_managed_buffer pools like Mooncake: sizes up to 256 MiB come
+  from power-of-two classes (8 KiB and up) carved from 2 GiB mappings
+  registered once; larger buffers are mapped and registered on their own.
+  free_managed_buffer of an address it did not hand out returns 0 (as
+  Mooncake) and logs a warning; a freed address is never handed out twice.
 * MC_TRANSFER_TIMEOUT (seconds, at least 5) bounds each transfer, as in
   Mooncake; sync calls block until their transfers end.
 
@@ -29,9 +54,11 @@ cleanly (NotSupported, -10) in a process without CUDA.
 
 import ctypes
 import enum
+import json
 import logging
 import mmap
 import os
+import re
 import threading
 
 import te
@@ -39,6 +66,45 @@ import te
 log = logging.getLogger("mooncake.engine")
 
 P2PHANDSHAKE = "P2PHANDSHAKE"
+
+# Mooncake's build flags: which transports and memories this module serves.
+SUPPORT_EFA = False
+SUPPORT_HIP = False
+SUPPORT_MNNVL = False
+SUPPORT_MUSA = False
+SUPPORT_INTRA_NVLINK = False
+
+# Protocols of hardware te has no transport for: initialize refuses them.
+_REFUSED_PROTOCOLS = {
+    "ascend": "Ascend NPUs",
+    "efa": "AWS EFA",
+    "hip": "AMD GPUs (HIP)",
+    "musa": "Moore Threads GPUs (MUSA)",
+    "cxi": "HPE Slingshot (CXI)",
+    "xgmi": "AMD xGMI",
+}
+
+
+def _cuda_loadable():
+    """Whether the CUDA driver loads here: te's cuda transport then moves GPU
+    memory. Loads the driver library only (no libte, no cuInit)."""
+    try:
+        ctypes.CDLL(os.environ.get("TE_CUDA_LIBRARY") or "libcuda.so.1")
+        return True
+    except OSError:
+        return False
+
+
+_lazy = {}
+
+
+def __getattr__(name):
+    # SUPPORT_CUDA is computed on first use, not at import.
+    if name == "SUPPORT_CUDA":
+        if name not in _lazy:
+            _lazy[name] = _cuda_loadable()
+        return _lazy[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class TransferOpcode(enum.IntEnum):
@@ -66,16 +132,24 @@ class TransferNotify:
         return f"TransferNotify(name={self.name!r}, msg={self.msg!r})"
 
 
+_NPU_FORM = re.compile(r"^(.*):(\d+):npu_(\d+)$")
+
+
 def _split_host(local_hostname):
-    """host and port (0 when absent) of "host", "host:port" or "[v6]:port"."""
+    """host, port (0 when absent) and NPU id (None when absent) of "host",
+    "host:port", "[v6]:port" or SGLang's Ascend form "host:port:npu_N"."""
     s = local_hostname or ""
+    npu = None
+    m = _NPU_FORM.match(s)
+    if m:
+        s, npu = f"{m.group(1)}:{m.group(2)}", int(m.group(3))
     if s.startswith("["):
         host, _, rest = s[1:].partition("]")
-        return host, int(rest[1:]) if rest.startswith(":") and rest[1:] else 0
+        return host, int(rest[1:]) if rest.startswith(":") and rest[1:] else 0, npu
     if s.count(":") == 1:
         host, port = s.split(":")
-        return host, int(port) if port else 0
-    return s, 0
+        return host, int(port) if port else 0, npu
+    return s, 0, npu
 
 
 def _conn_string(metadata_server, metadata_type):
@@ -95,11 +169,106 @@ def _show(addr):
         return repr(addr)
 
 
+class _Engine(te.Engine):
+    """te's engine under the drop-in. Its repr says what it is, because
+    pybind11 shows it when Mooncake's own modules (mooncake.store) are handed
+    it in place of their C++ engine and refuse it."""
+
+    def __repr__(self):
+        return (f"<te.Engine {self.name!r}: te's engine, not Mooncake's C++ TransferEngine; "
+                "mooncake.store and mooncake.pg cannot share it>") if not self.closed else "<te.Engine (closed)>"
+
+
 def _rc(e):
     """The negative return value for a te error (or -1 for anything else)."""
     if isinstance(e, te.TeError) and e.code:
         return -e.code
     return -1
+
+
+# Managed-buffer pool: Mooncake's size classes (8 KiB << i, i < 16) and the
+# size of the mappings they are carved from.
+_CLASS_BYTES = [(8 << 10) << i for i in range(16)]
+_POOL_BYTES = 2 << 30
+
+
+class _Pool:
+    """allocate_managed_buffer's memory. Each class keeps a stack of free
+    buffers; an empty class splits a buffer of the next class, the largest
+    class takes a fresh 2 GiB mapping registered with the engine once.
+    Anonymous mappings reserve no memory until touched. Not thread-safe:
+    the caller holds a lock."""
+
+    def __init__(self, owner):
+        self._owner = owner
+        self._free = [[] for _ in _CLASS_BYTES]
+        self._slabs = []  # pooled mappings, registered
+        self._large = {}  # address -> mapping of a buffer over the largest class
+        self._used = {}  # address -> class of a buffer handed out
+
+    @staticmethod
+    def _class_of(n):
+        for i, size in enumerate(_CLASS_BYTES):
+            if n <= size:
+                return i
+        return -1
+
+    def _map(self, n):
+        m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0))
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+        try:
+            self._owner._engine.register(addr, n, location="*")
+        except BaseException:
+            m.close()
+            raise
+        return m, addr
+
+    def _split(self, c):
+        """Refill class c from class c+1 (or a new mapping for the largest)."""
+        if c == len(_CLASS_BYTES) - 1:
+            m, addr = self._map(_POOL_BYTES)
+            self._slabs.append(m)
+            size = _CLASS_BYTES[c]
+            self._free[c].extend(addr + off for off in range(_POOL_BYTES - size, -1, -size))
+            return
+        if not self._free[c + 1]:
+            self._split(c + 1)
+        base = self._free[c + 1].pop()
+        self._free[c].extend((base + _CLASS_BYTES[c], base))
+
+    def allocate(self, n):
+        c = self._class_of(n)
+        if c < 0:
+            m, addr = self._map(n)
+            self._large[addr] = m
+            return addr
+        if not self._free[c]:
+            self._split(c)
+        addr = self._free[c].pop()
+        self._used[addr] = c
+        return addr
+
+    def free(self, addr):
+        c = self._used.pop(addr, None)
+        if c is not None:
+            self._free[c].append(addr)
+            return True
+        m = self._large.pop(addr, None)
+        if m is None:
+            return False
+        try:
+            self._owner._engine.unregister(addr)
+        except te.TeError as e:
+            log.error("free_managed_buffer(%#x): %s", addr, e)
+        m.close()
+        return True
+
+    def close(self):
+        """Unmap everything (the engine, closed first, unregistered it)."""
+        for m in self._slabs + list(self._large.values()):
+            m.close()
+        self._slabs, self._large, self._used = [], {}, {}
+        self._free = [[] for _ in _CLASS_BYTES]
 
 
 class TransferEngine:
@@ -109,7 +278,7 @@ class TransferEngine:
         self._engine = None
         self._segments = {}
         self._seg_lock = threading.Lock()
-        self._managed = {}  # address -> mmap
+        self._pool = _Pool(self)
         self._managed_lock = threading.Lock()
         self._batches = {}  # batch id -> te.Batch of the async calls
 
@@ -128,14 +297,23 @@ class TransferEngine:
         if self._engine is not None:
             log.warning("TransferEngine.initialize called twice; keeping the first engine")
             return 0
+        proto = (protocol or "").lower()
+        if proto in _REFUSED_PROTOCOLS:
+            log.error("protocol %r: te has no transport for %s; use rdma or tcp (te.h, README: what te refuses)",
+                      protocol, _REFUSED_PROTOCOLS[proto])
+            return -te.NotSupported.code
         conn = _conn_string(metadata_server, metadata_type)
         try:
-            host, port = _split_host(local_hostname)
+            host, port, npu = _split_host(local_hostname)
         except ValueError:
             log.error("local_hostname %r is not host[:port]", local_hostname)
             return -te.InvalidArgument.code
+        if npu is not None:
+            log.warning("local_hostname %r names Ascend NPU %d; te has no NPU support and uses %s:%d", local_hostname,
+                        npu, host, port)
+            local_hostname = f"{host}:{port}"
         # ":port" binds the host the engine advertises (local_hostname),
-        # not every interface; Mooncake binds the same way.
+        # not every interface.
         kw = {"metadata": conn, "hostname": host or None, "listen_addr": f":{port}"}
         if conn != P2PHANDSHAKE:
             kw["segment_name"] = local_hostname
@@ -148,13 +326,15 @@ class TransferEngine:
         if os.environ.get("MC_FORCE_TCP", "").lower() in ("1", "true", "yes", "on"):
             kw["force_transport"] = "tcp"
         if device_name:
-            log.info("device_name %r: te picks devices itself", device_name)
+            # Mooncake's device filter: the RDMA NICs to use.
+            kw["params"] = {"rdma.devices": device_name}
+        # No auth arguments: the engine reads TE_AUTH_SECRET_FILE,
+        # TE_AUTH_SECRET and TE_ACCEPT_MOONCAKE_PEERS itself.
         try:
-            self._engine = te.Engine(**kw)
+            self._engine = _Engine(**kw)
         except te.TeError as e:
             log.error("initialize: %s", e)
             return _rc(e)
-        proto = (protocol or "").lower()
         have = self._engine.stats().get("transports", [])
         if proto and proto not in have:
             log.warning("protocol %r is not available here (have %s); falling back to the best available transport",
@@ -165,8 +345,32 @@ class TransferEngine:
         return self._engine.rpc_port
 
     def get_engine(self):
-        """The underlying te.Engine (Mooncake returns its C++ engine here)."""
+        """The underlying te.Engine. Mooncake returns its C++ engine here, which
+        mooncake.store can share; te's cannot be shared with it."""
         return self._engine
+
+    def get_engine_ptr(self):
+        """0: te has no Mooncake C++ engine whose address native Mooncake code
+        (mooncake.pg, mooncake.ep) could use; they read 0 as "none given" and
+        start their own."""
+        log.warning("get_engine_ptr: te's engine is not a Mooncake C++ engine; returning 0 (nothing to share)")
+        return 0
+
+    @staticmethod
+    def get_local_topology(device_name=None):
+        """This machine's topology as Mooncake's JSON string: every NUMA node
+        ("cpu:N") and GPU ("cuda:N") with [[preferred NICs], [other NICs]]
+        among the RDMA NICs te sees (device_name: a comma-separated filter)."""
+        try:
+            return json.dumps(te.local_topology(device_name or None), indent=2, sort_keys=True)
+        except te.TeError as e:
+            log.error("get_local_topology: %s", e)
+            return "{}"
+
+    def warmup_efa_segment(self, segment_name):
+        """0: te has no EFA transport, so there is nothing to warm up (as in
+        Mooncake builds without EFA)."""
+        return 0
 
     # -- memory -----------------------------------------------------------
     def register_memory(self, buffer_addr, capacity=None, location="*"):
@@ -336,11 +540,10 @@ class TransferEngine:
         return rc
 
     def transfer_submit_write(self, target_hostname, buffer, peer_buffer_address, length, transport_hint=""):
-        """Submit one WRITE; returns a batch id for transfer_check_status, or
-        a negative number on failure."""
-        bid = self.batch_transfer_async(target_hostname, [buffer], [peer_buffer_address], [length],
-                                        TransferOpcode.Write)
-        return bid if bid else -1
+        """Submit one WRITE; returns a batch id for transfer_check_status, or 0
+        on failure (Mooncake's sentinel: batch ids are unsigned)."""
+        return self.batch_transfer_async(target_hostname, [buffer], [peer_buffer_address], [length],
+                                         TransferOpcode.Write)
 
     def transfer_check_status(self, batch_id):
         """1 completed, 0 in progress, -1 failed, -2 timed out (the batch is
@@ -379,42 +582,38 @@ class TransferEngine:
 
     # -- managed buffers ------------------------------------------------------
     def allocate_managed_buffer(self, length):
-        """Map and register length bytes; returns the address or 0."""
-        try:
-            m = mmap.mmap(-1, int(length))
-        except (OSError, ValueError) as e:
-            log.error("allocate_managed_buffer(%d): %s", length, e)
+        """A registered buffer of length bytes; returns its address or 0.
+        Up to 256 MiB it comes from a pool of power-of-two classes (8 KiB to
+        256 MiB) carved from 2 GiB mappings registered once, as in Mooncake;
+        larger buffers are mapped and registered on their own."""
+        length = int(length)
+        if self._engine is None:
+            log.error("allocate_managed_buffer(%d): initialize first", length)
             return 0
-        addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
-        try:
-            self._engine.register(addr, int(length), location="*")
-        except te.TeError as e:
-            log.error("allocate_managed_buffer(%d): %s", length, e)
-            m.close()
+        if length <= 0:
+            log.error("allocate_managed_buffer(%d): length must be positive", length)
             return 0
         with self._managed_lock:
-            self._managed[addr] = m
-        return addr
+            try:
+                return self._pool.allocate(length)
+            except (OSError, ValueError, te.TeError) as e:
+                log.error("allocate_managed_buffer(%d): %s", length, e)
+                return 0
 
     def free_managed_buffer(self, buffer_addr, length):
+        """Return a buffer of allocate_managed_buffer; 0 always (as Mooncake).
+        An address this engine did not hand out is logged and ignored."""
         with self._managed_lock:
-            m = self._managed.pop(int(buffer_addr), None)
-        if m is None:
-            log.error("free_managed_buffer: %#x was not allocated here", buffer_addr)
-            return -te.InvalidArgument.code
-        rc = 0
-        try:
-            self._engine.unregister(int(buffer_addr))
-        except te.TeError as e:
-            rc = _rc(e)
-        # The from_buffer export is gone with the temporary c_char object;
-        # closing unmaps.
-        m.close()
-        return rc
+            if not self._pool.free(int(buffer_addr)):
+                log.warning("free_managed_buffer(%#x, %d): not a managed buffer of this engine; ignored",
+                            int(buffer_addr), int(length))
+        return 0
 
     @staticmethod
     def write_bytes_to_buffer(dest_address, src_ptr, length):
-        data = bytes(src_ptr)
+        """Copy length bytes of src_ptr (bytes-like, or str: its UTF-8 bytes,
+        as Mooncake's binding converts it) to dest_address."""
+        data = src_ptr.encode("utf-8") if isinstance(src_ptr, str) else bytes(src_ptr)
         if int(length) > len(data):
             log.error("write_bytes_to_buffer: %d bytes asked, %d given", length, len(data))
             return -te.InvalidArgument.code
@@ -437,6 +636,4 @@ class TransferEngine:
         if self._engine is not None:
             self._engine.close()
         with self._managed_lock:
-            ms, self._managed = list(self._managed.values()), {}
-        for m in ms:
-            m.close()
+            self._pool.close()

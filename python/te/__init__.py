@@ -7,10 +7,12 @@
         seg = e.open_segment(peer_name)
         e.write(seg, buf, remote_addr)
 
-libte.so is found through $TE_LIBRARY, then this package's folder, then the
-repository's build/ folder. It contains a Go runtime: it is loaded once and
-never unloaded, and a process must not fork() after creating an engine
-(use multiprocessing's "spawn" start method). Blocking calls release the GIL.
+Install with `pip install .` at the repository root: the wheel carries
+libte.so inside this package, so nothing needs to be set. $TE_LIBRARY still
+overrides it; in a source checkout the repository's build/ folder is tried
+last. libte.so contains a Go runtime, loaded on the first call and never
+unloaded; a child forked after that gets te.ForkError from every call (use
+multiprocessing's "spawn" start method). Blocking calls release the GIL.
 Errors are raised as subclasses of te.TeError carrying te's stable code.
 
 te.kvcache has KV-cache layouts, transfer plans and the prefill-to-decode
@@ -18,9 +20,9 @@ handoff through te-sidecar. Tensor-like objects (torch tensors: data_ptr(),
 .device) register at their device's location, "cuda:N" for GPU memory.
 """
 
-from ._lib import ABI_MAJOR, ABI_MINOR, load, path as library_path  # noqa: F401
+from ._lib import ABI_MAJOR, ABI_MINOR, forked, load, path as library_path  # noqa: F401
 from .core import (CANCELED, COMPLETED, FAILED, INVALID, PENDING, READ, STATE_NAMES, TIMEOUT, WAITING,  # noqa: F401
-                   WRITE, Batch, BatchStatus, Engine, Segment, address_of, check)
+                   WRITE, Batch, BatchStatus, Engine, Limits, Segment, address_of, check, local_topology)
 from .errors import *  # noqa: F401,F403
 from .errors import BY_CODE, LibraryError, TeError, error_for  # noqa: F401
 from .tensors import device_of, location_of  # noqa: F401

@@ -1,4 +1,10 @@
-"""Loading libte.so and declaring every function of te.h for ctypes."""
+"""Loading libte.so and declaring every function of te.h for ctypes.
+
+libte.so holds a Go runtime, which starts when the library is loaded and
+cannot run in a child forked afterwards. A child forked from a process that
+has loaded it gets te.ForkError from every call, at once (the library itself
+returns TE_ERR_FORKED too); a child of a process that only imported te, and
+never called into it, loads its own copy and works."""
 
 import ctypes
 import os
@@ -9,7 +15,7 @@ from pathlib import Path
 
 #: te.h's TE_ABI_VERSION_MAJOR / _MINOR this binding was written against.
 ABI_MAJOR = 1
-ABI_MINOR = 1
+ABI_MINOR = 2
 
 engine_t = c_uint64
 segment_t = c_uint64
@@ -35,6 +41,18 @@ class Config(Structure):
         ("rpc_timeout_ms", c_int64),
         ("max_frame", c_uint64),
         ("max_notifies", c_int64),
+        # ABI 1.2
+        ("auth_secret", c_char_p),
+        ("auth_secret_file", c_char_p),
+        ("accept_mooncake_peers", c_int32),
+        ("allow_mooncake_with_secret", c_int32),
+        ("unregister_grace_ms", c_int64),
+        ("max_conns", c_int32),
+        ("max_conns_per_host", c_int32),
+        ("idle_timeout_ms", c_int64),
+        ("progress_timeout_ms", c_int64),
+        ("notify_bytes", c_uint64),
+        ("notify_bytes_per_sender", c_uint64),
     ]
 
 
@@ -109,6 +127,7 @@ class HandoffStatus(Structure):
 PROTOTYPES = {
     "te_abi_version": [],
     "te_last_error": [c_char_p, c_size_t],
+    "te_local_topology": [c_char_p, c_char_p, c_size_t],  # ABI 1.2
     "te_create": [POINTER(Config), POINTER(engine_t)],
     "te_destroy": [engine_t],
     "te_segment_name": [engine_t, c_char_p, c_size_t],
@@ -164,10 +183,34 @@ PROTOTYPES = {
 _lock = threading.Lock()
 _lib = None
 _path = None
+_forked = False
+
+
+def _after_fork_in_child():
+    # The parent had loaded the library: its Go runtime cannot run here.
+    global _forked
+    if _lib is not None:
+        _forked = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def forked():
+    """True in a child forked from a process that had loaded libte."""
+    return _forked
+
+
+def _refuse_forked():
+    from .errors import ForkError
+
+    raise ForkError("te was loaded in the parent of this forked process and its Go runtime cannot run here; "
+                    "start workers with multiprocessing's \"spawn\" method (or exec), or load te only in the child")
 
 
 def candidates():
-    """Where load() looks, in order: $TE_LIBRARY, this package's folder, the
+    """Where load() looks, in order: $TE_LIBRARY, this package's folder (an
+    installed wheel has libte.so there), and, in a source checkout, the
     repository's build/ folder."""
     here = Path(__file__).resolve().parent
     out = []
@@ -175,14 +218,19 @@ def candidates():
     if env:
         out.append(Path(env))
     out.append(here / "libte.so")
-    out.append(here.parent.parent / "build" / "libte.so")
+    repo = here.parent.parent
+    if (repo / "go.mod").exists() and (repo / "include" / "te.h").exists():
+        out.append(repo / "build" / "libte.so")
     return out
 
 
 def load():
     """Return the loaded libte (loading it on first use). The library holds a
-    Go runtime: it is loaded once per process and never unloaded."""
+    Go runtime: it is loaded once per process and never unloaded. Raises
+    te.ForkError in a child forked after the parent loaded it."""
     global _lib, _path
+    if _forked:
+        _refuse_forked()
     with _lock:
         if _lib is not None:
             return _lib
@@ -212,7 +260,7 @@ def load():
             _lib, _path = lib, p
             return lib
         raise LibraryError("libte.so not found; tried: " + "; ".join(tried) +
-                           ". Build it with `make` or set TE_LIBRARY to its path.")
+                           ". Install te (pip install .), build it with `make`, or set TE_LIBRARY to its path.")
 
 
 def path():

@@ -2,12 +2,13 @@
 
 import ctypes
 import json
+import os
 import threading
 import weakref
 from ctypes import byref, c_int32, c_size_t, c_void_p
 
 from . import _lib
-from .errors import InvalidArgument, TeError, error_for
+from .errors import BufferTooSmall, InvalidArgument, TeError, error_for
 from .tensors import is_tensor, resolve_location
 
 READ = 0
@@ -212,17 +213,105 @@ class Batch:
             self.free()
 
 
+class Limits:
+    """Bounds on what peers can make an engine hold (te_config_t's limit
+    fields). None (or 0) keeps te's default; timeouts are in seconds.
+
+    max_conns: accepted connections per listener (1024);
+    max_conns_per_host: accepted connections per remote address (256);
+    idle_timeout: close an accepted connection idle this long (300 s);
+    progress_timeout: cut a connection whose payload stalls this long (10 s);
+    notify_bytes: bytes of received, undrained notifications (64 MiB);
+    notify_bytes_per_sender: the same per sender name (16 MiB)."""
+
+    FIELDS = ("max_conns", "max_conns_per_host", "idle_timeout", "progress_timeout", "notify_bytes",
+              "notify_bytes_per_sender")
+
+    def __init__(self, *, max_conns=None, max_conns_per_host=None, idle_timeout=None, progress_timeout=None,
+                 notify_bytes=None, notify_bytes_per_sender=None):
+        self.max_conns = max_conns
+        self.max_conns_per_host = max_conns_per_host
+        self.idle_timeout = idle_timeout
+        self.progress_timeout = progress_timeout
+        self.notify_bytes = notify_bytes
+        self.notify_bytes_per_sender = notify_bytes_per_sender
+
+    @classmethod
+    def of(cls, limits):
+        """A Limits from a Limits, a dict of its fields, or None."""
+        if limits is None or isinstance(limits, Limits):
+            return limits or cls()
+        if isinstance(limits, dict):
+            unknown = set(limits) - set(cls.FIELDS)
+            if unknown:
+                raise InvalidArgument(f"unknown limits {sorted(unknown)}; known: {list(cls.FIELDS)}")
+            return cls(**limits)
+        raise TypeError(f"limits must be a te.Limits or a dict, not {type(limits).__name__}")
+
+    def __repr__(self):
+        set_ = ", ".join(f"{f}={getattr(self, f)!r}" for f in self.FIELDS if getattr(self, f) is not None)
+        return f"Limits({set_})"
+
+
+def _ms(name, seconds):
+    """Seconds to te_config_t milliseconds (None: 0, the default)."""
+    if seconds is None:
+        return 0
+    if seconds < 0:
+        raise InvalidArgument(f"{name} {seconds!r} is negative")
+    return max(1, int(seconds * 1000))
+
+
+def _count(name, v, bits):
+    if v is None:
+        return 0
+    v = int(v)
+    if v < 0 or v >= 1 << bits:
+        raise InvalidArgument(f"{name} {v} outside 0..{(1 << bits) - 1}")
+    return v
+
+
+def local_topology(devices=None):
+    """This machine's memory locations and the RDMA NICs te would use for
+    each, as a dict in Mooncake's topology shape: {"cpu:0": [[preferred
+    NICs], [other NICs]], "cuda:0": [...]}. devices: NIC names to consider
+    (a list or comma-separated string; None: all)."""
+    if devices is not None and not isinstance(devices, str):
+        devices = ",".join(devices)
+    lib = _lib.load()
+    size = 1 << 16
+    while True:
+        buf = ctypes.create_string_buffer(size)
+        rc = lib.te_local_topology(_b(devices), buf, size)
+        if rc == -BufferTooSmall.code and size < 1 << 24:
+            size *= 4
+            continue
+        check(rc, lib)
+        return json.loads(buf.value.decode())
+
+
 class Engine:
     """A te engine. Keyword arguments follow te_config_t; timeouts are in
     seconds; transports is a list or comma-separated string; params a dict or
     "k=v,k=v" string; log_level one of default, debug, info, warn, error, off.
+
+    Authentication and peers (ABI 1.2): auth_secret (str or bytes; a second
+    line is an older secret still accepted) or auth_secret_file; with
+    neither, the engine reads $TE_AUTH_SECRET_FILE, then $TE_AUTH_SECRET.
+    accept_mooncake_peers=True lets Mooncake peers (which cannot
+    authenticate) access remote memory over tcp; None leaves it to
+    $TE_ACCEPT_MOONCAKE_PEERS. allow_mooncake_with_secret accepts them even
+    with a secret set. unregister_grace (seconds) is how long in-flight
+    remote accesses may finish at unregister/close before they are cut.
+    limits: a te.Limits or a dict of its fields.
 
     Memory passed to register() as a Python object is kept alive by the
     engine until it is unregistered."""
 
     def __init__(self, *, segment_name=None, metadata=None, listen_addr=None, hostname=None, transports=None,
                  force_transport=None, params=None, transfer_timeout=None, rpc_timeout=None, max_frame=None,
-                 max_notifies=None, log_level=None):
+                 max_notifies=None, log_level=None, auth_secret=None, auth_secret_file=None,
+                 accept_mooncake_peers=None, allow_mooncake_with_secret=None, unregister_grace=None, limits=None):
         lib = _lib.load()
         cfg = _lib.Config()
         cfg.size = ctypes.sizeof(cfg)
@@ -246,6 +335,18 @@ class Engine:
             cfg.rpc_timeout_ms = max(1, int(rpc_timeout * 1000))
         cfg.max_frame = max_frame or 0
         cfg.max_notifies = max_notifies or 0
+        cfg.auth_secret = _b(auth_secret)
+        cfg.auth_secret_file = _b(None if auth_secret_file is None else os.fspath(auth_secret_file))
+        cfg.accept_mooncake_peers = 1 if accept_mooncake_peers else 0
+        cfg.allow_mooncake_with_secret = 1 if allow_mooncake_with_secret else 0
+        cfg.unregister_grace_ms = _ms("unregister_grace", unregister_grace)
+        lim = Limits.of(limits)
+        cfg.max_conns = _count("max_conns", lim.max_conns, 31)
+        cfg.max_conns_per_host = _count("max_conns_per_host", lim.max_conns_per_host, 31)
+        cfg.idle_timeout_ms = _ms("idle_timeout", lim.idle_timeout)
+        cfg.progress_timeout_ms = _ms("progress_timeout", lim.progress_timeout)
+        cfg.notify_bytes = _count("notify_bytes", lim.notify_bytes, 64)
+        cfg.notify_bytes_per_sender = _count("notify_bytes_per_sender", lim.notify_bytes_per_sender, 64)
         h = _lib.engine_t()
         check(lib.te_create(byref(cfg), byref(h)), lib)
         self.handle = h.value

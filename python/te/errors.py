@@ -46,11 +46,19 @@ InternalError = _cls("InternalError", 18, doc="A bug in te.")
 NotFound = _cls("NotFound", 19, LookupError, doc="Not found.")
 BufferTooSmall = _cls("BufferTooSmall", 20, doc="An output buffer was too small.")
 TransferLost = _cls("TransferLost", 21, doc="A handoff transfer is gone from the sidecar that held it.")
+AuthError = _cls("AuthError", 22, PermissionError,
+                 doc="A peer failed, or refused, cluster-secret authentication (TE_ERR_AUTH).")
+ForkError = _cls("ForkError", 23, RuntimeError,
+                 doc="Called in a child forked after libte was loaded: its Go runtime cannot run there "
+                     "(TE_ERR_FORKED). Use multiprocessing's \"spawn\" start method.")
+ResourceExhausted = _cls("ResourceExhausted", 24,
+                         doc="Over a bound on connections, calls or notification bytes (TE_ERR_RESOURCE_EXHAUSTED).")
 
 BY_CODE = {c.code: c for c in (InvalidArgument, AddressNotRegistered, AddressOverlapped, BatchBusy, SegmentNotFound,
                                TransportUnavailable, PeerUnreachable, Timeout, MetadataError, NotSupported, Closed,
                                StaleDescriptor, AccessDenied, TooLarge, ProtocolError, Canceled, NoMemory,
-                               InternalError, NotFound, BufferTooSmall, TransferLost)}
+                               InternalError, NotFound, BufferTooSmall, TransferLost, AuthError, ForkError,
+                               ResourceExhausted)}
 
 
 def error_for(code, message):

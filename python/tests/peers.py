@@ -77,3 +77,30 @@ def mooncake_target(conn, sizes, seeds, protocol):
             conn.send(eng.batch_unregister_memory(addrs))
             eng.close()
             return
+
+
+def mooncake_conventions_target(conn, protocol):
+    """Mooncake's own transfer_engine_target.py, on a free port: initialize,
+    and when the segment has no buffer yet, allocate_managed_buffer(64 MiB)
+    as the fallback buffer the initiator writes into."""
+    from mooncake.engine import TransferEngine
+
+    eng = TransferEngine()
+    rc = eng.initialize("127.0.0.1:0", "P2PHANDSHAKE", protocol, "")
+    if rc != 0:
+        conn.send(("init failed", 0, rc))
+        return
+    name = f"127.0.0.1:{eng.get_rpc_port()}"
+    addr = eng.get_first_buffer_address(name)
+    if addr == 0:
+        addr = eng.allocate_managed_buffer(64 << 20)
+    conn.send((name, addr, 0 if addr else -1))
+    while True:
+        cmd = conn.recv()
+        if cmd[0] == "read":
+            _, off, n = cmd
+            conn.send(eng.read_bytes_from_buffer(addr + off, n))
+        elif cmd[0] == "exit":
+            conn.send(eng.free_managed_buffer(addr, 64 << 20))
+            eng.close()
+            return

@@ -4,14 +4,13 @@ layer and whole), pull, aborts, timeouts; decode checks every byte."""
 
 import os
 import threading
-import time
 import unittest
 
 import te
 from handoff_peers import DST_BLOCKS, LAYERS, SHAPE, SRC_BLOCKS, layer_pattern, prefill
 from sidecar import Sidecar
 from te.kvcache import Handoff, Layout
-from util import Peer
+from util import Peer, wait_until
 
 SENTINEL = 0xEE
 
@@ -151,10 +150,7 @@ class HandoffTest(unittest.TestCase):
         done = threading.Event()
         t = threading.Thread(target=lambda: (x.close(), done.set()), daemon=True)
         t.start()
-        deadline = time.monotonic() + 60
-        while self.ask("status", tid)["state"] != "aborted":
-            self.assertLess(time.monotonic(), deadline, "the free did not abort the transfer")
-            time.sleep(0.01)
+        wait_until(lambda: self.ask("status", tid)["state"] == "aborted", 60, "the free aborting the transfer")
         r = self.peer.ask(("send", tid))
         self.assertEqual(r[:2], ("error", "Canceled"), r)
         t.join(60)

@@ -2,16 +2,16 @@
 
 import ctypes
 import os
+import re
 import select
 import subprocess
 import sys
 import threading
-import time
 import unittest
 
 import te
 from peers import MB, first_diff, pattern, te_target
-from util import HERE, Peer, requires_numpy
+from util import HERE, Peer, requires_numpy, wait_until
 
 
 def engine():
@@ -66,9 +66,120 @@ class LoaderTest(unittest.TestCase):
         self.assertIn("/nonexistent/libte.so", out.stdout)
 
     def test_candidates_order(self):
-        c = te._lib.candidates()
-        self.assertTrue(str(c[-1]).endswith(os.path.join("build", "libte.so")))
-        self.assertTrue(str(c[-2]).endswith(os.path.join("te", "libte.so")))
+        c = [str(p) for p in te._lib.candidates()]
+        own = os.path.join(os.path.dirname(os.path.abspath(te.__file__)), "libte.so")
+        env = os.environ.get("TE_LIBRARY")
+        self.assertEqual(c[0], env if env else own)
+        self.assertIn(own, c)
+        # The repository's build/ folder only from a source checkout.
+        checkout = os.path.exists(os.path.join(os.path.dirname(os.path.dirname(own)), "..", "go.mod"))
+        self.assertEqual(any(p.endswith(os.path.join("build", "libte.so")) for p in c), checkout)
+
+    @unittest.skipUnless(os.environ.get("TE_TEST_INSTALLED"), "runs against the installed wheel (make test-python)")
+    def test_installed_package_bundles_the_library(self):
+        # make test-python installs the wheel into a fresh venv and runs
+        # these tests there with no TE_LIBRARY and no PYTHONPATH.
+        self.assertNotIn("TE_LIBRARY", os.environ)
+        repo_python = os.path.abspath(os.path.join(HERE, ".."))
+        self.assertFalse(os.path.abspath(te.__file__).startswith(repo_python + os.sep), te.__file__)
+        te.load()
+        self.assertEqual(str(te.library_path()), os.path.join(os.path.dirname(os.path.abspath(te.__file__)), "libte.so"))
+
+
+class LayoutTest(unittest.TestCase):
+    """The ctypes structs match te.h's, field by field: a C program compiled
+    against te.h prints every offset and size."""
+
+    STRUCTS = {
+        "te_config_t": te._lib.Config, "te_stats_t": te._lib.Stats, "te_task_status_t": te._lib.TaskStatus,
+        "te_batch_status_t": te._lib.BatchStatus, "te_probe_t": te._lib.Probe, "te_region_t": te._lib.Region,
+        "te_request_t": te._lib.Request, "te_notify_t": te._lib.Notify, "te_buffer_desc_t": te._lib.BufferDesc,
+        "te_layout_info_t": te._lib.LayoutInfo, "te_span_t": te._lib.Span, "te_plan_transfer_t": te._lib.PlanTransfer,
+        "te_plan_stats_t": te._lib.PlanStats, "te_handoff_result_t": te._lib.HandoffResult,
+        "te_handoff_status_t": te._lib.HandoffStatus,
+    }
+
+    def test_structs_match_header(self):
+        import shutil
+        import tempfile
+
+        header = os.path.join(HERE, "..", "..", "include")
+        cc = shutil.which("cc") or shutil.which("gcc")
+        if cc is None or not os.path.exists(os.path.join(header, "te.h")):
+            self.skipTest("needs a C compiler and te.h")
+        lines = ["#include <stdio.h>", "#include <stddef.h>", "#include \"te.h\"", "int main(void) {"]
+        for cname, cls in self.STRUCTS.items():
+            lines.append(f'printf("{cname} #sizeof %zu\\n", sizeof({cname}));')
+            for field, _ in cls._fields_:
+                lines.append(f'printf("{cname} {field} %zu\\n", offsetof({cname}, {field}));')
+        lines += ["return 0;", "}"]
+        with tempfile.TemporaryDirectory() as d:
+            src, exe = os.path.join(d, "layout.c"), os.path.join(d, "layout")
+            with open(src, "w") as f:
+                f.write("\n".join(lines))
+            subprocess.run([cc, "-I", header, src, "-o", exe], check=True, timeout=60)
+            out = subprocess.run([exe], check=True, capture_output=True, text=True, timeout=60).stdout
+        for line in out.splitlines():
+            cname, what, value = line.split()
+            cls = self.STRUCTS[cname]
+            got = ctypes.sizeof(cls) if what == "#sizeof" else getattr(cls, what).offset
+            self.assertEqual(got, int(value), f"{cname}.{what}")
+
+
+class ConfigTest(unittest.TestCase):
+    def test_abi_1_2_fields(self):
+        with te.Engine(listen_addr="127.0.0.1:0", auth_secret="s3cret", unregister_grace=1.5,
+                       limits={"max_conns": 64, "max_conns_per_host": 8, "idle_timeout": 60,
+                               "progress_timeout": 5, "notify_bytes": 1 << 20,
+                               "notify_bytes_per_sender": 1 << 18}) as e:
+            self.assertTrue(e.name)
+        with te.Engine(listen_addr="127.0.0.1:0", limits=te.Limits(max_conns=16), accept_mooncake_peers=True) as e:
+            self.assertTrue(e.name)
+        with tempfile_secret() as path:
+            with te.Engine(listen_addr="127.0.0.1:0", auth_secret_file=path) as e:
+                self.assertTrue(e.name)
+        for bad in ({"bogus": 1}, {"max_conns": -1}, {"idle_timeout": -2}, {"notify_bytes": 1 << 64}):
+            with self.assertRaises(te.InvalidArgument, msg=bad):
+                te.Engine(listen_addr="127.0.0.1:0", limits=bad)
+        with self.assertRaises(te.InvalidArgument):
+            te.Engine(listen_addr="127.0.0.1:0", unregister_grace=-1)
+        with self.assertRaises(TypeError):
+            te.Engine(listen_addr="127.0.0.1:0", limits=[1])
+        self.assertEqual(repr(te.Limits(max_conns=3)), "Limits(max_conns=3)")
+
+    def test_new_error_classes(self):
+        self.assertIs(te.error_for(22, "m").__class__, te.AuthError)
+        self.assertIsInstance(te.error_for(22, "m"), PermissionError)
+        self.assertIs(te.error_for(23, "m").__class__, te.ForkError)
+        self.assertIsInstance(te.error_for(23, "m"), RuntimeError)
+        self.assertIs(te.error_for(24, "m").__class__, te.ResourceExhausted)
+        # Every TE_ERR_ of te.h has its class.
+        with open(os.path.join(HERE, "..", "..", "include", "te.h")) as f:
+            codes = {-int(v) for v in re.findall(r"(?m)^#define TE_ERR_\w+ \((-\d+)\)", f.read())}
+        self.assertEqual(codes, set(te.BY_CODE))
+
+    def test_local_topology(self):
+        topo = te.local_topology()
+        self.assertIsInstance(topo, dict)
+        for loc, (pref, other) in topo.items():
+            self.assertRegex(loc, r"^(cpu|cuda):\d+$")
+            self.assertFalse(set(pref) & set(other))
+        self.assertEqual(te.local_topology(["no-such-nic"]).keys(), topo.keys())
+
+
+class tempfile_secret:
+    """A secret file, removed afterwards."""
+
+    def __enter__(self):
+        import tempfile
+
+        fd, self.path = tempfile.mkstemp()
+        os.write(fd, b"file-secret\n")
+        os.close(fd)
+        return self.path
+
+    def __exit__(self, *exc):
+        os.unlink(self.path)
 
 
 class EngineTest(unittest.TestCase):
@@ -246,12 +357,15 @@ class TwoProcessTest(unittest.TestCase):
                 self.assertEqual(first_diff(back, mine), -1)
                 e.send_notify(name, "direct", b"\x00\x01")
                 notes = []
-                for _ in range(200):  # the batch's notify is sent after completion
-                    res = peer.ask("check")
-                    notes += res["notifies"]
-                    if len(notes) >= 2:
-                        break
-                    time.sleep(0.01)
+                last = {}
+
+                def two_notes():  # the batch's notify may arrive after completion
+                    last.update(peer.ask("check"))
+                    notes.extend(last["notifies"])
+                    return len(notes) >= 2
+
+                wait_until(two_notes, what="both notifications")
+                res = last
                 self.assertEqual(sorted(notes), [("direct", b"\x00\x01"), ("done", b"w")])
                 self.assertEqual(res["peer_half"], -1)
                 self.assertEqual(res["own_half"], -1)

@@ -2,6 +2,7 @@
 
 import multiprocessing
 import os
+import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -17,11 +18,21 @@ class Peer:
     """A target process started with "spawn", driven over a Pipe; every
     receive is bounded so a broken peer fails the test instead of hanging."""
 
-    def __init__(self, target, *args, timeout=60):
+    def __init__(self, target, *args, timeout=60, env=None):
         ctx = multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=target, args=(child,) + args, daemon=True)
-        self.proc.start()
+        # The child takes the environment at start: add env for it only.
+        saved = {k: os.environ.get(k) for k in env or {}}
+        os.environ.update(env or {})
+        try:
+            self.proc.start()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
         child.close()
         self.timeout = timeout
 
@@ -46,3 +57,17 @@ class Peer:
 
 def requires_numpy(f):
     return unittest.skipUnless(HAVE_NUMPY, "numpy is not installed for this python3")(f)
+
+
+def wait_until(poll, timeout=30, what="condition"):
+    """Call poll() until it returns a true value and return that value;
+    fail after timeout seconds. Polls with short pauses: for results that
+    arrive asynchronously (a notification sent after completion)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = poll()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout}s")
+        time.sleep(0.005)

@@ -5,6 +5,7 @@
  * next to each error are exercised too. */
 #include <poll.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -76,6 +77,27 @@ static void test_create(void) {
     CHECK_RC(TE_ERR_NOT_SUPPORTED, te_create(&big.c, &e));
     big.c.size = 1 << 20;
     CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_create(&big.c, &e));
+    /* ABI 1.2 fields: set, they are taken; an ABI 1.1 caller's struct ends
+     * before them, so whatever lies there is not read. */
+    cfg = local_config();
+    cfg.auth_secret = "c-test-secret";
+    cfg.unregister_grace_ms = 500;
+    cfg.max_conns = 64;
+    cfg.max_conns_per_host = 8;
+    cfg.idle_timeout_ms = 60000;
+    cfg.progress_timeout_ms = 5000;
+    cfg.notify_bytes = 1 << 20;
+    cfg.notify_bytes_per_sender = 1 << 18;
+    CHECK_OK(te_create(&cfg, &e));
+    CHECK_OK(te_destroy(e));
+    cfg.idle_timeout_ms = -1;
+    CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_create(&cfg, &e));
+    cfg = local_config();
+    cfg.max_conns = -5;
+    CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_create(&cfg, &e));
+    cfg.size = (uint32_t)offsetof(te_config_t, auth_secret);
+    CHECK_OK(te_create(&cfg, &e));
+    CHECK_OK(te_destroy(e));
 }
 
 struct thread_arg {

@@ -1,6 +1,7 @@
 # ctest c_install_consumer: install the build into a scratch prefix, then
 # build and run a consumer through find_package(te) and through pkg-config.
-# Inputs: TE_BUILD_DIR, TE_SOURCE_DIR, GENERATOR.
+# Inputs: TE_BUILD_DIR, TE_SOURCE_DIR, GENERATOR, TE_VERSION (the package
+# version, major.minor.patch, from te.h).
 set(prefix ${TE_BUILD_DIR}/install-test)
 set(work ${TE_BUILD_DIR}/install-test-work)
 file(REMOVE_RECURSE ${prefix} ${work})
@@ -20,11 +21,21 @@ if(NOT pcs OR NOT cfgs OR NOT EXISTS ${prefix}/include/te.h)
   message(FATAL_ERROR "install is missing te.pc, te-config.cmake or te.h")
 endif()
 
-# find_package(te)
+# find_package(te major.minor) of the installed version works ...
+string(REGEX MATCH "^[0-9]+\\.[0-9]+" want "${TE_VERSION}")
+string(REGEX MATCH "^[0-9]+" major "${TE_VERSION}")
+string(REGEX REPLACE "^[0-9]+\\.([0-9]+).*" "\\1" minor "${TE_VERSION}")
+math(EXPR newer "${minor} + 1")
 run(${CMAKE_COMMAND} -S ${TE_SOURCE_DIR}/tests/c/consumer -B ${work}/cmake -G ${GENERATOR}
-    -DCMAKE_PREFIX_PATH=${prefix})
+    -DCMAKE_PREFIX_PATH=${prefix} -DTE_WANT=${want})
 run(${CMAKE_COMMAND} --build ${work}/cmake)
 run(${work}/cmake/consumer)
+# ... and a newer minor is refused: the version file is real.
+execute_process(COMMAND ${CMAKE_COMMAND} -S ${TE_SOURCE_DIR}/tests/c/consumer -B ${work}/cmake-newer -G ${GENERATOR}
+    -DCMAKE_PREFIX_PATH=${prefix} -DTE_WANT=${major}.${newer} RESULT_VARIABLE rc OUTPUT_QUIET ERROR_QUIET)
+if(rc EQUAL 0)
+  message(FATAL_ERROR "find_package(te ${major}.${newer}) accepted te ${TE_VERSION}")
+endif()
 
 # pkg-config te
 find_program(PKG_CONFIG pkg-config)
@@ -36,6 +47,16 @@ if(PKG_CONFIG AND CC)
     OUTPUT_VARIABLE flags OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE rc)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "pkg-config te failed")
+  endif()
+  execute_process(COMMAND ${CMAKE_COMMAND} -E env PKG_CONFIG_PATH=${pcdir} ${PKG_CONFIG} --atleast-version=${want} te
+    RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "pkg-config --atleast-version=${want} te failed")
+  endif()
+  execute_process(COMMAND ${CMAKE_COMMAND} -E env PKG_CONFIG_PATH=${pcdir} ${PKG_CONFIG} --atleast-version=${major}.${newer} te
+    RESULT_VARIABLE rc)
+  if(rc EQUAL 0)
+    message(FATAL_ERROR "pkg-config --atleast-version=${major}.${newer} te accepted te ${TE_VERSION}")
   endif()
   separate_arguments(flags UNIX_COMMAND "${flags}")
   foreach(f ${flags})

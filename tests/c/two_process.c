@@ -64,11 +64,13 @@ static int target(void) {
         if (strncmp(line, "CHECK", 5) == 0) {
             long long bad = tu_verify(buf + HALF, HALF, SEED_INIT);
             long long bad0 = tu_verify(buf, HALF, SEED_TARGET);
-            /* The batch's notification is sent after the last task completed;
-             * give it a moment to arrive. */
+            /* The batch's notification may arrive after the last task
+             * completed: poll for it, up to a deadline. */
             size_t total = 0;
             int named = 0;
-            for (int i = 0; i < 500 && total < 2; i++) {
+            struct timespec t0, now;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            for (now = t0; total < 2 && now.tv_sec - t0.tv_sec < 30; clock_gettime(CLOCK_MONOTONIC, &now)) {
                 te_notify_t *list;
                 size_t n;
                 if (te_notify_drain(e, &list, &n) != 0) break;
