@@ -296,6 +296,26 @@ func tego_batch_fd(h C.te_batch_t, fd *C.int32_t) (rc C.int) {
 	return 0
 }
 
+//export tego_batch_cancel
+func tego_batch_cancel(h C.te_batch_t) (rc C.int) {
+	defer enter("cancel batch", &rc)()
+	be, _, err := batches.Get("cancel batch", uint64(h))
+	if err != nil {
+		return fail(err)
+	}
+	return fail(be.b.Cancel())
+}
+
+//export tego_batch_reset
+func tego_batch_reset(h C.te_batch_t) (rc C.int) {
+	defer enter("reset batch", &rc)()
+	be, _, err := batches.Get("reset batch", uint64(h))
+	if err != nil {
+		return fail(err)
+	}
+	return fail(be.b.Reset())
+}
+
 //export tego_free_batch
 func tego_free_batch(h C.te_batch_t) (rc C.int) {
 	defer enter("free batch", &rc)()

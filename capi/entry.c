@@ -212,6 +212,16 @@ int te_batch_fd(te_batch_t batch, int32_t *fd) {
     return tego_batch_fd(batch, fd);
 }
 
+int te_batch_cancel(te_batch_t batch) {
+    if (tecapi_child(__func__)) return TE_ERR_FORKED;
+    return tego_batch_cancel(batch);
+}
+
+int te_batch_reset(te_batch_t batch) {
+    if (tecapi_child(__func__)) return TE_ERR_FORKED;
+    return tego_batch_reset(batch);
+}
+
 int te_free_batch(te_batch_t batch) {
     if (tecapi_child(__func__)) return TE_ERR_FORKED;
     return tego_free_batch(batch);

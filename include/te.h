@@ -141,14 +141,14 @@ typedef struct te_config {
     int32_t log_level;           /* TE_LOG_*; logs go to stderr */
     const char *segment_name;    /* default (and in P2P mode required): host:port of the RPC listener */
     const char *metadata;        /* "P2PHANDSHAKE" (default), "mem://NAME", "etcd://h1:p1,h2:p2", ... */
-    const char *listen_addr;     /* RPC listener, default "0.0.0.0:0" (port 0: a free port) */
+    const char *listen_addr;     /* RPC listener; default (or ":port"): the advertised hostname, a free port. "0.0.0.0:P" binds every interface */
     const char *hostname;        /* host peers reach this engine at; default: listener host or first non-loopback IPv4 */
     const char *transports;      /* comma-separated list to install, e.g. "local,tcp"; default: all available */
     const char *force_transport; /* use this transport for every request, e.g. "tcp" */
     const char *params;          /* transport parameters "key=value" separated by ',' ';' or newlines, e.g. "tcp.conns=4" */
     int64_t transfer_timeout_ms; /* per request; 0: 30 s; negative: none */
     int64_t rpc_timeout_ms;      /* control-plane calls; 0 (or negative): 5 s */
-    uint64_t max_frame;          /* control-plane frame limit in bytes; 0: 64 MiB */
+    uint64_t max_frame;          /* limit of a control frame carrying a descriptor, in bytes; 0: 16 MiB */
     int64_t max_notifies;        /* queue of received notifications; 0 (or negative): 65536 */
     /* ABI 1.2: authentication, Mooncake peers and the bounds on what peers
      * can make the engine hold. */
@@ -162,7 +162,7 @@ typedef struct te_config {
     int64_t idle_timeout_ms;      /* close an accepted connection idle this long; 0: 5 min */
     int64_t progress_timeout_ms;  /* cut a connection whose payload makes no progress this long; 0: 10 s */
     uint64_t notify_bytes;        /* bytes of received, undrained notifications; 0: 64 MiB */
-    uint64_t notify_bytes_per_sender; /* the same per sender name; 0: 16 MiB */
+    uint64_t notify_bytes_per_sender; /* the same per sender (its proven instance, else its address); 0: 16 MiB + 4 KiB */
 } te_config_t;
 
 /* Every field spelled out, so -Wmissing-field-initializers stays quiet. No
@@ -565,6 +565,20 @@ int te_wait(te_batch_t batch, int64_t timeout_ms, te_batch_status_t *out);
  * does. The same fd is returned on every call.
  * Blocks: no | Thread-safe: yes | Errors: TE_ERR_NO_MEMORY (no eventfd). */
 int te_batch_fd(te_batch_t batch, int32_t *fd);
+
+/* te_batch_cancel ends every pending task of the batch early: each ends
+ * TE_TASK_CANCELED (or with its real outcome if it finished first) once its
+ * transport has stopped touching its memory, which te_wait then reports. A
+ * task's terminal state is always such a fence. (ABI 1.2)
+ * Blocks: no (does not wait for the tasks to end) | Thread-safe: yes |
+ * Errors: handle only. */
+int te_batch_cancel(te_batch_t batch);
+
+/* te_batch_reset empties a finished batch so its slots take new requests:
+ * a reused batch allocates nothing per request. (ABI 1.2)
+ * Blocks: no | Thread-safe: yes | Errors: TE_ERR_BATCH_BUSY (tasks pending:
+ * wait first). */
+int te_batch_reset(te_batch_t batch);
 
 /* te_free_batch releases the batch and its handle.
  * Blocks: no | Thread-safe: yes | Errors: TE_ERR_BATCH_BUSY (tasks pending:

@@ -148,6 +148,8 @@ PROTOTYPES = {
     "te_batch_status": [batch_t, POINTER(BatchStatus)],
     "te_wait": [batch_t, c_int64, POINTER(BatchStatus)],
     "te_batch_fd": [batch_t, POINTER(c_int32)],
+    "te_batch_cancel": [batch_t],
+    "te_batch_reset": [batch_t],
     "te_free_batch": [batch_t],
     "te_notify_send": [engine_t, c_char_p, c_char_p, c_char_p, c_size_t],
     "te_notify_drain": [engine_t, POINTER(POINTER(Notify)), POINTER(c_size_t)],

@@ -196,6 +196,16 @@ class Batch:
         check(lib.te_batch_fd(self.handle, byref(fd)), lib)
         return fd.value
 
+    def cancel(self):
+        """End every pending task early; wait() reports when each has (its
+        transport no longer touches its memory then)."""
+        check(_lib.load().te_batch_cancel(self.handle))
+
+    def reset(self):
+        """Empty a finished batch so it takes new requests (raises
+        BatchBusy while tasks are pending)."""
+        check(_lib.load().te_batch_reset(self.handle))
+
     def free(self):
         if self.handle:
             check(_lib.load().te_free_batch(self.handle))

@@ -104,3 +104,24 @@ def mooncake_conventions_target(conn, protocol):
             conn.send(eng.free_managed_buffer(addr, 64 << 20))
             eng.close()
             return
+
+
+def te_secret_target(conn, size, fill):
+    """A te.Engine over tcp with a buffer of size bytes filled with fill; its
+    cluster secret (if any) comes from the environment. Reports its pid so
+    the test can stop and continue it."""
+    import os
+
+    import te
+
+    e = te.Engine(listen_addr="127.0.0.1:0", hostname="127.0.0.1", transports="tcp", rpc_timeout=5)
+    buf = bytearray([fill]) * size
+    addr = e.register(buf)
+    conn.send((e.name, addr, os.getpid()))
+    while True:
+        cmd = conn.recv()
+        if cmd == "exit":
+            e.unregister(buf)
+            e.close()
+            conn.send("bye")
+            return

@@ -128,7 +128,7 @@ class LayoutTest(unittest.TestCase):
 
 class ConfigTest(unittest.TestCase):
     def test_abi_1_2_fields(self):
-        with te.Engine(listen_addr="127.0.0.1:0", auth_secret="s3cret", unregister_grace=1.5,
+        with te.Engine(listen_addr="127.0.0.1:0", auth_secret="s3cret-cluster-secret-0123", unregister_grace=1.5,
                        limits={"max_conns": 64, "max_conns_per_host": 8, "idle_timeout": 60,
                                "progress_timeout": 5, "notify_bytes": 1 << 20,
                                "notify_bytes_per_sender": 1 << 18}) as e:
@@ -174,7 +174,7 @@ class tempfile_secret:
         import tempfile
 
         fd, self.path = tempfile.mkstemp()
-        os.write(fd, b"file-secret\n")
+        os.write(fd, b"file-cluster-secret-0123456789\n")
         os.close(fd)
         return self.path
 

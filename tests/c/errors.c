@@ -80,7 +80,7 @@ static void test_create(void) {
     /* ABI 1.2 fields: set, they are taken; an ABI 1.1 caller's struct ends
      * before them, so whatever lies there is not read. */
     cfg = local_config();
-    cfg.auth_secret = "c-test-secret";
+    cfg.auth_secret = "c-test-cluster-secret-0123";
     cfg.unregister_grace_ms = 500;
     cfg.max_conns = 64;
     cfg.max_conns_per_host = 8;
@@ -91,6 +91,9 @@ static void test_create(void) {
     CHECK_OK(te_create(&cfg, &e));
     CHECK_OK(te_destroy(e));
     cfg.idle_timeout_ms = -1;
+    CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_create(&cfg, &e));
+    cfg.idle_timeout_ms = 0;
+    cfg.auth_secret = "too-short"; /* under 16 bytes: refused, never ignored */
     CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_create(&cfg, &e));
     cfg = local_config();
     cfg.max_conns = -5;
