@@ -90,6 +90,8 @@ type Transport struct {
 	eps     map[epKey]*endpoint
 	all     map[*endpoint]struct{} // every endpoint whose queue pairs are not destroyed
 	passive map[epKey]*passiveEP
+
+	peers sync.Map // segment name -> *peerInfo of its last descriptor
 }
 
 // passiveEP is the accepting side of an endpoint: queue pairs a peer
@@ -214,124 +216,233 @@ func (t *Transport) Reachable(d *segment.Desc) error {
 	if d.RPC == "" {
 		return errs.New(errs.TransportUnavailable, "rdma", "segment %q has no control-plane address for the handshake", d.Name)
 	}
-	peers, err := peerNICs(d)
-	if err != nil {
-		return err
-	}
-	if len(pairNICs(t.local, peers)) == 0 {
-		return errs.New(errs.TransportUnavailable, "rdma", "no NIC here shares a link layer with %q (%s vs %s)",
-			d.Name, endpointString(t.local), endpointString(peers))
-	}
-	return nil
+	return t.peerOf(d).err
 }
 
-// request is one transfer cut into slices.
+// request is one transfer cut into slices (its Priv).
 type request struct {
-	r     *transport.Request
-	lkeys []uint32
-	rkeys []uint32
-	peers []nicInfo
-	pairs [][2]int
-	start int
-	left  atomic.Int64
-	mu    sync.Mutex
-	err   error
+	r        *transport.Request
+	pi       *peerInfo
+	lkeys    []uint32
+	rkeys    []uint32
+	slices   []slice // in the submit's slab
+	start    int
+	left     atomic.Int64
+	err      atomic.Pointer[error]
+	canceled atomic.Bool
 }
 
+// sliceDone ends one slice; the request completes with its last one, with
+// the first error any slice had.
 func (q *request) sliceDone(err error) {
 	if err != nil {
-		q.mu.Lock()
-		if q.err == nil {
-			q.err = err
-		}
-		q.mu.Unlock()
+		e := err // only a failure pays for the pointer
+		q.err.CompareAndSwap(nil, &e)
 	}
 	if q.left.Add(-1) == 0 {
-		q.r.Complete(q.err)
+		var e error
+		if p := q.err.Load(); p != nil {
+			e = *p
+		}
+		q.r.Complete(e)
 	}
 }
 
-// slice is one work request's worth of a request.
+// slice is one work request's worth of a request. It sits in at most one
+// place at a time: a list being dispatched, an endpoint's pending list, or
+// a queue pair's ring of posted work requests; next links it in the first
+// two.
 type slice struct {
 	req     *request
-	idx     int
+	next    *slice
+	idx     int32
+	attempt int32
 	read    bool
-	local   uint64
-	remote  uint64
 	n       uint32
 	lkey    uint32
 	rkey    uint32
-	attempt int
-	ep      *endpoint
-	qp      int
+	local   uint64
+	remote  uint64
 }
 
-// Submit cuts each request into slices and posts them over the NIC pairs.
+// list is a FIFO of slices linked through next.
+type list struct {
+	head, tail *slice
+	n          int
+}
+
+func (l *list) push(s *slice) {
+	s.next = nil
+	if l.tail == nil {
+		l.head = s
+	} else {
+		l.tail.next = s
+	}
+	l.tail = s
+	l.n++
+}
+
+func (l *list) pop() *slice {
+	s := l.head
+	if s == nil {
+		return nil
+	}
+	l.head = s.next
+	if l.head == nil {
+		l.tail = nil
+	}
+	s.next = nil
+	l.n--
+	return s
+}
+
+// appendList moves every slice of m to the end of l.
+func (l *list) appendList(m *list) {
+	if m.head == nil {
+		return
+	}
+	if l.tail == nil {
+		l.head = m.head
+	} else {
+		l.tail.next = m.head
+	}
+	l.tail = m.tail
+	l.n += m.n
+	*m = list{}
+}
+
+// epGroup collects the slices of one submit bound for one endpoint.
+type epGroup struct {
+	ep *endpoint
+	l  list
+}
+
+// Submit cuts each request into slices, groups them by endpoint and posts
+// each group as one chain of work requests: one doorbell per endpoint per
+// submit (more only when a queue pair or the completion queue is full). It
+// allocates two slabs per submit (requests and slices), nothing per slice.
 func (t *Transport) Submit(reqs []transport.Request) {
+	size := t.opt.Slice
+	total := 0
+	for i := range reqs {
+		total += sliceCount(reqs[i].Length, size)
+	}
+	qs := make([]request, len(reqs))
+	ss := make([]slice, total)
+	var small [8]epGroup
+	groups := small[:0]
+	var pi *peerInfo
+	used := 0
 	for i := range reqs {
 		r := &reqs[i]
-		q, err := t.prepare(r)
-		if err != nil {
+		if pi == nil || pi.desc != r.Peer {
+			pi = t.peerOf(r.Peer)
+		}
+		q := &qs[i]
+		if err := t.prepare(r, q, pi); err != nil {
 			r.Complete(err)
 			continue
 		}
-		spans := planSlices(r.Length, t.opt.Slice)
-		q.left.Store(int64(len(spans)))
-		for i, sp := range spans {
-			t.dispatch(&slice{req: q, idx: i, read: r.Op == transport.Read,
-				local: r.Local + sp.off, remote: r.Remote + sp.off, n: uint32(sp.n), qp: -1})
+		n := sliceCount(r.Length, size)
+		q.slices = ss[used : used+n : used+n]
+		used += n
+		q.left.Store(int64(n))
+		r.Priv = q
+		read := r.Op == transport.Read
+		for k := range q.slices {
+			s := &q.slices[k]
+			off, sn := sliceAt(r.Length, size, k)
+			s.req, s.idx, s.read = q, int32(k), read
+			s.local, s.remote, s.n = r.Local+off, r.Remote+off, uint32(sn)
+			ep, err := t.route(s)
+			if err != nil {
+				q.sliceDone(err)
+				continue
+			}
+			g := -1
+			for x := range groups {
+				if groups[x].ep == ep {
+					g = x
+					break
+				}
+			}
+			if g < 0 {
+				groups = append(groups, epGroup{ep: ep})
+				g = len(groups) - 1
+			}
+			groups[g].l.push(s)
 		}
+	}
+	for i := range groups {
+		groups[i].ep.post(&groups[i].l)
 	}
 }
 
-func (t *Transport) prepare(r *transport.Request) (*request, error) {
+func (t *Transport) prepare(r *transport.Request, q *request, pi *peerInfo) error {
 	if t.closing.Load() {
-		return nil, errs.New(errs.Closed, "rdma", "transport closed")
+		return errs.New(errs.Closed, "rdma", "transport closed")
 	}
 	if r.Length == 0 {
-		return nil, errs.New(errs.InvalidArgument, "rdma", "zero length")
+		return errs.New(errs.InvalidArgument, "rdma", "zero length")
 	}
-	peers, err := peerNICs(r.Peer)
+	if pi.err != nil {
+		return pi.err
+	}
+	if r.Buffer == nil || len(r.Buffer.Rkey) != len(pi.nics) {
+		n := 0
+		if r.Buffer != nil {
+			n = len(r.Buffer.Rkey)
+		}
+		return errs.New(errs.StaleDescriptor, "rdma", "buffer at %#x of %q has %d rkeys for %d devices",
+			r.Remote, r.Peer.Name, n, len(pi.nics))
+	}
+	if r.Region == nil {
+		return errs.New(errs.AddressNotRegistered, "rdma", "local [%#x,+%d) is not registered", r.Local, r.Length)
+	}
+	if len(r.Region.Desc.Lkey) != len(t.nics) {
+		return errs.New(errs.AddressNotRegistered, "rdma", "local [%#x,+%d) has no memory region on every NIC", r.Local, r.Length)
+	}
+	q.r, q.pi, q.lkeys, q.rkeys = r, pi, r.Region.Desc.Lkey, r.Buffer.Rkey
+	q.start = int(t.rr.Add(1) % uint64(len(pi.pairs)))
+	return nil
+}
+
+// route picks the NIC pair of a slice for its attempt, sets its keys and
+// returns the pair's endpoint: lock-free when the endpoint is up.
+func (t *Transport) route(s *slice) (*endpoint, error) {
+	q := s.req
+	p := pickPair(len(q.pi.pairs), q.start, int(s.idx), int(s.attempt))
+	pair := q.pi.pairs[p]
+	s.lkey, s.rkey = q.lkeys[pair[0]], q.rkeys[pair[1]]
+	if ep := q.pi.eps[p].Load(); ep != nil && !ep.failed() {
+		return ep, nil
+	}
+	ep, err := t.endpoint(q.pi, pair[0], pair[1])
 	if err != nil {
 		return nil, err
 	}
-	pairs := pairNICs(t.local, peers)
-	if len(pairs) == 0 {
-		return nil, errs.New(errs.TransportUnavailable, "rdma", "no NIC pair reaches %q", r.Peer.Name)
-	}
-	if len(r.Buffer.Rkey) != len(peers) {
-		return nil, errs.New(errs.StaleDescriptor, "rdma", "buffer at %#x of %q has %d rkeys for %d devices",
-			r.Buffer.Addr, r.Peer.Name, len(r.Buffer.Rkey), len(peers))
-	}
-	region, ok := t.h.Registry().Lookup(r.Local, r.Length)
-	if !ok {
-		return nil, errs.New(errs.AddressNotRegistered, "rdma", "local [%#x,+%d) is not registered", r.Local, r.Length)
-	}
-	if len(region.Desc.Lkey) != len(t.nics) {
-		return nil, errs.New(errs.AddressNotRegistered, "rdma", "local [%#x,+%d) has no memory region on every NIC", r.Local, r.Length)
-	}
-	return &request{r: r, lkeys: region.Desc.Lkey, rkeys: r.Buffer.Rkey, peers: peers, pairs: pairs,
-		start: int(t.rr.Add(1) % uint64(len(pairs)))}, nil
+	q.pi.eps[p].Store(ep)
+	return ep, nil
 }
 
-// dispatch sends a slice to the endpoint of its NIC pair for this attempt.
+// dispatch sends one slice to the endpoint of its NIC pair for this attempt.
 func (t *Transport) dispatch(s *slice) {
-	q := s.req
-	p := q.pairs[pickPair(len(q.pairs), q.start, s.idx, s.attempt)]
-	s.lkey, s.rkey = q.lkeys[p[0]], q.rkeys[p[1]]
-	ep, err := t.endpoint(q, p[0], p[1])
+	ep, err := t.route(s)
 	if err != nil {
-		q.sliceDone(err)
+		s.req.sliceDone(err)
 		return
 	}
-	ep.post(s)
+	var l list
+	l.push(s)
+	ep.post(&l)
 }
 
-// endpoint returns the endpoint of a NIC pair with the request's peer,
-// starting a new one (connected in the background) when there is none or
-// the last one failed.
-func (t *Transport) endpoint(q *request, local, remote int) (*endpoint, error) {
-	key := epKey{instance: q.r.Peer.Instance, local: local, remote: q.peers[remote].name}
+// endpoint returns the endpoint of a NIC pair with the peer, starting a new
+// one (connected in the background) when there is none or the last one
+// failed.
+func (t *Transport) endpoint(pi *peerInfo, local, remote int) (*endpoint, error) {
+	d := pi.desc
+	key := epKey{instance: d.Instance, local: local, remote: pi.nics[remote].name}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
@@ -341,7 +452,7 @@ func (t *Transport) endpoint(q *request, local, remote int) (*endpoint, error) {
 		return ep, nil
 	}
 	ep := &endpoint{t: t, key: key, nic: t.nics[local], connecting: true,
-		peer: peerRef{name: q.r.Peer.Name, instance: q.r.Peer.Instance, rpc: q.r.Peer.RPC, nic: q.peers[remote].name}}
+		peer: peerRef{name: d.Name, instance: d.Instance, rpc: d.RPC, nic: pi.nics[remote].name}}
 	t.eps[key] = ep
 	t.all[ep] = struct{}{}
 	t.wg.Add(1)
@@ -360,30 +471,31 @@ func (t *Transport) forget(ep *endpoint) {
 }
 
 // complete handles the completion of work request id on n (called by the
-// NIC's poller).
+// NIC's poller). A completion stands for every earlier work request of its
+// queue pair too: the send queue of an RC queue pair completes in order,
+// and only every few work requests are signaled.
 func (t *Transport) complete(n *nic, id uint64, status, vendorErr uint32) {
-	s := n.untrack(id)
-	if s == nil {
-		return // not ours, or already failed by Close
+	qs := n.qpAt(uint32(id >> 32))
+	if qs == nil {
+		return // its queue pair is gone: Close accounted for it
 	}
+	ep := qs.ep
 	var err error
 	if status != ibv.WCSuccess {
-		err = wcError(s, status, vendorErr)
+		err = wcError(ep, status, vendorErr)
 	}
-	retry := s.ep.completed(s, err)
-	if err == nil {
-		s.req.sliceDone(nil)
-	} else {
-		t.retry(s, err)
-	}
-	t.retryAll(retry)
-	for _, ep := range n.takeStarved() {
-		ep.kick()
+	var out outcome
+	ep.mu.Lock()
+	ep.completedLocked(qs, uint32(id), status, err, &out)
+	ep.mu.Unlock()
+	t.finish(ep, &out)
+	for _, e := range n.takeStarved() {
+		e.kick()
 	}
 }
 
 // wcError turns a failed completion into a te error.
-func wcError(s *slice, status, vendorErr uint32) error {
+func wcError(ep *endpoint, status, vendorErr uint32) error {
 	code := errs.PeerUnreachable
 	if status == ibv.WCRemAccessErr {
 		// The peer's NIC refused the rkey or range: the region was
@@ -391,7 +503,7 @@ func wcError(s *slice, status, vendorErr uint32) error {
 		code = errs.StaleDescriptor
 	}
 	return errs.New(code, "rdma", "work request on %s -> %s@%s: %s (vendor error %#x)",
-		s.ep.nic.name, s.ep.peer.name, s.ep.peer.nic, ibv.WCStatusString(status), vendorErr)
+		ep.nic.name, ep.peer.name, ep.peer.nic, ibv.WCStatusString(status), vendorErr)
 }
 
 // retryable says whether a slice that failed with err may be tried again
@@ -405,38 +517,24 @@ func retryable(err error) bool {
 	return false
 }
 
-// retry sends a failed slice to the next NIC pair, or ends it.
+// retry sends a slice that did not run to the next NIC pair, or ends it.
+// A slice of a canceled request ends Canceled; one flushed because its
+// endpoint was torn down for someone else's cancellation goes again
+// without spending an attempt.
 func (t *Transport) retry(s *slice, err error) {
-	s.ep, s.qp = nil, -1
-	if t.closing.Load() {
+	switch {
+	case t.closing.Load():
 		s.req.sliceDone(errs.Wrap(errs.Closed, "rdma", err, "transport closed"))
-		return
-	}
-	if s.attempt >= t.opt.Retries || !retryable(err) {
+	case s.req.canceled.Load():
+		s.req.sliceDone(errCanceled)
+	case err == errTornDown:
+		t.dispatch(s)
+	case int(s.attempt) >= t.opt.Retries || !retryable(err):
 		s.req.sliceDone(err)
-		return
+	default:
+		s.attempt++
+		t.dispatch(s)
 	}
-	s.attempt++
-	t.dispatch(s)
-}
-
-func (t *Transport) retryAll(ss []*slice) {
-	for _, s := range ss {
-		t.retry(s, s.epErr())
-	}
-}
-
-// epErr is why a slice taken back from an endpoint did not run.
-func (s *slice) epErr() error {
-	if s.ep != nil {
-		s.ep.mu.Lock()
-		err := s.ep.err
-		s.ep.mu.Unlock()
-		if err != nil {
-			return err
-		}
-	}
-	return errs.New(errs.PeerUnreachable, "rdma", "endpoint failed")
 }
 
 // createQPs creates count RC queue pairs on the NIC.
@@ -536,7 +634,9 @@ func destroyQPs(qps []queuePair) {
 const closeDrain = 2 * time.Second
 
 // Close fails everything in flight, stops the pollers and releases every
-// verbs object.
+// verbs object. A request still posted when the device stopped delivering
+// completions is completed only after its queue pair is destroyed, when
+// the NIC can no longer touch its memory.
 func (t *Transport) Close() error {
 	if t.closing.Swap(true) {
 		return nil
@@ -567,9 +667,6 @@ func (t *Transport) Close() error {
 	}
 	for _, n := range t.nics {
 		n.hw.Stop()
-		for _, s := range n.takeAll() {
-			s.req.sliceDone(closedErr)
-		}
 	}
 	t.mu.Lock()
 	eps = eps[:0]
@@ -580,14 +677,18 @@ func (t *Transport) Close() error {
 	passive := t.passive
 	t.passive = map[epKey]*passiveEP{}
 	t.mu.Unlock()
+	var left list
 	for _, ep := range eps {
 		ep.mu.Lock()
 		if !ep.released {
 			ep.released = true
-			destroyQPs(ep.qps)
-			ep.qps = nil
+			ep.destroyLocked()
 		}
+		ep.drainLocked(&left)
 		ep.mu.Unlock()
+	}
+	for s := left.pop(); s != nil; s = left.pop() {
+		s.req.sliceDone(closedErr)
 	}
 	for _, p := range passive {
 		destroyQPs(p.qps)

@@ -63,6 +63,9 @@ const (
 	StatContexts
 	StatChannels
 	StatPDs
+	StatPostCalls // ibv_post_send calls
+	StatSignaled  // signaled work requests posted
+	StatCQEs      // completions generated
 )
 
 // Knobs of the fake library.

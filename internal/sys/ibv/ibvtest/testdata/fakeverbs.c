@@ -33,17 +33,18 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static struct ibv_device devs[NDEV];
 static int ndevices = NDEV;
 static int compat;       /* contexts without the extended query_port */
-static long stats[8];    /* see fake_verbs_stat */
+static long stats[16];   /* see fake_verbs_stat */
 static uint32_t next_key = 0x100, next_qpn = 0x40;
 
-enum { ST_MRS, ST_QPS, ST_CQS, ST_IOVA2, ST_POSTED, ST_CONTEXTS, ST_CHANNELS, ST_PDS };
+enum { ST_MRS, ST_QPS, ST_CQS, ST_IOVA2, ST_POSTED, ST_CONTEXTS, ST_CHANNELS, ST_PDS, ST_POSTS, ST_SIGNALED, ST_CQES };
 
 /* fake_verbs_stat returns a counter: live MRs, QPs, CQs, registrations
  * through ibv_reg_mr_iova2, work requests posted, open contexts, channels,
- * PDs. */
+ * PDs, ibv_post_send calls, signaled work requests posted, completions
+ * generated. */
 long fake_verbs_stat(int what) {
 	pthread_mutex_lock(&mu);
-	long v = what >= 0 && what < 8 ? stats[what] : -1;
+	long v = what >= 0 && what < 16 ? stats[what] : -1;
 	pthread_mutex_unlock(&mu);
 	return v;
 }
@@ -115,9 +116,16 @@ struct fake_ctx {
 	struct verbs_context v; /* v.context is what callers get */
 };
 
+struct fake_qp;
+
 struct fake_cq {
 	struct ibv_cq cq;
 	struct ibv_wc *ring;
+	/* Per ring entry: the queue pair and how many of its work requests the
+	 * completion accounts for (its own and the unsignaled ones before it):
+	 * polling it frees that much of the send queue, as on a NIC. */
+	struct fake_qp **owner;
+	int *covers;
 	int cap, head, count, armed;
 };
 
@@ -132,6 +140,8 @@ struct fake_qp {
 	int dev;
 	uint32_t dest;
 	int max_send;
+	int outstanding; /* send queue entries in use */
+	int uncovered;   /* of them, not yet accounted for by a completion */
 	struct fake_qp *next;
 };
 
@@ -150,6 +160,8 @@ static int poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc) {
 	int k = 0;
 	for (; k < n && c->count > 0; k++) {
 		wc[k] = c->ring[c->head];
+		if (c->owner[c->head])
+			c->owner[c->head]->outstanding -= c->covers[c->head];
 		c->head = (c->head + 1) % c->cap;
 		c->count--;
 	}
@@ -217,14 +229,20 @@ static enum ibv_wc_status execute(struct fake_qp *q, struct ibv_send_wr *w) {
 	return IBV_WC_SUCCESS;
 }
 
+/* post_send executes each work request at once. A send queue holds
+ * max_send work requests until a completion accounts for them; a full one
+ * refuses the post (ENOMEM), as a NIC's does. A completion is generated for
+ * a signaled work request and for every failed one, never for an
+ * unsignaled success. */
 static int post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad) {
 	struct fake_qp *q = (struct fake_qp *)qp;
 	struct fake_cq *c = (struct fake_cq *)qp->send_cq;
 	pthread_mutex_lock(&mu);
+	stats[ST_POSTS]++;
 	for (struct ibv_send_wr *w = wr; w; w = w->next) {
 		int bad_wr = w->num_sge != 1 || (w->opcode != IBV_WR_RDMA_WRITE && w->opcode != IBV_WR_RDMA_READ) ||
-			     (qp->state != IBV_QPS_RTS && qp->state != IBV_QPS_ERR) || !(w->send_flags & IBV_SEND_SIGNALED);
-		if (bad_wr || c->count == c->cap) {
+			     (qp->state != IBV_QPS_RTS && qp->state != IBV_QPS_ERR);
+		if (bad_wr || c->count == c->cap || q->outstanding == q->max_send) {
 			*bad = w;
 			pthread_mutex_unlock(&mu);
 			return bad_wr ? EINVAL : ENOMEM;
@@ -232,15 +250,26 @@ static int post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_
 		enum ibv_wc_status st = execute(q, w);
 		if (st != IBV_WC_SUCCESS)
 			qp->state = IBV_QPS_ERR;
-		struct ibv_wc *e = &c->ring[(c->head + c->count) % c->cap];
+		q->outstanding++;
+		q->uncovered++;
+		stats[ST_POSTED]++;
+		if (w->send_flags & IBV_SEND_SIGNALED)
+			stats[ST_SIGNALED]++;
+		if (st == IBV_WC_SUCCESS && !(w->send_flags & IBV_SEND_SIGNALED))
+			continue;
+		int i = (c->head + c->count) % c->cap;
+		struct ibv_wc *e = &c->ring[i];
 		memset(e, 0, sizeof(*e));
 		e->wr_id = w->wr_id;
 		e->status = st;
 		e->opcode = w->opcode == IBV_WR_RDMA_READ ? IBV_WC_RDMA_READ : IBV_WC_RDMA_WRITE;
 		e->byte_len = w->sg_list[0].length;
 		e->qp_num = qp->qp_num;
+		c->owner[i] = q;
+		c->covers[i] = q->uncovered;
+		q->uncovered = 0;
 		c->count++;
-		stats[ST_POSTED]++;
+		stats[ST_CQES]++;
 		signal_channel(c);
 	}
 	pthread_mutex_unlock(&mu);
@@ -435,9 +464,17 @@ struct ibv_cq *ibv_create_cq(struct ibv_context *ctx, int cqe, void *cq_context,
 		return NULL;
 	}
 	struct fake_cq *c = calloc(1, sizeof(*c));
-	if (c)
+	if (c) {
 		c->ring = calloc((size_t)cqe, sizeof(*c->ring));
-	if (!c || !c->ring) {
+		c->owner = calloc((size_t)cqe, sizeof(*c->owner));
+		c->covers = calloc((size_t)cqe, sizeof(*c->covers));
+	}
+	if (!c || !c->ring || !c->owner || !c->covers) {
+		if (c) {
+			free(c->ring);
+			free(c->owner);
+			free(c->covers);
+		}
 		free(c);
 		errno = ENOMEM;
 		return NULL;
@@ -466,6 +503,8 @@ int ibv_destroy_cq(struct ibv_cq *cq) {
 	stats[ST_CQS]--;
 	pthread_mutex_unlock(&mu);
 	free(c->ring);
+	free(c->owner);
+	free(c->covers);
 	free(c);
 	return 0;
 }
@@ -552,6 +591,11 @@ int ibv_destroy_qp(struct ibv_qp *qp) {
 		if (&(*p)->qp == qp) {
 			struct fake_qp *q = *p;
 			*p = q->next;
+			/* Completions of it still queued no longer free anything. */
+			struct fake_cq *c = (struct fake_cq *)qp->send_cq;
+			for (int k = 0; k < c->count; k++)
+				if (c->owner[(c->head + k) % c->cap] == q)
+					c->owner[(c->head + k) % c->cap] = NULL;
 			stats[ST_QPS]--;
 			pthread_mutex_unlock(&mu);
 			free(q);
