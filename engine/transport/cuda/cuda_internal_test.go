@@ -176,7 +176,7 @@ type pair struct {
 	owner, peer  *Transport
 	odrv, pdrv   *fakeDriver
 	ohost, phost *fakeHost
-	peerDown     atomic.Bool // the peer's control plane does not answer
+	peerDown     atomic.Bool                   // the peer's control plane does not answer
 	ownerGate    atomic.Pointer[chan struct{}] // when set, calls to the owner wait for it
 	desc         *segment.Desc
 }

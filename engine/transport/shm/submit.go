@@ -23,7 +23,8 @@ func (s *reqState) failed() bool { return s.err.Load() != nil }
 // error.
 func (s *reqState) end(err error) {
 	if err != nil {
-		s.err.CompareAndSwap(nil, &err)
+		e := err // only a failure pays for the pointer
+		s.err.CompareAndSwap(nil, &e)
 	}
 	if s.left.Add(-1) == 0 {
 		var e error
