@@ -106,6 +106,12 @@ type task struct {
 	st     *segState
 }
 
+// lastFound is a descriptor and one of its buffers.
+type lastFound struct {
+	d   *segment.Desc
+	buf *segment.BufferDesc
+}
+
 type batchNotify struct {
 	segment, name, msg string
 }
@@ -123,7 +129,8 @@ type Batch struct {
 	tasks    []task
 	reqs     []transport.Request // reqs[i] is task i's request
 
-	smu sync.Mutex // serialises Submit, Reset and Free (slot owners)
+	smu  sync.Mutex // serialises Submit, Reset and Free (slot owners)
+	last lastFound  // target buffer of the previous request (under smu)
 
 	// pending counts submitted tasks not ended, plus a batch notify being
 	// sent. Only the completion that brings it to zero takes mu.
@@ -228,6 +235,7 @@ func (b *Batch) submit(n *batchNotify, reqs []Request) error {
 	}
 	b.smu.Lock()
 	defer b.smu.Unlock()
+	b.last = lastFound{}
 	b.mu.Lock()
 	lo, freed := b.n, b.freed
 	b.mu.Unlock()
@@ -339,40 +347,51 @@ func (e *Engine) prepare(b *Batch, i, k int, r *Request, region *segment.Region)
 		return fail(errs.AddressNotRegistered, "local range: [%#x,+%d) is not inside one registered buffer", r.Local, r.Length)
 	}
 	st := r.Segment.st
-	d, buf, t, err := e.target(st, r, region)
+	d, buf, t, err := e.target(st, r, region, b.last)
 	if err != nil && !st.local && e.mayRefresh(st, err) {
 		// The cached descriptor may predate a registration or a restart of
 		// the peer: look again once (this segment only) before refusing.
 		if d2, err2 := e.refresh(st, d); err2 == nil && d2 != d {
-			d, buf, t, err = e.target(st, r, region)
+			d, buf, t, err = e.target(st, r, region, lastFound{})
 		}
 	}
 	if err != nil {
 		return fail(errs.CodeOf(err), "%v", err)
 	}
+	b.last = lastFound{d, buf}
 	key := buf.Key
 	if r.Window != 0 {
-		key = r.Window
+		if t.Caps().Windows {
+			key = r.Window
+		} else {
+			// The owner cannot check a window's key on this transport
+			// (an RDMA NIC checks the rkey): the buffer's key goes, and
+			// the owner cannot revoke this transfer's access alone.
+			e.stats.windowsUnenforced.Add(1)
+		}
 	}
 	tk.length, tk.t, tk.st = r.Length, t, st
 	tk.err = nil
 	tk.why.Store(whyNone)
 	tk.state.Store(int32(Pending))
 	*tr = transport.Request{Op: r.Op, Local: r.Local, Remote: r.Remote, Length: r.Length, Peer: d, Buffer: buf,
-		Key: key, Region: region, Owner: b, Index: k}
+		Key: key, Region: region, Owner: (*completer)(b), Index: k}
 	return nil
 }
 
 // target resolves a request against the segment's current descriptor: the
-// buffer holding the target range and the transport to use.
-func (e *Engine) target(st *segState, r *Request, region *segment.Region) (*segment.Desc, *segment.BufferDesc, transport.Transport, error) {
+// buffer holding the target range and the transport to use. last is the
+// buffer the previous request of the submit found, tried before a search.
+func (e *Engine) target(st *segState, r *Request, region *segment.Region, last lastFound) (*segment.Desc, *segment.BufferDesc, transport.Transport, error) {
 	d, err := e.current(st)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	buf, err := d.Find(r.Remote, r.Length)
-	if err != nil {
-		return d, nil, nil, err
+	buf := last.buf
+	if last.d != d || !buf.Contains(r.Remote, r.Length) {
+		if buf, err = d.Find(r.Remote, r.Length); err != nil {
+			return d, nil, nil, err
+		}
 	}
 	t, err := e.choose(st, d, r.Transport)
 	if err != nil {
@@ -384,9 +403,15 @@ func (e *Engine) target(st *segState, r *Request, region *segment.Region) (*segm
 	return d, buf, t, nil
 }
 
+// completer is the batch as its transports see it: unexported, so only a
+// transport can end a task.
+type completer Batch
+
 // Complete ends task i with the transport's outcome (transport.Completer).
 // The transport calls it once, after it stopped touching the task's memory.
-func (b *Batch) Complete(i int, err error) {
+func (c *completer) Complete(i int, err error) { (*Batch)(c).complete(i, err) }
+
+func (b *Batch) complete(i int, err error) {
 	t := &b.tasks[i]
 	state := Completed
 	if err != nil {
@@ -753,7 +778,7 @@ func (b *Batch) failUnclaimed() {
 	b.mu.Unlock()
 	for i := 0; i < n; i++ {
 		if TaskState(b.tasks[i].state.Load()) == Pending {
-			b.Complete(i, errs.New(errs.Closed, "transfer", "engine closed"))
+			b.complete(i, errs.New(errs.Closed, "transfer", "engine closed"))
 		}
 	}
 }

@@ -23,6 +23,7 @@ type hold struct {
 	mu      sync.Mutex
 	held    []*transport.Request
 	arrived chan struct{}
+	stuck   bool // Cancel completes nothing: a transport that cannot let go yet
 }
 
 var (
@@ -67,6 +68,10 @@ func (h *hold) Submit(reqs []transport.Request) {
 // Cancel completes the held requests among reqs with Canceled.
 func (h *hold) Cancel(reqs []*transport.Request) {
 	h.mu.Lock()
+	if h.stuck {
+		h.mu.Unlock()
+		return
+	}
 	var out []*transport.Request
 	keep := h.held[:0]
 	for _, r := range h.held {

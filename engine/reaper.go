@@ -27,6 +27,12 @@ type reapEntry struct {
 func (r *reaper) add(b *Batch, gen uint32, lo, hi int, timeout time.Duration) {
 	e := reapEntry{b: b, gen: gen, lo: lo, hi: hi, deadline: time.Now().Add(timeout)}
 	r.mu.Lock()
+	// Settled entries at the head go now rather than at the next tick, so
+	// a steady stream of fast batches keeps the queue short.
+	for k := 0; k < 4 && r.head < len(r.q) && !r.q[r.head].live(); k++ {
+		r.q[r.head] = reapEntry{}
+		r.head++
+	}
 	if r.head > 0 && r.head == len(r.q) { // drained: start over in place
 		r.q, r.head = r.q[:0], 0
 	}

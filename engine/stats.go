@@ -10,6 +10,8 @@ type stats struct {
 	completed, failed, timedOut, canceled atomic.Uint64
 	bytes                                 atomic.Uint64
 	notifiesSent, notifiesReceived        atomic.Uint64
+	windowsGranted, windowsRevoked        atomic.Uint64
+	windowsUnenforced                     atomic.Uint64
 }
 
 // Stats are an engine's counters since it started.
@@ -25,6 +27,11 @@ type Stats struct {
 	BytesTransferred uint64                    `json:"bytes_transferred"`
 	NotifiesSent     uint64                    `json:"notifies_sent"`
 	NotifiesReceived uint64                    `json:"notifies_received"`
+	// Windows granted and revoked (GrantWindow); requests that named a
+	// window but went over a transport that cannot honour one.
+	WindowsGranted    uint64 `json:"windows_granted"`
+	WindowsRevoked    uint64 `json:"windows_revoked"`
+	WindowsUnenforced uint64 `json:"windows_unenforced"`
 }
 
 // Stats returns the engine's counters.
@@ -44,5 +51,9 @@ func (e *Engine) Stats() Stats {
 		BytesTransferred: e.stats.bytes.Load(),
 		NotifiesSent:     e.stats.notifiesSent.Load(),
 		NotifiesReceived: e.stats.notifiesReceived.Load(),
+
+		WindowsGranted:    e.stats.windowsGranted.Load(),
+		WindowsRevoked:    e.stats.windowsRevoked.Load(),
+		WindowsUnenforced: e.stats.windowsUnenforced.Load(),
 	}
 }

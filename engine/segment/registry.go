@@ -61,16 +61,38 @@ type Region struct {
 
 	inflight atomic.Int64
 	closing  atomic.Bool
+	// parent is set on a window's region: an access through the window
+	// counts on the registered region it lies in as well.
+	parent *Region
 }
 
 // End returns Addr+Length.
 func (r *Region) End() uint64 { return r.Addr + r.Length }
 
 // Release ends an access begun by Registry.Acquire or Retain.
-func (r *Region) Release() { r.inflight.Add(-1) }
+func (r *Region) Release() {
+	r.inflight.Add(-1)
+	if r.parent != nil {
+		r.parent.inflight.Add(-1)
+	}
+}
 
 // ReleaseN ends n accesses at once.
-func (r *Region) ReleaseN(n int64) { r.inflight.Add(-n) }
+func (r *Region) ReleaseN(n int64) {
+	r.inflight.Add(-n)
+	if r.parent != nil {
+		r.parent.inflight.Add(-n)
+	}
+}
+
+// Parent returns the registered region a window's region lies in (nil for a
+// registered region itself).
+func (r *Region) Parent() *Region { return r.parent }
+
+// Within reports whether an access holding r touches x: r is x, or r is a
+// window's region inside x. Transports use it to find what holds a region
+// being unregistered.
+func (r *Region) Within(x *Region) bool { return r == x || (r != nil && r.parent == x) }
 
 // Closing reports whether the region is being unregistered.
 func (r *Region) Closing() bool { return r.closing.Load() }
@@ -108,15 +130,32 @@ func NewKey() uint64 {
 // Registry is the set of registered local memory. Lookups are lock-free and
 // O(log n): they read an immutable sorted snapshot that writers replace.
 type Registry struct {
-	mu   sync.Mutex // serialises writers
-	snap atomic.Pointer[[]*Region]
+	mu      sync.Mutex // serialises writers
+	snap    atomic.Pointer[snapshot]
+	windows sync.Map // key -> *Window
+	nwin    atomic.Int64
+}
+
+// snapshot is the sorted regions and, beside them, their start addresses: a
+// binary search over the addresses touches one dense array instead of a
+// region per probe.
+type snapshot struct {
+	rs    []*Region
+	addrs []uint64
+}
+
+func newSnapshot(rs []*Region) *snapshot {
+	a := make([]uint64, len(rs))
+	for i, r := range rs {
+		a[i] = r.Addr
+	}
+	return &snapshot{rs: rs, addrs: a}
 }
 
 // NewRegistry returns an empty registry.
 func NewRegistry() *Registry {
 	r := &Registry{}
-	empty := []*Region{}
-	r.snap.Store(&empty)
+	r.snap.Store(newSnapshot([]*Region{}))
 	return r
 }
 
@@ -144,20 +183,34 @@ func NewRegion(addr, length uint64, location string, remote bool) (*Region, erro
 }
 
 // Regions returns the current snapshot, sorted by address. Do not modify it.
-func (g *Registry) Regions() []*Region { return *g.snap.Load() }
+func (g *Registry) Regions() []*Region { return g.snap.Load().rs }
 
 func find(s []*Region, addr uint64) int {
 	return sort.Search(len(s), func(i int) bool { return s[i].Addr > addr }) - 1
 }
 
+// search returns the index of the last address <= addr, or -1.
+func search(a []uint64, addr uint64) int {
+	lo, hi := 0, len(a)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if a[m] <= addr {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	return lo - 1
+}
+
 // Lookup returns the region holding [addr, addr+n) entirely.
 func (g *Registry) Lookup(addr, n uint64) (*Region, bool) {
-	s := *g.snap.Load()
-	i := find(s, addr)
-	if i < 0 || n == 0 || addr+n < addr || addr+n > s[i].End() {
+	s := g.snap.Load()
+	i := search(s.addrs, addr)
+	if i < 0 || n == 0 || addr+n < addr || addr+n > s.rs[i].End() {
 		return nil, false
 	}
-	return s[i], true
+	return s.rs[i], true
 }
 
 // Acquire validates a remote access to [addr, addr+n) under capability key
@@ -178,6 +231,9 @@ func (g *Registry) Acquire(addr, n, key uint64, remote bool) (*Region, error) {
 		return nil, errs.New(errs.AccessDenied, "access", "buffer at %#x is not remote-accessible", r.Addr)
 	}
 	if key != 0 && key != r.Desc.Key {
+		if w := g.window(key); w != nil {
+			return w.acquire(addr, n)
+		}
 		return nil, errs.New(errs.StaleDescriptor, "access", "key for buffer at %#x does not match its registration", r.Addr)
 	}
 	// Count first, then check closing: with Close setting closing before it
@@ -190,6 +246,25 @@ func (g *Registry) Acquire(addr, n, key uint64, remote bool) (*Region, error) {
 	return r, nil
 }
 
+// AcquireIn is Acquire for a caller that already holds a candidate region
+// (the last one it used): it checks [addr, addr+n) against r alone, and falls
+// back to a lookup when r does not hold the range.
+func (g *Registry) AcquireIn(r *Region, addr, n, key uint64, remote bool) (*Region, error) {
+	if r == nil || n == 0 || addr < r.Addr || addr+n < addr || addr+n > r.End() || r.Closing() {
+		return g.Acquire(addr, n, key, remote)
+	}
+	if remote && !r.Remote {
+		return nil, errs.New(errs.AccessDenied, "access", "buffer at %#x is not remote-accessible", r.Addr)
+	}
+	if key != 0 && key != r.Desc.Key {
+		return g.Acquire(addr, n, key, remote) // may be a window; the lookup decides
+	}
+	if !r.Retain(1) {
+		return nil, errs.New(errs.AddressNotRegistered, "access", "buffer at %#x is being unregistered", r.Addr)
+	}
+	return r, nil
+}
+
 // Add inserts regions atomically: all or none. A region identical to one
 // already registered (same address, length, location and flag) is skipped and
 // the existing region is returned in its place; any other overlap is an
@@ -197,7 +272,7 @@ func (g *Registry) Acquire(addr, n, key uint64, remote bool) (*Region, error) {
 func (g *Registry) Add(regions ...*Region) (out []*Region, added []bool, err error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	cur := *g.snap.Load()
+	cur := g.snap.Load().rs
 	next := append([]*Region(nil), cur...)
 	out = make([]*Region, len(regions))
 	added = make([]bool, len(regions))
@@ -221,7 +296,7 @@ func (g *Registry) Add(regions ...*Region) (out []*Region, added []bool, err err
 		next[j+1] = r
 		out[i], added[i] = r, true
 	}
-	g.snap.Store(&next)
+	g.snap.Store(newSnapshot(next))
 	return out, added, nil
 }
 
@@ -234,7 +309,7 @@ func (g *Registry) Add(regions ...*Region) (out []*Region, added []bool, err err
 func (g *Registry) Close(addrs ...uint64) ([]*Region, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	cur := *g.snap.Load()
+	cur := g.snap.Load().rs
 	out := make([]*Region, 0, len(addrs))
 	for _, a := range addrs {
 		j := find(cur, a)
@@ -259,7 +334,7 @@ func (g *Registry) Close(addrs ...uint64) ([]*Region, error) {
 func (g *Registry) Drop(rs ...*Region) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	cur := *g.snap.Load()
+	cur := g.snap.Load().rs
 	next := make([]*Region, 0, len(cur))
 	for _, r := range cur {
 		gone := false
@@ -270,7 +345,7 @@ func (g *Registry) Drop(rs ...*Region) {
 			next = append(next, r)
 		}
 	}
-	g.snap.Store(&next)
+	g.snap.Store(newSnapshot(next))
 }
 
 // Idle reports whether no access to r is in flight.

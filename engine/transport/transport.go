@@ -113,6 +113,17 @@ type Caps struct {
 	CrossHost   bool `json:"cross_host"`   // other hosts
 	HostMemory  bool `json:"host_memory"`  // CPU memory
 	GPUMemory   bool `json:"gpu_memory"`   // device memory (when CUDA loads)
+	// Windows: the owner checks every access's key itself, so a window
+	// key (segment.Window) is honoured and revoking it is a fence. A
+	// transport without it is sent the buffer's own key instead.
+	Windows bool `json:"windows"`
+}
+
+// WindowRevoker is implemented by transports whose peers reach memory without
+// the owner checking each access (shm): RevokeWindow makes every peer stop
+// using the window r belongs to, and returns once none can.
+type WindowRevoker interface {
+	RevokeWindow(r *segment.Region) error
 }
 
 // Transport moves bytes between registered local memory and a peer's

@@ -31,6 +31,7 @@ const (
 	KindDescribe uint8 = 0x10 // fetch the segment descriptor (peer-to-peer metadata)
 	KindNotify   uint8 = 0x11 // deliver a (name, message) notification
 	KindProbe    uint8 = 0x12 // liveness and identity
+	KindAuth     uint8 = 0x13 // the authentication exchange opening every connection
 
 	KindTransportBase uint8 = 0x40
 	KindShm           uint8 = 0x40
@@ -38,28 +39,128 @@ const (
 	KindCUDA          uint8 = 0x42
 )
 
-// DefaultMaxFrame bounds a control frame's body.
-const DefaultMaxFrame = 64 << 20
+// Frame body limits (spec.md, "Frame").
+const (
+	// DefaultMaxFrame is the default bound of a descriptor carried in a
+	// Describe reply: the largest descriptor a decoder accepts.
+	DefaultMaxFrame = 16 << 20
+	// MaxSmallPayload bounds the payload of a call whose kind carries no
+	// descriptor and has no bound of its own.
+	MaxSmallPayload = 64 << 10
+	// MaxShmPayload bounds a shm control payload (4096 items of 24 bytes
+	// and a few strings).
+	MaxShmPayload = 128 << 10
+	// MaxNotifyBody is the largest Notify request body: the call header and
+	// the largest notify payload.
+	MaxNotifyBody = CallHeaderSize + 2 + MaxNotifyName + 4 + MaxNotifyMsg
+	// BodyChunk is the step in which a body is read (its buffer grows by
+	// at most this much ahead of the bytes that arrived) and in which
+	// progress is measured.
+	BodyChunk = 64 << 10
+)
 
-// ReadFrame reads one frame. A length above max (or zero: the type byte is
-// always there) is refused before anything is allocated.
-func ReadFrame(r io.Reader, max uint64) (kind uint8, body []byte, err error) {
+// RequestLimit returns the largest body of a request frame of kind.
+func RequestLimit(kind uint8) uint64 {
+	switch kind {
+	case KindAuth:
+		return MaxAuthBody
+	case KindNotify:
+		return MaxNotifyBody
+	case KindShm:
+		return CallHeaderSize + MaxShmPayload
+	}
+	return CallHeaderSize + MaxSmallPayload
+}
+
+// ReplyLimit returns the largest body of a reply frame of kind; maxDesc
+// bounds the descriptor a Describe reply carries.
+func ReplyLimit(kind uint8, maxDesc uint64) uint64 {
+	switch kind {
+	case KindDescribe:
+		return CallHeaderSize + maxDesc
+	case KindShm:
+		return CallHeaderSize + MaxShmPayload
+	}
+	return CallHeaderSize + MaxSmallPayload
+}
+
+// ReadFrameHeader reads a frame header and returns its kind and body length.
+// A length of zero (no room for the type byte) is a protocol error.
+func ReadFrameHeader(r io.Reader) (kind uint8, n uint64, err error) {
 	var h [FrameHeaderSize]byte
 	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return 0, 0, err
+	}
+	return ParseFrameHeader(h[:])
+}
+
+// ParseFrameHeader decodes the first FrameHeaderSize bytes of b.
+func ParseFrameHeader(b []byte) (kind uint8, n uint64, err error) {
+	l := binary.LittleEndian.Uint64(b[OffFrameLength:])
+	if l == 0 {
+		return 0, 0, errs.New(errs.Protocol, "wire", "frame length 0 lacks its type byte")
+	}
+	return b[OffFrameKind], l - 1, nil
+}
+
+// ReadBody reads an n-byte body as it arrives: the buffer grows in steps of
+// at most BodyChunk ahead of the bytes received (doubling, so the copies
+// cost at most twice the body), never to the claimed length up front.
+// beforeChunk, if not nil, is called before each chunk is read (a caller
+// sets its progress deadline there).
+func ReadBody(r io.Reader, n uint64, beforeChunk func()) ([]byte, error) {
+	buf := make([]byte, 0, min(n, BodyChunk))
+	for uint64(len(buf)) < n {
+		want := int(min(n-uint64(len(buf)), BodyChunk))
+		if cap(buf)-len(buf) < want {
+			nc := uint64(max(2*cap(buf), len(buf)+want))
+			nb := make([]byte, len(buf), min(nc, n))
+			copy(nb, buf)
+			buf = nb
+		}
+		if beforeChunk != nil {
+			beforeChunk()
+		}
+		if _, err := io.ReadFull(r, buf[len(buf):len(buf)+want]); err != nil {
+			return nil, err
+		}
+		buf = buf[:len(buf)+want]
+	}
+	return buf, nil
+}
+
+// DiscardBody reads and drops n bytes through a small buffer, calling
+// beforeChunk like ReadBody.
+func DiscardBody(r io.Reader, n uint64, beforeChunk func()) error {
+	for n > 0 {
+		want := min(n, BodyChunk)
+		if beforeChunk != nil {
+			beforeChunk()
+		}
+		if _, err := io.CopyN(io.Discard, r, int64(want)); err != nil {
+			return err
+		}
+		n -= want
+	}
+	return nil
+}
+
+// ReadFrame reads one frame. A length above max (or zero: the type byte is
+// always there) is refused before anything is allocated; the body is read
+// as it arrives (ReadBody).
+func ReadFrame(r io.Reader, max uint64) (kind uint8, body []byte, err error) {
+	kind, n, err := ReadFrameHeader(r)
+	if err != nil {
 		return 0, nil, err
 	}
-	n := binary.LittleEndian.Uint64(h[OffFrameLength:])
-	if n == 0 {
-		return 0, nil, errs.New(errs.Protocol, "wire", "frame length 0 lacks its type byte")
+	if n > max {
+		return 0, nil, errs.New(errs.TooLarge, "wire", "frame of %d bytes exceeds the limit of %d", n, max)
 	}
-	if n-1 > max {
-		return 0, nil, errs.New(errs.TooLarge, "wire", "frame of %d bytes exceeds the limit of %d", n-1, max)
-	}
-	body = make([]byte, n-1)
-	if _, err := io.ReadFull(r, body); err != nil {
+	body, err = ReadBody(r, n, nil)
+	if err != nil {
 		return 0, nil, err
 	}
-	return h[OffFrameKind], body, nil
+	return kind, body, nil
 }
 
 // AppendFrame appends a frame of kind with body to dst.

@@ -124,3 +124,47 @@ func FuzzDecodeNotify(f *testing.F) {
 		}
 	})
 }
+
+// TestReadBodyGrowsAsBytesArrive announces a 16 MiB body and sends 100 KiB:
+// the reader must fail having allocated about what arrived, not the claim.
+func TestReadBodyGrowsAsBytesArrive(t *testing.T) {
+	sent := bytes.Repeat([]byte{7}, 100<<10)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, err := ReadBody(bytes.NewReader(sent), 16<<20, nil)
+	runtime.ReadMemStats(&after)
+	if err == nil {
+		t.Fatal("a short body was accepted")
+	}
+	if d := after.TotalAlloc - before.TotalAlloc; d > 512<<10 {
+		t.Fatalf("reading 100 KiB of a claimed 16 MiB allocated %d bytes", d)
+	}
+	// A complete body comes back intact, and the chunk hook runs per chunk.
+	full := bytes.Repeat([]byte{1, 2, 3}, 100000)
+	chunks := 0
+	got, err := ReadBody(bytes.NewReader(full), uint64(len(full)), func() { chunks++ })
+	if err != nil || !bytes.Equal(got, full) {
+		t.Fatal(err)
+	}
+	if want := (len(full) + BodyChunk - 1) / BodyChunk; chunks != want {
+		t.Fatalf("%d chunks, want %d", chunks, want)
+	}
+	if err := DiscardBody(bytes.NewReader(full), uint64(len(full)), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := DiscardBody(bytes.NewReader(full), uint64(len(full))+1, nil); err == nil {
+		t.Fatal("discarding past the end succeeded")
+	}
+}
+
+func TestFrameLimitsPerKind(t *testing.T) {
+	if RequestLimit(KindDescribe) != CallHeaderSize+64<<10 || RequestLimit(KindAuth) != MaxAuthBody {
+		t.Fatal("small kinds")
+	}
+	if RequestLimit(KindNotify) < CallHeaderSize+uint64(len(AppendNotify(nil, make([]byte, MaxNotifyName), make([]byte, MaxNotifyMsg)))) {
+		t.Fatal("the largest notify does not fit its limit")
+	}
+	if ReplyLimit(KindDescribe, 1<<20) != CallHeaderSize+1<<20 || ReplyLimit(KindProbe, 1<<30) != CallHeaderSize+64<<10 {
+		t.Fatal("reply limits")
+	}
+}

@@ -49,7 +49,7 @@ func (t *Transport) Name() string { return Name }
 
 // Caps declares the transport's reach and the memory it moves.
 func (t *Transport) Caps() transport.Caps {
-	return transport.Caps{SameProcess: true, HostMemory: true}
+	return transport.Caps{SameProcess: true, HostMemory: true, Windows: true}
 }
 
 // Start records the engine's registry so other engines of this process can
@@ -175,6 +175,7 @@ func (t *Transport) Quiesce(*segment.Region) error { return nil }
 type cache struct {
 	inst string
 	reg  *segment.Registry
+	last *segment.Region // the owner's region the previous request hit
 }
 
 func (c *cache) do(r *transport.Request) error {
@@ -182,17 +183,18 @@ func (c *cache) do(r *transport.Request) error {
 		mu.RLock()
 		c.reg = engines[r.Peer.Instance]
 		mu.RUnlock()
-		c.inst = r.Peer.Instance
+		c.inst, c.last = r.Peer.Instance, nil
 	}
 	if c.reg == nil {
 		return errs.New(errs.PeerUnreachable, "local", "segment %q has closed", r.Peer.Name)
 	}
 	// The owner's registry decides, with the key of the registration the
 	// descriptor was built from: a stale descriptor is refused.
-	region, err := c.reg.Acquire(r.Remote, r.Length, r.Key, true)
+	region, err := c.reg.AcquireIn(c.last, r.Remote, r.Length, r.Key, true)
 	if err != nil {
 		return err
 	}
+	c.last = region
 	if r.Op == transport.Write {
 		mem.Copy(r.Remote, r.Local, r.Length)
 	} else {

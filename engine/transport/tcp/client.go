@@ -53,7 +53,7 @@ func (it item) done(err error) {
 	}
 }
 
-var errCanceled = errs.New(errs.Canceled, "tcp", "canceled")
+var errCanceled = errs.New(errs.Canceled, "tcp", "request canceled before it finished")
 
 // peer is the set of connections to one endpoint.
 type peer struct {

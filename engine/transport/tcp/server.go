@@ -264,18 +264,18 @@ func (s *serverConn) readLoop() {
 // holds reports whether the connection is moving bytes of r or holds r for a
 // READ it has yet to send.
 func (s *serverConn) holds(r *segment.Region) bool {
-	if s.cur.Load() == r {
+	if s.cur.Load().Within(r) {
 		return true
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, q := range s.queue {
-		if q.region == r {
+		if q.region.Within(r) {
 			return true
 		}
 	}
 	for _, q := range s.writing {
-		if q.region == r {
+		if q.region.Within(r) {
 			return true
 		}
 	}

@@ -25,6 +25,12 @@ const envPeer = "TE_TRANSPORTTEST_PEER"
 // envSize is the size of the peer's registered buffer.
 const envSize = "TE_TRANSPORTTEST_SIZE"
 
+// Pauser is a Peer that can be made to hang and come back (a child process).
+type Pauser interface {
+	Pause() error
+	Resume() error
+}
+
 // Peer is the target side of the suite: an engine with one registered,
 // remote-accessible buffer, in this process or in a child process.
 type Peer interface {
@@ -211,6 +217,14 @@ func (c *child) CRC(off, n uint64) (uint32, error) {
 	v, err := strconv.ParseUint(r, 10, 32)
 	return uint32(v), err
 }
+
+// Pause stops the peer process (SIGSTOP): its sockets stay open but nothing
+// answers, like a peer that hangs.
+func (c *child) Pause() error { return c.cmd.Process.Signal(syscall.SIGSTOP) }
+
+// Resume continues a paused peer.
+func (c *child) Resume() error { return c.cmd.Process.Signal(syscall.SIGCONT) }
+
 func (c *child) Kill() {
 	c.cmd.Process.Signal(syscall.SIGKILL)
 	<-c.done

@@ -60,7 +60,10 @@ func (s Setup) config() engine.Config {
 	return c
 }
 
-func (s Setup) start(t *testing.T) *env {
+func (s Setup) start(t *testing.T) *env { return s.startWith(t, nil) }
+
+// startWith starts the suite's engines, adjusting the initiator's config.
+func (s Setup) startWith(t *testing.T, adjust func(*engine.Config)) *env {
 	t.Helper()
 	var p Peer
 	if s.Process {
@@ -71,6 +74,9 @@ func (s Setup) start(t *testing.T) *env {
 	t.Cleanup(p.Close)
 	cfg := s.config()
 	cfg.ForceTransport = s.Transport
+	if adjust != nil {
+		adjust(&cfg)
+	}
 	e, err := engine.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -134,6 +140,11 @@ func Run(t *testing.T, s Setup) {
 	t.Run("Invalid", func(t *testing.T) { testInvalid(t, s) })
 	t.Run("StaleDescriptor", func(t *testing.T) { testStale(t, s) })
 	t.Run("PeerVanishes", func(t *testing.T) { testVanish(t, s) })
+	t.Run("Cancel", func(t *testing.T) { testCancel(t, s) })
+	t.Run("CloseInFlight", func(t *testing.T) { testCloseInFlight(t, s) })
+	t.Run("SubmitDoesNotWait", func(t *testing.T) { testSubmitLatency(t, s) })
+	t.Run("TimeoutIsAFence", func(t *testing.T) { testTimeout(t, s) })
+	t.Run("UnregisterInFlight", func(t *testing.T) { testUnregisterLocal(t, s) })
 }
 
 func fillRandom(b []byte, seed int64) {

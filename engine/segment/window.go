@@ -1,0 +1,157 @@
+package segment
+
+import (
+	"sort"
+	"sync/atomic"
+
+	"github.com/tecache/te/engine/errs"
+)
+
+// A window is a grant over parts of registered, remote-accessible memory under
+// a key of its own, in the spirit of an RDMA memory window: a peer presents
+// the window's key instead of the buffer's, the owner checks that each access
+// lies inside one of the window's ranges, and revoking the window refuses new
+// accesses under it and lets the owner wait for (or cut) those in flight
+// without unregistering the memory. The handoff grants one per transfer over
+// that transfer's blocks, so once a transfer is over no late byte of it can
+// land in blocks already handed to another request.
+//
+// Each registered region the window's ranges lie in gets a region of the
+// window's own (its Parent is the registered one): accesses are counted on
+// both, so revoking waits for the window's accesses and unregistering the
+// memory still waits for everyone's.
+
+// Range is [Addr, Addr+Length).
+type Range struct{ Addr, Length uint64 }
+
+// Window is a granted window.
+type Window struct {
+	Key     uint64
+	starts  []uint64 // sorted, merged ranges
+	ends    []uint64
+	owner   []int     // index into regions for each range
+	regions []*Region // one per registered region the ranges lie in
+	closing atomic.Bool
+}
+
+// Regions returns the window's own regions (one per registered region its
+// ranges lie in).
+func (w *Window) Regions() []*Region { return w.regions }
+
+// Bytes is the total length of the window's ranges.
+func (w *Window) Bytes() uint64 {
+	var n uint64
+	for i := range w.starts {
+		n += w.ends[i] - w.starts[i]
+	}
+	return n
+}
+
+// MaxWindows bounds the windows an engine holds at once: each costs memory
+// for its ranges, and peers cause them to be granted.
+const MaxWindows = 1 << 16
+
+// MaxWindowRanges bounds the ranges of one window (after merging).
+const MaxWindowRanges = 1 << 20
+
+// GrantWindow grants a window over ranges, each of which must lie inside one
+// registered, remote-accessible region that is not being unregistered.
+// Adjacent and overlapping ranges are merged.
+func (g *Registry) GrantWindow(ranges []Range) (*Window, error) {
+	if len(ranges) == 0 {
+		return nil, errs.New(errs.InvalidArgument, "grant window", "no ranges")
+	}
+	rs := append([]Range(nil), ranges...)
+	sort.Slice(rs, func(i, j int) bool { return rs[i].Addr < rs[j].Addr })
+	w := &Window{Key: NewKey()}
+	byParent := map[*Region]int{}
+	for _, r := range rs {
+		if r.Length == 0 || r.Addr+r.Length < r.Addr {
+			return nil, errs.New(errs.InvalidArgument, "grant window", "range [%#x,+%d) is empty or overflows", r.Addr, r.Length)
+		}
+		p, ok := g.Lookup(r.Addr, r.Length)
+		if !ok || p.Closing() {
+			return nil, errs.New(errs.AddressNotRegistered, "grant window", "[%#x,+%d) is not inside one registered buffer", r.Addr, r.Length)
+		}
+		if !p.Remote {
+			return nil, errs.New(errs.AccessDenied, "grant window", "buffer at %#x is not remote-accessible", p.Addr)
+		}
+		k, ok := byParent[p]
+		if !ok {
+			k = len(w.regions)
+			byParent[p] = k
+			w.regions = append(w.regions, &Region{
+				Addr: p.Addr, Length: p.Length, Location: p.Location, Remote: true, parent: p,
+				Desc: BufferDesc{Name: p.Desc.Name, Addr: p.Addr, Length: p.Length, Key: w.Key},
+			})
+		}
+		if n := len(w.starts); n > 0 && w.owner[n-1] == k && r.Addr <= w.ends[n-1] {
+			w.ends[n-1] = max(w.ends[n-1], r.Addr+r.Length)
+			continue
+		}
+		w.starts = append(w.starts, r.Addr)
+		w.ends = append(w.ends, r.Addr+r.Length)
+		w.owner = append(w.owner, k)
+	}
+	if len(w.starts) > MaxWindowRanges {
+		return nil, errs.New(errs.TooLarge, "grant window", "%d ranges, more than %d", len(w.starts), MaxWindowRanges)
+	}
+	if g.nwin.Add(1) > MaxWindows {
+		g.nwin.Add(-1)
+		return nil, errs.New(errs.ResourceExhausted, "grant window", "%d windows granted already", MaxWindows)
+	}
+	g.windows.Store(w.Key, w)
+	return w, nil
+}
+
+func (g *Registry) window(key uint64) *Window {
+	if v, ok := g.windows.Load(key); ok {
+		return v.(*Window)
+	}
+	return nil
+}
+
+// Window returns the window granted under key, if any.
+func (g *Registry) Window(key uint64) (*Window, bool) {
+	w := g.window(key)
+	return w, w != nil
+}
+
+// acquire counts an access to [addr, addr+n) under the window, on its region
+// and on the registered one. The range must lie inside one of its ranges.
+func (w *Window) acquire(addr, n uint64) (*Region, error) {
+	i := sort.Search(len(w.starts), func(i int) bool { return w.starts[i] > addr }) - 1
+	if i < 0 || addr+n > w.ends[i] {
+		return nil, errs.New(errs.AccessDenied, "access", "[%#x,+%d) is outside the window granted", addr, n)
+	}
+	r := w.regions[w.owner[i]]
+	if !r.Retain(1) {
+		return nil, errs.New(errs.AccessDenied, "access", "the window over [%#x,+%d) was revoked", addr, n)
+	}
+	if !r.parent.Retain(1) {
+		r.inflight.Add(-1)
+		return nil, errs.New(errs.AddressNotRegistered, "access", "buffer at %#x is being unregistered", r.parent.Addr)
+	}
+	return r, nil
+}
+
+// CloseWindow refuses new accesses under the window granted as key and
+// returns it; the caller waits for its regions to be idle, then drops it.
+func (g *Registry) CloseWindow(key uint64) (*Window, error) {
+	w := g.window(key)
+	if w == nil {
+		return nil, errs.New(errs.NotFound, "revoke window", "no window %#x", key)
+	}
+	w.closing.Store(true)
+	for _, r := range w.regions {
+		r.closing.Store(true)
+	}
+	return w, nil
+}
+
+// DropWindow forgets a closed window.
+func (g *Registry) DropWindow(w *Window) {
+	if _, ok := g.windows.LoadAndDelete(w.Key); ok {
+		g.nwin.Add(-1)
+	}
+}

@@ -1,0 +1,300 @@
+package transporttest
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"github.com/tecache/te/engine"
+	"github.com/tecache/te/internal/sys/mem"
+)
+
+// The cancellation cases: a terminal task state is a fence. Once Wait reports
+// a task COMPLETED, FAILED, TIMEOUT or CANCELED (or Close or UnregisterMemory
+// returned), its transport never touches its local memory again. The suite
+// checks it with canaries written after the fact, and by unmapping memory
+// that a late access would fault on.
+
+// window is how long the suite watches for a late byte after a fence.
+const window = 300 * time.Millisecond
+
+func canary(b []byte) {
+	for i := range b {
+		b[i] = 0xC3
+	}
+}
+
+func intact(t *testing.T, what string, b []byte) {
+	t.Helper()
+	want := bytes.Repeat([]byte{0xC3}, len(b))
+	if !bytes.Equal(b, want) {
+		i := 0
+		for i < len(b) && b[i] == 0xC3 {
+			i++
+		}
+		t.Fatalf("%s: a byte landed at offset %d after the fence", what, i)
+	}
+}
+
+func terminal(t *testing.T, b *engine.Batch, n int) (completed int) {
+	t.Helper()
+	for i := 0; i < n; i++ {
+		ts, err := b.TaskStatus(i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch ts.State {
+		case engine.Completed:
+			completed++
+		case engine.Pending, engine.Waiting, engine.Invalid:
+			t.Fatalf("task %d is %v after the batch finished", i, ts.State)
+		}
+	}
+	return completed
+}
+
+// testCancel cancels a batch of reads right after submitting it: every task
+// ends (completed or canceled), the batch can be freed, and nothing lands in
+// local memory after Wait returned.
+func testCancel(t *testing.T, s Setup) {
+	v := s.start(t)
+	const per, bs = 64, 1 << 20
+	b, err := v.e.AllocateBatch(per)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := make([]engine.Request, per)
+	for i := range reqs {
+		reqs[i] = v.req(engine.Read, mem.Addr(v.dst)+uint64(i*bs), uint64(i*bs), bs)
+	}
+	if err := b.Submit(reqs...); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Cancel(); err != nil {
+		t.Fatal(err)
+	}
+	st, err := b.Wait(30 * time.Second)
+	if err != nil {
+		t.Fatalf("canceled batch did not finish: %v %+v", err, st)
+	}
+	n := terminal(t, b, per)
+	t.Logf("%d of %d reads completed before the cancel took", n, per)
+	canary(v.dst[:per*bs])
+	time.Sleep(window)
+	intact(t, "canceled reads", v.dst[:per*bs])
+	if err := b.Free(); err != nil {
+		t.Fatal(err)
+	}
+	// The engine still works afterwards.
+	if st := v.run(v.req(engine.Write, mem.Addr(v.src), 0, 4096)); st.State != engine.Completed {
+		t.Fatalf("write after a cancel: %+v", st)
+	}
+}
+
+// testCloseInFlight closes the engine with 512 reads in flight: Close returns
+// with every task ended, and nothing lands after.
+func testCloseInFlight(t *testing.T, s Setup) {
+	v := s.start(t)
+	const per, bs = 512, 64 << 10
+	b, err := v.e.AllocateBatch(per)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := make([]engine.Request, per)
+	for i := range reqs {
+		reqs[i] = v.req(engine.Read, mem.Addr(v.dst)+uint64(i*bs), uint64(i*bs), bs)
+	}
+	if err := b.Submit(reqs...); err != nil {
+		t.Fatal(err)
+	}
+	v.e.Close()
+	st, err := b.Wait(0)
+	if err != nil || st.State == engine.Pending {
+		t.Fatalf("tasks pending after Close returned: %v %+v", err, st)
+	}
+	terminal(t, b, per)
+	canary(v.dst[:per*bs])
+	time.Sleep(window)
+	intact(t, "reads of a closed engine", v.dst[:per*bs])
+	if err := b.Free(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// testSubmitLatency submits 64 writes of 16 MiB: Submit hands them to the
+// transport and returns without waiting for the copies (a layer-by-layer
+// sender overlaps them with compute).
+func testSubmitLatency(t *testing.T, s Setup) {
+	v := s.start(t)
+	const per, bs, step = 64, 16 << 20, 256 << 10
+	b, err := v.e.AllocateBatch(per)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Free()
+	reqs := make([]engine.Request, per)
+	for i := range reqs {
+		off := uint64(i * step) // overlapping ranges: the bytes do not matter
+		reqs[i] = v.req(engine.Write, mem.Addr(v.src)+off, off, bs)
+	}
+	t0 := time.Now()
+	if err := b.Submit(reqs...); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(t0)
+	// 1 GiB takes hundreds of milliseconds to move here; a submit that
+	// waited for it would take as long.
+	if took > 100*time.Millisecond {
+		t.Errorf("submit of 64 x 16 MiB took %v: it waited for the transfers", took)
+	}
+	st, err := b.Wait(60 * time.Second)
+	if err != nil || st.State != engine.Completed {
+		t.Fatalf("%+v %v", st, err)
+	}
+	t.Logf("submit %v, transfer %v", took, time.Since(t0))
+}
+
+func pauser(t *testing.T, v *env) Pauser {
+	p, ok := v.peer.(Pauser)
+	if !ok {
+		t.Skip("needs a peer process to stall (Setup.Process)")
+	}
+	return p
+}
+
+// testTimeout stalls the peer under a batch of reads: the tasks end TIMEOUT
+// (or FAILED) within the timeout plus the transport's progress bound, and
+// once Wait reported that, nothing lands in local memory when the peer
+// comes back.
+func testTimeout(t *testing.T, s Setup) {
+	v := s.startWith(t, func(c *engine.Config) {
+		c.TransferTimeout = time.Second
+		c.Limits.ProgressTimeout = time.Second
+	})
+	p := pauser(t, v)
+	const per, bs = 32, 1 << 20
+	// One round trip first, so connections and sessions exist.
+	if st := v.run(v.req(engine.Read, mem.Addr(v.dst), 0, 4096)); st.State != engine.Completed {
+		t.Fatalf("%+v", st)
+	}
+	if err := p.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	defer func() {
+		if !resumed {
+			p.Resume()
+		}
+	}()
+	b, err := v.e.AllocateBatch(per)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := make([]engine.Request, per)
+	for i := range reqs {
+		reqs[i] = v.req(engine.Read, mem.Addr(v.dst)+uint64(i*bs), uint64(i*bs), bs)
+	}
+	t0 := time.Now()
+	if err := b.Submit(reqs...); err != nil {
+		t.Fatal(err)
+	}
+	st, err := b.Wait(30 * time.Second)
+	if err != nil {
+		t.Fatalf("batch on a stalled peer did not end: %v %+v", err, st)
+	}
+	t.Logf("ended %v after %v: %v", st.State, time.Since(t0), st.Err)
+	terminal(t, b, per)
+	canary(v.dst[:per*bs])
+	if err := b.Free(); err != nil {
+		t.Fatal(err)
+	}
+	resumed = true
+	if err := p.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(window)
+	intact(t, "timed-out reads", v.dst[:per*bs])
+}
+
+// testUnregisterLocal unregisters the local memory of a batch stalled on a
+// hung peer: UnregisterMemory returns once nothing can touch it, the memory
+// is unmapped (a late access would fault and kill the test), and the peer
+// comes back to find nothing to write into.
+func testUnregisterLocal(t *testing.T, s Setup) {
+	v := s.startWith(t, func(c *engine.Config) {
+		c.UnregisterGrace = 200 * time.Millisecond
+		c.Limits.ProgressTimeout = time.Second
+	})
+	p := pauser(t, v)
+	const per, bs = 16, 1 << 20
+	src, err := mem.Alloc(per * bs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst, err := mem.Alloc(per * bs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	freed := false
+	defer func() {
+		if !freed {
+			mem.Free(src)
+			mem.Free(dst)
+		}
+	}()
+	if err := v.e.RegisterMemoryBatch([]engine.MemoryRegion{
+		{Addr: mem.Addr(src), Length: per * bs, Location: "cpu:0"},
+		{Addr: mem.Addr(dst), Length: per * bs, Location: "cpu:0"},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if st := v.run(v.req(engine.Read, mem.Addr(dst), 0, 4096)); st.State != engine.Completed {
+		t.Fatalf("%+v", st)
+	}
+	if err := p.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	defer func() {
+		if !resumed {
+			p.Resume()
+		}
+	}()
+	b, err := v.e.AllocateBatch(2 * per)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reqs []engine.Request
+	for i := 0; i < per; i++ {
+		reqs = append(reqs, v.req(engine.Write, mem.Addr(src)+uint64(i*bs), uint64(i*bs), bs),
+			v.req(engine.Read, mem.Addr(dst)+uint64(i*bs), uint64(i*bs), bs))
+	}
+	if err := b.Submit(reqs...); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	if err := v.e.UnregisterMemoryBatch([]uint64{mem.Addr(src), mem.Addr(dst)}); err != nil {
+		t.Fatalf("unregister under a stalled peer: %v", err)
+	}
+	t.Logf("unregister returned after %v", time.Since(t0))
+	st, err := b.Wait(0)
+	if err != nil || st.State == engine.Pending {
+		t.Fatalf("tasks on unregistered memory still pending: %v %+v", err, st)
+	}
+	terminal(t, b, 2*per)
+	if err := b.Free(); err != nil {
+		t.Fatal(err)
+	}
+	mem.Free(src)
+	mem.Free(dst)
+	freed = true
+	resumed = true
+	if err := p.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(window)
+	// Still alive: nothing touched the unmapped memory. The engine works.
+	if st := v.run(v.req(engine.Write, mem.Addr(v.src), 0, 4096)); st.State != engine.Completed {
+		t.Fatalf("write after the peer came back: %+v", st)
+	}
+}
