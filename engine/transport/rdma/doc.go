@@ -21,9 +21,11 @@
 //     completion queue is full. Every 16th work request and the last of
 //     each chain are signaled; a completion accounts for every earlier work
 //     request of its queue pair (an RC send queue completes in order).
-//   - The peer's NIC list and the NIC pairs are parsed once per descriptor;
-//     the submit path takes no transport-wide lock once endpoints are up
-//     and allocates per submit, not per request or slice.
+//   - The peer's NIC list and the NIC pairs are parsed once per descriptor.
+//     A submit makes one span per request and NIC pair; slices are
+//     generated when posted, so it costs per request, not per slice, takes
+//     no transport-wide lock once endpoints are up and allocates per
+//     submit (two slabs), not per request or slice.
 //   - A poller goroutine per NIC drains the completion queue. A failed slice
 //     is retried on the next NIC pair; the failed endpoint is torn down and
 //     the next slice to that peer connects a fresh one.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/engine/transport"
 	"github.com/tecache/te/engine/wire"
 	"github.com/tecache/te/internal/sys/ibv"
 )
@@ -27,8 +28,8 @@ const (
 )
 
 // endpoint is the initiating side of one NIC pair with one peer: its RC
-// queue pairs, the slices waiting for room on them, and the slices each has
-// posted.
+// queue pairs, the spans of slices waiting for room on them, and the work
+// requests each has posted.
 type endpoint struct {
 	t     *Transport
 	key   epKey
@@ -38,9 +39,10 @@ type endpoint struct {
 
 	mu         sync.Mutex
 	qps        []*qpState
-	pending    list
+	pend       []span // waiting, oldest from ph on
+	ph         int
+	pn         int // slices waiting
 	rr         int
-	depth      int
 	wrs        []workRequest // reused by flushLocked
 	err        error
 	torn       bool // failed on purpose, to cancel requests posted on it
@@ -57,8 +59,8 @@ type qpState struct {
 	ep    *endpoint
 	qp    queuePair
 	slot  uint32
-	ring  []*slice // posted, oldest at head; nil for a fence
-	sig   []bool   // whether ring[i] was posted signaled
+	ring  []wrEntry // posted, oldest at head
+	sig   []bool    // whether ring[i] was posted signaled
 	head  int
 	n     int
 	seq   uint32 // sequence number of ring[head]
@@ -71,67 +73,40 @@ const signalEvery = 16
 
 func newQPState(ep *endpoint, q queuePair) *qpState {
 	d := q.Depth()
-	return &qpState{ep: ep, qp: q, ring: make([]*slice, d), sig: make([]bool, d)}
+	return &qpState{ep: ep, qp: q, ring: make([]wrEntry, d), sig: make([]bool, d)}
 }
 
 func (q *qpState) room() int { return len(q.ring) - q.n }
 
 // push records a posted work request and returns its wr_id.
-func (q *qpState) push(s *slice, signaled bool) uint64 {
+func (q *qpState) push(e wrEntry, signaled bool) uint64 {
 	i := (q.head + q.n) % len(q.ring)
-	q.ring[i], q.sig[i] = s, signaled
+	q.ring[i], q.sig[i] = e, signaled
 	id := uint64(q.slot)<<32 | uint64(q.seq+uint32(q.n))
 	q.n++
 	return id
 }
 
-func (q *qpState) popHead() *slice {
-	s := q.ring[q.head]
-	q.ring[q.head] = nil
+func (q *qpState) popHead() wrEntry {
+	e := q.ring[q.head]
+	q.ring[q.head] = wrEntry{}
 	q.head = (q.head + 1) % len(q.ring)
 	q.n--
 	q.seq++
-	return s
+	return e
 }
 
-func (q *qpState) popTail() *slice {
+func (q *qpState) popTail() wrEntry {
 	i := (q.head + q.n - 1) % len(q.ring)
-	s := q.ring[i]
-	q.ring[i] = nil
+	e := q.ring[i]
+	q.ring[i] = wrEntry{}
 	q.n--
-	return s
+	return e
 }
 
-func (q *qpState) at(k int) (*slice, bool) {
+func (q *qpState) at(k int) (wrEntry, bool) {
 	i := (q.head + k) % len(q.ring)
 	return q.ring[i], q.sig[i]
-}
-
-// outcome collects what happened to slices under an endpoint's lock, to be
-// acted on (completions, retries) once it is released.
-type outcome struct {
-	ok, failed, retry, canceled list
-	failErr                     error // why the slices in failed failed
-}
-
-// finish acts on an outcome: completed slices end, failed and taken-back
-// ones are retried (or end), canceled ones end Canceled.
-func (t *Transport) finish(ep *endpoint, out *outcome) {
-	for s := out.ok.pop(); s != nil; s = out.ok.pop() {
-		s.req.sliceDone(nil)
-	}
-	for s := out.canceled.pop(); s != nil; s = out.canceled.pop() {
-		s.req.sliceDone(errCanceled)
-	}
-	for s := out.failed.pop(); s != nil; s = out.failed.pop() {
-		t.retry(s, out.failErr)
-	}
-	if out.retry.n > 0 {
-		err := ep.error()
-		for s := out.retry.pop(); s != nil; s = out.retry.pop() {
-			t.retry(s, err)
-		}
-	}
 }
 
 // peerRef is what an endpoint needs of the peer's descriptor.
@@ -163,7 +138,7 @@ func (ep *endpoint) connect() {
 		err = ep.err // failed (closed) while connecting
 	}
 	ep.failLocked(err)
-	out.retry.appendList(&ep.pending)
+	out.spans = ep.takePendingLocked(out.spans)
 	ep.releaseIfIdleLocked()
 	ep.mu.Unlock()
 	ep.t.finish(ep, &out)
@@ -183,7 +158,6 @@ func (ep *endpoint) handshake() error {
 	}
 	ep.mu.Lock()
 	ep.qps = states
-	ep.depth = qps[0].Depth()
 	ep.mu.Unlock()
 	req := handshake{
 		LocalNICPath: t.h.SegmentName() + "@" + n.name, PeerNICPath: ep.peer.name + "@" + ep.peer.nic,
@@ -233,29 +207,41 @@ func (n *nic) rcParams(h *handshake, gid ibv.GID, i int, localPSN uint32) ibv.RC
 	}
 }
 
-// post queues slices and posts what fits; on a failed endpoint they go
-// back for a retry.
-func (ep *endpoint) post(l *list) {
+// post queues the spans linked from slab[head] and posts what fits; on a
+// failed endpoint they go back for a retry.
+func (ep *endpoint) post(slab []span, head int32) {
 	var out outcome
 	ep.mu.Lock()
-	if ep.state.Load() == epFailed {
-		out.retry.appendList(l)
-	} else {
-		ep.pending.appendList(l)
-		if ep.state.Load() == epReady {
-			ep.flushLocked(&out)
+	failed := ep.state.Load() == epFailed
+	for i := head; i >= 0; i = slab[i].next {
+		if failed {
+			out.spans = append(out.spans, slab[i])
+		} else {
+			ep.pend = append(ep.pend, slab[i])
+			ep.pn += slab[i].count()
 		}
+	}
+	if !failed && ep.state.Load() == epReady {
+		ep.flushLocked(&out)
 	}
 	ep.mu.Unlock()
 	ep.t.finish(ep, &out)
 }
 
-// flushLocked posts pending slices while a queue pair has room: each time
+// takePendingLocked moves every waiting span to out.
+func (ep *endpoint) takePendingLocked(out []span) []span {
+	out = append(out, ep.pend[ep.ph:]...)
+	clear(ep.pend)
+	ep.pend, ep.ph, ep.pn = ep.pend[:0], 0, 0
+	return out
+}
+
+// flushLocked posts waiting slices while a queue pair has room: each time
 // as one chain on one queue pair (one doorbell), signaled every signalEvery
 // work requests and at its end. Slices of canceled requests are left out;
 // a refused post fails the endpoint and sends the rest back for a retry.
 func (ep *endpoint) flushLocked(out *outcome) {
-	for ep.pending.n > 0 {
+	for ep.pn > 0 {
 		var qs *qpState
 		for k := range ep.qps {
 			j := (ep.rr + k) % len(ep.qps)
@@ -267,25 +253,41 @@ func (ep *endpoint) flushLocked(out *outcome) {
 		if qs == nil {
 			return // full: completions post the rest
 		}
-		take := ep.nic.reserve(min(qs.room(), ep.pending.n), ep)
+		take := ep.nic.reserve(min(qs.room(), ep.pn), ep)
 		if take == 0 {
 			return // the NIC's CQ is full: its next completion flushes ep
 		}
 		ep.wrs = ep.wrs[:0]
-		for len(ep.wrs) < take && ep.pending.n > 0 {
-			s := ep.pending.pop()
+		for len(ep.wrs) < take && ep.ph < len(ep.pend) {
+			s := &ep.pend[ep.ph]
 			if s.req.canceled.Load() {
-				out.canceled.push(s)
+				ep.pn -= s.count()
+				out.canceled = append(out.canceled, *s)
+				*s = span{}
+				ep.ph++
 				continue
 			}
+			local, remote, n := s.req.slice(s.idx)
 			qs.unsig++
 			sig := qs.unsig >= signalEvery
 			if sig {
 				qs.unsig = 0
 			}
-			id := qs.push(s, sig)
-			ep.wrs = append(ep.wrs, workRequest{id: id, read: s.read, signaled: sig, local: s.local, n: s.n,
-				lkey: s.lkey, remote: s.remote, rkey: s.rkey})
+			id := qs.push(wrEntry{req: s.req, idx: s.idx, attempt: s.attempt}, sig)
+			ep.wrs = append(ep.wrs, workRequest{id: id, read: s.req.r.Op == transport.Read, signaled: sig,
+				local: local, n: n, lkey: s.lkey, remote: remote, rkey: s.rkey})
+			ep.pn--
+			if s.idx += s.step; s.idx >= s.end {
+				*s = span{}
+				ep.ph++
+			}
+		}
+		if ep.ph == len(ep.pend) {
+			ep.pend, ep.ph = ep.pend[:0], 0
+		} else if ep.ph > 64 && ep.ph > len(ep.pend)/2 {
+			n := copy(ep.pend, ep.pend[ep.ph:])
+			clear(ep.pend[n:])
+			ep.pend, ep.ph = ep.pend[:n], 0
 		}
 		if left := take - len(ep.wrs); left > 0 {
 			ep.nic.unreserve(left)
@@ -309,10 +311,10 @@ func (ep *endpoint) flushLocked(out *outcome) {
 		// The rest of the chain was not posted: take it back, and give up
 		// on this endpoint (a queue pair that refuses posts is in error).
 		for i := k - 1; i >= posted; i-- {
-			out.retry.push(qs.popTail())
+			out.retry = append(out.retry, qs.popTail())
 		}
 		ep.nic.unreserve(k - posted)
-		out.retry.appendList(&ep.pending)
+		out.spans = ep.takePendingLocked(out.spans)
 		ep.failLocked(err)
 		if posted > 0 && !ep.wrs[posted-1].signaled {
 			ep.fenceLocked(qs, ep.wrs[posted-1], out)
@@ -331,7 +333,7 @@ func (ep *endpoint) flushLocked(out *outcome) {
 // in error and will not start them.
 func (ep *endpoint) fenceLocked(qs *qpState, like workRequest, out *outcome) {
 	ep.nic.used.Add(1)
-	like.id, like.signaled = qs.push(nil, true), true
+	like.id, like.signaled = qs.push(wrEntry{}, true), true
 	_, err := qs.qp.Post([]workRequest{like})
 	ep.nic.posts.Add(1)
 	if err == nil {
@@ -340,14 +342,14 @@ func (ep *endpoint) fenceLocked(qs *qpState, like workRequest, out *outcome) {
 	qs.popTail()
 	ep.nic.unreserve(1)
 	for qs.n > 0 {
-		s, sig := qs.at(qs.n - 1)
+		e, sig := qs.at(qs.n - 1)
 		if sig {
 			break
 		}
 		qs.popTail()
 		ep.nic.unreserve(1)
-		if s != nil {
-			out.retry.push(s)
+		if e.req != nil {
+			out.retry = append(out.retry, e)
 		}
 	}
 }
@@ -368,7 +370,7 @@ func (ep *endpoint) kick() {
 // succeeded (an RC send queue completes in order and an error always
 // completes); before a flush, they may have been flushed without a
 // completion of their own, so they go again. Then it posts more, or, on a
-// failed endpoint, sends what is pending back.
+// failed endpoint, sends what is waiting back.
 func (ep *endpoint) completedLocked(qs *qpState, seq uint32, status uint32, err error, out *outcome) {
 	d := seq - qs.seq
 	if qs.n == 0 || int64(d) >= int64(qs.n) {
@@ -380,15 +382,14 @@ func (ep *endpoint) completedLocked(qs *qpState, seq uint32, status uint32, err 
 	}
 	k := int(d) + 1
 	for i := 0; i < k; i++ {
-		s := qs.popHead()
-		if s == nil {
+		e := qs.popHead()
+		if e.req == nil {
 			continue // a fence
 		}
-		switch {
-		case status == ibv.WCSuccess, i < k-1 && status != ibv.WCWRFlushErr:
-			out.ok.push(s)
-		default:
-			out.failed.push(s)
+		if status == ibv.WCSuccess || (i < k-1 && status != ibv.WCWRFlushErr) {
+			out.ok = append(out.ok, e)
+		} else {
+			out.failed = append(out.failed, e)
 		}
 	}
 	ep.nic.unreserve(k)
@@ -396,40 +397,42 @@ func (ep *endpoint) completedLocked(qs *qpState, seq uint32, status uint32, err 
 		ep.failLocked(err)
 	}
 	if ep.state.Load() == epFailed {
-		out.retry.appendList(&ep.pending)
+		out.spans = ep.takePendingLocked(out.spans)
 		ep.releaseIfIdleLocked()
 		return
 	}
 	ep.flushLocked(out)
 }
 
-// cancel ends the slices of canceled requests on ep: pending ones at once;
+// cancel ends the slices of canceled requests on ep: waiting ones at once;
 // if any is posted, the endpoint's queue pairs go to the error state, and
 // the flushed completions end them (and send the other requests' slices to
 // a new endpoint).
 func (ep *endpoint) cancel() {
 	var out outcome
 	ep.mu.Lock()
-	var keep list
-	for s := ep.pending.pop(); s != nil; s = ep.pending.pop() {
+	keep := ep.pend[:0]
+	for _, s := range ep.pend[ep.ph:] {
 		if s.req.canceled.Load() {
-			out.canceled.push(s)
+			ep.pn -= s.count()
+			out.canceled = append(out.canceled, s)
 		} else {
-			keep.push(s)
+			keep = append(keep, s)
 		}
 	}
-	ep.pending = keep
+	clear(ep.pend[len(keep):])
+	ep.pend, ep.ph = keep, 0
 	posted := false
 	for _, qs := range ep.qps {
 		for k := 0; k < qs.n && !posted; k++ {
-			s, _ := qs.at(k)
-			posted = s != nil && s.req.canceled.Load()
+			e, _ := qs.at(k)
+			posted = e.req != nil && e.req.canceled.Load()
 		}
 	}
 	if posted && ep.state.Load() != epFailed {
 		ep.torn = true
 		ep.failLocked(errTornDown)
-		out.retry.appendList(&ep.pending)
+		out.spans = ep.takePendingLocked(out.spans)
 		ep.releaseIfIdleLocked()
 	}
 	ep.mu.Unlock()
@@ -456,7 +459,7 @@ func (ep *endpoint) fail(err error) {
 	var out outcome
 	ep.mu.Lock()
 	ep.failLocked(err)
-	out.retry.appendList(&ep.pending)
+	out.spans = ep.takePendingLocked(out.spans)
 	ep.releaseIfIdleLocked()
 	ep.mu.Unlock()
 	ep.t.finish(ep, &out)
@@ -506,15 +509,17 @@ func (ep *endpoint) destroyLocked() {
 	}
 }
 
-// drainLocked takes every slice still posted on the (destroyed) queue pairs.
-func (ep *endpoint) drainLocked(l *list) {
+// drainLocked takes every work request still posted on the (destroyed)
+// queue pairs.
+func (ep *endpoint) drainLocked(out []wrEntry) []wrEntry {
 	for _, q := range ep.qps {
 		k := q.n
 		for q.n > 0 {
-			if s := q.popHead(); s != nil {
-				l.push(s)
+			if e := q.popHead(); e.req != nil {
+				out = append(out, e)
 			}
 		}
 		ep.nic.unreserve(k)
 	}
+	return out
 }

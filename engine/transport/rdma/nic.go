@@ -45,6 +45,8 @@ type nic struct {
 	nStarve atomic.Int32
 
 	posts atomic.Uint64 // ibv_post_send calls
+
+	scratch outcome // the poller's, reused for every completion
 }
 
 // nicHW is what a NIC does in hardware: register memory, create queue

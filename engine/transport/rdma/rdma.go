@@ -219,224 +219,6 @@ func (t *Transport) Reachable(d *segment.Desc) error {
 	return t.peerOf(d).err
 }
 
-// request is one transfer cut into slices (its Priv).
-type request struct {
-	r        *transport.Request
-	pi       *peerInfo
-	lkeys    []uint32
-	rkeys    []uint32
-	slices   []slice // in the submit's slab
-	start    int
-	left     atomic.Int64
-	err      atomic.Pointer[error]
-	canceled atomic.Bool
-}
-
-// sliceDone ends one slice; the request completes with its last one, with
-// the first error any slice had.
-func (q *request) sliceDone(err error) {
-	if err != nil {
-		e := err // only a failure pays for the pointer
-		q.err.CompareAndSwap(nil, &e)
-	}
-	if q.left.Add(-1) == 0 {
-		var e error
-		if p := q.err.Load(); p != nil {
-			e = *p
-		}
-		q.r.Complete(e)
-	}
-}
-
-// slice is one work request's worth of a request. It sits in at most one
-// place at a time: a list being dispatched, an endpoint's pending list, or
-// a queue pair's ring of posted work requests; next links it in the first
-// two.
-type slice struct {
-	req     *request
-	next    *slice
-	idx     int32
-	attempt int32
-	read    bool
-	n       uint32
-	lkey    uint32
-	rkey    uint32
-	local   uint64
-	remote  uint64
-}
-
-// list is a FIFO of slices linked through next.
-type list struct {
-	head, tail *slice
-	n          int
-}
-
-func (l *list) push(s *slice) {
-	s.next = nil
-	if l.tail == nil {
-		l.head = s
-	} else {
-		l.tail.next = s
-	}
-	l.tail = s
-	l.n++
-}
-
-func (l *list) pop() *slice {
-	s := l.head
-	if s == nil {
-		return nil
-	}
-	l.head = s.next
-	if l.head == nil {
-		l.tail = nil
-	}
-	s.next = nil
-	l.n--
-	return s
-}
-
-// appendList moves every slice of m to the end of l.
-func (l *list) appendList(m *list) {
-	if m.head == nil {
-		return
-	}
-	if l.tail == nil {
-		l.head = m.head
-	} else {
-		l.tail.next = m.head
-	}
-	l.tail = m.tail
-	l.n += m.n
-	*m = list{}
-}
-
-// epGroup collects the slices of one submit bound for one endpoint.
-type epGroup struct {
-	ep *endpoint
-	l  list
-}
-
-// Submit cuts each request into slices, groups them by endpoint and posts
-// each group as one chain of work requests: one doorbell per endpoint per
-// submit (more only when a queue pair or the completion queue is full). It
-// allocates two slabs per submit (requests and slices), nothing per slice.
-func (t *Transport) Submit(reqs []transport.Request) {
-	size := t.opt.Slice
-	total := 0
-	for i := range reqs {
-		total += sliceCount(reqs[i].Length, size)
-	}
-	qs := make([]request, len(reqs))
-	ss := make([]slice, total)
-	var small [8]epGroup
-	groups := small[:0]
-	var pi *peerInfo
-	used := 0
-	for i := range reqs {
-		r := &reqs[i]
-		if pi == nil || pi.desc != r.Peer {
-			pi = t.peerOf(r.Peer)
-		}
-		q := &qs[i]
-		if err := t.prepare(r, q, pi); err != nil {
-			r.Complete(err)
-			continue
-		}
-		n := sliceCount(r.Length, size)
-		q.slices = ss[used : used+n : used+n]
-		used += n
-		q.left.Store(int64(n))
-		r.Priv = q
-		read := r.Op == transport.Read
-		for k := range q.slices {
-			s := &q.slices[k]
-			off, sn := sliceAt(r.Length, size, k)
-			s.req, s.idx, s.read = q, int32(k), read
-			s.local, s.remote, s.n = r.Local+off, r.Remote+off, uint32(sn)
-			ep, err := t.route(s)
-			if err != nil {
-				q.sliceDone(err)
-				continue
-			}
-			g := -1
-			for x := range groups {
-				if groups[x].ep == ep {
-					g = x
-					break
-				}
-			}
-			if g < 0 {
-				groups = append(groups, epGroup{ep: ep})
-				g = len(groups) - 1
-			}
-			groups[g].l.push(s)
-		}
-	}
-	for i := range groups {
-		groups[i].ep.post(&groups[i].l)
-	}
-}
-
-func (t *Transport) prepare(r *transport.Request, q *request, pi *peerInfo) error {
-	if t.closing.Load() {
-		return errs.New(errs.Closed, "rdma", "transport closed")
-	}
-	if r.Length == 0 {
-		return errs.New(errs.InvalidArgument, "rdma", "zero length")
-	}
-	if pi.err != nil {
-		return pi.err
-	}
-	if r.Buffer == nil || len(r.Buffer.Rkey) != len(pi.nics) {
-		n := 0
-		if r.Buffer != nil {
-			n = len(r.Buffer.Rkey)
-		}
-		return errs.New(errs.StaleDescriptor, "rdma", "buffer at %#x of %q has %d rkeys for %d devices",
-			r.Remote, r.Peer.Name, n, len(pi.nics))
-	}
-	if r.Region == nil {
-		return errs.New(errs.AddressNotRegistered, "rdma", "local [%#x,+%d) is not registered", r.Local, r.Length)
-	}
-	if len(r.Region.Desc.Lkey) != len(t.nics) {
-		return errs.New(errs.AddressNotRegistered, "rdma", "local [%#x,+%d) has no memory region on every NIC", r.Local, r.Length)
-	}
-	q.r, q.pi, q.lkeys, q.rkeys = r, pi, r.Region.Desc.Lkey, r.Buffer.Rkey
-	q.start = int(t.rr.Add(1) % uint64(len(pi.pairs)))
-	return nil
-}
-
-// route picks the NIC pair of a slice for its attempt, sets its keys and
-// returns the pair's endpoint: lock-free when the endpoint is up.
-func (t *Transport) route(s *slice) (*endpoint, error) {
-	q := s.req
-	p := pickPair(len(q.pi.pairs), q.start, int(s.idx), int(s.attempt))
-	pair := q.pi.pairs[p]
-	s.lkey, s.rkey = q.lkeys[pair[0]], q.rkeys[pair[1]]
-	if ep := q.pi.eps[p].Load(); ep != nil && !ep.failed() {
-		return ep, nil
-	}
-	ep, err := t.endpoint(q.pi, pair[0], pair[1])
-	if err != nil {
-		return nil, err
-	}
-	q.pi.eps[p].Store(ep)
-	return ep, nil
-}
-
-// dispatch sends one slice to the endpoint of its NIC pair for this attempt.
-func (t *Transport) dispatch(s *slice) {
-	ep, err := t.route(s)
-	if err != nil {
-		s.req.sliceDone(err)
-		return
-	}
-	var l list
-	l.push(s)
-	ep.post(&l)
-}
-
 // endpoint returns the endpoint of a NIC pair with the peer, starting a new
 // one (connected in the background) when there is none or the last one
 // failed.
@@ -468,73 +250,6 @@ func (t *Transport) forget(ep *endpoint) {
 		delete(t.eps, ep.key)
 	}
 	t.mu.Unlock()
-}
-
-// complete handles the completion of work request id on n (called by the
-// NIC's poller). A completion stands for every earlier work request of its
-// queue pair too: the send queue of an RC queue pair completes in order,
-// and only every few work requests are signaled.
-func (t *Transport) complete(n *nic, id uint64, status, vendorErr uint32) {
-	qs := n.qpAt(uint32(id >> 32))
-	if qs == nil {
-		return // its queue pair is gone: Close accounted for it
-	}
-	ep := qs.ep
-	var err error
-	if status != ibv.WCSuccess {
-		err = wcError(ep, status, vendorErr)
-	}
-	var out outcome
-	ep.mu.Lock()
-	ep.completedLocked(qs, uint32(id), status, err, &out)
-	ep.mu.Unlock()
-	t.finish(ep, &out)
-	for _, e := range n.takeStarved() {
-		e.kick()
-	}
-}
-
-// wcError turns a failed completion into a te error.
-func wcError(ep *endpoint, status, vendorErr uint32) error {
-	code := errs.PeerUnreachable
-	if status == ibv.WCRemAccessErr {
-		// The peer's NIC refused the rkey or range: the region was
-		// unregistered (and maybe registered again) since the descriptor.
-		code = errs.StaleDescriptor
-	}
-	return errs.New(code, "rdma", "work request on %s -> %s@%s: %s (vendor error %#x)",
-		ep.nic.name, ep.peer.name, ep.peer.nic, ibv.WCStatusString(status), vendorErr)
-}
-
-// retryable says whether a slice that failed with err may be tried again
-// on another NIC pair: transport-level failures yes; a refused key, a
-// stale peer or a closed transport no.
-func retryable(err error) bool {
-	switch errs.CodeOf(err) {
-	case errs.PeerUnreachable, errs.Timeout, errs.Internal, errs.NoMemory, errs.Protocol:
-		return true
-	}
-	return false
-}
-
-// retry sends a slice that did not run to the next NIC pair, or ends it.
-// A slice of a canceled request ends Canceled; one flushed because its
-// endpoint was torn down for someone else's cancellation goes again
-// without spending an attempt.
-func (t *Transport) retry(s *slice, err error) {
-	switch {
-	case t.closing.Load():
-		s.req.sliceDone(errs.Wrap(errs.Closed, "rdma", err, "transport closed"))
-	case s.req.canceled.Load():
-		s.req.sliceDone(errCanceled)
-	case err == errTornDown:
-		t.dispatch(s)
-	case int(s.attempt) >= t.opt.Retries || !retryable(err):
-		s.req.sliceDone(err)
-	default:
-		s.attempt++
-		t.dispatch(s)
-	}
 }
 
 // createQPs creates count RC queue pairs on the NIC.
@@ -677,18 +392,18 @@ func (t *Transport) Close() error {
 	passive := t.passive
 	t.passive = map[epKey]*passiveEP{}
 	t.mu.Unlock()
-	var left list
+	var left []wrEntry
 	for _, ep := range eps {
 		ep.mu.Lock()
 		if !ep.released {
 			ep.released = true
 			ep.destroyLocked()
 		}
-		ep.drainLocked(&left)
+		left = ep.drainLocked(left)
 		ep.mu.Unlock()
 	}
-	for s := left.pop(); s != nil; s = left.pop() {
-		s.req.sliceDone(closedErr)
+	for _, e := range left {
+		e.req.sliceDone(closedErr)
 	}
 	for _, p := range passive {
 		destroyQPs(p.qps)
