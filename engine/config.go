@@ -2,7 +2,12 @@ package engine
 
 import (
 	"log/slog"
+	"strconv"
 	"time"
+
+	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/engine/wire"
+	"github.com/tecache/te/internal/connlimit"
 )
 
 // Config configures an engine. The zero value is usable: peer-to-peer
@@ -14,13 +19,16 @@ type Config struct {
 	// Metadata is the connection string: "P2PHANDSHAKE" (default),
 	// "mem://NAME", or a registered scheme such as etcd://h1:p1,h2:p2.
 	Metadata string
-	// ListenAddr is the RPC listener's address; port 0 (the default,
-	// "0.0.0.0:0") picks a free port. The port is read back from the bound
-	// listener, so there is no window between choosing and binding it.
+	// ListenAddr is the RPC listener's address. Empty (the default), or
+	// an empty host (":port"), binds the host the engine advertises
+	// (Hostname) and nothing else; listening on every interface takes an
+	// explicit "0.0.0.0:port" or "[::]:port". Port 0 picks a free port,
+	// read back from the bound listener, so there is no window between
+	// choosing and binding it. The tcp data listener binds the same IP.
 	ListenAddr string
 	// Hostname is the host peers reach this engine at. Default: the
-	// listener's host when it is a specific address, else the first
-	// non-loopback IPv4 address, else 127.0.0.1.
+	// listener's host when ListenAddr names a specific address, else the
+	// first non-loopback IPv4 address, else 127.0.0.1.
 	Hostname string
 	// Transports lists the transports to install, e.g. {"local","tcp"}.
 	// Default: every available one. A requested transport that cannot start
@@ -36,10 +44,12 @@ type Config struct {
 	// RPCTimeout bounds control-plane calls (descriptor fetch, notify,
 	// probe). Default 5s.
 	RPCTimeout time.Duration
-	// MaxFrame bounds a control-plane frame body. Default 64 MiB.
+	// MaxFrame is an older name of Limits.MaxFrame (te_config_t's
+	// max_frame), used when Limits.MaxFrame is zero.
 	MaxFrame uint64
 	// MaxNotifies bounds the queue of received notifications; a sender gets
-	// an error when it is full. Default 65536.
+	// ResourceExhausted when it is full. Default 65536. Limits.NotifyBytes
+	// bounds their bytes.
 	MaxNotifies int
 	// Logger receives the engine's log lines. Default: slog.Default().
 	Logger *slog.Logger
@@ -47,6 +57,7 @@ type Config struct {
 	// AuthSecret is the cluster secret: peers prove to each other that they
 	// hold it before any other message (SECURITY.md). A second line, if
 	// any, is an older secret still accepted from peers during a rotation.
+	// Each is at least 16 bytes; surrounding white space is trimmed.
 	// Empty: read AuthSecretFile; both empty: the environment
 	// (TE_AUTH_SECRET_FILE, then TE_AUTH_SECRET); none at all runs without
 	// authentication and says so in the log.
@@ -71,6 +82,22 @@ type Config struct {
 	Limits Limits
 }
 
+// Default limits (engine/wire/spec.md, "Resource bounds", has what each
+// bounds and how a peer over it is refused).
+const (
+	DefaultMaxConns             = 1024
+	DefaultMaxConnsPerHost      = 256
+	DefaultIdleTimeout          = 5 * time.Minute
+	DefaultHandshakeTimeout     = 10 * time.Second
+	DefaultProgressTimeout      = 10 * time.Second
+	DefaultMaxFrame             = wire.DefaultMaxFrame
+	DefaultMaxCallsPerConn      = 64
+	DefaultMaxCalls             = 1024
+	DefaultNotifyBytes          = 64 << 20
+	DefaultNotifyBytesPerSender = wire.MaxNotifyMsg + wire.MaxNotifyName
+	DefaultPeerIdleTimeout      = 2 * time.Minute
+)
+
 // Limits bound the resources a peer, idle or hostile, can make an engine hold.
 // A zero field takes its default; a peer over a bound is refused
 // (errs.ResourceExhausted) or cut off, counted in the engine's stats, and the
@@ -83,7 +110,7 @@ type Limits struct {
 	// listener. Default 256.
 	MaxConnsPerHost int
 	// IdleTimeout closes an accepted connection that has nothing in flight
-	// for this long. Default 5m.
+	// for this long. Default 5m; negative: never.
 	IdleTimeout time.Duration
 	// HandshakeTimeout bounds authentication and the data preface of a new
 	// connection, and the arrival of a frame or request header once its
@@ -93,38 +120,38 @@ type Limits struct {
 	// body, a WRITE payload, a READ payload being sent) makes no progress
 	// for this long, ending the accesses it held. Default 10s.
 	ProgressTimeout time.Duration
-	// MaxFrame bounds a control frame that may carry a descriptor. Frames
-	// of other kinds are bounded by 64 KiB (notifications by their own
-	// limit). Default 16 MiB, the largest descriptor.
+	// MaxFrame bounds the descriptor a Describe reply may carry. Frames
+	// of other kinds are bounded by 64 KiB (notifications and shm control
+	// messages by their own limits). Default 16 MiB, the largest
+	// descriptor; at least 4 KiB.
 	MaxFrame uint64
 	// MaxCallsPerConn bounds control calls in flight on one connection;
 	// past it the engine stops reading that connection. Default 64.
 	MaxCallsPerConn int
 	// MaxCalls bounds control calls in flight in the engine. Default 1024.
 	MaxCalls int
-	// NotifyBytes bounds the bytes of received, undrained notifications.
-	// Default 64 MiB.
+	// NotifyBytes bounds the bytes (names and messages) of received,
+	// undrained notifications, those being received included. Default 64
+	// MiB.
 	NotifyBytes uint64
-	// NotifyBytesPerSender bounds them per sender name. Default 16 MiB.
+	// NotifyBytesPerSender bounds them per sender: the peer's proven
+	// instance with a cluster secret, its IP address without one (a name
+	// in the notification is the sender's to choose, so it is not the
+	// key). Default 16 MiB + 4 KiB: one notification of the largest size.
 	NotifyBytesPerSender uint64
-	// PeerIdleTimeout drops a tcp peer's pooled connections when it had no
-	// request for this long; shorter than IdleTimeout, so a client closes
-	// an idle connection before its peer does. Default 2m.
+	// PeerIdleTimeout drops a peer's pooled connections (control and tcp)
+	// when it had no request for this long; shorter than IdleTimeout, so
+	// a client closes an idle connection before its peer does. Default
+	// 2m; negative: never.
 	PeerIdleTimeout time.Duration
 }
 
 func (c *Config) fill() {
-	if c.ListenAddr == "" {
-		c.ListenAddr = "0.0.0.0:0"
-	}
 	if c.TransferTimeout == 0 {
 		c.TransferTimeout = 30 * time.Second
 	}
 	if c.RPCTimeout <= 0 {
 		c.RPCTimeout = 5 * time.Second
-	}
-	if c.MaxFrame == 0 {
-		c.MaxFrame = 64 << 20
 	}
 	if c.MaxNotifies <= 0 {
 		c.MaxNotifies = 65536
@@ -132,22 +159,70 @@ func (c *Config) fill() {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	l := &c.Limits
+	if l.MaxFrame == 0 {
+		l.MaxFrame = c.MaxFrame
+	}
+	setDefault(&l.MaxFrame, DefaultMaxFrame)
+	c.MaxFrame = l.MaxFrame
+	setDefault(&l.MaxConns, DefaultMaxConns)
+	setDefault(&l.MaxConnsPerHost, DefaultMaxConnsPerHost)
+	setDefault(&l.IdleTimeout, DefaultIdleTimeout)
+	setDefault(&l.HandshakeTimeout, DefaultHandshakeTimeout)
+	setDefault(&l.ProgressTimeout, DefaultProgressTimeout)
+	setDefault(&l.MaxCallsPerConn, DefaultMaxCallsPerConn)
+	setDefault(&l.MaxCalls, DefaultMaxCalls)
+	setDefault(&l.NotifyBytes, DefaultNotifyBytes)
+	setDefault(&l.NotifyBytesPerSender, DefaultNotifyBytesPerSender)
+	setDefault(&l.PeerIdleTimeout, DefaultPeerIdleTimeout)
+	l.NotifyBytesPerSender = min(l.NotifyBytesPerSender, l.NotifyBytes)
 	if c.UnregisterGrace <= 0 {
 		c.UnregisterGrace = 2 * time.Second
 	}
-	c.Limits.fill()
 }
 
-func (l *Limits) fill() {
-	def := func(d *time.Duration, v time.Duration) {
-		if *d <= 0 {
-			*d = v
-		}
+func setDefault[T int | uint64 | time.Duration](v *T, d T) {
+	if *v == 0 {
+		*v = d
 	}
-	def(&l.IdleTimeout, 5*time.Minute)
-	def(&l.HandshakeTimeout, 10*time.Second)
-	def(&l.ProgressTimeout, 10*time.Second)
-	def(&l.PeerIdleTimeout, 2*time.Minute)
+}
+
+// validate refuses limits that cannot be meant: a negative count, or no
+// bound on the handshake or on a payload's progress.
+func (c *Config) validate() error {
+	l := &c.Limits
+	bad := func(field string, v any) error {
+		return errs.New(errs.InvalidArgument, "new", "Limits.%s = %v is out of range", field, v)
+	}
+	switch {
+	case l.MaxConns < 0:
+		return bad("MaxConns", l.MaxConns)
+	case l.MaxConnsPerHost < 0:
+		return bad("MaxConnsPerHost", l.MaxConnsPerHost)
+	case l.MaxCallsPerConn < 0:
+		return bad("MaxCallsPerConn", l.MaxCallsPerConn)
+	case l.MaxCalls < 0:
+		return bad("MaxCalls", l.MaxCalls)
+	case l.HandshakeTimeout < 0:
+		return bad("HandshakeTimeout", l.HandshakeTimeout)
+	case l.ProgressTimeout < 0:
+		return bad("ProgressTimeout", l.ProgressTimeout)
+	case l.MaxFrame < 4<<10:
+		return bad("MaxFrame", l.MaxFrame)
+	}
+	return nil
+}
+
+// policy is the part of the limits a listener or a dialled pool applies.
+func (l *Limits) policy() connlimit.Policy {
+	p := connlimit.Policy{
+		MaxConns: l.MaxConns, MaxConnsPerHost: l.MaxConnsPerHost,
+		IdleTimeout: l.IdleTimeout, HandshakeTimeout: l.HandshakeTimeout,
+		ProgressTimeout: l.ProgressTimeout, PeerIdleTimeout: l.PeerIdleTimeout,
+	}
+	p.IdleTimeout = max(p.IdleTimeout, 0)
+	p.PeerIdleTimeout = max(p.PeerIdleTimeout, 0)
+	return p
 }
 
 // param gives transports the limits that bound their connections, as
@@ -155,13 +230,21 @@ func (l *Limits) fill() {
 func (l *Limits) param(key string) (string, bool) {
 	switch key {
 	case "limits.idle_timeout":
-		return l.IdleTimeout.String(), true
+		return max(l.IdleTimeout, 0).String(), true // 0: never
 	case "limits.handshake_timeout":
 		return l.HandshakeTimeout.String(), true
 	case "limits.progress_timeout":
 		return l.ProgressTimeout.String(), true
 	case "limits.peer_idle_timeout":
-		return l.PeerIdleTimeout.String(), true
+		return max(l.PeerIdleTimeout, 0).String(), true // 0: never
+	case "limits.max_conns":
+		if l.MaxConns > 0 {
+			return strconv.Itoa(l.MaxConns), true
+		}
+	case "limits.max_conns_per_host":
+		if l.MaxConnsPerHost > 0 {
+			return strconv.Itoa(l.MaxConnsPerHost), true
+		}
 	}
 	return "", false
 }

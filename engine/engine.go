@@ -18,6 +18,7 @@ import (
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
 	"github.com/tecache/te/engine/wire"
+	"github.com/tecache/te/internal/peerauth"
 )
 
 // Engine is one te instance: it owns registered memory, publishes it as a
@@ -48,8 +49,10 @@ type Engine struct {
 	batchMu sync.Mutex
 	batches map[*Batch]struct{}
 
-	notifyMu sync.Mutex
-	notifies []Notification
+	nq notifyQueue
+
+	secret  *peerauth.Secret            // nil: peers are not authenticated
+	descEnc atomic.Pointer[encodedDesc] // the last descriptor served, encoded once
 
 	stats  stats
 	reaper reaper
@@ -78,31 +81,48 @@ func (e *Engine) goTracked(f func()) bool {
 	return true
 }
 
-// New starts an engine: it binds the RPC listener, starts the transports and
-// publishes an empty segment.
+// New starts an engine: it loads the cluster secret, binds the RPC listener
+// (on the advertised host unless ListenAddr says otherwise), starts the
+// transports and publishes an empty segment.
 func New(cfg Config) (*Engine, error) {
 	cfg.fill()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	secret, source, err := peerauth.LoadSecret(cfg.AuthSecret, cfg.AuthSecretFile, nil)
+	if err != nil {
+		return nil, err
+	}
 	e := &Engine{
 		cfg: cfg, reg: segment.NewRegistry(), byName: map[string]transport.Transport{},
 		segs: map[string]*segState{}, batches: map[*Batch]struct{}{}, done: make(chan struct{}),
-		p2p: meta.IsP2P(cfg.Metadata),
+		p2p: meta.IsP2P(cfg.Metadata), secret: secret,
 	}
 	var inst [16]byte
 	rand.Read(inst[:])
 	e.instance = hex.EncodeToString(inst[:])
 
+	bind, explicit, err := listenAddr(&cfg)
+	if err != nil {
+		return nil, err
+	}
 	store, err := meta.Open(cfg.Metadata)
 	if err != nil {
 		return nil, err
 	}
 	e.store = store
 
-	ln, err := net.Listen("tcp", cfg.ListenAddr)
+	ln, err := net.Listen("tcp", bind)
 	if err != nil {
 		if store != nil {
 			store.Close()
 		}
-		return nil, errs.Wrap(errs.InvalidArgument, "new", err, "listen on %s", cfg.ListenAddr)
+		le := errs.Wrap(errs.InvalidArgument, "new", err, "listen on %s", bind)
+		if !explicit {
+			le = le.WithHint("an engine binds the host it advertises (Hostname); if peers reach it at an address " +
+				"this host does not have (NAT), set ListenAddr, e.g. 0.0.0.0:0")
+		}
+		return nil, le
 	}
 	port := ln.Addr().(*net.TCPAddr).Port
 	e.hostname = cfg.Hostname
@@ -114,9 +134,19 @@ func New(cfg Config) (*Engine, error) {
 	if e.name == "" {
 		e.name = e.rpcAddr
 	}
-	e.ctrl = newCtrl(ln, cfg.MaxFrame, cfg.RPCTimeout)
+	if secret == nil {
+		cfg.Logger.Warn("te: no cluster secret: peers are not authenticated; whoever reaches this engine's ports can read "+
+			"and write its registered memory (set TE_AUTH_SECRET_FILE, TE_AUTH_SECRET or Config.AuthSecret; see SECURITY.md)",
+			"listen", ln.Addr().String())
+	} else {
+		cfg.Logger.Info("te: peers authenticate with the cluster secret", "from", source, "key_ids", secret.KeyIDs(),
+			"listen", ln.Addr().String())
+	}
+	e.ctrl = newCtrl(ln, ctrlOptions{secret: secret, instance: e.instance, limits: cfg.Limits,
+		dialTimeout: cfg.RPCTimeout, logger: cfg.Logger})
 	e.ctrl.Handle(wire.KindDescribe, e.handleDescribe)
 	e.ctrl.Handle(wire.KindNotify, e.handleNotify)
+	e.ctrl.reserveFor(wire.KindNotify, reserver{reserve: e.reserveNotify, release: e.releaseNotify})
 	e.ctrl.Handle(wire.KindProbe, e.handleProbe)
 
 	if err := e.startTransports(); err != nil {
@@ -137,6 +167,29 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e.startMetaSync()
 	return e, nil
+}
+
+// listenAddr is the address the RPC listener binds: ListenAddr when it names
+// a host (0.0.0.0 included: explicit), else the advertised host (Hostname,
+// else the first non-loopback IPv4 address, else 127.0.0.1) at ListenAddr's
+// port, or port 0.
+func listenAddr(cfg *Config) (addr string, explicit bool, err error) {
+	port := "0"
+	if cfg.ListenAddr != "" {
+		h, p, err := net.SplitHostPort(cfg.ListenAddr)
+		if err != nil {
+			return "", false, errs.Wrap(errs.InvalidArgument, "new", err, "listen address %q is not host:port", cfg.ListenAddr)
+		}
+		if h != "" {
+			return cfg.ListenAddr, true, nil
+		}
+		port = p
+	}
+	host := cfg.Hostname
+	if host == "" {
+		host = defaultHost(nil)
+	}
+	return net.JoinHostPort(host, port), false, nil
 }
 
 func defaultHost(ip net.IP) string {
@@ -552,11 +605,27 @@ type Probe struct {
 	RTT      time.Duration `json:"-"`
 }
 
+// encodedDesc is a descriptor and its encoding, shared by every reply that
+// serves it: many peers describing at once hold one copy, not one each.
+type encodedDesc struct {
+	d *segment.Desc
+	b []byte
+}
+
 func (e *Engine) handleDescribe(_ context.Context, body []byte) ([]byte, error) {
 	if len(body) > 0 && string(body) != e.name && string(body) != e.rpcAddr {
 		return nil, errs.New(errs.SegmentNotFound, "describe", "this engine serves %q, not %q", e.name, body)
 	}
-	return e.desc.Load().Encode()
+	d := e.desc.Load()
+	if c := e.descEnc.Load(); c != nil && c.d == d {
+		return c.b, nil
+	}
+	b, err := d.Encode()
+	if err != nil {
+		return nil, err
+	}
+	e.descEnc.Store(&encodedDesc{d, b})
+	return b, nil
 }
 
 func (e *Engine) handleProbe(context.Context, []byte) ([]byte, error) {

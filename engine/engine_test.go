@@ -463,7 +463,7 @@ func TestNotifyQueueBound(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	code(t, "queue full", a.SendNotify(b.Name(), "n", "m"), errs.NoMemory)
+	code(t, "queue full", a.SendNotify(b.Name(), "n", "m"), errs.ResourceExhausted)
 	if n := len(b.Notifies()); n != 3 {
 		t.Fatalf("drained %d", n)
 	}

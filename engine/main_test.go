@@ -1,6 +1,7 @@
 package engine_test
 
 import (
+	"os"
 	"sync"
 	"testing"
 
@@ -13,7 +14,11 @@ import (
 
 func TestMain(m *testing.M) {
 	transport.RegisterFactory("hold", func() (transport.Transport, error) { return newHold(), nil })
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(int) {
+		if ctrlpeer.dir != "" {
+			os.RemoveAll(ctrlpeer.dir)
+		}
+	}))
 }
 
 // hold is a test transport that keeps every request until the test releases

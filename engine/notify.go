@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"sync"
 
 	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/wire"
@@ -13,8 +14,73 @@ type Notification struct {
 	Msg  string
 }
 
+// notifyQueue holds received notifications until Notifies drains them, and
+// the byte budget (Limits.NotifyBytes, NotifyBytesPerSender) they and the
+// ones still arriving count against. A notification is charged the bytes
+// of its name and message.
+type notifyQueue struct {
+	mu      sync.Mutex
+	items   []Notification
+	charges []notifyCharge
+	total   uint64            // bytes charged: queued and arriving
+	per     map[string]uint64 // the same, per sender
+}
+
+type notifyCharge struct {
+	sender string
+	n      uint64
+}
+
+// notifyFixed is what a Notify body holds besides the name and message.
+const notifyFixed = wire.CallHeaderSize + 2 + 4
+
+// reserveNotify is the control plane's reserver for KindNotify: it charges
+// the name and message a body of bodyLen bytes can hold before the body is
+// read, or refuses the notification (ResourceExhausted) so that it is never
+// stored, let alone dropped later without the sender knowing.
+func (e *Engine) reserveNotify(sender string, bodyLen uint64) (uint64, error) {
+	n := bodyLen - min(bodyLen, notifyFixed)
+	lim := e.cfg.Limits
+	q := &e.nq
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.per == nil {
+		q.per = map[string]uint64{}
+	}
+	if q.total+n > lim.NotifyBytes {
+		e.ctrl.st.refusedNotifies.Add(1)
+		return 0, errs.New(errs.ResourceExhausted, "notify",
+			"the receiver holds %d bytes of undrained notifications; %d more would pass its budget of %d", q.total, n, lim.NotifyBytes).
+			WithHint("the receiver drains them with Notifies (get_notifies); retry later")
+	}
+	if q.per[sender]+n > lim.NotifyBytesPerSender {
+		e.ctrl.st.refusedNotifies.Add(1)
+		return 0, errs.New(errs.ResourceExhausted, "notify",
+			"the receiver holds %d bytes of undrained notifications from this sender; %d more would pass the budget of %d per sender", q.per[sender], n, lim.NotifyBytesPerSender).
+			WithHint("the receiver drains them with Notifies (get_notifies); retry later")
+	}
+	q.total += n
+	q.per[sender] += n
+	return n, nil
+}
+
+func (e *Engine) releaseNotify(sender string, n uint64) {
+	q := &e.nq
+	q.mu.Lock()
+	q.release(sender, n)
+	q.mu.Unlock()
+}
+
+func (q *notifyQueue) release(sender string, n uint64) {
+	q.total -= n
+	if q.per[sender] -= n; q.per[sender] == 0 {
+		delete(q.per, sender)
+	}
+}
+
 // SendNotify delivers (name, msg) to the named segment's engine and waits for
-// it to be queued there. Blocks up to the RPC timeout.
+// it to be queued there. Blocks up to the RPC timeout. A receiver over its
+// notification budget refuses with ResourceExhausted: nothing was queued.
 func (e *Engine) SendNotify(segment, name, msg string) error {
 	if err := e.live("notify"); err != nil {
 		return err
@@ -36,26 +102,43 @@ func (e *Engine) SendNotify(segment, name, msg string) error {
 	return nil
 }
 
-func (e *Engine) handleNotify(_ context.Context, body []byte) ([]byte, error) {
-	name, msg, err := wire.DecodeNotify(body)
+func (e *Engine) handleNotify(ctx context.Context, body []byte) ([]byte, error) {
+	name, msg, err := wire.ParseNotify(body)
 	if err != nil {
 		return nil, err
 	}
-	e.notifyMu.Lock()
-	defer e.notifyMu.Unlock()
-	if len(e.notifies) >= e.cfg.MaxNotifies {
-		return nil, errs.New(errs.NoMemory, "notify", "receiver's queue of %d notifications is full", e.cfg.MaxNotifies)
+	ci := callInfoFrom(ctx)
+	n := uint64(len(name) + len(msg))
+	if ci == nil || ci.reserved < n {
+		// Every notify reaches here through the control plane, which
+		// reserved the bytes its frame could hold.
+		return nil, errs.New(errs.Internal, "notify", "notification of %d bytes arrived without its reservation", n)
 	}
-	e.notifies = append(e.notifies, Notification{Name: string(name), Msg: string(msg)})
+	q := &e.nq
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.items) >= e.cfg.MaxNotifies {
+		e.ctrl.st.refusedNotifies.Add(1)
+		return nil, errs.New(errs.ResourceExhausted, "notify", "receiver's queue of %d notifications is full", e.cfg.MaxNotifies).
+			WithHint("the receiver drains them with Notifies (get_notifies); retry later")
+	}
+	q.items = append(q.items, Notification{Name: string(name), Msg: string(msg)})
+	q.charges = append(q.charges, notifyCharge{ci.sender, n})
+	ci.kept = n
 	e.stats.notifiesReceived.Add(1)
 	return nil, nil
 }
 
-// Notifies drains and returns the notifications received so far, oldest first.
+// Notifies drains and returns the notifications received so far, oldest
+// first, freeing their bytes in the budget.
 func (e *Engine) Notifies() []Notification {
-	e.notifyMu.Lock()
-	defer e.notifyMu.Unlock()
-	out := e.notifies
-	e.notifies = nil
+	q := &e.nq
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	out := q.items
+	for _, c := range q.charges {
+		q.release(c.sender, c.n)
+	}
+	q.items, q.charges = nil, nil
 	return out
 }

@@ -3,7 +3,6 @@ package engine_test
 import (
 	"bufio"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -16,11 +15,7 @@ import (
 // control plane against it: descriptor fetch, probe, notify both ways, and a
 // clean failure once the process is gone.
 func TestControlPlaneAcrossProcesses(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "ctrlpeer")
-	if out, err := exec.Command("go", "build", "-o", bin, "./internal/ctrlpeer").CombinedOutput(); err != nil {
-		t.Fatalf("build helper: %v\n%s", err, out)
-	}
-	cmd := exec.Command(bin)
+	cmd := exec.Command(ctrlpeerBin(t))
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()
 	if err := cmd.Start(); err != nil {

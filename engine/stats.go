@@ -32,6 +32,60 @@ type Stats struct {
 	WindowsGranted    uint64 `json:"windows_granted"`
 	WindowsRevoked    uint64 `json:"windows_revoked"`
 	WindowsUnenforced uint64 `json:"windows_unenforced"`
+	// Control counts the control plane's connections and every refusal
+	// of a peer over a bound (engine/wire/spec.md, "Resource bounds").
+	Control ControlStats `json:"control"`
+}
+
+// ControlStats are the control plane's counters: its connections, and each
+// kind of refusal of a peer that failed authentication or passed a bound.
+type ControlStats struct {
+	// Authenticated says whether this engine holds a cluster secret.
+	Authenticated bool `json:"authenticated"`
+	// ConnsOpen is the accepted connections open now, ConnsPeak the most
+	// open at once, ConnsAccepted those accepted since start.
+	ConnsOpen     int    `json:"conns_open"`
+	ConnsPeak     int    `json:"conns_peak"`
+	ConnsAccepted uint64 `json:"conns_accepted"`
+	// RefusedConns and RefusedConnsPerHost count connections refused at
+	// accept: the listener was at MaxConns, or the address at
+	// MaxConnsPerHost.
+	RefusedConns        uint64 `json:"refused_conns"`
+	RefusedConnsPerHost uint64 `json:"refused_conns_per_host"`
+	// AuthRefused counts accepted connections whose peer did not prove the
+	// cluster secret (none, another one, a wrong proof, a replay).
+	AuthRefused uint64 `json:"auth_refused"`
+	// AuthFailedOutbound counts dialled peers that refused this engine or
+	// could not prove the secret themselves.
+	AuthFailedOutbound uint64 `json:"auth_failed_outbound"`
+	// HandshakeTimeouts counts connections that did not authenticate
+	// within Limits.HandshakeTimeout.
+	HandshakeTimeouts uint64 `json:"handshake_timeouts"`
+	// IdleClosed counts accepted connections closed after IdleTimeout;
+	// PeerIdleClosed dialled ones closed after PeerIdleTimeout.
+	IdleClosed     uint64 `json:"idle_closed"`
+	PeerIdleClosed uint64 `json:"peer_idle_closed"`
+	// SlowClosed counts connections cut because a frame header did not
+	// complete within HandshakeTimeout, or a body or reply made no
+	// progress (64 KiB) within ProgressTimeout.
+	SlowClosed uint64 `json:"slow_closed"`
+	// RefusedFrames counts connections closed for a frame over its kind's
+	// limit or malformed; RefusedMooncake those opening with a Mooncake
+	// handshake frame (kinds 0-3), which is not served.
+	RefusedFrames   uint64 `json:"refused_frames"`
+	RefusedMooncake uint64 `json:"refused_mooncake"`
+	// RefusedNotifies counts notifications refused to their sender with
+	// ResourceExhausted (byte budget or queue length).
+	RefusedNotifies uint64 `json:"refused_notifies"`
+	// NotifyBytes is the bytes charged to the notification budget now.
+	NotifyBytes uint64 `json:"notify_bytes"`
+	// CallsInFlight is the calls being served now; CallsThrottled counts
+	// the times a connection was not read because its calls, or the
+	// engine's, were at their bound.
+	CallsInFlight  int64  `json:"calls_in_flight"`
+	CallsThrottled uint64 `json:"calls_throttled"`
+	// AcceptErrors counts failed accepts (e.g. out of file descriptors).
+	AcceptErrors uint64 `json:"accept_errors"`
 }
 
 // Stats returns the engine's counters.
@@ -55,5 +109,6 @@ func (e *Engine) Stats() Stats {
 		WindowsGranted:    e.stats.windowsGranted.Load(),
 		WindowsRevoked:    e.stats.windowsRevoked.Load(),
 		WindowsUnenforced: e.stats.windowsUnenforced.Load(),
+		Control:           e.controlStats(),
 	}
 }

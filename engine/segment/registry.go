@@ -250,7 +250,9 @@ func (g *Registry) Acquire(addr, n, key uint64, remote bool) (*Region, error) {
 // (the last one it used): it checks [addr, addr+n) against r alone, and falls
 // back to a lookup when r does not hold the range.
 func (g *Registry) AcquireIn(r *Region, addr, n, key uint64, remote bool) (*Region, error) {
-	if r == nil || n == 0 || addr < r.Addr || addr+n < addr || addr+n > r.End() || r.Closing() {
+	if r == nil || r.parent != nil || n == 0 || addr < r.Addr || addr+n < addr || addr+n > r.End() || r.Closing() {
+		// A window's region spans its buffer but grants only its
+		// ranges: every access under a window is checked in full.
 		return g.Acquire(addr, n, key, remote)
 	}
 	if remote && !r.Remote {

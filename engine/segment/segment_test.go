@@ -189,3 +189,28 @@ func FuzzDecode(f *testing.F) {
 		d.Clone()
 	})
 }
+
+// TestAcquireInWindow: a caller that remembers the window region its previous
+// access got must not reach outside the window's ranges with it.
+func TestAcquireInWindow(t *testing.T) {
+	g := NewRegistry()
+	r, _ := NewRegion(1<<20, 1<<20, "cpu", true)
+	g.Add(r)
+	w, err := g.GrantWindow([]Range{{Addr: 1 << 20, Length: 4096}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, err := g.AcquireIn(nil, 1<<20, 4096, w.Key, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x.Release()
+	if _, err := g.AcquireIn(x, 1<<20+8192, 4096, w.Key, true); errs.CodeOf(err) != errs.AccessDenied {
+		t.Fatalf("access outside the window through its region: %v", err)
+	}
+	if y, err := g.AcquireIn(x, 1<<20+8192, 4096, r.Desc.Key, true); err != nil || y != r {
+		t.Fatalf("access under the buffer's key: %v", err)
+	} else {
+		y.Release()
+	}
+}

@@ -3,6 +3,7 @@ package wire
 import (
 	"encoding/binary"
 	"io"
+	"sync"
 
 	"github.com/tecache/te/engine/errs"
 )
@@ -106,9 +107,9 @@ func ParseFrameHeader(b []byte) (kind uint8, n uint64, err error) {
 // ReadBody reads an n-byte body as it arrives: the buffer grows in steps of
 // at most BodyChunk ahead of the bytes received (doubling, so the copies
 // cost at most twice the body), never to the claimed length up front.
-// beforeChunk, if not nil, is called before each chunk is read (a caller
-// sets its progress deadline there).
-func ReadBody(r io.Reader, n uint64, beforeChunk func()) ([]byte, error) {
+// beforeChunk, if not nil, is called with the chunk's size before each
+// chunk is read (a caller sets its progress deadline there).
+func ReadBody(r io.Reader, n uint64, beforeChunk func(size int)) ([]byte, error) {
 	buf := make([]byte, 0, min(n, BodyChunk))
 	for uint64(len(buf)) < n {
 		want := int(min(n-uint64(len(buf)), BodyChunk))
@@ -119,7 +120,7 @@ func ReadBody(r io.Reader, n uint64, beforeChunk func()) ([]byte, error) {
 			buf = nb
 		}
 		if beforeChunk != nil {
-			beforeChunk()
+			beforeChunk(want)
 		}
 		if _, err := io.ReadFull(r, buf[len(buf):len(buf)+want]); err != nil {
 			return nil, err
@@ -129,21 +130,25 @@ func ReadBody(r io.Reader, n uint64, beforeChunk func()) ([]byte, error) {
 	return buf, nil
 }
 
-// DiscardBody reads and drops n bytes through a small buffer, calling
-// beforeChunk like ReadBody.
-func DiscardBody(r io.Reader, n uint64, beforeChunk func()) error {
+// DiscardBody reads and drops n bytes through a pooled BodyChunk buffer,
+// calling beforeChunk like ReadBody.
+func DiscardBody(r io.Reader, n uint64, beforeChunk func(size int)) error {
+	bp := scratch.Get().(*[BodyChunk]byte)
+	defer scratch.Put(bp)
 	for n > 0 {
 		want := min(n, BodyChunk)
 		if beforeChunk != nil {
-			beforeChunk()
+			beforeChunk(int(want))
 		}
-		if _, err := io.CopyN(io.Discard, r, int64(want)); err != nil {
+		if _, err := io.ReadFull(r, bp[:want]); err != nil {
 			return err
 		}
 		n -= want
 	}
 	return nil
 }
+
+var scratch = sync.Pool{New: func() any { return new([BodyChunk]byte) }}
 
 // ReadFrame reads one frame. A length above max (or zero: the type byte is
 // always there) is refused before anything is allocated; the body is read
@@ -250,6 +255,15 @@ func AppendNotify(dst []byte, name, msg []byte) []byte {
 
 // DecodeNotify decodes a notify payload; name and msg are copies.
 func DecodeNotify(p []byte) (name, msg []byte, err error) {
+	name, msg, err = ParseNotify(p)
+	if err != nil {
+		return nil, nil, err
+	}
+	return append([]byte(nil), name...), append([]byte(nil), msg...), nil
+}
+
+// ParseNotify decodes a notify payload; name and msg alias p.
+func ParseNotify(p []byte) (name, msg []byte, err error) {
 	if len(p) < 2 {
 		return nil, nil, errs.New(errs.Protocol, "wire", "short notify")
 	}
@@ -257,11 +271,11 @@ func DecodeNotify(p []byte) (name, msg []byte, err error) {
 	if n > MaxNotifyName || len(p) < 2+n+4 {
 		return nil, nil, errs.New(errs.Protocol, "wire", "notify name length %d out of bounds", n)
 	}
-	name = append([]byte(nil), p[2:2+n]...)
+	name = p[2 : 2+n]
 	m := uint64(binary.LittleEndian.Uint32(p[2+n:]))
 	rest := p[6+n:]
 	if m > MaxNotifyMsg || uint64(len(rest)) != m {
 		return nil, nil, errs.New(errs.Protocol, "wire", "notify message length %d does not match the %d bytes sent", m, len(rest))
 	}
-	return name, append([]byte(nil), rest...), nil
+	return name, rest, nil
 }

@@ -142,7 +142,7 @@ func TestReadBodyGrowsAsBytesArrive(t *testing.T) {
 	// A complete body comes back intact, and the chunk hook runs per chunk.
 	full := bytes.Repeat([]byte{1, 2, 3}, 100000)
 	chunks := 0
-	got, err := ReadBody(bytes.NewReader(full), uint64(len(full)), func() { chunks++ })
+	got, err := ReadBody(bytes.NewReader(full), uint64(len(full)), func(int) { chunks++ })
 	if err != nil || !bytes.Equal(got, full) {
 		t.Fatal(err)
 	}

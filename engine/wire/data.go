@@ -13,9 +13,10 @@ import (
 //
 // Preface, sent once by the initiator:
 //
-//	offset 0  8 bytes  "TEDATA" 0x00 0x01 (magic, version 1)
+//	offset 0  8 bytes  "TEDATA" 0x00 0x02 (magic, version 2: the peer
+//	                   authentication exchange follows the preface)
 const (
-	DataPreface     = "TEDATA\x00\x01"
+	DataPreface     = "TEDATA\x00\x02"
 	DataPrefaceSize = len(DataPreface)
 )
 

@@ -105,10 +105,10 @@ func TestDataPreface(t *testing.T) {
 	if err := CheckDataPreface([]byte("GET / HT")); !errors.Is(err, errs.ErrProtocol) {
 		t.Fatalf("http: %v", err)
 	}
-	v2 := []byte(DataPreface)
-	v2[DataPrefaceSize-1] = 2
-	if err := CheckDataPreface(v2); !errors.Is(err, errs.ErrNotSupported) {
-		t.Fatalf("version 2: %v", err)
+	v1 := []byte(DataPreface)
+	v1[DataPrefaceSize-1] = 1 // before the authentication exchange
+	if err := CheckDataPreface(v1); !errors.Is(err, errs.ErrNotSupported) {
+		t.Fatalf("version 1: %v", err)
 	}
 	if err := CheckDataPreface(nil); err == nil {
 		t.Fatal("empty preface accepted")

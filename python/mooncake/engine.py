@@ -134,7 +134,9 @@ class TransferEngine:
         except ValueError:
             log.error("local_hostname %r is not host[:port]", local_hostname)
             return -te.InvalidArgument.code
-        kw = {"metadata": conn, "hostname": host or None, "listen_addr": f"0.0.0.0:{port}"}
+        # ":port" binds the host the engine advertises (local_hostname),
+        # not every interface; Mooncake binds the same way.
+        kw = {"metadata": conn, "hostname": host or None, "listen_addr": f":{port}"}
         if conn != P2PHANDSHAKE:
             kw["segment_name"] = local_hostname
         t = os.environ.get("MC_TRANSFER_TIMEOUT")

@@ -196,6 +196,20 @@ class MooncakeLocalTest(unittest.TestCase):
         self.addCleanup(eng.close)
         self.assertEqual(eng.send_probe(f"127.0.0.1:{eng.get_rpc_port()}"), 0)
 
+    def test_binds_the_given_host(self):
+        # The RPC listener binds local_hostname only (the tcp data listener
+        # follows it): another address of this host, 127.0.0.2 on loopback,
+        # does not reach it.
+        import socket
+
+        eng = TransferEngine()
+        self.assertEqual(eng.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", ""), 0)
+        self.addCleanup(eng.close)
+        port = eng.get_rpc_port()
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        with self.assertRaises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.2", port), timeout=5)
+
     def test_metadata_strings(self):
         from mooncake.engine import _conn_string, _split_host
 

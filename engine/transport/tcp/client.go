@@ -22,6 +22,7 @@ import (
 type op struct {
 	req       *transport.Request // not to be read once the op completed
 	p         *peer
+	inst      string // the instance the request's descriptor names
 	write     bool
 	gpu       int // local memory: 0 host, else device ordinal+1 (staged, gpu.go)
 	remaining atomic.Int32
@@ -87,7 +88,10 @@ func (t *Transport) peer(addr string) (*peer, error) {
 // connections are all dead and idle goes at the next round.
 func (t *Transport) janitor() {
 	defer t.wg.Done()
-	tick := min(max(t.opt.PeerIdle/4, 10*time.Millisecond), 30*time.Second)
+	tick := 30 * time.Second
+	if t.opt.PeerIdle > 0 {
+		tick = min(max(t.opt.PeerIdle/4, 10*time.Millisecond), tick)
+	}
 	tk := time.NewTicker(tick)
 	defer tk.Stop()
 	for {
@@ -104,7 +108,7 @@ func (t *Transport) prune(now time.Time) {
 	var drop []*conn
 	t.mu.Lock()
 	for addr, p := range t.peers {
-		idle := now.UnixNano()-p.lastUsed.Load() > int64(t.opt.PeerIdle)
+		idle := t.opt.PeerIdle > 0 && now.UnixNano()-p.lastUsed.Load() > int64(t.opt.PeerIdle)
 		p.mu.Lock()
 		busy, alive := false, false
 		for _, c := range p.conns {
@@ -200,7 +204,7 @@ func (t *Transport) Submit(reqs []transport.Request) {
 			continue
 		}
 		o := &ops[i]
-		o.req, o.p, o.write = r, p, r.Op == transport.Write
+		o.req, o.p, o.write, o.inst = r, p, r.Op == transport.Write, r.Peer.Instance
 		if isDevice(r.Region) {
 			if _, err := cudaLoad(); err != nil {
 				r.Complete(errs.Wrap(errs.NotSupported, "tcp", err, "local %#x is GPU memory", r.Local))
@@ -431,7 +435,8 @@ func (c *conn) writeLoop() {
 	}
 	c.nc = nc
 	c.mu.Unlock()
-	if err := t.clientHello(nc); err != nil {
+	inst, err := t.clientHello(nc, c.p.addr)
+	if err != nil {
 		c.fail(err)
 		return
 	}
@@ -445,7 +450,7 @@ func (c *conn) writeLoop() {
 	c.mu.Unlock()
 	go c.readLoop(nc)
 
-	var spare []item
+	var spare, stale []item
 	var hdrs []byte
 	var bufs, chunk net.Buffers
 	var devs []devPiece
@@ -470,6 +475,20 @@ func (c *conn) writeLoop() {
 		bufs, devs = bufs[:0], devs[:0]
 		start := 0
 		c.sendLo = c.nextID
+		n := 0
+		for _, it := range batch {
+			if inst != it.op.inst && it.op.inst != "" {
+				// The endpoint now serves another engine (restarted,
+				// or a rewritten descriptor): the request was built
+				// for the old one.
+				stale = append(stale, it)
+				continue
+			}
+			batch[n] = it
+			n++
+		}
+		clear(batch[n:])
+		batch = batch[:n]
 		for i, it := range batch {
 			id := c.nextID
 			c.nextID++
@@ -492,6 +511,11 @@ func (c *conn) writeLoop() {
 		}
 		c.sendHi = c.nextID
 		c.mu.Unlock()
+		for _, it := range stale {
+			it.done(errs.New(errs.StaleDescriptor, "tcp", "%s is now engine %s, not %s", c.p.addr, inst, it.op.inst))
+		}
+		clear(stale)
+		stale = stale[:0]
 		if end := len(batch) * wire.ReqHeaderSize; start < end {
 			bufs = append(bufs, hdrs[start:end])
 		}

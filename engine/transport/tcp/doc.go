@@ -13,11 +13,30 @@
 // frames), are copied once out of that buffer: one memcpy instead of one
 // syscall per request.
 //
+// Every connection opens with a preface and the peer authentication exchange
+// (internal/peerauth): with a cluster secret, both ends prove they hold it
+// before any request, so a party without it neither reads nor writes, and an
+// initiator sends nothing to an endpoint that cannot prove it.
+//
 // The target validates every request against its registry (range inside one
 // registered, remote-accessible buffer; capability key equal to the buffer's
-// current key) before it touches memory, drains the payload of a refused
-// WRITE, and acknowledges a WRITE only once its bytes are in memory. The
-// frames are specified in engine/wire/spec.md.
+// current key, or a window's) before it touches memory, drains the payload
+// of a refused WRITE, and acknowledges a WRITE only once its bytes are in
+// memory. The frames are specified in engine/wire/spec.md.
+//
+// Nothing a peer does holds the target's resources without a bound: the
+// listener admits Limits.MaxConns connections, MaxConnsPerHost per address;
+// a header must complete within the handshake timeout once started, an idle
+// connection closes after the idle timeout, and every payload must move
+// 4 MiB per progress timeout, so a stalled or trickling peer is cut off and
+// the access it held ends. Quiesce (a buffer being unregistered, a window
+// being revoked) cuts only the connections that hold an access to it.
+//
+// A request canceled by the engine (timeout, Batch.Cancel, unregister) is
+// completed as soon as no goroutine can touch its memory: queued slices are
+// dropped, sent ones are forgotten and their late completions read and
+// discarded (a READ's payload into scratch), a WRITE being written is
+// released when that write ends. Other requests on the connection go on.
 //
 // GPU memory (a region registered as cuda:N) is never touched by the CPU:
 // each side stages its own device memory through rings of pinned host
@@ -44,4 +63,8 @@
 //	                  while requests are in flight (default 30s)
 //	tcp.gpu_staging   pinned host memory per connection for GPU payloads,
 //	                  half per direction (default 4MiB, 64KiB to 1GiB)
+//
+// The connection bounds come from the engine's Config.Limits (MaxConns,
+// MaxConnsPerHost, IdleTimeout, HandshakeTimeout, ProgressTimeout,
+// PeerIdleTimeout), read as "limits.*" parameters.
 package tcp

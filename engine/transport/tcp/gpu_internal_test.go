@@ -15,6 +15,7 @@ import (
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
 	"github.com/tecache/te/engine/wire"
+	"github.com/tecache/te/internal/peerauth"
 	"github.com/tecache/te/internal/sys/cuda"
 	"github.com/tecache/te/internal/sys/mem"
 )
@@ -76,8 +77,13 @@ func TestGPURegionWithoutCUDA(t *testing.T) {
 	}
 	defer nc.Close()
 	nc.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := nc.Write([]byte(wire.DataPreface)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := peerauth.Client(nc, nil, "raw-initiator", time.Now().Add(10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
 	var out []byte
-	out = append(out, wire.DataPreface...)
 	out = wire.AppendDataRequest(out, wire.DataRequest{Kind: wire.DataWrite, ID: 1, Addr: gr.Addr + 5, Length: 100003, Key: gr.Desc.Key})
 	out = append(out, make([]byte, 100003)...)
 	out = wire.AppendDataRequest(out, wire.DataRequest{Kind: wire.DataRead, ID: 2, Addr: gr.Addr, Length: 4096, Key: gr.Desc.Key})

@@ -18,6 +18,7 @@ import (
 	"github.com/tecache/te/engine/transport/tcp"
 	"github.com/tecache/te/engine/transport/transporttest"
 	"github.com/tecache/te/engine/wire"
+	"github.com/tecache/te/internal/peerauth"
 	"github.com/tecache/te/internal/sys/mem"
 )
 
@@ -198,16 +199,35 @@ func TestPeerRestarted(t *testing.T) {
 type fakeHost struct {
 	reg    *segment.Registry
 	params map[string]string
+	secret *peerauth.Secret
+	inst   string
 }
 
-func (h *fakeHost) SegmentName() string           { return "fake" }
-func (h *fakeHost) Instance() string              { return "fake" }
+func (h *fakeHost) SegmentName() string { return "fake" }
+func (h *fakeHost) Instance() string {
+	if h.inst == "" {
+		return "fake"
+	}
+	return h.inst
+}
+func (h *fakeHost) AuthSecret() *peerauth.Secret  { return h.secret }
 func (h *fakeHost) Registry() *segment.Registry   { return h.reg }
 func (h *fakeHost) Control() transport.Control    { return nil }
 func (h *fakeHost) Logf(string, ...any)           {}
 func (h *fakeHost) Param(k string) (string, bool) { v, ok := h.params[k]; return v, ok }
 func newFakeHost(params map[string]string) *fakeHost {
 	return &fakeHost{reg: segment.NewRegistry(), params: params}
+}
+
+// fakeHandshake is the target's side of a connection's opening: the preface,
+// then the authentication exchange without a secret.
+func fakeHandshake(nc net.Conn) bool {
+	var pre [wire.DataPrefaceSize]byte
+	if _, err := io.ReadFull(nc, pre[:]); err != nil || wire.CheckDataPreface(pre[:]) != nil {
+		return false
+	}
+	_, err := peerauth.Server(nc, nil, "fake-target", time.Now().Add(10*time.Second))
+	return err == nil
 }
 
 // fakeServer accepts data connections and hands each to serve.
@@ -324,9 +344,8 @@ func TestInitiatorRejectsBadCompletions(t *testing.T) {
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
 			ep := fakeServer(t, func(nc net.Conn) {
-				var pre [wire.DataPrefaceSize]byte
 				var h [wire.ReqHeaderSize]byte
-				if _, err := io.ReadFull(nc, pre[:]); err != nil {
+				if !fakeHandshake(nc) {
 					return
 				}
 				if _, err := io.ReadFull(nc, h[:]); err != nil {
@@ -409,7 +428,11 @@ func TestCloseWhileSubmitting(t *testing.T) {
 // requests in flight and nothing arriving for tcp.timeout, the connection is
 // failed and so are they; an idle connection (nothing in flight) is kept.
 func TestHungPeer(t *testing.T) {
-	hung := fakeServer(t, func(nc net.Conn) { io.Copy(io.Discard, nc) })
+	hung := fakeServer(t, func(nc net.Conn) {
+		if fakeHandshake(nc) {
+			io.Copy(io.Discard, nc)
+		}
+	})
 	local := alloc(t, 4096)
 	tr := startFake(t, map[string]string{"tcp.timeout": "300ms"})
 	r := newResult(3)
@@ -428,8 +451,7 @@ func TestHungPeer(t *testing.T) {
 	var accepted atomic.Int32
 	live := fakeServer(t, func(nc net.Conn) {
 		accepted.Add(1)
-		var pre [wire.DataPrefaceSize]byte
-		if _, err := io.ReadFull(nc, pre[:]); err != nil {
+		if !fakeHandshake(nc) {
 			return
 		}
 		for {

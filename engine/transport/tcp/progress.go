@@ -2,6 +2,7 @@ package tcp
 
 import (
 	"bufio"
+	"errors"
 	"io"
 	"net"
 	"time"
@@ -79,4 +80,14 @@ func readProgress(br *bufio.Reader, nc net.Conn, dst []byte, d time.Duration) er
 		dst = dst[len(q):]
 	}
 	return nil
+}
+
+// cut counts a connection ended by one of its deadlines (a stalled or
+// trickling peer) and passes err through.
+func (t *Transport) cut(err error) error {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.slowClosed.Add(1)
+	}
+	return err
 }

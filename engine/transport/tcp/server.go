@@ -12,6 +12,7 @@ import (
 	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/wire"
+	"github.com/tecache/te/internal/peerauth"
 	"github.com/tecache/te/internal/sys/mem"
 )
 
@@ -47,12 +48,21 @@ func (t *Transport) acceptLoop() {
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
+		release, err := t.limiter.Admit(nc.RemoteAddr())
+		if err != nil {
+			// Told why (a few bytes into an empty socket buffer never
+			// block for long), then dropped without reading anything.
+			peerauth.Refuse(nc, time.Now().Add(100*time.Millisecond))
+			nc.Close()
+			continue
+		}
 		tune(nc)
-		s := &serverConn{t: t, nc: nc, wake: make(chan struct{}, 1), space: make(chan struct{}, 1), done: make(chan struct{})}
+		s := &serverConn{t: t, nc: nc, release: release, wake: make(chan struct{}, 1), space: make(chan struct{}, 1), done: make(chan struct{})}
 		t.mu.Lock()
 		if t.closed {
 			t.mu.Unlock()
 			nc.Close()
+			release()
 			return
 		}
 		t.served[s] = struct{}{}
@@ -79,8 +89,9 @@ type response struct {
 // serverConn is the target side of one data connection: the reader executes
 // requests in order, the writer sends their completions.
 type serverConn struct {
-	t  *Transport
-	nc net.Conn
+	t       *Transport
+	nc      net.Conn
+	release func() // the connection's slot in the listener's limiter
 
 	// cur is the region the reader is writing a payload into, if any.
 	cur atomic.Pointer[segment.Region]
@@ -122,6 +133,7 @@ func (s *serverConn) serve() {
 	s.t.mu.Lock()
 	delete(s.t.served, s)
 	s.t.mu.Unlock()
+	s.release()
 }
 
 func (s *serverConn) signal() {
@@ -163,7 +175,11 @@ func (s *serverConn) push(r response) bool {
 func (s *serverConn) readHeader(br *bufio.Reader, h []byte) error {
 	if br.Buffered() < len(h) {
 		o := &s.t.opt
-		s.nc.SetReadDeadline(time.Now().Add(o.Idle))
+		if o.Idle > 0 {
+			s.nc.SetReadDeadline(time.Now().Add(o.Idle))
+		} else {
+			s.nc.SetReadDeadline(time.Time{})
+		}
 		if _, err := br.Peek(1); err != nil {
 			return err
 		}
@@ -185,12 +201,19 @@ func (s *serverConn) readLoop() {
 	if err := wire.CheckDataPreface(h[:wire.DataPrefaceSize]); err != nil {
 		return
 	}
+	if _, err := peerauth.Server(peerauth.WithReader(s.nc, br), s.t.secret, s.t.instance, time.Now().Add(s.t.opt.Header)); err != nil {
+		if errs.CodeOf(err) == errs.Unauthenticated {
+			s.t.authRefused.Add(1)
+		}
+		return // told why, if at all; nothing was read or touched
+	}
 	st := s.t.newStage()
 	defer st.release()
 	var scratch []byte
 	progress := s.t.opt.Progress
 	for {
 		if err := s.readHeader(br, h[:]); err != nil {
+			s.t.cut(err)
 			return
 		}
 		req, err := wire.DecodeDataRequest(h[:])
@@ -226,6 +249,7 @@ func (s *serverConn) readLoop() {
 					scratch = make([]byte, drainChunk)
 				}
 				if err := drainProgress(br, s.nc, req.Length, scratch, progress); err != nil {
+					s.t.cut(err)
 					return
 				}
 			} else if isDevice(region) {
@@ -243,6 +267,7 @@ func (s *serverConn) readLoop() {
 				s.cur.Store(nil)
 				region.Release()
 				if err != nil {
+					s.t.cut(err)
 					return
 				}
 			}
@@ -396,6 +421,7 @@ func (s *serverConn) writeLoop() {
 			err = st.write(progressWriter{s.nc, s.t.opt.Progress}, bufs, devs)
 		} else {
 			chunk, err = writeProgress(s.nc, bufs, chunk, s.t.opt.Progress)
+			s.t.cut(err)
 		}
 		for i := range batch {
 			if batch[i].region != nil {

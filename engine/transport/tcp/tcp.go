@@ -16,6 +16,8 @@ import (
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
 	"github.com/tecache/te/engine/wire"
+	"github.com/tecache/te/internal/connlimit"
+	"github.com/tecache/te/internal/peerauth"
 )
 
 // Name is the transport's name.
@@ -58,8 +60,11 @@ type Options struct {
 	// (Limits.HandshakeTimeout, 10s).
 	Idle, Header time.Duration
 	// PeerIdle drops a peer's pooled connections after this long without a
-	// request (Limits.PeerIdleTimeout, 5m).
+	// request (Limits.PeerIdleTimeout, 2m).
 	PeerIdle time.Duration
+	// MaxConns and MaxConnsPerHost bound the accepted data connections, in
+	// all and per remote IP address (Limits.MaxConns, MaxConnsPerHost).
+	MaxConns, MaxConnsPerHost int
 }
 
 // DefaultOptions derives the defaults from the machine: one connection per
@@ -75,7 +80,8 @@ func DefaultOptions() Options {
 	}
 	slice = max(256<<10, min(slice, 1<<20))
 	return Options{Conns: conns, Slice: slice, DialTimeout: 5 * time.Second, Timeout: 30 * time.Second, GPUStaging: DefaultGPUStaging,
-		Progress: 10 * time.Second, Idle: 5 * time.Minute, Header: 10 * time.Second, PeerIdle: 5 * time.Minute}
+		Progress: 10 * time.Second, Idle: 5 * time.Minute, Header: 10 * time.Second, PeerIdle: 2 * time.Minute,
+		MaxConns: 1024, MaxConnsPerHost: 256}
 }
 
 func parseOptions(h transport.Host) (Options, error) {
@@ -126,10 +132,23 @@ func parseOptions(h transport.Host) (Options, error) {
 	} {
 		if v, ok := h.Param(p.key); ok {
 			d, err := time.ParseDuration(v)
-			if err != nil || d <= 0 {
+			never := d == 0 && (p.dst == &o.Idle || p.dst == &o.PeerIdle)
+			if err != nil || (d <= 0 && !never) {
 				return o, bad(p.key, v, "want a positive duration")
 			}
 			*p.dst = d
+		}
+	}
+	for _, p := range []struct {
+		key string
+		dst *int
+	}{{"limits.max_conns", &o.MaxConns}, {"limits.max_conns_per_host", &o.MaxConnsPerHost}} {
+		if v, ok := h.Param(p.key); ok {
+			n, err := strconv.Atoi(v)
+			if err != nil || n <= 0 {
+				return o, bad(p.key, v, "want a positive integer")
+			}
+			*p.dst = n
 		}
 	}
 	if v, ok := h.Param("tcp.gpu_staging"); ok {
@@ -187,12 +206,39 @@ type Transport struct {
 	served map[*serverConn]struct{} // accepted connections
 	wg     sync.WaitGroup           // every goroutine of the transport
 	gpu    gpuPool                  // pinned rings for GPU payloads (gpu.go)
-	pruned atomic.Uint64            // idle connections the janitor closed
+
+	instance string             // this engine's, proven to peers
+	secret   *peerauth.Secret   // nil: peers are not authenticated
+	limiter  *connlimit.Limiter // accepted connections, total and per address
+
+	pruned, authRefused, authFailed, slowClosed atomic.Uint64
+}
+
+// authHoster is implemented by engine hosts with a cluster secret: every data
+// connection then authenticates both ways before its first request.
+type authHoster interface{ AuthSecret() *peerauth.Secret }
+
+// Stats returns the transport's counters: connections open and refused at
+// the listener's bounds, peers that failed authentication (refused here, or
+// refusing us), connections cut by a deadline (a stalled or trickling
+// payload, a silent or idle peer), idle peer connections pruned.
+func (t *Transport) Stats() map[string]uint64 {
+	st := t.limiter.Stats()
+	return map[string]uint64{
+		"conns_open":             uint64(st.Open),
+		"conns_peak":             uint64(st.Peak),
+		"conns_refused":          st.RefusedTotal,
+		"conns_refused_per_host": st.RefusedPerHost,
+		"auth_refused":           t.authRefused.Load(),
+		"auth_failed":            t.authFailed.Load(),
+		"slow_closed":            t.slowClosed.Load(),
+		"peer_conns_pruned":      t.pruned.Load(),
+	}
 }
 
 // New returns an unstarted transport.
 func New() *Transport {
-	return &Transport{peers: map[string]*peer{}, served: map[*serverConn]struct{}{}}
+	return &Transport{peers: map[string]*peer{}, served: map[*serverConn]struct{}{}, limiter: connlimit.New(0, 0)}
 }
 
 // Name returns "tcp".
@@ -220,6 +266,11 @@ func (t *Transport) Start(h transport.Host) error {
 	t.gpu.setGeometry(o)
 	t.reg = h.Registry()
 	t.logf = h.Logf
+	t.instance = h.Instance()
+	if a, ok := h.(authHoster); ok {
+		t.secret = a.AuthSecret()
+	}
+	t.limiter = connlimit.New(o.MaxConns, o.MaxConnsPerHost)
 	addr := o.Listen
 	if addr == "" {
 		ip := "0.0.0.0"
@@ -284,15 +335,23 @@ func (t *Transport) Reachable(d *segment.Desc) error {
 	return nil
 }
 
-// clientHello opens a data connection: the preface, within the handshake
-// timeout.
-func (t *Transport) clientHello(nc net.Conn) error {
-	nc.SetWriteDeadline(time.Now().Add(t.opt.Header))
+// clientHello opens a data connection: the preface, then the authentication
+// exchange (both within the handshake timeout). It returns the peer's
+// instance, proven when this engine has a secret.
+func (t *Transport) clientHello(nc net.Conn, addr string) (string, error) {
+	deadline := time.Now().Add(t.opt.Header)
+	nc.SetWriteDeadline(deadline)
 	if _, err := nc.Write([]byte(wire.DataPreface)); err != nil {
-		return errs.Wrap(errs.PeerUnreachable, "tcp", err, "send preface")
+		return "", errs.Wrap(errs.PeerUnreachable, "tcp", err, "send preface to %s", addr)
 	}
-	nc.SetWriteDeadline(time.Time{})
-	return nil
+	inst, err := peerauth.Client(nc, t.secret, t.instance, deadline)
+	if err != nil {
+		if errs.CodeOf(err) == errs.Unauthenticated {
+			t.authFailed.Add(1)
+		}
+		return "", errs.Wrap(errs.CodeOf(err), "tcp", err, "data connection to %s", addr)
+	}
+	return inst, nil
 }
 
 // Close fails every request in flight, closes the listener and every

@@ -12,6 +12,7 @@ import (
 	"github.com/tecache/te/engine"
 	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/wire"
+	"github.com/tecache/te/internal/peerauth"
 	"github.com/tecache/te/internal/sys/mem"
 )
 
@@ -91,6 +92,12 @@ func dialRaw(t *testing.T, endpoint string, preface bool) *raw {
 	r := &raw{t: t, nc: nc, br: bufio.NewReader(nc)}
 	if preface {
 		r.write([]byte(wire.DataPreface))
+		// No secret on either side: the exchange is HELLO and "no
+		// authentication here".
+		if _, err := peerauth.Client(peerauth.WithReader(nc, r.br), nil, "raw-initiator", time.Now().Add(10*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		nc.SetDeadline(time.Now().Add(10 * time.Second))
 	}
 	return r
 }

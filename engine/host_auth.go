@@ -1,0 +1,15 @@
+package engine
+
+import (
+	"github.com/tecache/te/internal/connlimit"
+	"github.com/tecache/te/internal/peerauth"
+)
+
+// AuthSecret returns the engine's cluster secret (nil: none), for a
+// transport that authenticates its own connections with peerauth (the tcp
+// data path, after its preface).
+func (h host) AuthSecret() *peerauth.Secret { return h.e.secret }
+
+// ConnPolicy returns the connection bounds a transport's listener and
+// dialled pool apply (Config.Limits with defaults filled in).
+func (h host) ConnPolicy() connlimit.Policy { return h.e.cfg.Limits.policy() }
