@@ -152,7 +152,9 @@ func (t *Transport) Submit(reqs []transport.Request) {
 			r := rs.r
 			for off := uint64(0); off < r.Length; {
 				if j == nil {
-					c := min(g.n, IOVMax)
+					// Room for the common cases (large requests: one or
+					// two spans; small ones: many); append grows the rest.
+					c := min(g.n, IOVMax, max(2, int(size/(g.bytes/uint64(g.n)+1))+1))
 					j = &job{d: r.Peer, op: r.Op, spans: make([]span, 0, c), rs: make([]*reqState, 0, c)}
 					out = append(out, j)
 				}
