@@ -81,7 +81,11 @@ type Transport struct {
 	hmu     sync.Mutex // serialises opening and closing handles
 	handles map[handleKey]*opened
 
-	wg     sync.WaitGroup // Submit goroutines
+	// Goroutines the transport starts (per Submit, closing stale
+	// mappings) are counted under lmu, against closed, so none starts
+	// once Close waits for them.
+	lmu    sync.Mutex
+	wg     sync.WaitGroup
 	closed atomic.Bool
 	st     Stats
 }
@@ -327,21 +331,33 @@ func (t *Transport) DeviceMemory(d *segment.Desc, buf *segment.BufferDesc, local
 // every copy of the call on a stream per device and waits once, so a batch
 // of small KV blocks costs one synchronisation, not one per block.
 func (t *Transport) Submit(in []transport.Request) {
+	states := make([]reqState, len(in)) // one allocation for the call
 	reqs := make([]*transport.Request, len(in))
 	for i := range in {
+		in[i].Priv = &states[i]
 		reqs[i] = &in[i]
 	}
-	if t.closed.Load() {
+	if !t.spawn(func() { t.run(reqs) }) {
 		for _, r := range reqs {
 			r.Complete(errs.New(errs.Closed, "cudaipc", "transport closed"))
 		}
-		return
+	}
+}
+
+// spawn runs f on a goroutine Close waits for, unless Close has begun.
+func (t *Transport) spawn(f func()) bool {
+	t.lmu.Lock()
+	if t.closed.Load() {
+		t.lmu.Unlock()
+		return false
 	}
 	t.wg.Add(1)
+	t.lmu.Unlock()
 	go func() {
 		defer t.wg.Done()
-		t.run(reqs)
+		f()
 	}()
+	return true
 }
 
 // prepared is a request ready to copy: its span, the device that copies it
@@ -356,6 +372,9 @@ type prepared struct {
 func (t *Transport) run(reqs []*transport.Request) {
 	byDev := map[int][]prepared{}
 	for _, r := range reqs {
+		if !r.Priv.(*reqState).claim() {
+			continue // canceled before anything touched it
+		}
 		p, err := t.prepare(r)
 		if err != nil {
 			r.Complete(err)
@@ -384,13 +403,16 @@ func (t *Transport) prepare(r *transport.Request) (prepared, error) {
 	if t.closed.Load() {
 		return prepared{}, errs.New(errs.Closed, "cudaipc", "transport closed")
 	}
-	dev := t.localDevice(r.Local, r.Length)
+	dev := -1
+	if r.Region != nil && r.Region.Location.Kind == "cuda" {
+		dev = r.Region.Location.Index
+	}
 	var remote uint64
 	var release func()
 	if r.Peer.Instance == t.h.Instance() {
 		// This engine: the target address is ours; count the access so
 		// Unregister waits for it.
-		reg, err := t.h.Registry().Acquire(r.Remote, r.Length, r.Buffer.Key, true)
+		reg, err := t.h.Registry().Acquire(r.Remote, r.Length, r.Key, true)
 		if err != nil {
 			return prepared{}, err
 		}
@@ -426,15 +448,6 @@ func (t *Transport) prepare(r *transport.Request) (prepared, error) {
 		sp = span{dst: r.Local, src: remote, n: r.Length}
 	}
 	return prepared{r: r, dev: dev, sp: sp, release: release}, nil
-}
-
-// localDevice returns the device of the registered local range, or -1 for
-// host memory.
-func (t *Transport) localDevice(addr, n uint64) int {
-	if reg, ok := t.h.Registry().Lookup(addr, n); ok && reg.Location.Kind == "cuda" {
-		return reg.Location.Index
-	}
-	return -1
 }
 
 // deviceFor finds the local ordinal of the GPU with uuid, or -1.
@@ -473,13 +486,12 @@ func (t *Transport) acquire(d *segment.Desc, buf *segment.BufferDesc, e export, 
 	}
 	t.imu.Unlock()
 	for _, sk := range stale {
-		t.wg.Add(1)
-		go func() {
-			defer t.wg.Done()
+		// After Close began, Close closes every mapping itself.
+		t.spawn(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), t.opt.CloseTimeout)
 			defer cancel()
 			t.closeMappings(ctx, sk.owner, sk.key)
-		}()
+		})
 	}
 	if fresh {
 		t.open(k, m, buf, e)
@@ -687,9 +699,18 @@ func (t *Transport) closeMappings(ctx context.Context, owner string, key uint64)
 // protocol for every buffer it exported, so no peer keeps a mapping of
 // memory the application may free after Close.
 func (t *Transport) Close() error {
-	if t.drv == nil || !t.closed.CompareAndSwap(false, true) {
+	if t.drv == nil {
 		return nil
 	}
+	t.lmu.Lock()
+	if t.closed.Load() {
+		t.lmu.Unlock()
+		return nil
+	}
+	t.closed.Store(true)
+	t.lmu.Unlock()
+	// Requests not yet enqueued fail (Closed); copies enqueued end when
+	// their stream synchronises.
 	t.wg.Wait()
 	type own struct {
 		owner, rpc string

@@ -101,6 +101,7 @@ type fakeDriver struct {
 	calls   int           // copies calls: one synchronisation each
 	block   chan struct{} // when set, copy waits on it
 	started chan struct{}
+	closed  atomic.Bool // set once Close returned: no copy may start
 }
 
 func newFakeDriver() *fakeDriver { return &fakeDriver{maps: map[uint64]int{}} }
@@ -130,6 +131,9 @@ func (f *fakeDriver) close(dev int, base uint64) error {
 	return nil
 }
 func (f *fakeDriver) copies(dev int, spans []span) []error {
+	if f.closed.Load() {
+		panic("copy after the transport closed")
+	}
 	if f.block != nil {
 		f.started <- struct{}{}
 		<-f.block
@@ -172,7 +176,8 @@ type pair struct {
 	owner, peer  *Transport
 	odrv, pdrv   *fakeDriver
 	ohost, phost *fakeHost
-	peerDown     atomic.Bool // the peer's control plane does not answer
+	peerDown     atomic.Bool                   // the peer's control plane does not answer
+	ownerGate    atomic.Pointer[chan struct{}] // when set, calls to the owner wait for it
 	desc         *segment.Desc
 }
 
@@ -191,6 +196,9 @@ func newPair(t *testing.T) *pair {
 	p.peer.call = func(ctx context.Context, rpc string, body []byte) ([]byte, error) {
 		if rpc != "owner-rpc" {
 			return nil, errs.New(errs.PeerUnreachable, "test", "no such owner")
+		}
+		if g := p.ownerGate.Load(); g != nil {
+			<-*g
 		}
 		return p.owner.handle(ctx, body)
 	}
@@ -226,8 +234,11 @@ func (p *pair) register(t *testing.T, addr uint64) *segment.Region {
 // do runs one request through the peer transport and returns how it ended.
 func (p *pair) do(r *transport.Request) error {
 	done := make(chan error, 1)
-	r.Done = func(err error) { done <- err }
-	p.peer.Submit([]*transport.Request{r})
+	r.Owner = transport.DoneFunc(func(err error) { done <- err })
+	if r.Key == 0 && r.Buffer != nil {
+		r.Key = r.Buffer.Key
+	}
+	p.peer.Submit([]transport.Request{*r})
 	return <-done
 }
 
@@ -379,7 +390,8 @@ func TestCloseReleasesEverything(t *testing.T) {
 		t.Fatalf("owner still lists %d openers after the peer closed", n)
 	}
 	done := make(chan error, 1)
-	p.peer.Submit([]*transport.Request{{Op: transport.Write, Peer: p.desc, Buffer: &r.Desc, Length: 1, Done: func(err error) { done <- err }}})
+	p.peer.Submit([]transport.Request{{Op: transport.Write, Peer: p.desc, Buffer: &r.Desc, Key: r.Desc.Key, Length: 1,
+		Owner: transport.DoneFunc(func(err error) { done <- err })}})
 	if err := <-done; !errors.Is(err, errs.ErrClosed) {
 		t.Fatalf("Submit after Close = %v, want Closed", err)
 	}
@@ -394,16 +406,17 @@ func TestBatchSynchronisesOnce(t *testing.T) {
 	p := newPair(t)
 	r := p.register(t, 0x900000)
 	var wg sync.WaitGroup
-	reqs := make([]*transport.Request, 100)
+	reqs := make([]transport.Request, 100)
+	cb := transport.DoneFunc(func(err error) {
+		if err != nil {
+			t.Error(err)
+		}
+		wg.Done()
+	})
 	for i := range reqs {
 		wg.Add(1)
-		reqs[i] = &transport.Request{Op: transport.Write, Local: 0x5000, Remote: r.Addr + uint64(i)*64, Length: 64,
-			Peer: p.desc, Buffer: &r.Desc, Done: func(err error) {
-				if err != nil {
-					t.Error(err)
-				}
-				wg.Done()
-			}}
+		reqs[i] = transport.Request{Op: transport.Write, Local: 0x5000, Remote: r.Addr + uint64(i)*64, Length: 64,
+			Peer: p.desc, Buffer: &r.Desc, Key: r.Desc.Key, Owner: cb}
 	}
 	p.peer.Submit(reqs)
 	wg.Wait()

@@ -16,6 +16,13 @@
 // buffer have ended and the handle is closed) or has exited. See
 // engine/wire/spec.md, "cuda control messages".
 //
+// Cancel ends a request whose copy has not been enqueued yet at once. A copy
+// on a stream cannot be withdrawn or torn mid-way, so its request completes,
+// with its real outcome, once the stream has synchronised, and never
+// earlier. Quiesce has nothing to cut: the close protocol Unregister runs is
+// the fence for peers' mappings. Close fails what is not enqueued and waits
+// for every stream synchronisation in flight.
+//
 // Requests inside one engine (source and target registered with the same
 // engine) are copied with cuMemcpy directly: a process cannot open its own
 // IPC handles.

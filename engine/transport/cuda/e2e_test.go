@@ -461,3 +461,100 @@ func TestSameEngineGPU(t *testing.T) {
 		t.Fatal("host bytes differ after a local write")
 	}
 }
+
+// TestGPUCancelAndClose: a batch of GPU writes canceled right after Submit,
+// then a batch in flight when the engine closes. Every task ends (canceled
+// ones only before their copy was enqueued), and once the batch or Close
+// reported that, a change of the source no longer reaches the owner.
+func TestGPUCancelAndClose(t *testing.T) {
+	needCUDA(t)
+	const per, bs = 512, 16 << 10
+	n := uint64(per * bs)
+	g, err := newGPU(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.free()
+	e, err := engine.New(engine.Config{ListenAddr: "127.0.0.1:0", Hostname: "127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if err := e.RegisterMemory(g.addr, n, "cuda:0", true); err != nil {
+		t.Fatal(err)
+	}
+	c := startChild(t)
+	if c.n < n {
+		t.Skipf("owner buffer of %d bytes, want %d", c.n, n)
+	}
+	seg, err := e.OpenSegment(c.name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := make([]engine.Request, per)
+	for i := range reqs {
+		off := uint64(i * bs)
+		reqs[i] = engine.Request{Op: engine.Write, Local: g.addr + off, Segment: seg, Remote: c.addr + off, Length: bs}
+	}
+	stable := func(what string) {
+		t.Helper()
+		if err := g.fill(0x77); err != nil { // what a late copy would carry
+			t.Fatal(err)
+		}
+		before := c.Do(t, "crc 0 "+strconv.FormatUint(n, 10))
+		time.Sleep(300 * time.Millisecond)
+		if after := c.Do(t, "crc 0 "+strconv.FormatUint(n, 10)); after != before {
+			t.Fatalf("%s: the owner's bytes changed after the tasks had ended (%s -> %s)", what, before, after)
+		}
+	}
+	if err := g.fill(0x21); err != nil {
+		t.Fatal(err)
+	}
+	b, err := e.AllocateBatch(per)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Submit(reqs[:1]...); err != nil { // maps the owner's buffer
+		t.Fatal(err)
+	}
+	if st, err := b.Wait(10 * time.Second); err != nil || st.State != engine.Completed {
+		t.Fatalf("%+v %v", st, err)
+	}
+	if err := b.Reset(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Submit(reqs...); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Cancel(); err != nil {
+		t.Fatal(err)
+	}
+	st, err := b.Wait(30 * time.Second)
+	if err != nil || st.State == engine.Pending {
+		t.Fatalf("canceled batch: %+v %v", st, err)
+	}
+	canceled := 0
+	for i := 0; i < per; i++ {
+		ts, _ := b.TaskStatus(i)
+		switch ts.State {
+		case engine.Completed:
+		case engine.Canceled:
+			canceled++
+		default:
+			t.Fatalf("task %d: %v %v", i, ts.State, ts.Err)
+		}
+	}
+	t.Logf("%d of %d writes canceled", canceled, per)
+	stable("canceled batch")
+	if err := b.Reset(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Submit(reqs...); err != nil {
+		t.Fatal(err)
+	}
+	e.Close()
+	if st := b.Status(); st.State == engine.Pending {
+		t.Fatalf("tasks pending after Close returned: %+v", st)
+	}
+	stable("closed engine")
+}

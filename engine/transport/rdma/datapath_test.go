@@ -198,10 +198,10 @@ func TestFabricCloseInFlight(t *testing.T) {
 	f.mu.Unlock()
 	const reqs = 8
 	done := make(chan error, 2*reqs)
-	var rs []*transport.Request
+	cb := transport.DoneFunc(func(err error) { done <- err })
+	var rs []transport.Request
 	for i := 0; i < reqs; i++ {
-		rs = append(rs, &transport.Request{Op: transport.Write, Local: a.reg.Addr, Remote: b.reg.Addr, Length: 64 << 10,
-			Peer: b.desc, Buffer: &b.desc.Buffers[0], Done: func(err error) { done <- err }})
+		rs = append(rs, req(a, b, transport.Write, 0, 0, 64<<10, cb))
 	}
 	a.tr.Submit(rs)
 	if err := a.tr.Close(); err != nil {
@@ -213,11 +213,10 @@ func TestFabricCloseInFlight(t *testing.T) {
 		}
 	}
 	if len(done) != 0 {
-		t.Fatal("Done called more than once")
+		t.Fatal("completed more than once")
 	}
 	// After Close, requests fail at once.
-	a.tr.Submit([]*transport.Request{{Op: transport.Write, Local: a.reg.Addr, Remote: b.reg.Addr, Length: 1,
-		Peer: b.desc, Buffer: &b.desc.Buffers[0], Done: func(err error) { done <- err }}})
+	a.tr.Submit([]transport.Request{req(a, b, transport.Write, 0, 0, 1, cb)})
 	if err := <-done; !errors.Is(err, errs.ErrClosed) {
 		t.Fatalf("after Close: %v", err)
 	}
@@ -241,13 +240,13 @@ func TestFabricInvalid(t *testing.T) {
 		r    transport.Request
 		code errs.Code
 	}{
-		"rkeys for other devices": {transport.Request{Local: a.reg.Addr, Remote: b.reg.Addr, Length: 8, Peer: bad, Buffer: &bad.Buffers[0]}, errs.StaleDescriptor},
+		"rkeys for other devices": {transport.Request{Local: a.reg.Addr, Remote: b.reg.Addr, Length: 8, Peer: bad, Buffer: &bad.Buffers[0], Region: a.reg}, errs.StaleDescriptor},
 		"local not registered":    {transport.Request{Local: 0x1000, Remote: b.reg.Addr, Length: 8, Peer: b.desc, Buffer: &b.desc.Buffers[0]}, errs.AddressNotRegistered},
-		"peer without devices":    {transport.Request{Local: a.reg.Addr, Remote: b.reg.Addr, Length: 8, Peer: &segment.Desc{Name: "x"}, Buffer: &b.desc.Buffers[0]}, errs.TransportUnavailable},
+		"peer without devices":    {transport.Request{Local: a.reg.Addr, Remote: b.reg.Addr, Length: 8, Peer: &segment.Desc{Name: "x"}, Buffer: &b.desc.Buffers[0], Region: a.reg}, errs.TransportUnavailable},
 	} {
 		done := make(chan error, 1)
-		c.r.Done = func(err error) { done <- err }
-		a.tr.Submit([]*transport.Request{&c.r})
+		c.r.Owner = transport.DoneFunc(func(err error) { done <- err })
+		a.tr.Submit([]transport.Request{c.r})
 		if err := <-done; errs.CodeOf(err) != c.code {
 			t.Errorf("%s: %v, want code %v", name, err, c.code)
 		}
@@ -305,10 +304,9 @@ func TestFabricCQRoom(t *testing.T) {
 		}
 	}
 	done := make(chan error, 4)
-	var rs []*transport.Request
+	var rs []transport.Request
 	for _, peer := range []*side{b, c} {
-		rs = append(rs, &transport.Request{Op: transport.Write, Local: a.reg.Addr, Remote: peer.reg.Addr, Length: 512 << 10,
-			Peer: peer.desc, Buffer: &peer.desc.Buffers[0], Done: func(err error) { done <- err }})
+		rs = append(rs, req(a, peer, transport.Write, 0, 0, 512<<10, transport.DoneFunc(func(err error) { done <- err })))
 	}
 	// With completions held back, b's slices fill the CQ and every one of
 	// c's waits: c has nothing in flight that could flush it.
@@ -344,8 +342,7 @@ func TestFabricPostRefused(t *testing.T) {
 	f.mu.Unlock()
 	fill(a.buf, 8)
 	done := make(chan error, 2)
-	a.tr.Submit([]*transport.Request{{Op: transport.Write, Local: a.reg.Addr, Remote: b.reg.Addr, Length: 256 << 10,
-		Peer: b.desc, Buffer: &b.desc.Buffers[0], Done: func(err error) { done <- err }}})
+	a.tr.Submit([]transport.Request{req(a, b, transport.Write, 0, 0, 256<<10, transport.DoneFunc(func(err error) { done <- err }))})
 	close(gate)
 	if err := <-done; err != nil {
 		t.Fatal(err)

@@ -15,9 +15,36 @@
 //     over the NIC pairs; each slice is one work request with the local
 //     triple (addr, length, lkey) in its SGE and the remote pair
 //     (remote_addr, rkey) in wr.rdma.
+//   - All slices of one Submit bound for one endpoint are posted as one
+//     chain of work requests: one ibv_post_send (doorbell) per endpoint per
+//     submit, more only when a queue pair's send queue or the NIC's
+//     completion queue is full. Every 16th work request and the last of
+//     each chain are signaled; a completion accounts for every earlier work
+//     request of its queue pair (an RC send queue completes in order).
+//   - The peer's NIC list and the NIC pairs are parsed once per descriptor.
+//     A submit makes one span per request and NIC pair; slices are
+//     generated when posted, so it costs per request, not per slice, takes
+//     no transport-wide lock once endpoints are up and allocates per
+//     submit (two slabs), not per request or slice.
 //   - A poller goroutine per NIC drains the completion queue. A failed slice
 //     is retried on the next NIC pair; the failed endpoint is torn down and
 //     the next slice to that peer connects a fresh one.
+//
+// # Cancellation and unregistering
+//
+// Cancel ends slices not yet posted at once. Slices already posted cannot
+// be taken back from a NIC: the endpoint carrying them goes to the error
+// state, the NIC flushes its outstanding work requests, and a canceled
+// request completes once the flushed completions of all its slices have
+// been polled, that is once the NIC will not touch its memory again. The
+// other requests on that endpoint go again over a new one. Close does the
+// same for everything, and completes what a dead device never flushed only
+// after destroying its queue pairs.
+//
+// Peers reach this engine's memory with one-sided operations the owner does
+// not see, so Quiesce has nothing to count or cut; Unregister deregisters
+// the region's memory regions on every NIC, and once ibv_dereg_mr has
+// returned the NIC refuses their rkeys: no access of a peer lands after it.
 //
 // Without libibverbs or without an RDMA device, Start returns a NotSupported
 // error saying which, and the engine installs its other transports; Probe

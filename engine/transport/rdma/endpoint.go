@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/engine/transport"
 	"github.com/tecache/te/engine/wire"
 	"github.com/tecache/te/internal/sys/ibv"
 )
@@ -27,8 +28,8 @@ const (
 )
 
 // endpoint is the initiating side of one NIC pair with one peer: its RC
-// queue pairs, the slices waiting for room on them, and how many work
-// requests each has outstanding.
+// queue pairs, the spans of slices waiting for room on them, and the work
+// requests each has posted.
 type endpoint struct {
 	t     *Transport
 	key   epKey
@@ -36,16 +37,76 @@ type endpoint struct {
 	peer  peerRef
 	state atomic.Int32
 
-	mu          sync.Mutex
-	qps         []queuePair
-	outstanding []int
-	pending     []*slice
-	rr          int
-	depth       int
-	wrs         []workRequest // reused by flushLocked
-	err         error
-	connecting  bool // connect() still owns qps
-	released    bool
+	mu         sync.Mutex
+	qps        []*qpState
+	pend       []span // waiting, oldest from ph on
+	ph         int
+	pn         int // slices waiting
+	rr         int
+	wrs        []workRequest // reused by flushLocked
+	err        error
+	torn       bool // failed on purpose, to cancel requests posted on it
+	connecting bool // connect() still owns qps
+	released   bool
+}
+
+// qpState is one queue pair of an endpoint and the work requests posted on
+// it, in posting order: a completion (signaled every signalEvery work
+// requests and at the end of every chain) accounts for its work request and
+// every earlier one. A work request's wr_id is the queue pair's slot on its
+// NIC (upper half) and its sequence number (lower half).
+type qpState struct {
+	ep    *endpoint
+	qp    queuePair
+	slot  uint32
+	ring  []wrEntry // posted, oldest at head
+	sig   []bool    // whether ring[i] was posted signaled
+	head  int
+	n     int
+	seq   uint32 // sequence number of ring[head]
+	unsig int    // work requests posted since the last signaled one
+}
+
+// signalEvery is how many work requests may go unsignaled in a row: fewer
+// completions to poll, while the send queue still frees up steadily.
+const signalEvery = 16
+
+func newQPState(ep *endpoint, q queuePair) *qpState {
+	d := q.Depth()
+	return &qpState{ep: ep, qp: q, ring: make([]wrEntry, d), sig: make([]bool, d)}
+}
+
+func (q *qpState) room() int { return len(q.ring) - q.n }
+
+// push records a posted work request and returns its wr_id.
+func (q *qpState) push(e wrEntry, signaled bool) uint64 {
+	i := (q.head + q.n) % len(q.ring)
+	q.ring[i], q.sig[i] = e, signaled
+	id := uint64(q.slot)<<32 | uint64(q.seq+uint32(q.n))
+	q.n++
+	return id
+}
+
+func (q *qpState) popHead() wrEntry {
+	e := q.ring[q.head]
+	q.ring[q.head] = wrEntry{}
+	q.head = (q.head + 1) % len(q.ring)
+	q.n--
+	q.seq++
+	return e
+}
+
+func (q *qpState) popTail() wrEntry {
+	i := (q.head + q.n - 1) % len(q.ring)
+	e := q.ring[i]
+	q.ring[i] = wrEntry{}
+	q.n--
+	return e
+}
+
+func (q *qpState) at(k int) (wrEntry, bool) {
+	i := (q.head + k) % len(q.ring)
+	return q.ring[i], q.sig[i]
 }
 
 // peerRef is what an endpoint needs of the peer's descriptor.
@@ -63,24 +124,24 @@ func (ep *endpoint) failed() bool { return ep.state.Load() == epFailed }
 func (ep *endpoint) connect() {
 	defer ep.t.wg.Done()
 	err := ep.handshake()
+	var out outcome
 	ep.mu.Lock()
 	ep.connecting = false
 	if err == nil && ep.state.Load() != epFailed {
 		ep.state.Store(epReady)
-		retry := ep.flushLocked()
+		ep.flushLocked(&out)
 		ep.mu.Unlock()
-		ep.t.retryAll(retry)
+		ep.t.finish(ep, &out)
 		return
 	}
 	if err == nil {
 		err = ep.err // failed (closed) while connecting
 	}
 	ep.failLocked(err)
-	retry := ep.pending
-	ep.pending = nil
+	out.spans = ep.takePendingLocked(out.spans)
 	ep.releaseIfIdleLocked()
 	ep.mu.Unlock()
-	ep.t.retryAll(retry)
+	ep.t.finish(ep, &out)
 }
 
 func (ep *endpoint) handshake() error {
@@ -90,10 +151,13 @@ func (ep *endpoint) handshake() error {
 	if err != nil {
 		return err
 	}
+	states := make([]*qpState, len(qps))
+	for i, q := range qps {
+		states[i] = newQPState(ep, q)
+		n.addQP(states[i])
+	}
 	ep.mu.Lock()
-	ep.qps = qps
-	ep.outstanding = make([]int, len(qps))
-	ep.depth = qps[0].Depth()
+	ep.qps = states
 	ep.mu.Unlock()
 	req := handshake{
 		LocalNICPath: t.h.SegmentName() + "@" + n.name, PeerNICPath: ep.peer.name + "@" + ep.peer.nic,
@@ -143,124 +207,262 @@ func (n *nic) rcParams(h *handshake, gid ibv.GID, i int, localPSN uint32) ibv.RC
 	}
 }
 
-// post queues a slice and posts what fits.
-func (ep *endpoint) post(s *slice) {
+// post queues the spans linked from slab[head] and posts what fits; on a
+// failed endpoint they go back for a retry.
+func (ep *endpoint) post(slab []span, head int32) {
+	var out outcome
 	ep.mu.Lock()
-	if ep.state.Load() == epFailed {
-		err := ep.err
-		ep.mu.Unlock()
-		ep.t.retry(s, err)
-		return
+	failed := ep.state.Load() == epFailed
+	for i := head; i >= 0; i = slab[i].next {
+		if failed {
+			out.spans = append(out.spans, slab[i])
+		} else {
+			ep.pend = append(ep.pend, slab[i])
+			ep.pn += slab[i].count()
+		}
 	}
-	s.ep = ep
-	ep.pending = append(ep.pending, s)
-	var retry []*slice
-	if ep.state.Load() == epReady {
-		retry = ep.flushLocked()
+	if !failed && ep.state.Load() == epReady {
+		ep.flushLocked(&out)
 	}
 	ep.mu.Unlock()
-	ep.t.retryAll(retry)
+	ep.t.finish(ep, &out)
 }
 
-// flushLocked posts pending slices while a queue pair has room, as chains of
-// up to one batch. It returns slices that could not be posted (the endpoint
-// failed), to retry once ep.mu is released.
-func (ep *endpoint) flushLocked() []*slice {
-	for len(ep.pending) > 0 {
-		qi := -1
+// takePendingLocked moves every waiting span to out.
+func (ep *endpoint) takePendingLocked(out []span) []span {
+	out = append(out, ep.pend[ep.ph:]...)
+	clear(ep.pend)
+	ep.pend, ep.ph, ep.pn = ep.pend[:0], 0, 0
+	return out
+}
+
+// flushLocked posts waiting slices while a queue pair has room: each time
+// as one chain on one queue pair (one doorbell), signaled every signalEvery
+// work requests and at its end. Slices of canceled requests are left out;
+// a refused post fails the endpoint and sends the rest back for a retry.
+func (ep *endpoint) flushLocked(out *outcome) {
+	for ep.pn > 0 {
+		var qs *qpState
 		for k := range ep.qps {
 			j := (ep.rr + k) % len(ep.qps)
-			if ep.outstanding[j] < ep.depth {
-				qi = j
+			if ep.qps[j].room() > 0 {
+				qs, ep.rr = ep.qps[j], j+1
 				break
 			}
 		}
-		if qi < 0 {
-			return nil // full: completions post the rest
+		if qs == nil {
+			return // full: completions post the rest
 		}
-		ep.rr = qi + 1
-		take := min(ep.depth-ep.outstanding[qi], len(ep.pending), batchSize)
+		take := ep.nic.reserve(min(qs.room(), ep.pn), ep)
+		if take == 0 {
+			return // the NIC's CQ is full: its next completion flushes ep
+		}
 		ep.wrs = ep.wrs[:0]
-		for _, s := range ep.pending[:take] {
-			id, ok := ep.nic.track(s, ep)
-			if !ok {
-				break // the NIC's CQ is full: its next completion flushes ep
+		for len(ep.wrs) < take && ep.ph < len(ep.pend) {
+			s := &ep.pend[ep.ph]
+			if s.req.canceled.Load() {
+				ep.pn -= s.count()
+				out.canceled = append(out.canceled, *s)
+				*s = span{}
+				ep.ph++
+				continue
 			}
-			s.qp = qi
-			ep.wrs = append(ep.wrs, workRequest{id: id, read: s.read, local: s.local, n: s.n,
-				lkey: s.lkey, remote: s.remote, rkey: s.rkey})
+			local, remote, n := s.req.slice(s.idx)
+			qs.unsig++
+			sig := qs.unsig >= signalEvery
+			if sig {
+				qs.unsig = 0
+			}
+			id := qs.push(wrEntry{req: s.req, idx: s.idx, attempt: s.attempt}, sig)
+			ep.wrs = append(ep.wrs, workRequest{id: id, read: s.req.r.Op == transport.Read, signaled: sig,
+				local: local, n: n, lkey: s.lkey, remote: remote, rkey: s.rkey})
+			ep.pn--
+			if s.idx += s.step; s.idx >= s.end {
+				*s = span{}
+				ep.ph++
+			}
 		}
-		if len(ep.wrs) == 0 {
-			return nil
+		if ep.ph == len(ep.pend) {
+			ep.pend, ep.ph = ep.pend[:0], 0
+		} else if ep.ph > 64 && ep.ph > len(ep.pend)/2 {
+			n := copy(ep.pend, ep.pend[ep.ph:])
+			clear(ep.pend[n:])
+			ep.pend, ep.ph = ep.pend[:n], 0
 		}
-		take = len(ep.wrs)
-		posted, err := ep.qps[qi].Post(ep.wrs)
-		ep.outstanding[qi] += posted
+		if left := take - len(ep.wrs); left > 0 {
+			ep.nic.unreserve(left)
+		}
+		k := len(ep.wrs)
+		if k == 0 {
+			continue
+		}
+		if !ep.wrs[k-1].signaled {
+			// The end of a chain is signaled: nothing posted waits for a
+			// later post to be accounted for.
+			ep.wrs[k-1].signaled = true
+			qs.sig[(qs.head+qs.n-1)%len(qs.ring)] = true
+			qs.unsig = 0
+		}
+		posted, err := qs.qp.Post(ep.wrs)
+		ep.nic.posts.Add(1)
 		if err == nil {
-			ep.pending = ep.pending[take:]
 			continue
 		}
 		// The rest of the chain was not posted: take it back, and give up
-		// on this endpoint (a QP that refuses posts is in error).
-		var retry []*slice
-		for _, w := range ep.wrs[posted:] {
-			if s := ep.nic.untrack(w.id); s != nil {
-				retry = append(retry, s)
-			}
+		// on this endpoint (a queue pair that refuses posts is in error).
+		for i := k - 1; i >= posted; i-- {
+			out.retry = append(out.retry, qs.popTail())
 		}
-		retry = append(retry, ep.pending[take:]...)
-		ep.pending = nil
+		ep.nic.unreserve(k - posted)
+		out.spans = ep.takePendingLocked(out.spans)
 		ep.failLocked(err)
+		if posted > 0 && !ep.wrs[posted-1].signaled {
+			ep.fenceLocked(qs, ep.wrs[posted-1], out)
+		}
 		ep.releaseIfIdleLocked()
-		return retry
+		return
 	}
-	return nil
+}
+
+// fenceLocked follows a chain the queue pair took only in part, whose
+// signaled end was not posted: without a signaled work request after them,
+// the ones it took might never be accounted for. The queue pair is in error
+// now, so a work request posted to it is flushed with a completion, and
+// that completion covers the ones before. Should even that post be
+// refused, the unsignaled ones are given up as flushed: the queue pair is
+// in error and will not start them.
+func (ep *endpoint) fenceLocked(qs *qpState, like workRequest, out *outcome) {
+	ep.nic.used.Add(1)
+	like.id, like.signaled = qs.push(wrEntry{}, true), true
+	_, err := qs.qp.Post([]workRequest{like})
+	ep.nic.posts.Add(1)
+	if err == nil {
+		return
+	}
+	qs.popTail()
+	ep.nic.unreserve(1)
+	for qs.n > 0 {
+		e, sig := qs.at(qs.n - 1)
+		if sig {
+			break
+		}
+		qs.popTail()
+		ep.nic.unreserve(1)
+		if e.req != nil {
+			out.retry = append(out.retry, e)
+		}
+	}
 }
 
 // kick posts what waited for room on the NIC's completion queue.
 func (ep *endpoint) kick() {
+	var out outcome
 	ep.mu.Lock()
-	var retry []*slice
 	if ep.state.Load() == epReady {
-		retry = ep.flushLocked()
+		ep.flushLocked(&out)
 	}
 	ep.mu.Unlock()
-	ep.t.retryAll(retry)
+	ep.t.finish(ep, &out)
 }
 
-// batchSize is the longest chain of work requests posted in one call.
-const batchSize = 32
-
-// completed accounts for a finished work request of s and posts more.
-func (ep *endpoint) completed(s *slice, failed error) []*slice {
-	ep.mu.Lock()
-	defer ep.mu.Unlock()
-	if s.qp >= 0 && s.qp < len(ep.outstanding) {
-		ep.outstanding[s.qp]--
+// completedLocked accounts for the completion of work request seq of qs,
+// and for every earlier one: before a success or an error of its own they
+// succeeded (an RC send queue completes in order and an error always
+// completes); before a flush, they may have been flushed without a
+// completion of their own, so they go again. Then it posts more, or, on a
+// failed endpoint, sends what is waiting back.
+func (ep *endpoint) completedLocked(qs *qpState, seq uint32, status uint32, err error, out *outcome) {
+	d := seq - qs.seq
+	if qs.n == 0 || int64(d) >= int64(qs.n) {
+		return // covered already
 	}
-	if failed != nil && ep.state.Load() != epFailed {
-		ep.failLocked(failed)
+	out.failErr = err
+	if status == ibv.WCWRFlushErr && ep.torn {
+		out.failErr = errTornDown
+	}
+	k := int(d) + 1
+	for i := 0; i < k; i++ {
+		e := qs.popHead()
+		if e.req == nil {
+			continue // a fence
+		}
+		if status == ibv.WCSuccess || (i < k-1 && status != ibv.WCWRFlushErr) {
+			out.ok = append(out.ok, e)
+		} else {
+			out.failed = append(out.failed, e)
+		}
+	}
+	ep.nic.unreserve(k)
+	if err != nil && ep.state.Load() != epFailed {
+		ep.failLocked(err)
 	}
 	if ep.state.Load() == epFailed {
-		retry := ep.pending
-		ep.pending = nil
+		out.spans = ep.takePendingLocked(out.spans)
 		ep.releaseIfIdleLocked()
-		return retry
+		return
 	}
-	return ep.flushLocked()
+	ep.flushLocked(out)
+}
+
+// cancel ends the slices of canceled requests on ep: waiting ones at once;
+// if any is posted, the endpoint's queue pairs go to the error state, and
+// the flushed completions end them (and send the other requests' slices to
+// a new endpoint).
+func (ep *endpoint) cancel() {
+	var out outcome
+	ep.mu.Lock()
+	keep := ep.pend[:0]
+	for _, s := range ep.pend[ep.ph:] {
+		if s.req.canceled.Load() {
+			ep.pn -= s.count()
+			out.canceled = append(out.canceled, s)
+		} else {
+			keep = append(keep, s)
+		}
+	}
+	clear(ep.pend[len(keep):])
+	ep.pend, ep.ph = keep, 0
+	posted := false
+	for _, qs := range ep.qps {
+		for k := 0; k < qs.n && !posted; k++ {
+			e, _ := qs.at(k)
+			posted = e.req != nil && e.req.canceled.Load()
+		}
+	}
+	if posted && ep.state.Load() != epFailed {
+		ep.torn = true
+		ep.failLocked(errTornDown)
+		out.spans = ep.takePendingLocked(out.spans)
+		ep.releaseIfIdleLocked()
+	}
+	ep.mu.Unlock()
+	ep.t.finish(ep, &out)
+}
+
+// error is why slices taken back from the endpoint did not run.
+func (ep *endpoint) error() error {
+	ep.mu.Lock()
+	defer ep.mu.Unlock()
+	if ep.torn {
+		return errTornDown
+	}
+	if ep.err != nil {
+		return ep.err
+	}
+	return errs.New(errs.PeerUnreachable, "rdma", "endpoint failed")
 }
 
 // fail marks the endpoint failed: its queue pairs go to the error state so
 // every outstanding work request completes (flushed) and is retried, and
 // the next slice for this NIC pair connects a new endpoint.
 func (ep *endpoint) fail(err error) {
+	var out outcome
 	ep.mu.Lock()
 	ep.failLocked(err)
-	retry := ep.pending
-	ep.pending = nil
+	out.spans = ep.takePendingLocked(out.spans)
 	ep.releaseIfIdleLocked()
 	ep.mu.Unlock()
-	ep.t.retryAll(retry)
+	ep.t.finish(ep, &out)
 }
 
 func (ep *endpoint) failLocked(err error) {
@@ -271,11 +473,11 @@ func (ep *endpoint) failLocked(err error) {
 	ep.err = err
 	ep.state.Store(epFailed)
 	for _, q := range ep.qps {
-		_ = q.Fail()
+		_ = q.qp.Fail()
 	}
 	// A handshake that fails is reported through the requests; an
 	// established endpoint that breaks is worth a line.
-	if wasReady && !ep.t.closing.Load() {
+	if wasReady && !ep.t.closing.Load() && err != errTornDown {
 		ep.t.h.Logf("te: rdma: endpoint %s -> %s@%s failed: %v", ep.nic.name, ep.peer.name, ep.peer.nic, err)
 	}
 	// Lock order is endpoint.mu before Transport.mu: the transport never
@@ -289,13 +491,35 @@ func (ep *endpoint) releaseIfIdleLocked() {
 	if ep.released || ep.connecting || ep.state.Load() != epFailed {
 		return
 	}
-	for _, o := range ep.outstanding {
-		if o > 0 {
+	for _, q := range ep.qps {
+		if q.n > 0 {
 			return
 		}
 	}
 	ep.released = true
-	destroyQPs(ep.qps)
-	ep.qps = nil
+	ep.destroyLocked()
 	ep.t.released(ep)
+}
+
+// destroyLocked destroys the queue pairs; their rings stay for drainLocked.
+func (ep *endpoint) destroyLocked() {
+	for _, q := range ep.qps {
+		_ = q.qp.Destroy()
+		ep.nic.dropQP(q)
+	}
+}
+
+// drainLocked takes every work request still posted on the (destroyed)
+// queue pairs.
+func (ep *endpoint) drainLocked(out []wrEntry) []wrEntry {
+	for _, q := range ep.qps {
+		k := q.n
+		for q.n > 0 {
+			if e := q.popHead(); e.req != nil {
+				out = append(out, e)
+			}
+		}
+		ep.nic.unreserve(k)
+	}
+	return out
 }

@@ -29,6 +29,8 @@ type fabric struct {
 	mrs        map[uint32]*fabMR // by lkey and by rkey
 	handlers   map[string]func(context.Context, []byte) ([]byte, error)
 	posted     map[string]int // work requests per NIC
+	posts      map[string]int // Post calls (ibv_post_send) per NIC
+	cqes       map[string]int // completions delivered per NIC
 	failNext   map[string]int // work requests to fail per NIC
 	refuseNext map[string]int // posts to refuse per NIC (after taking one request)
 	hold       bool           // keep completions until the QP fails
@@ -38,7 +40,7 @@ type fabric struct {
 
 func newFabric() *fabric {
 	return &fabric{nextQPN: 0x100, nextKey: 0x10, qps: map[uint32]*fakeQP{}, mrs: map[uint32]*fabMR{},
-		handlers: map[string]func(context.Context, []byte) ([]byte, error){}, posted: map[string]int{}, failNext: map[string]int{}, refuseNext: map[string]int{}}
+		handlers: map[string]func(context.Context, []byte) ([]byte, error){}, posted: map[string]int{}, posts: map[string]int{}, cqes: map[string]int{}, failNext: map[string]int{}, refuseNext: map[string]int{}}
 }
 
 type fabMR struct {
@@ -169,6 +171,11 @@ type fakeQP struct {
 	held      []uint64 // completions kept back (fabric.hold)
 }
 
+// Completions follow verbs: a work request that succeeds completes only if
+// it was signaled; one that fails always does; moving the queue pair to the
+// error state flushes what is outstanding (here: held) with a completion
+// each.
+
 func (q *fakeQP) Num() uint32 { return q.num }
 func (q *fakeQP) Depth() int  { return q.depth }
 
@@ -191,6 +198,7 @@ func (q *fakeQP) Post(wrs []workRequest) (int, error) {
 	if q.destroyed {
 		return 0, errs.New(errs.Internal, "fake", "post on a destroyed QP")
 	}
+	f.posts[q.hw.name]++
 	if f.refuseNext[q.hw.name] > 0 && len(wrs) > 1 {
 		// Take the first request of the chain, refuse the rest.
 		f.refuseNext[q.hw.name]--
@@ -224,6 +232,9 @@ func (f *fabric) postLocked(q *fakeQP, wrs []workRequest) (int, error) {
 			q.held = append(q.held, w.id)
 			continue
 		}
+		if status == ibv.WCSuccess && !w.signaled {
+			continue
+		}
 		q.complete(w.id, status)
 	}
 	return len(wrs), nil
@@ -252,7 +263,10 @@ func (f *fabric) execute(q *fakeQP, w workRequest) uint32 {
 	return ibv.WCSuccess
 }
 
-func (q *fakeQP) complete(id uint64, status uint32) { q.hw.deliver(fabCompletion{id, status}) }
+func (q *fakeQP) complete(id uint64, status uint32) {
+	q.hw.f.cqes[q.hw.name]++ // under f.mu
+	q.hw.deliver(fabCompletion{id, status})
+}
 
 func (q *fakeQP) Fail() error {
 	f := q.hw.f
@@ -350,7 +364,7 @@ func newSide(t *testing.T, f *fabric, name string, nics int, params map[string]s
 		hw.gid[0], hw.gid[1], hw.gid[15] = 0xfe, 0x80, byte(len(f.qps)+i+1)
 		hw.gid[14] = name[0]
 		n := &nic{idx: i, name: hw.name, port: 1, lid: uint16(i + 1), gid: hw.gid, mtu: ibv.MTU4096,
-			link: ibv.LinkLayerInfiniBand, maxRdAtom: 16, hw: hw, inflight: map[uint64]*slice{}}
+			link: ibv.LinkLayerInfiniBand, maxRdAtom: 16, hw: hw}
 		s.hws = append(s.hws, hw)
 		ns = append(ns, n)
 	}
@@ -382,19 +396,23 @@ func (s *side) publish() {
 	s.desc = d
 }
 
+// req builds a request from a's buffer to b's, as the engine would.
+func req(a, b *side, op transport.Opcode, localOff, remoteOff, n uint64, c transport.Completer) transport.Request {
+	return transport.Request{Op: op, Local: a.reg.Addr + localOff, Remote: b.reg.Addr + remoteOff, Length: n,
+		Peer: b.desc, Buffer: &b.desc.Buffers[0], Key: b.desc.Buffers[0].Key, Region: a.reg, Owner: c}
+}
+
 // do runs one request from a to b and returns its result.
 func do(t *testing.T, a, b *side, op transport.Opcode, localOff, remoteOff, n uint64) error {
 	t.Helper()
 	done := make(chan error, 2)
-	r := &transport.Request{Op: op, Local: a.reg.Addr + localOff, Remote: b.reg.Addr + remoteOff, Length: n,
-		Peer: b.desc, Buffer: &b.desc.Buffers[0], Done: func(err error) { done <- err }}
-	a.tr.Submit([]*transport.Request{r})
+	a.tr.Submit([]transport.Request{req(a, b, op, localOff, remoteOff, n, transport.DoneFunc(func(err error) { done <- err }))})
 	select {
 	case err := <-done:
-		// Done is called exactly once.
+		// It completes exactly once.
 		select {
 		case <-done:
-			t.Fatal("Done called twice")
+			t.Fatal("completed twice")
 		case <-time.After(time.Millisecond):
 		}
 		return err

@@ -7,12 +7,14 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/tecache/te/internal/sys/ibv"
 )
 
 // nic is one RDMA device as the transport sees it: its port's address, the
-// work requests posted through it, and the hardware behind it.
+// queue pairs whose work requests complete on its completion queue, and the
+// hardware behind it.
 type nic struct {
 	idx       int
 	name      string
@@ -27,13 +29,24 @@ type nic struct {
 	hw        nicHW
 
 	// cqCap bounds work requests outstanding on the NIC: all its queue
-	// pairs share one completion queue, which must never overrun.
+	// pairs share one completion queue, which must never overrun (a queue
+	// pair in error completes every outstanding request, signalled or not).
 	cqCap int
+	used  atomic.Int64 // work requests posted and not yet accounted complete
 
-	mu       sync.Mutex
-	inflight map[uint64]*slice // posted work requests by wr_id
-	nextID   uint64
-	starved  map[*endpoint]struct{} // endpoints waiting for CQ room
+	// slots maps a wr_id's upper half to its queue pair: a copy-on-write
+	// snapshot the poller reads without a lock.
+	slots atomic.Pointer[[]*qpState]
+	smu   sync.Mutex // guards slot changes and free
+	free  []uint32
+
+	mu      sync.Mutex
+	starved map[*endpoint]struct{} // endpoints waiting for CQ room
+	nStarve atomic.Int32
+
+	posts atomic.Uint64 // ibv_post_send calls
+
+	scratch outcome // the poller's, reused for every completion
 }
 
 // nicHW is what a NIC does in hardware: register memory, create queue
@@ -50,15 +63,17 @@ type nicHW interface {
 }
 
 // workRequest is one RDMA READ or WRITE: the local triple (local, n, lkey)
-// and the remote pair (remote, rkey).
+// and the remote pair (remote, rkey). Only signaled ones produce a
+// completion when they succeed; a failed or flushed one always does.
 type workRequest struct {
-	id     uint64
-	read   bool
-	local  uint64
-	n      uint32
-	lkey   uint32
-	remote uint64
-	rkey   uint32
+	id       uint64
+	read     bool
+	signaled bool
+	local    uint64
+	n        uint32
+	lkey     uint32
+	remote   uint64
+	rkey     uint32
 }
 
 // queuePair is one RC queue pair.
@@ -68,8 +83,8 @@ type queuePair interface {
 	Depth() int
 	// Connect brings a fresh queue pair to RTS, talking to the peer's.
 	Connect(p ibv.RCParams) error
-	// Post posts the work requests as one chain, signalled; it returns how
-	// many the queue pair took.
+	// Post posts the work requests as one chain (one ibv_post_send); it
+	// returns how many the queue pair took.
 	Post(wrs []workRequest) (int, error)
 	// Fail moves it to the error state: outstanding work requests complete
 	// as flushed.
@@ -119,26 +134,47 @@ func pickGIDIndex(dev string, port uint8, link uint8, tblLen int) int {
 	return max(first, 0)
 }
 
-// track records a slice about to be posted and returns its wr_id. It
-// refuses (ok false) when the completion queue has no room left, and then
-// remembers ep so the next completion on this NIC flushes it.
-func (n *nic) track(s *slice, ep *endpoint) (id uint64, ok bool) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.cqCap > 0 && len(n.inflight) >= n.cqCap {
-		if n.starved == nil {
-			n.starved = map[*endpoint]struct{}{}
-		}
-		n.starved[ep] = struct{}{}
-		return 0, false
+// reserve takes room for up to k work requests on the completion queue and
+// returns how many it got; with none left it remembers ep so the next
+// completion on this NIC flushes it.
+func (n *nic) reserve(k int, ep *endpoint) int {
+	if n.cqCap <= 0 {
+		n.used.Add(int64(k))
+		return k
 	}
-	n.nextID++
-	n.inflight[n.nextID] = s
-	return n.nextID, true
+	for {
+		cur := n.used.Load()
+		room := int64(n.cqCap) - cur
+		if room <= 0 {
+			n.mu.Lock()
+			if n.starved == nil {
+				n.starved = map[*endpoint]struct{}{}
+			}
+			n.starved[ep] = struct{}{}
+			n.nStarve.Store(int32(len(n.starved)))
+			n.mu.Unlock()
+			// A completion may have freed room between the load and the
+			// mark: look once more so the endpoint is not left waiting.
+			if n.used.Load() < int64(n.cqCap) {
+				continue
+			}
+			return 0
+		}
+		take := min(int64(k), room)
+		if n.used.CompareAndSwap(cur, cur+take) {
+			return int(take)
+		}
+	}
 }
+
+// unreserve gives back room for k work requests.
+func (n *nic) unreserve(k int) { n.used.Add(-int64(k)) }
 
 // takeStarved returns the endpoints that waited for CQ room.
 func (n *nic) takeStarved() []*endpoint {
+	if n.nStarve.Load() == 0 {
+		return nil
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if len(n.starved) == 0 {
@@ -149,32 +185,53 @@ func (n *nic) takeStarved() []*endpoint {
 		out = append(out, ep)
 	}
 	clear(n.starved)
+	n.nStarve.Store(0)
 	return out
 }
 
-func (n *nic) untrack(id uint64) *slice {
-	n.mu.Lock()
-	s := n.inflight[id]
-	delete(n.inflight, id)
-	n.mu.Unlock()
-	return s
-}
+// outstanding returns the work requests posted on the NIC and not yet
+// accounted complete.
+func (n *nic) outstanding() int { return int(n.used.Load()) }
 
-func (n *nic) outstanding() int {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return len(n.inflight)
-}
-
-// takeAll removes every tracked slice (for Close when the device stopped
-// delivering completions).
-func (n *nic) takeAll() []*slice {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	out := make([]*slice, 0, len(n.inflight))
-	for id, s := range n.inflight {
-		out = append(out, s)
-		delete(n.inflight, id)
+// addQP gives a queue pair a slot, the upper half of its wr_ids.
+func (n *nic) addQP(q *qpState) {
+	n.smu.Lock()
+	defer n.smu.Unlock()
+	var cur []*qpState
+	if p := n.slots.Load(); p != nil {
+		cur = *p
 	}
-	return out
+	next := append([]*qpState(nil), cur...)
+	if k := len(n.free); k > 0 {
+		q.slot = n.free[k-1]
+		n.free = n.free[:k-1]
+		next[q.slot] = q
+	} else {
+		q.slot = uint32(len(next))
+		next = append(next, q)
+	}
+	n.slots.Store(&next)
+}
+
+// dropQP frees a destroyed queue pair's slot.
+func (n *nic) dropQP(q *qpState) {
+	n.smu.Lock()
+	defer n.smu.Unlock()
+	cur := *n.slots.Load()
+	if int(q.slot) >= len(cur) || cur[q.slot] != q {
+		return
+	}
+	next := append([]*qpState(nil), cur...)
+	next[q.slot] = nil
+	n.free = append(n.free, q.slot)
+	n.slots.Store(&next)
+}
+
+// qpAt returns the queue pair of a wr_id's slot, or nil.
+func (n *nic) qpAt(slot uint32) *qpState {
+	p := n.slots.Load()
+	if p == nil || int(slot) >= len(*p) {
+		return nil
+	}
+	return (*p)[slot]
 }

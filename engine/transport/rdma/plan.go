@@ -9,19 +9,19 @@ import (
 	"github.com/tecache/te/internal/sys/ibv"
 )
 
-// span is one slice of a request: offset from the request's start, length.
-type span struct{ off, n uint64 }
+// sliceCount is how many slices of at most size bytes a request of length
+// bytes is cut into.
+func sliceCount(length, size uint64) int {
+	if size == 0 {
+		return 0
+	}
+	return int((length + size - 1) / size)
+}
 
-// planSlices cuts a request of length bytes into slices of at most size.
-func planSlices(length, size uint64) []span {
-	if length == 0 || size == 0 {
-		return nil
-	}
-	out := make([]span, 0, (length+size-1)/size)
-	for off := uint64(0); off < length; off += size {
-		out = append(out, span{off, min(size, length-off)})
-	}
-	return out
+// sliceAt returns slice k of such a request: its offset and length.
+func sliceAt(length, size uint64, k int) (off, n uint64) {
+	off = uint64(k) * size
+	return off, min(size, length-off)
 }
 
 // nicInfo is what pairing needs to know of a NIC, local or remote.

@@ -11,22 +11,23 @@ import (
 )
 
 func TestPlanSlices(t *testing.T) {
-	if planSlices(0, 64<<10) != nil {
+	if sliceCount(0, 64<<10) != 0 {
 		t.Fatal("zero length gave slices")
 	}
 	for _, c := range []struct{ length, size uint64 }{
 		{1, 64 << 10}, {64 << 10, 64 << 10}, {64<<10 + 1, 64 << 10}, {10 << 20, 64 << 10}, {1000, 7},
 	} {
-		ss := planSlices(c.length, c.size)
-		if want := int((c.length + c.size - 1) / c.size); len(ss) != want {
-			t.Fatalf("%+v: %d slices, want %d", c, len(ss), want)
+		k := sliceCount(c.length, c.size)
+		if want := int((c.length + c.size - 1) / c.size); k != want {
+			t.Fatalf("%+v: %d slices, want %d", c, k, want)
 		}
 		var next uint64
-		for i, s := range ss {
-			if s.off != next || s.n == 0 || s.n > c.size || (i < len(ss)-1 && s.n != c.size) {
-				t.Fatalf("%+v: slice %d = %+v", c, i, s)
+		for i := 0; i < k; i++ {
+			off, n := sliceAt(c.length, c.size, i)
+			if off != next || n == 0 || n > c.size || (i < k-1 && n != c.size) {
+				t.Fatalf("%+v: slice %d = %d+%d", c, i, off, n)
 			}
-			next += s.n
+			next += n
 		}
 		if next != c.length {
 			t.Fatalf("%+v: slices cover %d bytes", c, next)

@@ -90,6 +90,8 @@ type Transport struct {
 	eps     map[epKey]*endpoint
 	all     map[*endpoint]struct{} // every endpoint whose queue pairs are not destroyed
 	passive map[epKey]*passiveEP
+
+	peers sync.Map // segment name -> *peerInfo of its last descriptor
 }
 
 // passiveEP is the accepting side of an endpoint: queue pairs a peer
@@ -214,124 +216,15 @@ func (t *Transport) Reachable(d *segment.Desc) error {
 	if d.RPC == "" {
 		return errs.New(errs.TransportUnavailable, "rdma", "segment %q has no control-plane address for the handshake", d.Name)
 	}
-	peers, err := peerNICs(d)
-	if err != nil {
-		return err
-	}
-	if len(pairNICs(t.local, peers)) == 0 {
-		return errs.New(errs.TransportUnavailable, "rdma", "no NIC here shares a link layer with %q (%s vs %s)",
-			d.Name, endpointString(t.local), endpointString(peers))
-	}
-	return nil
+	return t.peerOf(d).err
 }
 
-// request is one transfer cut into slices.
-type request struct {
-	r     *transport.Request
-	lkeys []uint32
-	rkeys []uint32
-	peers []nicInfo
-	pairs [][2]int
-	start int
-	left  atomic.Int64
-	mu    sync.Mutex
-	err   error
-}
-
-func (q *request) sliceDone(err error) {
-	if err != nil {
-		q.mu.Lock()
-		if q.err == nil {
-			q.err = err
-		}
-		q.mu.Unlock()
-	}
-	if q.left.Add(-1) == 0 {
-		q.r.Complete(q.err)
-	}
-}
-
-// slice is one work request's worth of a request.
-type slice struct {
-	req     *request
-	idx     int
-	read    bool
-	local   uint64
-	remote  uint64
-	n       uint32
-	lkey    uint32
-	rkey    uint32
-	attempt int
-	ep      *endpoint
-	qp      int
-}
-
-// Submit cuts each request into slices and posts them over the NIC pairs.
-func (t *Transport) Submit(reqs []transport.Request) {
-	for i := range reqs {
-		r := &reqs[i]
-		q, err := t.prepare(r)
-		if err != nil {
-			r.Complete(err)
-			continue
-		}
-		spans := planSlices(r.Length, t.opt.Slice)
-		q.left.Store(int64(len(spans)))
-		for i, sp := range spans {
-			t.dispatch(&slice{req: q, idx: i, read: r.Op == transport.Read,
-				local: r.Local + sp.off, remote: r.Remote + sp.off, n: uint32(sp.n), qp: -1})
-		}
-	}
-}
-
-func (t *Transport) prepare(r *transport.Request) (*request, error) {
-	if t.closing.Load() {
-		return nil, errs.New(errs.Closed, "rdma", "transport closed")
-	}
-	if r.Length == 0 {
-		return nil, errs.New(errs.InvalidArgument, "rdma", "zero length")
-	}
-	peers, err := peerNICs(r.Peer)
-	if err != nil {
-		return nil, err
-	}
-	pairs := pairNICs(t.local, peers)
-	if len(pairs) == 0 {
-		return nil, errs.New(errs.TransportUnavailable, "rdma", "no NIC pair reaches %q", r.Peer.Name)
-	}
-	if len(r.Buffer.Rkey) != len(peers) {
-		return nil, errs.New(errs.StaleDescriptor, "rdma", "buffer at %#x of %q has %d rkeys for %d devices",
-			r.Buffer.Addr, r.Peer.Name, len(r.Buffer.Rkey), len(peers))
-	}
-	region, ok := t.h.Registry().Lookup(r.Local, r.Length)
-	if !ok {
-		return nil, errs.New(errs.AddressNotRegistered, "rdma", "local [%#x,+%d) is not registered", r.Local, r.Length)
-	}
-	if len(region.Desc.Lkey) != len(t.nics) {
-		return nil, errs.New(errs.AddressNotRegistered, "rdma", "local [%#x,+%d) has no memory region on every NIC", r.Local, r.Length)
-	}
-	return &request{r: r, lkeys: region.Desc.Lkey, rkeys: r.Buffer.Rkey, peers: peers, pairs: pairs,
-		start: int(t.rr.Add(1) % uint64(len(pairs)))}, nil
-}
-
-// dispatch sends a slice to the endpoint of its NIC pair for this attempt.
-func (t *Transport) dispatch(s *slice) {
-	q := s.req
-	p := q.pairs[pickPair(len(q.pairs), q.start, s.idx, s.attempt)]
-	s.lkey, s.rkey = q.lkeys[p[0]], q.rkeys[p[1]]
-	ep, err := t.endpoint(q, p[0], p[1])
-	if err != nil {
-		q.sliceDone(err)
-		return
-	}
-	ep.post(s)
-}
-
-// endpoint returns the endpoint of a NIC pair with the request's peer,
-// starting a new one (connected in the background) when there is none or
-// the last one failed.
-func (t *Transport) endpoint(q *request, local, remote int) (*endpoint, error) {
-	key := epKey{instance: q.r.Peer.Instance, local: local, remote: q.peers[remote].name}
+// endpoint returns the endpoint of a NIC pair with the peer, starting a new
+// one (connected in the background) when there is none or the last one
+// failed.
+func (t *Transport) endpoint(pi *peerInfo, local, remote int) (*endpoint, error) {
+	d := pi.desc
+	key := epKey{instance: d.Instance, local: local, remote: pi.nics[remote].name}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
@@ -341,7 +234,7 @@ func (t *Transport) endpoint(q *request, local, remote int) (*endpoint, error) {
 		return ep, nil
 	}
 	ep := &endpoint{t: t, key: key, nic: t.nics[local], connecting: true,
-		peer: peerRef{name: q.r.Peer.Name, instance: q.r.Peer.Instance, rpc: q.r.Peer.RPC, nic: q.peers[remote].name}}
+		peer: peerRef{name: d.Name, instance: d.Instance, rpc: d.RPC, nic: pi.nics[remote].name}}
 	t.eps[key] = ep
 	t.all[ep] = struct{}{}
 	t.wg.Add(1)
@@ -357,86 +250,6 @@ func (t *Transport) forget(ep *endpoint) {
 		delete(t.eps, ep.key)
 	}
 	t.mu.Unlock()
-}
-
-// complete handles the completion of work request id on n (called by the
-// NIC's poller).
-func (t *Transport) complete(n *nic, id uint64, status, vendorErr uint32) {
-	s := n.untrack(id)
-	if s == nil {
-		return // not ours, or already failed by Close
-	}
-	var err error
-	if status != ibv.WCSuccess {
-		err = wcError(s, status, vendorErr)
-	}
-	retry := s.ep.completed(s, err)
-	if err == nil {
-		s.req.sliceDone(nil)
-	} else {
-		t.retry(s, err)
-	}
-	t.retryAll(retry)
-	for _, ep := range n.takeStarved() {
-		ep.kick()
-	}
-}
-
-// wcError turns a failed completion into a te error.
-func wcError(s *slice, status, vendorErr uint32) error {
-	code := errs.PeerUnreachable
-	if status == ibv.WCRemAccessErr {
-		// The peer's NIC refused the rkey or range: the region was
-		// unregistered (and maybe registered again) since the descriptor.
-		code = errs.StaleDescriptor
-	}
-	return errs.New(code, "rdma", "work request on %s -> %s@%s: %s (vendor error %#x)",
-		s.ep.nic.name, s.ep.peer.name, s.ep.peer.nic, ibv.WCStatusString(status), vendorErr)
-}
-
-// retryable says whether a slice that failed with err may be tried again
-// on another NIC pair: transport-level failures yes; a refused key, a
-// stale peer or a closed transport no.
-func retryable(err error) bool {
-	switch errs.CodeOf(err) {
-	case errs.PeerUnreachable, errs.Timeout, errs.Internal, errs.NoMemory, errs.Protocol:
-		return true
-	}
-	return false
-}
-
-// retry sends a failed slice to the next NIC pair, or ends it.
-func (t *Transport) retry(s *slice, err error) {
-	s.ep, s.qp = nil, -1
-	if t.closing.Load() {
-		s.req.sliceDone(errs.Wrap(errs.Closed, "rdma", err, "transport closed"))
-		return
-	}
-	if s.attempt >= t.opt.Retries || !retryable(err) {
-		s.req.sliceDone(err)
-		return
-	}
-	s.attempt++
-	t.dispatch(s)
-}
-
-func (t *Transport) retryAll(ss []*slice) {
-	for _, s := range ss {
-		t.retry(s, s.epErr())
-	}
-}
-
-// epErr is why a slice taken back from an endpoint did not run.
-func (s *slice) epErr() error {
-	if s.ep != nil {
-		s.ep.mu.Lock()
-		err := s.ep.err
-		s.ep.mu.Unlock()
-		if err != nil {
-			return err
-		}
-	}
-	return errs.New(errs.PeerUnreachable, "rdma", "endpoint failed")
 }
 
 // createQPs creates count RC queue pairs on the NIC.
@@ -536,7 +349,9 @@ func destroyQPs(qps []queuePair) {
 const closeDrain = 2 * time.Second
 
 // Close fails everything in flight, stops the pollers and releases every
-// verbs object.
+// verbs object. A request still posted when the device stopped delivering
+// completions is completed only after its queue pair is destroyed, when
+// the NIC can no longer touch its memory.
 func (t *Transport) Close() error {
 	if t.closing.Swap(true) {
 		return nil
@@ -567,9 +382,6 @@ func (t *Transport) Close() error {
 	}
 	for _, n := range t.nics {
 		n.hw.Stop()
-		for _, s := range n.takeAll() {
-			s.req.sliceDone(closedErr)
-		}
 	}
 	t.mu.Lock()
 	eps = eps[:0]
@@ -580,14 +392,18 @@ func (t *Transport) Close() error {
 	passive := t.passive
 	t.passive = map[epKey]*passiveEP{}
 	t.mu.Unlock()
+	var left []wrEntry
 	for _, ep := range eps {
 		ep.mu.Lock()
 		if !ep.released {
 			ep.released = true
-			destroyQPs(ep.qps)
-			ep.qps = nil
+			ep.destroyLocked()
 		}
+		left = ep.drainLocked(left)
 		ep.mu.Unlock()
+	}
+	for _, e := range left {
+		e.req.sliceDone(closedErr)
 	}
 	for _, p := range passive {
 		destroyQPs(p.qps)

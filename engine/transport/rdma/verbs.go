@@ -34,7 +34,7 @@ func openNIC(list *ibv.DeviceList, i, idx int, o Options) (_ *nic, err error) {
 			v.Release()
 		}
 	}()
-	n := &nic{idx: idx, name: ctx.Name, hw: v, inflight: map[uint64]*slice{}}
+	n := &nic{idx: idx, name: ctx.Name, hw: v}
 	da, err := ctx.QueryDevice()
 	if err != nil {
 		return nil, err
@@ -102,7 +102,8 @@ func (v *verbsNIC) RegMR(addr, length uint64, access int) (memReg, error) {
 }
 
 // verbsQP is an RC queue pair with the C memory its work requests are built
-// in (used under the endpoint's lock).
+// in, room for a whole send queue, so one chain is one ibv_post_send (used
+// under the endpoint's lock).
 type verbsQP struct {
 	qp    *ibv.QP
 	batch *ibv.WRBatch
@@ -110,17 +111,18 @@ type verbsQP struct {
 }
 
 func (v *verbsNIC) CreateQP(depth int) (queuePair, error) {
-	b, err := ibv.NewWRBatch(batchSize)
-	if err != nil {
-		return nil, err
-	}
 	qp, err := v.pd.CreateQP(ibv.QPInitAttr{SendCQ: v.cq.Handle(), RecvCQ: v.cq.Handle(), QPType: ibv.QPTypeRC,
 		Cap: ibv.QPCap{MaxSendWR: uint32(depth), MaxRecvWR: 1, MaxSendSge: 1, MaxRecvSge: 1}})
 	if err != nil {
-		b.Free()
 		return nil, err
 	}
-	return &verbsQP{qp: qp, batch: b, depth: min(depth, int(qp.Cap.MaxSendWR))}, nil
+	d := min(depth, int(qp.Cap.MaxSendWR))
+	b, err := ibv.NewWRBatch(d)
+	if err != nil {
+		_ = qp.Destroy()
+		return nil, err
+	}
+	return &verbsQP{qp: qp, batch: b, depth: d}, nil
 }
 
 func (q *verbsQP) Num() uint32                  { return q.qp.Num }
@@ -128,6 +130,9 @@ func (q *verbsQP) Depth() int                   { return q.depth }
 func (q *verbsQP) Connect(p ibv.RCParams) error { return ibv.ConnectRC(q.qp, p) }
 func (q *verbsQP) Fail() error                  { return ibv.ToError(q.qp) }
 
+// Post writes the chain into the queue pair's C memory and posts it with
+// one ibv_post_send (a longer chain than the send queue, which the
+// transport never builds, takes more).
 func (q *verbsQP) Post(wrs []workRequest) (int, error) {
 	posted := 0
 	for posted < len(wrs) {
@@ -137,7 +142,11 @@ func (q *verbsQP) Post(wrs []workRequest) (int, error) {
 			if w.read {
 				op = ibv.WRRDMARead
 			}
-			if !q.batch.Add(w.id, op, w.local, w.n, w.lkey, w.remote, w.rkey, ibv.SendSignaled) {
+			var flags uint32
+			if w.signaled {
+				flags = ibv.SendSignaled
+			}
+			if !q.batch.Add(w.id, op, w.local, w.n, w.lkey, w.remote, w.rkey, flags) {
 				break
 			}
 		}

@@ -4,8 +4,20 @@
 // (1024) requests go into one system call (requests adjacent on a side share
 // one iovec there); when the kernel stops short the transfer goes on where
 // it stopped, and a range the kernel refuses fails alone. Batches are spread
-// over copy workers; a batch of at most 64 KiB is copied in the submitting
-// goroutine.
+// over copy workers through an unbounded queue, so Submit never waits for a
+// copy; a batch of at most 64 KiB to an owner whose session and keys are in
+// hand is copied in the submitting goroutine (control calls never are).
+//
+// # Cancellation and Close
+//
+// Cancel drops the queued spans of the canceled requests at once; a worker
+// leaves them out from its next system call on, so a request being copied
+// ends once its current process_vm_readv/writev returns (one call moves at
+// most a job: shm.job_bytes, 1024 spans). Close fails what is queued, makes
+// every worker stop at its next system call and waits for them: no copy
+// runs after it returns. Quiesce has nothing to cut: peers reach this
+// engine's memory with their own system calls, which the owner does not
+// count; the fence for them is the revocation below, which Unregister runs.
 //
 // # Choosing shm
 //

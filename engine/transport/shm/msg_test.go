@@ -182,8 +182,8 @@ func TestReachableIdentity(t *testing.T) {
 	}
 	d := base()
 	done := make(chan error, 1)
-	tr.Submit([]*transport.Request{{Op: transport.Write, Local: 1, Remote: 1, Length: 1, Peer: d,
-		Buffer: &segment.BufferDesc{Addr: 1, Length: 1, Key: 1}, Done: func(err error) { done <- err }}})
+	tr.Submit([]transport.Request{{Op: transport.Write, Local: 1, Remote: 1, Length: 1, Peer: d,
+		Buffer: &segment.BufferDesc{Addr: 1, Length: 1, Key: 1}, Key: 1, Owner: transport.DoneFunc(func(err error) { done <- err })}})
 	if err := <-done; errs.CodeOf(err) != errs.TransportUnavailable {
 		t.Fatalf("submit to an unreachable peer: %v", err)
 	}
@@ -215,9 +215,9 @@ func TestSubmitAfterClose(t *testing.T) {
 	done := make(chan error, 1)
 	h := tr.self
 	h.Pid = 1
-	tr.Submit([]*transport.Request{{Op: transport.Read, Local: 1, Remote: 1, Length: 1,
-		Peer: &segment.Desc{Name: "p", Instance: "x", RPC: "r", Host: &h}, Buffer: &segment.BufferDesc{Key: 1},
-		Done: func(err error) { done <- err }}})
+	tr.Submit([]transport.Request{{Op: transport.Read, Local: 1, Remote: 1, Length: 1,
+		Peer: &segment.Desc{Name: "p", Instance: "x", RPC: "r", Host: &h}, Buffer: &segment.BufferDesc{Key: 1}, Key: 1,
+		Owner: transport.DoneFunc(func(err error) { done <- err })}})
 	if err := <-done; errs.CodeOf(err) != errs.Closed {
 		t.Fatalf("%v, want Closed", err)
 	}

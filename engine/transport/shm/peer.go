@@ -287,6 +287,14 @@ func (o *owner) ready(t *Transport) error {
 	return err
 }
 
+// fresh reports whether the owner can be used without a control call: a
+// session is attached and its lease has at least half its length left.
+func (o *owner) fresh() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.session != 0 && o.refused == nil && time.Until(o.leaseUntil) >= o.lease/2
+}
+
 // leaseLeft returns how long the lease still runs (negative: lapsed).
 func (o *owner) leaseLeft() time.Duration {
 	o.mu.Lock()

@@ -125,6 +125,14 @@ func initiator() error {
 			} else {
 				say("ok %s %d", tr, crc32.ChecksumIEEE(buf[off:off+size]))
 			}
+		case "cancel": // cancel write|read N SIZE BYTE
+			op := engine.Write
+			if f[1] == "read" {
+				op = engine.Read
+			}
+			say("%s", cancelMidBatch(e, seg, buf, addr, op, int(arg(2)), arg(3), byte(arg(4))))
+		case "closeall": // closeall N SIZE BYTE: N writes in flight, then Close
+			say("%s", closeInFlight(e, seg, buf, addr, int(arg(1)), arg(2), byte(arg(3))))
 		case "stats":
 			b, _ := json.Marshal(e.TransportStats())
 			say("%s", b)
@@ -152,6 +160,131 @@ func initiator() error {
 		}
 	}
 	return nil
+}
+
+// canary is what the initiator writes into its buffer once its tasks ended:
+// a copy that ran after that would carry it to the owner (WRITE) or
+// overwrite it (READ).
+const canary = 0xCD
+
+// cancelMidBatch submits n requests of size bytes at consecutive offsets,
+// cancels the batch at once and waits. Then it fills its buffer with the
+// canary and, for a READ, watches it for 200 ms. It answers
+// "ok STATES INTACT": one letter per task (c completed, x canceled, f
+// anything else) and whether the canary survived.
+func cancelMidBatch(e *engine.Engine, seg *engine.Segment, buf []byte, remote uint64, op engine.Opcode, n int, size uint64, v byte) string {
+	local := mem.Addr(buf)
+	if op == engine.Write {
+		fillBytes(buf[:uint64(n)*size], v)
+	} else {
+		fillBytes(buf[:uint64(n)*size], 0)
+	}
+	b, err := e.AllocateBatch(n)
+	if err != nil {
+		return "error " + err.Error()
+	}
+	defer b.Free()
+	reqs := make([]engine.Request, n)
+	for i := range reqs {
+		off := uint64(i) * size
+		reqs[i] = engine.Request{Op: op, Local: local + off, Segment: seg, Remote: remote + off, Length: size}
+	}
+	if err := b.Submit(reqs...); err != nil {
+		return "error " + err.Error()
+	}
+	if err := b.Cancel(); err != nil {
+		return "error " + err.Error()
+	}
+	if _, err := b.Wait(30 * time.Second); err != nil {
+		return "error " + err.Error()
+	}
+	states := make([]byte, n)
+	for i := range states {
+		ts, _ := b.TaskStatus(i)
+		switch ts.State {
+		case engine.Completed:
+			states[i] = 'c'
+		case engine.Canceled:
+			states[i] = 'x'
+		default:
+			states[i] = 'f'
+		}
+	}
+	// Completed reads brought the owner's bytes; check them before the
+	// canary goes over them.
+	if op == engine.Read {
+		for i, s := range states {
+			if s == 'c' && firstNotByte(buf[uint64(i)*size:uint64(i+1)*size], v) >= 0 {
+				return "error completed read " + strconv.Itoa(i) + " has wrong bytes"
+			}
+		}
+	}
+	fillBytes(buf[:uint64(n)*size], canary)
+	intact := 1
+	if op == engine.Read {
+		for end := time.Now().Add(200 * time.Millisecond); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+			if firstNotByte(buf[:uint64(n)*size], canary) >= 0 {
+				intact = 0
+				break
+			}
+		}
+	}
+	return fmt.Sprintf("ok %s %d", states, intact)
+}
+
+// closeInFlight submits n writes of size bytes in batches of 128 and closes
+// the engine at once. Every task must have ended when Close returns; then
+// the buffer is filled with the canary. It answers "ok COMPLETED ENDED
+// PENDING".
+func closeInFlight(e *engine.Engine, seg *engine.Segment, buf []byte, remote uint64, n int, size uint64, v byte) string {
+	fillBytes(buf[:uint64(n)*size], v)
+	local := mem.Addr(buf)
+	var bs []*engine.Batch
+	for lo := 0; lo < n; lo += 128 {
+		hi := min(lo+128, n)
+		b, err := e.AllocateBatch(hi - lo)
+		if err != nil {
+			return "error " + err.Error()
+		}
+		reqs := make([]engine.Request, hi-lo)
+		for i := range reqs {
+			off := uint64(lo+i) * size
+			reqs[i] = engine.Request{Op: engine.Write, Local: local + off, Segment: seg, Remote: remote + off, Length: size}
+		}
+		if err := b.Submit(reqs...); err != nil {
+			return "error " + err.Error()
+		}
+		bs = append(bs, b)
+	}
+	if err := e.Close(); err != nil {
+		return "error " + err.Error()
+	}
+	var completed, ended, pending int
+	for _, b := range bs {
+		st := b.Status()
+		if st.State == engine.Pending {
+			pending += st.Tasks - st.Completed - st.Failed
+		}
+		completed += st.Completed
+		ended += st.Completed + st.Failed
+	}
+	fillBytes(buf[:uint64(n)*size], canary)
+	return fmt.Sprintf("ok %d %d %d", completed, ended, pending)
+}
+
+func fillBytes(b []byte, v byte) {
+	for i := range b {
+		b[i] = v
+	}
+}
+
+func firstNotByte(b []byte, v byte) int {
+	for i, x := range b {
+		if x != v {
+			return i
+		}
+	}
+	return -1
 }
 
 // hammer writes 16 blocks of 4 KiB over the target buffer, batch after batch,

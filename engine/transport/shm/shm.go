@@ -127,11 +127,17 @@ type Transport struct {
 	probe []byte           // one page holding token, for peers to read
 	token [tokenLen]byte
 
-	mu      sync.RWMutex // closed against Submit
-	closed  bool
-	shut    atomic.Bool // closed, for attach, which must not wait on mu
-	closing chan struct{}
-	jobs    chan *job
+	mu     sync.RWMutex // closed against copies in Submit's caller
+	closed bool
+	shut   atomic.Bool // closed, for attach and copies, which must not wait on mu
+
+	// The jobs queued for the workers: unbounded, so Submit never waits.
+	qmu     sync.Mutex
+	qcond   *sync.Cond // signalled when jobs arrive or Close starts
+	queue   []*job
+	qclosed bool
+
+	started bool
 	wg      sync.WaitGroup
 	vms     sync.Pool // *vm for jobs run in Submit's caller
 }
@@ -175,8 +181,8 @@ func (t *Transport) Start(h transport.Host) error {
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	t.owners = map[string]*owner{}
 	t.peers = map[uint64]*peer{}
-	t.closing = make(chan struct{})
-	t.jobs = make(chan *job, 4*opt.Workers)
+	t.qcond = sync.NewCond(&t.qmu)
+	t.started = true
 	t.vms.New = func() any { return newVM() }
 	h.Control().Handle(wire.KindShm, t.handle)
 	for i := 0; i < opt.Workers; i++ {
@@ -298,28 +304,30 @@ func (t *Transport) sameHost(d *segment.Desc) error {
 // Close fails the queued requests, waits for the copies in progress, detaches
 // from the owners this engine accessed and revokes every grant it gave.
 func (t *Transport) Close() error {
-	if t.closing == nil {
+	if !t.started {
 		return nil // never started
 	}
-	// Abort control calls in progress first: Submit holds mu while it
-	// copies or queues, and must not keep Close waiting for a timeout.
+	// Abort control calls in progress first, and make the copies stop at
+	// their next system call.
 	if t.shut.Swap(true) {
 		return nil
 	}
 	t.cancel()
-	t.mu.Lock()
+	t.mu.Lock() // waits for a copy in Submit's caller
 	t.closed = true
-	close(t.closing)
 	t.mu.Unlock()
-	t.wg.Wait()
-	for drained := false; !drained; {
-		select {
-		case j := <-t.jobs:
-			j.failAll(errs.New(errs.Closed, "shm", "engine closed"))
-		default:
-			drained = true
-		}
+	t.qmu.Lock()
+	t.qclosed = true
+	queued := t.queue
+	t.queue = nil
+	t.qmu.Unlock()
+	t.qcond.Broadcast()
+	for _, j := range queued {
+		j.failAll(errClosed)
 	}
+	// Each worker ends the job it holds (its remaining spans fail with
+	// Closed at the next system call) and exits: after this no copy runs.
+	t.wg.Wait()
 	t.detachAll()
 
 	// Owner side: nobody may go on writing into memory the caller frees

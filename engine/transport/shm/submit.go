@@ -8,11 +8,13 @@ import (
 	"github.com/tecache/te/engine/transport"
 )
 
-// reqState tracks one request cut into spans, possibly over several jobs.
+// reqState tracks one request cut into spans, possibly over several jobs. It
+// is the request's Priv, which Cancel reads.
 type reqState struct {
-	r    *transport.Request
-	left atomic.Int32
-	err  atomic.Pointer[error]
+	r        *transport.Request
+	left     atomic.Int32
+	err      atomic.Pointer[error]
+	canceled atomic.Bool
 }
 
 func (s *reqState) failed() bool { return s.err.Load() != nil }
@@ -21,7 +23,8 @@ func (s *reqState) failed() bool { return s.err.Load() != nil }
 // error.
 func (s *reqState) end(err error) {
 	if err != nil {
-		s.err.CompareAndSwap(nil, &err)
+		e := err // only a failure pays for the pointer
+		s.err.CompareAndSwap(nil, &e)
 	}
 	if s.left.Add(-1) == 0 {
 		var e error
@@ -30,6 +33,19 @@ func (s *reqState) end(err error) {
 		}
 		s.r.Complete(e)
 	}
+}
+
+var (
+	errCanceled error = errs.New(errs.Canceled, "shm", "canceled")
+	errClosed   error = errs.New(errs.Closed, "shm", "engine closed")
+)
+
+// cancel marks the request canceled: spans not yet copied are left out, and
+// the request ends with Canceled unless it failed already.
+func (s *reqState) cancel() {
+	s.canceled.Store(true)
+	err := errCanceled
+	s.err.CompareAndSwap(nil, &err)
 }
 
 // job is what one worker moves in one go: spans of requests to one owner with
@@ -49,6 +65,24 @@ func (j *job) failAll(err error) {
 	}
 }
 
+// dropCanceled takes the spans of canceled requests out of j and returns
+// their states, one per span, for the caller to end (outside its locks).
+func (j *job) dropCanceled(out []*reqState) []*reqState {
+	k := 0
+	for i, s := range j.rs {
+		if s.canceled.Load() {
+			out = append(out, s)
+			j.bytes -= j.spans[i].n
+			continue
+		}
+		j.spans[k], j.rs[k] = j.spans[i], s
+		k++
+	}
+	clear(j.rs[k:])
+	j.spans, j.rs = j.spans[:k], j.rs[:k]
+	return out
+}
+
 // minSplit is the least a job carries when a batch is spread over workers:
 // below it the hand-off costs more than the second core gains.
 const minSplit = 128 << 10
@@ -60,50 +94,67 @@ const inlineBytes = 64 << 10
 // Submit cuts the requests into jobs (by owner and opcode) and queues them
 // for the workers. A batch is spread over the workers in jobs of at least
 // minSplit bytes and at most JobBytes bytes and IOVMax spans; a request may
-// be cut between jobs. Submit blocks only while the queue is full.
-func (t *Transport) Submit(in []transport.Request) {
-	reqs := make([]*transport.Request, len(in))
-	for i := range in {
-		reqs[i] = &in[i]
-	}
+// be cut between jobs. The queue is unbounded, so Submit never waits for a
+// copy; one small job to an owner whose session and keys are in hand is
+// copied here (no control call is ever made on the caller's goroutine).
+func (t *Transport) Submit(reqs []transport.Request) {
 	type key struct {
 		inst string
 		op   transport.Opcode
 	}
 	type group struct {
-		reqs  []*reqState
+		key   key
+		first int // index of the group's first request
+		n     int
 		bytes uint64
 	}
-	groups := map[key]*group{}
-	var order []*group
+	var small [4]group
+	groups := small[:0]
 	states := make([]reqState, len(reqs)) // one allocation for the batch
-	for i, r := range reqs {
+	next := make([]int32, len(reqs))      // the group's next request, -1 at the end
+	last := make([]int32, 0, 4)           // per group: its last request
+	for i := range reqs {
+		r := &reqs[i]
 		if r.Length == 0 || r.Peer == nil || r.Buffer == nil {
 			r.Complete(errs.New(errs.InvalidArgument, "shm", "empty request"))
 			continue
 		}
-		k := key{r.Peer.Instance, r.Op}
-		g := groups[k]
-		if g == nil {
-			g = &group{}
-			groups[k] = g
-			order = append(order, g)
-		}
 		states[i].r = r
-		g.reqs = append(g.reqs, &states[i])
-		g.bytes += r.Length
+		r.Priv = &states[i]
+		next[i] = -1
+		k := key{r.Peer.Instance, r.Op}
+		g := -1
+		for x := range groups {
+			if groups[x].key == k {
+				g = x
+				break
+			}
+		}
+		if g < 0 {
+			groups = append(groups, group{key: k, first: i})
+			last = append(last, int32(i))
+			g = len(groups) - 1
+		} else {
+			next[last[g]] = int32(i)
+			last[g] = int32(i)
+		}
+		groups[g].n++
+		groups[g].bytes += r.Length
 	}
 	var out []*job
-	for _, g := range order {
+	for _, g := range groups {
 		jobs := (g.bytes + t.opt.JobBytes - 1) / t.opt.JobBytes
 		jobs = max(jobs, min(uint64(t.opt.Workers), g.bytes/minSplit), 1)
 		size := (g.bytes + jobs - 1) / jobs
 		var j *job
-		for _, rs := range g.reqs {
+		for i := g.first; i >= 0; i = int(next[i]) {
+			rs := &states[i]
 			r := rs.r
 			for off := uint64(0); off < r.Length; {
 				if j == nil {
-					c := min(len(g.reqs), IOVMax)
+					// Room for the common cases (large requests: one or
+					// two spans; small ones: many); append grows the rest.
+					c := min(g.n, IOVMax, max(2, int(size/(g.bytes/uint64(g.n)+1))+1))
 					j = &job{d: r.Peer, op: r.Op, spans: make([]span, 0, c), rs: make([]*reqState, 0, c)}
 					out = append(out, j)
 				}
@@ -119,52 +170,127 @@ func (t *Transport) Submit(in []transport.Request) {
 			}
 		}
 	}
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	if len(out) == 1 && out[0].bytes <= inlineBytes && !t.closed {
-		// One small job: copy it here. A hand-off to a worker would cost
-		// two context switches, more than the copy itself. Holding mu
-		// keeps Close waiting until the copy is done.
-		v := t.vms.Get().(*vm)
-		t.run(v, out[0])
-		t.vms.Put(v)
+	if len(out) == 1 && out[0].bytes <= inlineBytes && t.runInline(out[0]) {
 		return
 	}
-	for i, j := range out {
-		if t.closed {
-			for _, j := range out[i:] {
-				j.failAll(errs.New(errs.Closed, "shm", "engine closed"))
-			}
-			return
+	t.enqueue(out)
+}
+
+// runInline copies a small job on the caller's goroutine when that needs no
+// control call (the owner is attached, its lease is fresh and every key is
+// granted). Holding mu keeps Close waiting until the copy is done. It reports
+// false, having touched nothing, when the job must go to a worker.
+func (t *Transport) runInline(j *job) bool {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	if t.closed || t.sameHost(j.d) != nil {
+		return false
+	}
+	o := t.ownerFor(j.d)
+	if !o.fresh() {
+		return false
+	}
+	if !t.holdGranted(o, j) {
+		return false
+	}
+	v := t.vms.Get().(*vm)
+	t.copyHeld(v, o, j)
+	t.vms.Put(v)
+	return true
+}
+
+// enqueue hands jobs to the workers; after Close they fail at once.
+func (t *Transport) enqueue(jobs []*job) {
+	t.qmu.Lock()
+	if t.qclosed {
+		t.qmu.Unlock()
+		for _, j := range jobs {
+			j.failAll(errClosed)
 		}
-		select {
-		case t.jobs <- j:
-		case <-t.closing:
-			for _, j := range out[i:] {
-				j.failAll(errs.New(errs.Closed, "shm", "engine closed"))
-			}
-			return
-		}
+		return
+	}
+	t.queue = append(t.queue, jobs...)
+	t.qmu.Unlock()
+	if len(jobs) == 1 {
+		t.qcond.Signal()
+	} else {
+		t.qcond.Broadcast()
 	}
 }
 
+// worker runs queued jobs until Close.
 func (t *Transport) worker() {
 	defer t.wg.Done()
 	v := newVM()
 	for {
-		select {
-		case <-t.closing:
-			return
-		case j := <-t.jobs:
-			t.run(v, j)
+		t.qmu.Lock()
+		for len(t.queue) == 0 && !t.qclosed {
+			t.qcond.Wait()
 		}
+		if len(t.queue) == 0 {
+			t.qmu.Unlock()
+			return
+		}
+		j := t.queue[0]
+		t.queue[0] = nil
+		t.queue = t.queue[1:]
+		if len(t.queue) == 0 {
+			t.queue = t.queue[:0:0] // let the drained array go
+		}
+		t.qmu.Unlock()
+		t.run(v, j)
 	}
 }
+
+// Cancel ends the canceled requests' spans still queued at once (Canceled);
+// a job a worker holds leaves their spans out from its next system call on,
+// and a span being copied ends when its call returns (a call moves at most
+// a job's bytes). A job waiting for a control call (attach, validate) ends
+// its canceled spans when the call returns, within CallTimeout.
+func (t *Transport) Cancel(reqs []*transport.Request) {
+	some := false
+	for _, r := range reqs {
+		if s, ok := r.Priv.(*reqState); ok && s != nil {
+			s.cancel()
+			some = true
+		}
+	}
+	if !some {
+		return
+	}
+	var out []*reqState
+	t.qmu.Lock()
+	keep := t.queue[:0]
+	for _, j := range t.queue {
+		out = j.dropCanceled(out)
+		if len(j.spans) > 0 {
+			keep = append(keep, j)
+		}
+	}
+	clear(t.queue[len(keep):])
+	t.queue = keep
+	t.qmu.Unlock()
+	for _, s := range out {
+		s.end(errCanceled)
+	}
+}
+
+// Quiesce has nothing to end: the accesses shm serves for peers are their
+// own process_vm_readv/writev calls, which the owner does not count. The
+// fence for them is the revocation protocol Unregister runs.
+func (t *Transport) Quiesce(*segment.Region) error { return nil }
 
 // run moves one job: attach and renew the lease if needed, make sure every
 // key is one the owner granted, hold the buffers' entries (a revocation waits
 // for them), then copy with as few syscalls as the kernel allows.
 func (t *Transport) run(v *vm, j *job) {
+	if t.shut.Load() {
+		j.failAll(errClosed)
+		return
+	}
+	if t.endCanceled(j) {
+		return
+	}
 	if err := t.sameHost(j.d); err != nil {
 		j.failAll(err)
 		return
@@ -174,7 +300,25 @@ func (t *Transport) run(v *vm, j *job) {
 		j.failAll(err)
 		return
 	}
+	if t.endCanceled(j) {
+		return
+	}
 	t.hold(o, j)
+	t.copyHeld(v, o, j)
+}
+
+// endCanceled ends the spans of j whose requests were canceled and reports
+// whether none is left.
+func (t *Transport) endCanceled(j *job) bool {
+	for _, s := range j.dropCanceled(nil) {
+		s.end(errCanceled)
+	}
+	return len(j.spans) == 0
+}
+
+// copyHeld copies the spans of j whose entries are held (hold set them; the
+// others ended already) and releases the entries.
+func (t *Transport) copyHeld(v *vm, o *owner, j *job) {
 	done := make([]bool, len(j.spans))
 	fail := func(i int, err error) {
 		if !done[i] {
@@ -199,6 +343,9 @@ func (t *Transport) run(v *vm, j *job) {
 	}
 	skip := func(i int) bool { return done[i] || j.rs[i].failed() }
 	check := func() error {
+		if t.shut.Load() {
+			return errClosed
+		}
 		// The lease was renewed to at least half its length before the
 		// entries were taken; a job runs for milliseconds. Should it ever
 		// run out mid-job, stop: the owner no longer counts on us.
@@ -218,9 +365,12 @@ func (t *Transport) run(v *vm, j *job) {
 		}
 		j.ents[i].release()
 		j.ents[i] = nil
-		moved += int64(j.spans[i].n)
-		// A span left out because its request failed elsewhere ends
-		// without an error of its own: the request carries one already.
+		if !j.rs[i].failed() {
+			moved += int64(j.spans[i].n)
+		}
+		// A span left out because its request failed (or was canceled)
+		// elsewhere ends without an error of its own: the request carries
+		// one already.
 		j.rs[i].end(nil)
 	}
 	if j.op == transport.Write {
@@ -257,7 +407,7 @@ func (t *Transport) hold(o *owner, j *job) {
 			if resolved[i] {
 				continue
 			}
-			k := j.rs[i].r.Buffer.Key
+			k := j.rs[i].r.Key
 			if k == 0 {
 				resolved[i] = true
 				j.rs[i].end(errs.New(errs.StaleDescriptor, "shm", "buffer at %#x has no capability key", s.remote))
@@ -287,7 +437,7 @@ func (t *Transport) hold(o *owner, j *job) {
 			if resolved[i] {
 				continue
 			}
-			if x, ok := index[j.rs[i].r.Buffer.Key]; ok && grants[x].Code != 0 {
+			if x, ok := index[j.rs[i].r.Key]; ok && grants[x].Code != 0 {
 				resolved[i] = true
 				t.st.staleRefused.Add(1)
 				j.rs[i].end(errs.New(grants[x].Code, "shm", "owner refused [%#x,+%d): %v", j.spans[i].remote, j.spans[i].n, grants[x].Code))
@@ -296,27 +446,55 @@ func (t *Transport) hold(o *owner, j *job) {
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	for i, s := range j.spans {
-		if resolved[i] {
-			continue
+	for i := range j.spans {
+		if !resolved[i] {
+			t.acquireLocked(o, j, i)
 		}
-		e := o.allowed[j.rs[i].r.Buffer.Key]
-		var err error
-		switch {
-		case e == nil:
-			err = errs.New(errs.StaleDescriptor, "shm", "buffer at %#x was revoked", s.remote)
-		case s.remote < e.addr || s.remote+s.n > e.addr+e.len || s.remote+s.n < s.remote:
-			err = errs.New(errs.AccessDenied, "shm", "[%#x,+%d) is outside the buffer the owner granted", s.remote, s.n)
-		case !e.acquire():
-			err = errs.New(errs.StaleDescriptor, "shm", "buffer at %#x was revoked", s.remote)
-		}
-		if err != nil {
-			t.st.staleRefused.Add(1)
-			j.rs[i].end(err)
-			continue
-		}
-		j.ents[i] = e
 	}
+}
+
+// holdGranted takes the entries of j when every key is granted already, in
+// one critical section, so no revocation can slip between the check and
+// the hold; it reports false, having touched nothing, when a key would have
+// to be asked for.
+func (t *Transport) holdGranted(o *owner, j *job) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.session == 0 {
+		return false
+	}
+	for i := range j.spans {
+		if k := j.rs[i].r.Key; k == 0 || o.allowed[k] == nil {
+			return false
+		}
+	}
+	j.ents = make([]*entry, len(j.spans))
+	for i := range j.spans {
+		t.acquireLocked(o, j, i)
+	}
+	return true
+}
+
+// acquireLocked holds span i's entry, or ends the span with the reason it
+// cannot be held. Called with o.mu held.
+func (t *Transport) acquireLocked(o *owner, j *job, i int) {
+	s := j.spans[i]
+	e := o.allowed[j.rs[i].r.Key]
+	var err error
+	switch {
+	case e == nil:
+		err = errs.New(errs.StaleDescriptor, "shm", "buffer at %#x was revoked", s.remote)
+	case s.remote < e.addr || s.remote+s.n > e.addr+e.len || s.remote+s.n < s.remote:
+		err = errs.New(errs.AccessDenied, "shm", "[%#x,+%d) is outside the buffer the owner granted", s.remote, s.n)
+	case !e.acquire():
+		err = errs.New(errs.StaleDescriptor, "shm", "buffer at %#x was revoked", s.remote)
+	}
+	if err != nil {
+		t.st.staleRefused.Add(1)
+		j.rs[i].end(err)
+		return
+	}
+	j.ents[i] = e
 }
 
 // forget drops an owner whose process is gone.

@@ -63,12 +63,19 @@ const (
 	StatContexts
 	StatChannels
 	StatPDs
+	StatPostCalls // ibv_post_send calls
+	StatSignaled  // signaled work requests posted
+	StatCQEs      // completions generated
 )
 
 // Knobs of the fake library.
 const (
 	SetDevices = 0 // number of devices (0 to 2)
 	SetCompat  = 1 // 1: contexts without the extended query_port
+	// SetStall 1 holds every work request back, as if the peer stopped
+	// answering; a queue pair moved to the error state still flushes its
+	// own at once, as a NIC's does. 0 lets them run.
+	SetStall = 2
 )
 
 // Lib is a loaded fake library, for reading its counters and setting its
@@ -94,7 +101,7 @@ func Open(t testing.TB, path string) *Lib {
 // Stat returns a counter (StatMRs, ...).
 func (l *Lib) Stat(what int) int64 { return l.stat(int32(what)) }
 
-// Set sets a knob (SetDevices, SetCompat).
+// Set sets a knob (SetDevices, SetCompat, SetStall).
 func (l *Lib) Set(what int, val int64) { l.set(int32(what), val) }
 
 // Live returns the verbs objects still allocated: MRs, QPs, CQs, contexts,

@@ -4,8 +4,9 @@
  * inside the library that connects every queue pair of every context of
  * the process. RDMA READ and WRITE are checked as a NIC checks them (lkey on
  * the local device, rkey on the device of the connected remote queue pair,
- * bounds, access flags, queue pair state) and done with memcpy; completions
- * go to the send CQ and wake its completion channel when armed.
+ * bounds, access flags, queue pair state) and done with memcpy by a thread
+ * of the library, after ibv_post_send has returned, as a NIC does them;
+ * completions go to the send CQ and wake its completion channel when armed.
  *
  * It is test data: compiled at test time by package ibvtest and loaded
  * instead of libibverbs.so.1 (ibv.Open, rdma.library).
@@ -33,28 +34,37 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static struct ibv_device devs[NDEV];
 static int ndevices = NDEV;
 static int compat;       /* contexts without the extended query_port */
-static long stats[8];    /* see fake_verbs_stat */
+static int stalled;      /* the far side does not answer: nothing executes */
+static long stats[16];   /* see fake_verbs_stat */
 static uint32_t next_key = 0x100, next_qpn = 0x40;
 
-enum { ST_MRS, ST_QPS, ST_CQS, ST_IOVA2, ST_POSTED, ST_CONTEXTS, ST_CHANNELS, ST_PDS };
+enum { ST_MRS, ST_QPS, ST_CQS, ST_IOVA2, ST_POSTED, ST_CONTEXTS, ST_CHANNELS, ST_PDS, ST_POSTS, ST_SIGNALED, ST_CQES };
 
 /* fake_verbs_stat returns a counter: live MRs, QPs, CQs, registrations
  * through ibv_reg_mr_iova2, work requests posted, open contexts, channels,
- * PDs. */
+ * PDs, ibv_post_send calls, signaled work requests posted, completions
+ * generated. */
 long fake_verbs_stat(int what) {
 	pthread_mutex_lock(&mu);
-	long v = what >= 0 && what < 8 ? stats[what] : -1;
+	long v = what >= 0 && what < 16 ? stats[what] : -1;
 	pthread_mutex_unlock(&mu);
 	return v;
 }
 
-/* fake_verbs_set sets a knob: 0 = number of devices, 1 = compat contexts. */
+static pthread_cond_t wq_cond = PTHREAD_COND_INITIALIZER; /* work to do */
+
+/* fake_verbs_set sets a knob: 0 = number of devices, 1 = compat contexts,
+ * 2 = stalled (work requests wait, as for a peer that stopped answering;
+ * a queue pair moved to the error state still flushes its own at once). */
 void fake_verbs_set(int what, long val) {
 	pthread_mutex_lock(&mu);
 	if (what == 0)
 		ndevices = val < 0 ? 0 : val > NDEV ? NDEV : (int)val;
 	if (what == 1)
 		compat = val != 0;
+	if (what == 2)
+		stalled = val != 0;
+	pthread_cond_broadcast(&wq_cond);
 	pthread_mutex_unlock(&mu);
 }
 
@@ -115,9 +125,16 @@ struct fake_ctx {
 	struct verbs_context v; /* v.context is what callers get */
 };
 
+struct fake_qp;
+
 struct fake_cq {
 	struct ibv_cq cq;
 	struct ibv_wc *ring;
+	/* Per ring entry: the queue pair and how many of its work requests the
+	 * completion accounts for (its own and the unsignaled ones before it):
+	 * polling it frees that much of the send queue, as on a NIC. */
+	struct fake_qp **owner;
+	int *covers;
 	int cap, head, count, armed;
 };
 
@@ -132,6 +149,8 @@ struct fake_qp {
 	int dev;
 	uint32_t dest;
 	int max_send;
+	int outstanding; /* send queue entries in use */
+	int uncovered;   /* of them, not yet accounted for by a completion */
 	struct fake_qp *next;
 };
 
@@ -142,6 +161,7 @@ struct fake_mr {
 };
 
 static struct fake_qp *qps;
+static pthread_cond_t cq_room = PTHREAD_COND_INITIALIZER; /* a poll freed CQ entries */
 static struct fake_mr *mrs;
 
 static int poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc) {
@@ -150,9 +170,13 @@ static int poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc) {
 	int k = 0;
 	for (; k < n && c->count > 0; k++) {
 		wc[k] = c->ring[c->head];
+		if (c->owner[c->head])
+			c->owner[c->head]->outstanding -= c->covers[c->head];
 		c->head = (c->head + 1) % c->cap;
 		c->count--;
 	}
+	if (k > 0)
+		pthread_cond_broadcast(&cq_room);
 	pthread_mutex_unlock(&mu);
 	return k;
 }
@@ -194,22 +218,38 @@ static int covers(struct fake_mr *m, uint64_t addr, uint32_t n) {
 	return addr >= a && addr + n >= addr && addr + n <= a + m->mr.length;
 }
 
-/* execute runs one work request; called with mu held. */
-static enum ibv_wc_status execute(struct fake_qp *q, struct ibv_send_wr *w) {
+/* A work request posted and not yet executed. */
+struct pending_wr {
+	struct fake_qp *q;
+	uint64_t wr_id;
+	enum ibv_wr_opcode opcode;
+	unsigned int send_flags;
+	struct ibv_sge sge;
+	uint64_t remote_addr;
+	uint32_t rkey;
+	struct pending_wr *next;
+};
+
+static struct pending_wr *wq_head, *wq_tail; /* in posting order */
+static int worker_started;
+
+/* execute runs one work request; called with mu held (so a deregistration
+ * waits for a copy in progress, as ibv_dereg_mr waits for the NIC). */
+static enum ibv_wc_status execute(struct fake_qp *q, struct pending_wr *w) {
 	if (q->qp.state == IBV_QPS_ERR)
 		return IBV_WC_WR_FLUSH_ERR;
-	struct ibv_sge *s = &w->sg_list[0];
+	struct ibv_sge *s = &w->sge;
 	struct fake_mr *lm = find_key(s->lkey, 0);
 	if (!lm || lm->dev != q->dev || !covers(lm, s->addr, s->length))
 		return IBV_WC_LOC_PROT_ERR;
 	struct fake_qp *peer = find_qp(q->dest);
 	if (!peer || peer->dest != q->qp.qp_num || peer->qp.state < IBV_QPS_RTR || peer->qp.state == IBV_QPS_ERR)
 		return IBV_WC_RETRY_EXC_ERR; /* nobody answers */
-	struct fake_mr *rm = find_key(w->wr.rdma.rkey, 1);
+	struct fake_mr *rm = find_key(w->rkey, 1);
 	int need = w->opcode == IBV_WR_RDMA_READ ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE;
-	if (!rm || rm->dev != peer->dev || !(rm->access & need) || !covers(rm, w->wr.rdma.remote_addr, s->length))
+	if (!rm || rm->dev != peer->dev || !(rm->access & need) || !covers(rm, w->remote_addr, s->length))
 		return IBV_WC_REM_ACCESS_ERR;
-	void *local = (void *)(uintptr_t)s->addr, *remote = (void *)(uintptr_t)w->wr.rdma.remote_addr;
+	void *local = (void *)(uintptr_t)s->addr, *remote = (void *)(uintptr_t)w->remote_addr;
 	if (w->opcode == IBV_WR_RDMA_READ)
 		memcpy(local, remote, s->length);
 	else
@@ -217,32 +257,116 @@ static enum ibv_wc_status execute(struct fake_qp *q, struct ibv_send_wr *w) {
 	return IBV_WC_SUCCESS;
 }
 
+/* complete_wr executes w and queues its completion: for a signaled work
+ * request and for every failed one, never for an unsignaled success. A
+ * queue pair in the error state flushes what reaches it. Called with mu
+ * held. */
+static void complete_wr(struct pending_wr *w) {
+	struct fake_qp *q = w->q;
+	struct fake_cq *c = (struct fake_cq *)q->qp.send_cq;
+	enum ibv_wc_status st = execute(q, w);
+	if (st != IBV_WC_SUCCESS)
+		q->qp.state = IBV_QPS_ERR;
+	q->uncovered++;
+	if (st == IBV_WC_SUCCESS && !(w->send_flags & IBV_SEND_SIGNALED))
+		return;
+	while (c->count == c->cap)
+		pthread_cond_wait(&cq_room, &mu); /* an overrun would be the caller's bug */
+	int i = (c->head + c->count) % c->cap;
+	struct ibv_wc *e = &c->ring[i];
+	memset(e, 0, sizeof(*e));
+	e->wr_id = w->wr_id;
+	e->status = st;
+	e->opcode = w->opcode == IBV_WR_RDMA_READ ? IBV_WC_RDMA_READ : IBV_WC_RDMA_WRITE;
+	e->byte_len = w->sge.length;
+	e->qp_num = q->qp.qp_num;
+	c->owner[i] = q;
+	c->covers[i] = q->uncovered;
+	q->uncovered = 0;
+	c->count++;
+	stats[ST_CQES]++;
+	signal_channel(c);
+}
+
+/* next_wr unlinks the next work request to run: the oldest, or while
+ * stalled the oldest of a queue pair in the error state (to be flushed; a
+ * queue pair's work requests stay in order since they all wait or all
+ * flush). Called with mu held. */
+static struct pending_wr *next_wr(void) {
+	struct pending_wr *prev = NULL;
+	for (struct pending_wr *w = wq_head; w; prev = w, w = w->next) {
+		if (stalled && w->q->qp.state != IBV_QPS_ERR)
+			continue;
+		if (prev)
+			prev->next = w->next;
+		else
+			wq_head = w->next;
+		if (wq_tail == w)
+			wq_tail = prev;
+		return w;
+	}
+	return NULL;
+}
+
+/* run_worker is the library's "NIC": it executes posted work requests in
+ * order, forever (the thread ends with the process). */
+static void *run_worker(void *arg) {
+	(void)arg;
+	pthread_mutex_lock(&mu);
+	for (;;) {
+		struct pending_wr *w;
+		while (!(w = next_wr()))
+			pthread_cond_wait(&wq_cond, &mu);
+		complete_wr(w);
+		free(w);
+	}
+	return NULL;
+}
+
+/* post_send checks each work request and queues it for the worker. A send
+ * queue holds max_send work requests until a completion accounts for them;
+ * a full one refuses the post (ENOMEM), as a NIC's does. */
 static int post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad) {
 	struct fake_qp *q = (struct fake_qp *)qp;
-	struct fake_cq *c = (struct fake_cq *)qp->send_cq;
 	pthread_mutex_lock(&mu);
+	stats[ST_POSTS]++;
+	if (!worker_started) {
+		pthread_t th;
+		pthread_attr_t a;
+		pthread_attr_init(&a);
+		pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+		if (pthread_create(&th, &a, run_worker, NULL) != 0)
+			abort();
+		pthread_attr_destroy(&a);
+		worker_started = 1;
+	}
 	for (struct ibv_send_wr *w = wr; w; w = w->next) {
 		int bad_wr = w->num_sge != 1 || (w->opcode != IBV_WR_RDMA_WRITE && w->opcode != IBV_WR_RDMA_READ) ||
-			     (qp->state != IBV_QPS_RTS && qp->state != IBV_QPS_ERR) || !(w->send_flags & IBV_SEND_SIGNALED);
-		if (bad_wr || c->count == c->cap) {
+			     (qp->state != IBV_QPS_RTS && qp->state != IBV_QPS_ERR);
+		struct pending_wr *p = bad_wr || q->outstanding == q->max_send ? NULL : calloc(1, sizeof(*p));
+		if (!p) {
 			*bad = w;
 			pthread_mutex_unlock(&mu);
 			return bad_wr ? EINVAL : ENOMEM;
 		}
-		enum ibv_wc_status st = execute(q, w);
-		if (st != IBV_WC_SUCCESS)
-			qp->state = IBV_QPS_ERR;
-		struct ibv_wc *e = &c->ring[(c->head + c->count) % c->cap];
-		memset(e, 0, sizeof(*e));
-		e->wr_id = w->wr_id;
-		e->status = st;
-		e->opcode = w->opcode == IBV_WR_RDMA_READ ? IBV_WC_RDMA_READ : IBV_WC_RDMA_WRITE;
-		e->byte_len = w->sg_list[0].length;
-		e->qp_num = qp->qp_num;
-		c->count++;
+		p->q = q;
+		p->wr_id = w->wr_id;
+		p->opcode = w->opcode;
+		p->send_flags = w->send_flags;
+		p->sge = w->sg_list[0];
+		p->remote_addr = w->wr.rdma.remote_addr;
+		p->rkey = w->wr.rdma.rkey;
+		if (wq_tail)
+			wq_tail->next = p;
+		else
+			wq_head = p;
+		wq_tail = p;
+		q->outstanding++;
 		stats[ST_POSTED]++;
-		signal_channel(c);
+		if (w->send_flags & IBV_SEND_SIGNALED)
+			stats[ST_SIGNALED]++;
 	}
+	pthread_cond_signal(&wq_cond);
 	pthread_mutex_unlock(&mu);
 	return 0;
 }
@@ -435,9 +559,17 @@ struct ibv_cq *ibv_create_cq(struct ibv_context *ctx, int cqe, void *cq_context,
 		return NULL;
 	}
 	struct fake_cq *c = calloc(1, sizeof(*c));
-	if (c)
+	if (c) {
 		c->ring = calloc((size_t)cqe, sizeof(*c->ring));
-	if (!c || !c->ring) {
+		c->owner = calloc((size_t)cqe, sizeof(*c->owner));
+		c->covers = calloc((size_t)cqe, sizeof(*c->covers));
+	}
+	if (!c || !c->ring || !c->owner || !c->covers) {
+		if (c) {
+			free(c->ring);
+			free(c->owner);
+			free(c->covers);
+		}
 		free(c);
 		errno = ENOMEM;
 		return NULL;
@@ -466,6 +598,8 @@ int ibv_destroy_cq(struct ibv_cq *cq) {
 	stats[ST_CQS]--;
 	pthread_mutex_unlock(&mu);
 	free(c->ring);
+	free(c->owner);
+	free(c->covers);
 	free(c);
 	return 0;
 }
@@ -521,6 +655,7 @@ int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask) {
 		rc = EINVAL;
 	} else if (attr->qp_state == IBV_QPS_ERR) {
 		qp->state = IBV_QPS_ERR;
+		pthread_cond_broadcast(&wq_cond); /* flush what waits */
 	} else if (qp->state == IBV_QPS_RESET && attr->qp_state == IBV_QPS_INIT) {
 		if (!NEED(IBV_QP_PORT | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX) || attr->port_num != 1)
 			rc = EINVAL;
@@ -552,6 +687,25 @@ int ibv_destroy_qp(struct ibv_qp *qp) {
 		if (&(*p)->qp == qp) {
 			struct fake_qp *q = *p;
 			*p = q->next;
+			/* Work requests of it not yet executed are dropped;
+			 * completions of it still queued no longer free
+			 * anything. */
+			struct pending_wr **w = &wq_head;
+			wq_tail = NULL;
+			while (*w) {
+				if ((*w)->q == q) {
+					struct pending_wr *x = *w;
+					*w = x->next;
+					free(x);
+				} else {
+					wq_tail = *w;
+					w = &(*w)->next;
+				}
+			}
+			struct fake_cq *c = (struct fake_cq *)qp->send_cq;
+			for (int k = 0; k < c->count; k++)
+				if (c->owner[(c->head + k) % c->cap] == q)
+					c->owner[(c->head + k) % c->cap] = NULL;
 			stats[ST_QPS]--;
 			pthread_mutex_unlock(&mu);
 			free(q);
