@@ -135,6 +135,26 @@ func (w *Window) acquire(addr, n uint64) (*Region, error) {
 	return r, nil
 }
 
+// WindowFor returns the region of the open window granted as key that holds
+// [addr, addr+n) in one of its ranges, and that range: for a transport whose
+// peers access memory on their own once told a key is good (shm), the
+// owner's check at grant time.
+func (g *Registry) WindowFor(key, addr, n uint64) (r *Region, start, end uint64, ok bool) {
+	w := g.window(key)
+	if w == nil || w.closing.Load() || n == 0 || addr+n < addr {
+		return nil, 0, 0, false
+	}
+	i := sort.Search(len(w.starts), func(i int) bool { return w.starts[i] > addr }) - 1
+	if i < 0 || addr+n > w.ends[i] {
+		return nil, 0, 0, false
+	}
+	r = w.regions[w.owner[i]]
+	if r.parent.Closing() {
+		return nil, 0, 0, false
+	}
+	return r, w.starts[i], w.ends[i], true
+}
+
 // CloseWindow refuses new accesses under the window granted as key and
 // returns it; the caller waits for its regions to be idle, then drops it.
 func (g *Registry) CloseWindow(key uint64) (*Window, error) {

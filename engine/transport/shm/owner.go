@@ -128,6 +128,16 @@ func (t *Transport) handleValidate(body []byte) ([]byte, error) {
 	p.lastGrant = time.Now()
 	for i, it := range m.Items {
 		r, ok := reg.Lookup(it.Addr, it.Len)
+		if ok && it.Key != 0 && r.Desc.Key != it.Key {
+			// A window's key: good for the window's ranges only, and
+			// revoked on its own (RevokeWindow). The grant is the range
+			// that holds the item; the peer asks again for another.
+			if w, start, end, ok := reg.WindowFor(it.Key, it.Addr, it.Len); ok && w.Parent() == r {
+				p.grants[it.Key] = struct{}{}
+				rep.Grants[i] = grant{Addr: start, Len: end - start}
+				continue
+			}
+		}
 		switch {
 		case !ok || r.Closing():
 			rep.Grants[i].Code = errs.AddressNotRegistered

@@ -53,8 +53,28 @@ func (o *owner) refuse(err error) {
 // span, and the accesses in flight that a revocation waits for.
 type entry struct {
 	addr, len uint64
-	inflight  atomic.Int64
-	revoked   atomic.Bool
+	// more holds further spans granted under the same key: a window's
+	// key covers several ranges, each granted when first used.
+	more     [][2]uint64
+	inflight atomic.Int64
+	revoked  atomic.Bool
+}
+
+// covers reports whether [addr, addr+n) lies inside a span granted to e.
+// Called with the owner's mu held (more grows under it).
+func (e *entry) covers(addr, n uint64) bool {
+	if addr+n < addr {
+		return false
+	}
+	if addr >= e.addr && addr+n <= e.addr+e.len {
+		return true
+	}
+	for _, s := range e.more {
+		if addr >= s[0] && addr+n <= s[0]+s[1] {
+			return true
+		}
+	}
+	return false
 }
 
 func (e *entry) acquire() bool {
@@ -253,9 +273,14 @@ func (o *owner) validate(t *Transport, items []item) ([]grant, error) {
 		return nil, errRaced
 	}
 	for i, g := range rep.Grants {
-		if g.Code == 0 && o.allowed[items[i].Key] == nil {
-			// Keep an existing entry: accesses in flight are counted there.
+		if g.Code != 0 {
+			continue
+		}
+		// Keep an existing entry: accesses in flight are counted there.
+		if e := o.allowed[items[i].Key]; e == nil {
 			o.allowed[items[i].Key] = &entry{addr: g.Addr, len: g.Len}
+		} else if !e.covers(g.Addr, g.Len) {
+			e.more = append(e.more, [2]uint64{g.Addr, g.Len})
 		}
 	}
 	return rep.Grants, nil

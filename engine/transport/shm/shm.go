@@ -150,7 +150,7 @@ func (t *Transport) Name() string { return Name }
 
 // Caps declares the transport's reach and the memory it moves.
 func (t *Transport) Caps() transport.Caps {
-	return transport.Caps{SameHost: true, HostMemory: true}
+	return transport.Caps{SameHost: true, HostMemory: true, Windows: true}
 }
 
 // Options returns the options in force (after Start, the engine's params).
@@ -227,6 +227,13 @@ func (t *Transport) Unregister(r *segment.Region) error {
 	t.pmu.Unlock()
 	t.revokeAll(holders, func(*peer) []item { return []item{it} })
 	return nil
+}
+
+// RevokeWindow tells every peer granted the window's key to stop using it
+// and returns once each acknowledged, exited, or was cut off with its lease
+// lapsed (transport.WindowRevoker).
+func (t *Transport) RevokeWindow(r *segment.Region) error {
+	return t.Unregister(r)
 }
 
 // Stats returns the transport's counters by name.

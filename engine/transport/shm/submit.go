@@ -396,7 +396,7 @@ func (t *Transport) hold(o *owner, j *job) {
 	}
 	for attempt := 0; ; attempt++ {
 		var ask []item
-		index := map[uint64]int{}
+		index := map[askKey]int{}
 		o.mu.Lock()
 		if o.session == 0 {
 			o.mu.Unlock()
@@ -413,11 +413,11 @@ func (t *Transport) hold(o *owner, j *job) {
 				j.rs[i].end(errs.New(errs.StaleDescriptor, "shm", "buffer at %#x has no capability key", s.remote))
 				continue
 			}
-			if o.allowed[k] != nil {
+			if e := o.allowed[k]; e != nil && e.covers(s.remote, s.n) {
 				continue
 			}
-			if _, ok := index[k]; !ok {
-				index[k] = len(ask)
+			if _, ok := index[askKey{k, s.remote}]; !ok {
+				index[askKey{k, s.remote}] = len(ask)
 				ask = append(ask, item{Key: k, Addr: s.remote, Len: s.n})
 			}
 		}
@@ -437,7 +437,7 @@ func (t *Transport) hold(o *owner, j *job) {
 			if resolved[i] {
 				continue
 			}
-			if x, ok := index[j.rs[i].r.Key]; ok && grants[x].Code != 0 {
+			if x, ok := index[askKey{j.rs[i].r.Key, j.spans[i].remote}]; ok && grants[x].Code != 0 {
 				resolved[i] = true
 				t.st.staleRefused.Add(1)
 				j.rs[i].end(errs.New(grants[x].Code, "shm", "owner refused [%#x,+%d): %v", j.spans[i].remote, j.spans[i].n, grants[x].Code))
@@ -453,6 +453,10 @@ func (t *Transport) hold(o *owner, j *job) {
 	}
 }
 
+// askKey names one question to the owner: a key, and where it is used (a
+// window's key is granted range by range).
+type askKey struct{ key, addr uint64 }
+
 // holdGranted takes the entries of j when every key is granted already, in
 // one critical section, so no revocation can slip between the check and
 // the hold; it reports false, having touched nothing, when a key would have
@@ -464,7 +468,8 @@ func (t *Transport) holdGranted(o *owner, j *job) bool {
 		return false
 	}
 	for i := range j.spans {
-		if k := j.rs[i].r.Key; k == 0 || o.allowed[k] == nil {
+		k := j.rs[i].r.Key
+		if e := o.allowed[k]; k == 0 || e == nil || !e.covers(j.spans[i].remote, j.spans[i].n) {
 			return false
 		}
 	}
@@ -484,7 +489,7 @@ func (t *Transport) acquireLocked(o *owner, j *job, i int) {
 	switch {
 	case e == nil:
 		err = errs.New(errs.StaleDescriptor, "shm", "buffer at %#x was revoked", s.remote)
-	case s.remote < e.addr || s.remote+s.n > e.addr+e.len || s.remote+s.n < s.remote:
+	case !e.covers(s.remote, s.n):
 		err = errs.New(errs.AccessDenied, "shm", "[%#x,+%d) is outside the buffer the owner granted", s.remote, s.n)
 	case !e.acquire():
 		err = errs.New(errs.StaleDescriptor, "shm", "buffer at %#x was revoked", s.remote)

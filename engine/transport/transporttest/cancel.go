@@ -2,6 +2,7 @@ package transporttest
 
 import (
 	"bytes"
+	"hash/crc32"
 	"testing"
 	"time"
 
@@ -296,5 +297,63 @@ func testUnregisterLocal(t *testing.T, s Setup) {
 	// Still alive: nothing touched the unmapped memory. The engine works.
 	if st := v.run(v.req(engine.Write, mem.Addr(v.src), 0, 4096)); st.State != engine.Completed {
 		t.Fatalf("write after the peer came back: %+v", st)
+	}
+}
+
+// testWindow: a transport that declares Caps.Windows honours a window the
+// target granted: requests under its key reach its ranges (several of them,
+// in one batch) and nothing else, and none after it was revoked, while the
+// buffer's own key still works.
+func testWindow(t *testing.T, s Setup) {
+	v := s.start(t)
+	if c := v.e.Stats().Caps[s.Transport]; !c.Windows {
+		t.Skipf("%s does not honour windows (the buffer's key is sent)", s.Transport)
+	}
+	const bs = 64 << 10
+	if err := v.peer.Fill(0); err != nil {
+		t.Fatal(err)
+	}
+	zero, _ := v.peer.CRC(0, 8*bs)
+	key, err := v.peer.Grant([2]uint64{bs, bs}, [2]uint64{4 * bs, 2 * bs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fillRandom(v.src[:8*bs], 7)
+	win := func(off uint64) engine.Request {
+		r := v.req(engine.Write, mem.Addr(v.src)+off, off, bs)
+		r.Window = key
+		return r
+	}
+	if st := v.run(win(bs), win(4*bs), win(5*bs)); st.State != engine.Completed {
+		t.Fatalf("writes inside the window: %+v", st)
+	}
+	for _, off := range []uint64{bs, 4 * bs, 5 * bs} {
+		got, _ := v.peer.CRC(off, bs)
+		if got != crc32.ChecksumIEEE(v.src[off:off+bs]) {
+			t.Fatalf("write at %d under the window did not land", off)
+		}
+	}
+	for _, off := range []uint64{0, 2 * bs, 6 * bs} {
+		if st := v.run(win(off)); st.State == engine.Completed {
+			t.Fatalf("write at %d outside the window completed", off)
+		}
+		if got, _ := v.peer.CRC(off, bs); got != crc32.ChecksumIEEE(make([]byte, bs)) {
+			t.Fatalf("write at %d outside the window landed", off)
+		}
+	}
+	if err := v.peer.Revoke(key); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.peer.Fill(0); err != nil {
+		t.Fatal(err)
+	}
+	if st := v.run(win(bs)); st.State == engine.Completed {
+		t.Fatal("write under a revoked window completed")
+	}
+	if got, _ := v.peer.CRC(0, 8*bs); got != zero {
+		t.Fatal("a write under a revoked window landed")
+	}
+	if st := v.run(v.req(engine.Write, mem.Addr(v.src), bs, bs)); st.State != engine.Completed {
+		t.Fatalf("write under the buffer's key after the revoke: %+v", st)
 	}
 }

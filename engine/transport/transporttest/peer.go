@@ -43,6 +43,10 @@ type Peer interface {
 	Fill(b byte) error
 	// CRC returns the CRC-32 of [Addr+off, +n).
 	CRC(off, n uint64) (uint32, error)
+	// Grant grants a window over ranges of the buffer, given as offsets
+	// and lengths, and returns its key; Revoke revokes it.
+	Grant(ranges ...[2]uint64) (uint64, error)
+	Revoke(key uint64) error
 	// Kill makes the peer vanish abruptly (SIGKILL for a child process).
 	Kill()
 	// Close stops the peer cleanly.
@@ -114,7 +118,15 @@ func (p *inproc) CRC(off, n uint64) (uint32, error) {
 	}
 	return crc32.ChecksumIEEE(p.buf[off : off+n]), nil
 }
-func (p *inproc) Kill() { p.e.Close() }
+func (p *inproc) Grant(ranges ...[2]uint64) (uint64, error) {
+	var rs []engine.Range
+	for _, r := range ranges {
+		rs = append(rs, engine.Range{Addr: p.Addr() + r[0], Length: r[1]})
+	}
+	return p.e.GrantWindow(rs)
+}
+func (p *inproc) Revoke(key uint64) error { return p.e.RevokeWindow(key) }
+func (p *inproc) Kill()                   { p.e.Close() }
 func (p *inproc) Close() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -218,6 +230,22 @@ func (c *child) CRC(off, n uint64) (uint32, error) {
 	return uint32(v), err
 }
 
+func (c *child) Grant(ranges ...[2]uint64) (uint64, error) {
+	cmd := "grant"
+	for _, r := range ranges {
+		cmd += fmt.Sprintf(" %d %d", r[0], r[1])
+	}
+	r, err := c.cmdLine(cmd)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseUint(r, 10, 64)
+}
+func (c *child) Revoke(key uint64) error {
+	_, err := c.cmdLine("revoke " + strconv.FormatUint(key, 10))
+	return err
+}
+
 // Pause stops the peer process (SIGSTOP): its sockets stay open but nothing
 // answers, like a peer that hangs.
 func (c *child) Pause() error { return c.cmd.Process.Signal(syscall.SIGSTOP) }
@@ -273,6 +301,19 @@ func runPeer() int {
 			var c uint32
 			c, err = p.CRC(off, n)
 			out = strconv.FormatUint(uint64(c), 10)
+		case "grant":
+			var rs [][2]uint64
+			for k := 1; k+1 < len(f); k += 2 {
+				off, _ := strconv.ParseUint(f[k], 10, 64)
+				n, _ := strconv.ParseUint(f[k+1], 10, 64)
+				rs = append(rs, [2]uint64{off, n})
+			}
+			var key uint64
+			key, err = p.Grant(rs...)
+			out = strconv.FormatUint(key, 10)
+		case "revoke":
+			key, _ := strconv.ParseUint(f[1], 10, 64)
+			err = p.Revoke(key)
 		case "exit":
 			return 0
 		default:

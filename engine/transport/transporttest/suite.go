@@ -145,6 +145,7 @@ func Run(t *testing.T, s Setup) {
 	t.Run("SubmitDoesNotWait", func(t *testing.T) { testSubmitLatency(t, s) })
 	t.Run("TimeoutIsAFence", func(t *testing.T) { testTimeout(t, s) })
 	t.Run("UnregisterInFlight", func(t *testing.T) { testUnregisterLocal(t, s) })
+	t.Run("Window", func(t *testing.T) { testWindow(t, s) })
 }
 
 func fillRandom(b []byte, seed int64) {
