@@ -32,7 +32,7 @@ import (
 	"time"
 
 	"github.com/tecache/te/engine"
-	"github.com/tecache/te/internal/handoff/pattern"
+	"github.com/tecache/te/internal/kvpattern"
 	"github.com/tecache/te/internal/sys/mem"
 	"github.com/tecache/te/kvcache/handoff"
 )
@@ -84,7 +84,7 @@ func main() {
 
 // plan is what both roles derive from the shared options.
 type plan struct {
-	prefill, decode pattern.Shape
+	prefill, decode kvpattern.Shape
 	src, dst        []int
 }
 
@@ -93,11 +93,11 @@ func makePlan(o options) (plan, error) {
 		return plan{}, errors.New("tokens and layers must be positive")
 	}
 	n := (o.tokens + 15) / 16
-	p := plan{prefill: pattern.Llama3_8B(n + n/4 + 1), decode: pattern.Llama3_8B(2*n + 1)}
+	p := plan{prefill: kvpattern.Llama3_8B(n + n/4 + 1), decode: kvpattern.Llama3_8B(2*n + 1)}
 	p.prefill.Layers, p.decode.Layers = o.layers, o.layers
 	r := rand.New(rand.NewPCG(o.seed, 7))
-	p.src = pattern.Blocks(n, p.prefill.Blocks, r)
-	p.dst = pattern.Blocks(n, p.decode.Blocks, r)
+	p.src = kvpattern.Blocks(n, p.prefill.Blocks, r)
+	p.dst = kvpattern.Blocks(n, p.decode.Blocks, r)
 	if len(p.src) != n || len(p.dst) != n {
 		return plan{}, errors.New("not enough blocks")
 	}
@@ -131,7 +131,7 @@ func newEngine(o options) (*engine.Engine, error) {
 type role struct {
 	p     plan
 	e     *engine.Engine
-	c     *pattern.Cache
+	c     *kvpattern.Cache
 	cl    *handoff.Client
 	close func()
 }
@@ -149,7 +149,7 @@ func setup(o options, decode bool) (*role, error) {
 	if decode {
 		shape = p.decode
 	}
-	c, err := pattern.New(shape)
+	c, err := kvpattern.New(shape)
 	if err != nil {
 		e.Close()
 		return nil, err

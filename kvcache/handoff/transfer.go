@@ -10,7 +10,7 @@ import (
 
 	"github.com/tecache/te/engine"
 	"github.com/tecache/te/engine/errs"
-	proto "github.com/tecache/te/internal/handoff"
+	proto "github.com/tecache/te/internal/sidecar/rendezvous"
 	"github.com/tecache/te/kvcache"
 )
 

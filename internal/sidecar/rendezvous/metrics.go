@@ -1,4 +1,4 @@
-package handoff
+package rendezvous
 
 import (
 	"strings"

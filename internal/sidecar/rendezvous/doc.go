@@ -1,4 +1,4 @@
-// Package handoff is te-sidecar's prefill-to-decode handoff rendezvous: a
+// Package rendezvous is te-sidecar's prefill-to-decode handoff rendezvous: a
 // state machine of transfers (Table) and its JSON-over-HTTP routes (Mount),
 // testable without the sidecar binary. The client that prefill and decode
 // processes use is github.com/tecache/te/kvcache/handoff.
@@ -58,4 +58,4 @@
 // te_handoff_failures_total{reason}, te_handoff_rejected_total{reason} and
 // the histograms te_handoff_pair_wait_seconds, te_handoff_transfer_seconds
 // {mode}, te_handoff_move_seconds{mode} and te_handoff_seconds{mode,state}.
-package handoff
+package rendezvous

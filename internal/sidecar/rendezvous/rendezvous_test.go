@@ -1,4 +1,4 @@
-package handoff_test
+package rendezvous_test
 
 import (
 	"bytes"
@@ -16,8 +16,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/tecache/te/engine/errs"
-	"github.com/tecache/te/internal/handoff"
 	"github.com/tecache/te/internal/sidecar"
+	"github.com/tecache/te/internal/sidecar/rendezvous"
 	"github.com/tecache/te/kvcache"
 )
 
@@ -32,9 +32,9 @@ func TestMain(m *testing.M) {
 // reg adapts the sidecar's registry, as te-sidecar does.
 type reg struct{ m *sidecar.Metrics }
 
-func (r reg) Counter(n, h string, l ...string) handoff.Adder { return r.m.Counter(n, h, l...) }
-func (r reg) Gauge(n, h string, l ...string) handoff.Adder   { return r.m.Gauge(n, h, l...) }
-func (r reg) Histogram(n, h string, b []float64, l ...string) handoff.Observer {
+func (r reg) Counter(n, h string, l ...string) rendezvous.Adder { return r.m.Counter(n, h, l...) }
+func (r reg) Gauge(n, h string, l ...string) rendezvous.Adder   { return r.m.Gauge(n, h, l...) }
+func (r reg) Histogram(n, h string, b []float64, l ...string) rendezvous.Observer {
 	return r.m.Histogram(n, h, b, l...)
 }
 
@@ -42,21 +42,21 @@ type server struct {
 	t    *testing.T
 	base string
 	srv  *sidecar.Server
-	svc  *handoff.Service
+	svc  *rendezvous.Service
 	hc   *http.Client
 	once sync.Once
 }
 
 // start serves a real te-sidecar server with the handoff mounted with cfg
 // on 127.0.0.1.
-func start(t *testing.T, cfg handoff.Config) *server {
+func start(t *testing.T, cfg rendezvous.Config) *server {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := sidecar.New(sidecar.Config{Logger: nil})
-	svc := handoff.Mount(srv, reg{srv.Metrics()}, cfg)
+	svc := rendezvous.Mount(srv, reg{srv.Metrics()}, cfg)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	s := &server{t: t, base: "http://" + ln.Addr().String(), srv: srv, svc: svc,
@@ -110,20 +110,20 @@ func (s *server) do(method, path string, body any) (int, []byte) {
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	if got := resp.Header.Get(handoff.InstanceHeader); strings.HasPrefix(path, "/handoff/") && resp.StatusCode != 405 && got != s.svc.Instance() {
+	if got := resp.Header.Get(rendezvous.InstanceHeader); strings.HasPrefix(path, "/handoff/") && resp.StatusCode != 405 && got != s.svc.Instance() {
 		s.t.Errorf("%s %s: instance header %q, want %q", method, path, got, s.svc.Instance())
 	}
 	return resp.StatusCode, out
 }
 
 // ok sends a request that must succeed and returns the record.
-func (s *server) ok(method, path string, body any) handoff.Record {
+func (s *server) ok(method, path string, body any) rendezvous.Record {
 	s.t.Helper()
 	code, b := s.do(method, path, body)
 	if code != 200 {
 		s.t.Fatalf("%s %s: %d %s", method, path, code, b)
 	}
-	var r handoff.Record
+	var r rendezvous.Record
 	if err := json.Unmarshal(b, &r); err != nil {
 		s.t.Fatal(err)
 	}
@@ -134,10 +134,10 @@ func (s *server) ok(method, path string, body any) handoff.Record {
 }
 
 // refused sends a request that must fail with status and code.
-func (s *server) refused(method, path string, body any, status int, code errs.Code) handoff.ErrorBody {
+func (s *server) refused(method, path string, body any, status int, code errs.Code) rendezvous.ErrorBody {
 	s.t.Helper()
 	got, b := s.do(method, path, body)
-	var e handoff.ErrorBody
+	var e rendezvous.ErrorBody
 	if err := json.Unmarshal(b, &e); err != nil {
 		s.t.Fatalf("%s %s: %d, body %q is not an error body: %v", method, path, got, b, err)
 	}
@@ -158,58 +158,58 @@ func layout(t *testing.T, blocks int, base uint64) json.RawMessage {
 	return b
 }
 
-func decl(t *testing.T, id string, blocks []int, mode handoff.Mode, timeoutMS int64) handoff.Decl {
-	return handoff.Decl{ID: id, Segment: "127.0.0.1:1", Layout: layout(t, 32, 1<<30), Blocks: blocks, Mode: mode, TimeoutMS: timeoutMS}
+func decl(t *testing.T, id string, blocks []int, mode rendezvous.Mode, timeoutMS int64) rendezvous.Decl {
+	return rendezvous.Decl{ID: id, Segment: "127.0.0.1:1", Layout: layout(t, 32, 1<<30), Blocks: blocks, Mode: mode, TimeoutMS: timeoutMS}
 }
 
 func TestPushRendezvous(t *testing.T) {
-	s := start(t, handoff.Config{})
-	d := s.ok("POST", "/handoff/expect", decl(t, "r1", []int{7, 3, 9}, handoff.Push, 0))
-	if d.State != handoff.Waiting || !d.Expect || d.Ready || d.Peer != nil || d.Mode != handoff.Push || d.ExpiresInMS <= 0 || !(d.Version > 0) {
+	s := start(t, rendezvous.Config{})
+	d := s.ok("POST", "/handoff/expect", decl(t, "r1", []int{7, 3, 9}, rendezvous.Push, 0))
+	if d.State != rendezvous.Waiting || !d.Expect || d.Ready || d.Peer != nil || d.Mode != rendezvous.Push || d.ExpiresInMS <= 0 || !(d.Version > 0) {
 		t.Fatalf("after expect: %+v", d)
 	}
 	p := s.ok("POST", "/handoff/ready", decl(t, "r1", []int{1, 2, 3}, "", 0))
-	if p.State != handoff.Transferring || p.Peer == nil || p.Peer.Segment != "127.0.0.1:1" || fmt.Sprint(p.Peer.Blocks) != "[7 3 9]" {
+	if p.State != rendezvous.Transferring || p.Peer == nil || p.Peer.Segment != "127.0.0.1:1" || fmt.Sprint(p.Peer.Blocks) != "[7 3 9]" {
 		t.Fatalf("prefill (the pusher) should learn decode's declaration: %+v", p)
 	}
 	// Decode is not the mover: it never gets prefill's declaration.
 	w := s.ok("GET", fmt.Sprintf("/handoff/wait?id=r1&role=decode&since=%d&timeout_ms=5000", d.Version), nil)
-	if w.State != handoff.Transferring || w.Peer != nil {
+	if w.State != rendezvous.Transferring || w.Peer != nil {
 		t.Fatalf("decode wait: %+v", w)
 	}
 	// A long poll returns when the state changes.
-	got := make(chan handoff.Record, 1)
+	got := make(chan rendezvous.Record, 1)
 	go func() {
 		code, b := s.do("GET", fmt.Sprintf("/handoff/wait?id=r1&since=%d&timeout_ms=10000", w.Version), nil)
-		var r handoff.Record
+		var r rendezvous.Record
 		if code != 200 || json.Unmarshal(b, &r) != nil {
 			t.Errorf("wait: %d %s", code, b)
 		}
 		got <- r
 	}()
 	time.Sleep(50 * time.Millisecond)
-	c := s.ok("POST", "/handoff/complete", handoff.Complete{ID: "r1", OK: true, Bytes: 12345, Requests: 3, Seconds: 0.01})
-	if c.State != handoff.Done || !c.Settled || c.Bytes != 12345 {
+	c := s.ok("POST", "/handoff/complete", rendezvous.Complete{ID: "r1", OK: true, Bytes: 12345, Requests: 3, Seconds: 0.01})
+	if c.State != rendezvous.Done || !c.Settled || c.Bytes != 12345 {
 		t.Fatalf("complete: %+v", c)
 	}
 	select {
 	case r := <-got:
-		if r.State != handoff.Done || r.Version != c.Version {
+		if r.State != rendezvous.Done || r.Version != c.Version {
 			t.Fatalf("long poll returned %+v", r)
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("long poll did not return on completion")
 	}
 	st := s.ok("GET", "/handoff/status?id=r1", nil)
-	if st.State != handoff.Done || st.Requests != 3 || st.Bytes != 12345 || st.ExpiresInMS != 0 {
+	if st.State != rendezvous.Done || st.Requests != 3 || st.Bytes != 12345 || st.ExpiresInMS != 0 {
 		t.Fatalf("status: %+v", st)
 	}
 	// Completing twice or aborting a finished transfer conflicts.
-	e := s.refused("POST", "/handoff/complete", handoff.Complete{ID: "r1", OK: true}, 409, errs.OK)
-	if e.Record == nil || e.Record.State != handoff.Done {
+	e := s.refused("POST", "/handoff/complete", rendezvous.Complete{ID: "r1", OK: true}, 409, errs.OK)
+	if e.Record == nil || e.Record.State != rendezvous.Done {
 		t.Fatalf("conflict body %+v", e)
 	}
-	s.refused("POST", "/handoff/abort", handoff.Abort{ID: "r1"}, 409, errs.OK)
+	s.refused("POST", "/handoff/abort", rendezvous.Abort{ID: "r1"}, 409, errs.OK)
 
 	_, m := s.do("GET", "/metrics", nil)
 	for _, want := range []string{
@@ -234,20 +234,20 @@ func TestPushRendezvous(t *testing.T) {
 }
 
 func TestPullRendezvous(t *testing.T) {
-	s := start(t, handoff.Config{})
-	p := s.ok("POST", "/handoff/ready", decl(t, "r2", []int{4, 5}, handoff.Pull, 0))
-	if p.State != handoff.Waiting || p.Mode != handoff.Pull {
+	s := start(t, rendezvous.Config{})
+	p := s.ok("POST", "/handoff/ready", decl(t, "r2", []int{4, 5}, rendezvous.Pull, 0))
+	if p.State != rendezvous.Waiting || p.Mode != rendezvous.Pull {
 		t.Fatalf("ready: %+v", p)
 	}
-	d := s.ok("POST", "/handoff/expect", decl(t, "r2", []int{0, 1}, handoff.Pull, 0))
-	if d.State != handoff.Transferring || d.Peer == nil || fmt.Sprint(d.Peer.Blocks) != "[4 5]" {
+	d := s.ok("POST", "/handoff/expect", decl(t, "r2", []int{0, 1}, rendezvous.Pull, 0))
+	if d.State != rendezvous.Transferring || d.Peer == nil || fmt.Sprint(d.Peer.Blocks) != "[4 5]" {
 		t.Fatalf("decode (the puller) should learn prefill's declaration: %+v", d)
 	}
 	if r := s.ok("GET", "/handoff/status?id=r2&role=prefill", nil); r.Peer != nil {
 		t.Fatalf("prefill is not the mover in pull mode: %+v", r)
 	}
-	f := s.ok("POST", "/handoff/complete", handoff.Complete{ID: "r2", OK: false, Code: int32(errs.PeerUnreachable), Reason: "boom"})
-	if f.State != handoff.Failed || errs.Code(f.Code) != errs.PeerUnreachable || !strings.Contains(f.Reason, "boom") || !f.Settled {
+	f := s.ok("POST", "/handoff/complete", rendezvous.Complete{ID: "r2", OK: false, Code: int32(errs.PeerUnreachable), Reason: "boom"})
+	if f.State != rendezvous.Failed || errs.Code(f.Code) != errs.PeerUnreachable || !strings.Contains(f.Reason, "boom") || !f.Settled {
 		t.Fatalf("failed complete: %+v", f)
 	}
 	_, m := s.do("GET", "/metrics", nil)
@@ -257,8 +257,8 @@ func TestPullRendezvous(t *testing.T) {
 }
 
 func TestBadRequests(t *testing.T) {
-	s := start(t, handoff.Config{MaxTransfers: 3})
-	good := decl(t, "x", []int{1}, handoff.Push, 0)
+	s := start(t, rendezvous.Config{MaxTransfers: 3})
+	good := decl(t, "x", []int{1}, rendezvous.Push, 0)
 	for _, c := range []struct {
 		name string
 		path string
@@ -268,21 +268,21 @@ func TestBadRequests(t *testing.T) {
 		{"empty body", "/handoff/ready", ``},
 		{"JSON array", "/handoff/ready", `[1,2]`},
 		{"trailing garbage", "/handoff/complete", `{"id":"x"} x`},
-		{"no id", "/handoff/expect", handoff.Decl{Segment: "s", Layout: good.Layout, Blocks: []int{1}}},
-		{"control char in id", "/handoff/expect", handoff.Decl{ID: "a\x01", Segment: "s", Layout: good.Layout, Blocks: []int{1}}},
-		{"long id", "/handoff/expect", handoff.Decl{ID: strings.Repeat("a", 257), Segment: "s", Layout: good.Layout, Blocks: []int{1}}},
-		{"no segment", "/handoff/expect", handoff.Decl{ID: "x", Layout: good.Layout, Blocks: []int{1}}},
-		{"no layout", "/handoff/expect", handoff.Decl{ID: "x", Segment: "s", Blocks: []int{1}}},
-		{"layout not an object", "/handoff/expect", handoff.Decl{ID: "x", Segment: "s", Layout: json.RawMessage(`"vllm"`), Blocks: []int{1}}},
-		{"invalid layout", "/handoff/expect", handoff.Decl{ID: "x", Segment: "s", Layout: json.RawMessage(`{"format":"vllm","dtype":"bf16"}`), Blocks: []int{1}}},
-		{"no blocks", "/handoff/expect", handoff.Decl{ID: "x", Segment: "s", Layout: good.Layout}},
-		{"block out of range", "/handoff/ready", handoff.Decl{ID: "x", Segment: "s", Layout: good.Layout, Blocks: []int{32}}},
-		{"negative block", "/handoff/ready", handoff.Decl{ID: "x", Segment: "s", Layout: good.Layout, Blocks: []int{-1}}},
-		{"duplicate destination block", "/handoff/expect", handoff.Decl{ID: "x", Segment: "s", Layout: good.Layout, Blocks: []int{2, 2}}},
-		{"bad mode", "/handoff/expect", handoff.Decl{ID: "x", Segment: "s", Layout: good.Layout, Blocks: []int{1}, Mode: "both"}},
-		{"negative timeout", "/handoff/expect", handoff.Decl{ID: "x", Segment: "s", Layout: good.Layout, Blocks: []int{1}, TimeoutMS: -1}},
-		{"huge timeout", "/handoff/expect", handoff.Decl{ID: "x", Segment: "s", Layout: good.Layout, Blocks: []int{1}, TimeoutMS: 1 << 50}},
-		{"abort bad role", "/handoff/abort", handoff.Abort{ID: "x", Role: "router"}},
+		{"no id", "/handoff/expect", rendezvous.Decl{Segment: "s", Layout: good.Layout, Blocks: []int{1}}},
+		{"control char in id", "/handoff/expect", rendezvous.Decl{ID: "a\x01", Segment: "s", Layout: good.Layout, Blocks: []int{1}}},
+		{"long id", "/handoff/expect", rendezvous.Decl{ID: strings.Repeat("a", 257), Segment: "s", Layout: good.Layout, Blocks: []int{1}}},
+		{"no segment", "/handoff/expect", rendezvous.Decl{ID: "x", Layout: good.Layout, Blocks: []int{1}}},
+		{"no layout", "/handoff/expect", rendezvous.Decl{ID: "x", Segment: "s", Blocks: []int{1}}},
+		{"layout not an object", "/handoff/expect", rendezvous.Decl{ID: "x", Segment: "s", Layout: json.RawMessage(`"vllm"`), Blocks: []int{1}}},
+		{"invalid layout", "/handoff/expect", rendezvous.Decl{ID: "x", Segment: "s", Layout: json.RawMessage(`{"format":"vllm","dtype":"bf16"}`), Blocks: []int{1}}},
+		{"no blocks", "/handoff/expect", rendezvous.Decl{ID: "x", Segment: "s", Layout: good.Layout}},
+		{"block out of range", "/handoff/ready", rendezvous.Decl{ID: "x", Segment: "s", Layout: good.Layout, Blocks: []int{32}}},
+		{"negative block", "/handoff/ready", rendezvous.Decl{ID: "x", Segment: "s", Layout: good.Layout, Blocks: []int{-1}}},
+		{"duplicate destination block", "/handoff/expect", rendezvous.Decl{ID: "x", Segment: "s", Layout: good.Layout, Blocks: []int{2, 2}}},
+		{"bad mode", "/handoff/expect", rendezvous.Decl{ID: "x", Segment: "s", Layout: good.Layout, Blocks: []int{1}, Mode: "both"}},
+		{"negative timeout", "/handoff/expect", rendezvous.Decl{ID: "x", Segment: "s", Layout: good.Layout, Blocks: []int{1}, TimeoutMS: -1}},
+		{"huge timeout", "/handoff/expect", rendezvous.Decl{ID: "x", Segment: "s", Layout: good.Layout, Blocks: []int{1}, TimeoutMS: 1 << 50}},
+		{"abort bad role", "/handoff/abort", rendezvous.Abort{ID: "x", Role: "router"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			s.refused("POST", c.path, c.body, 400, errs.InvalidArgument)
@@ -296,18 +296,18 @@ func TestBadRequests(t *testing.T) {
 	// Unknown ids.
 	s.refused("GET", "/handoff/status?id=nope", nil, 404, errs.NotFound)
 	s.refused("GET", "/handoff/wait?id=nope&timeout_ms=10", nil, 404, errs.NotFound)
-	s.refused("POST", "/handoff/complete", handoff.Complete{ID: "nope", OK: true}, 404, errs.NotFound)
-	s.refused("POST", "/handoff/abort", handoff.Abort{ID: "nope"}, 404, errs.NotFound)
+	s.refused("POST", "/handoff/complete", rendezvous.Complete{ID: "nope", OK: true}, 404, errs.NotFound)
+	s.refused("POST", "/handoff/abort", rendezvous.Abort{ID: "nope"}, 404, errs.NotFound)
 
 	// Duplicates and conflicts.
 	s.ok("POST", "/handoff/expect", good)
 	e := s.refused("POST", "/handoff/expect", good, 409, errs.InvalidArgument)
-	if e.Record == nil || e.Record.State != handoff.Waiting || !strings.Contains(e.Error, "already declared") {
+	if e.Record == nil || e.Record.State != rendezvous.Waiting || !strings.Contains(e.Error, "already declared") {
 		t.Fatalf("duplicate: %+v", e)
 	}
-	s.refused("POST", "/handoff/complete", handoff.Complete{ID: "x", OK: true}, 409, errs.OK) // not paired
-	s.refused("POST", "/handoff/ready", decl(t, "x", []int{1}, handoff.Pull, 0), 409, errs.InvalidArgument)
-	if r := s.ok("GET", "/handoff/status?id=x", nil); r.State != handoff.Waiting || r.Ready {
+	s.refused("POST", "/handoff/complete", rendezvous.Complete{ID: "x", OK: true}, 409, errs.OK) // not paired
+	s.refused("POST", "/handoff/ready", decl(t, "x", []int{1}, rendezvous.Pull, 0), 409, errs.InvalidArgument)
+	if r := s.ok("GET", "/handoff/status?id=x", nil); r.State != rendezvous.Waiting || r.Ready {
 		t.Fatalf("a refused declaration changed the transfer: %+v", r)
 	}
 	// Method not allowed comes from the sidecar's router.
@@ -315,9 +315,9 @@ func TestBadRequests(t *testing.T) {
 		t.Fatalf("GET /handoff/expect: %d", code)
 	}
 	// The table is bounded.
-	s.ok("POST", "/handoff/expect", decl(t, "y", []int{1}, handoff.Push, 0))
-	s.ok("POST", "/handoff/expect", decl(t, "z", []int{1}, handoff.Push, 0))
-	s.refused("POST", "/handoff/expect", decl(t, "w", []int{1}, handoff.Push, 0), 503, errs.NoMemory)
+	s.ok("POST", "/handoff/expect", decl(t, "y", []int{1}, rendezvous.Push, 0))
+	s.ok("POST", "/handoff/expect", decl(t, "z", []int{1}, rendezvous.Push, 0))
+	s.refused("POST", "/handoff/expect", decl(t, "w", []int{1}, rendezvous.Push, 0), 503, errs.NoMemory)
 
 	_, m := s.do("GET", "/metrics", nil)
 	for _, want := range []string{`te_handoff_rejected_total{reason="invalid"}`, `te_handoff_rejected_total{reason="unknown_id"} 4`,
@@ -329,18 +329,18 @@ func TestBadRequests(t *testing.T) {
 }
 
 func TestMismatchFailsAtPairing(t *testing.T) {
-	s := start(t, handoff.Config{})
-	s.ok("POST", "/handoff/expect", decl(t, "m", []int{1, 2}, handoff.Push, 0))
+	s := start(t, rendezvous.Config{})
+	s.ok("POST", "/handoff/expect", decl(t, "m", []int{1, 2}, rendezvous.Push, 0))
 	// Three prefill blocks for two decode blocks.
 	r := s.ok("POST", "/handoff/ready", decl(t, "m", []int{1, 2, 3}, "", 0))
-	if r.State != handoff.Failed || errs.Code(r.Code) != errs.InvalidArgument || !r.Settled || !strings.Contains(r.Reason, "do not match") {
+	if r.State != rendezvous.Failed || errs.Code(r.Code) != errs.InvalidArgument || !r.Settled || !strings.Contains(r.Reason, "do not match") {
 		t.Fatalf("mismatch: %+v", r)
 	}
 	// A dtype mismatch too.
-	s.ok("POST", "/handoff/expect", decl(t, "m2", []int{1}, handoff.Push, 0))
+	s.ok("POST", "/handoff/expect", decl(t, "m2", []int{1}, rendezvous.Push, 0))
 	d := decl(t, "m2", []int{1}, "", 0)
 	d.Layout = json.RawMessage(strings.Replace(string(d.Layout), `"bf16"`, `"fp16"`, 1))
-	if r := s.ok("POST", "/handoff/ready", d); r.State != handoff.Failed || !strings.Contains(r.Reason, "dtype") {
+	if r := s.ok("POST", "/handoff/ready", d); r.State != rendezvous.Failed || !strings.Contains(r.Reason, "dtype") {
 		t.Fatalf("dtype mismatch: %+v", r)
 	}
 	_, m := s.do("GET", "/metrics", nil)
@@ -350,29 +350,29 @@ func TestMismatchFailsAtPairing(t *testing.T) {
 }
 
 func TestAbort(t *testing.T) {
-	s := start(t, handoff.Config{})
+	s := start(t, rendezvous.Config{})
 	// Before pairing: aborted and settled at once; the late side is told.
-	s.ok("POST", "/handoff/expect", decl(t, "a1", []int{1}, handoff.Push, 0))
-	a := s.ok("POST", "/handoff/abort", handoff.Abort{ID: "a1", Role: handoff.Decode, Reason: "client went away"})
-	if a.State != handoff.Aborted || !a.Settled || a.AbortBy != handoff.Decode || errs.Code(a.Code) != errs.Canceled || !strings.Contains(a.Reason, "client went away") {
+	s.ok("POST", "/handoff/expect", decl(t, "a1", []int{1}, rendezvous.Push, 0))
+	a := s.ok("POST", "/handoff/abort", rendezvous.Abort{ID: "a1", Role: rendezvous.Decode, Reason: "client went away"})
+	if a.State != rendezvous.Aborted || !a.Settled || a.AbortBy != rendezvous.Decode || errs.Code(a.Code) != errs.Canceled || !strings.Contains(a.Reason, "client went away") {
 		t.Fatalf("abort: %+v", a)
 	}
 	e := s.refused("POST", "/handoff/ready", decl(t, "a1", []int{1}, "", 0), 409, errs.Canceled)
-	if e.Record == nil || e.Record.State != handoff.Aborted {
+	if e.Record == nil || e.Record.State != rendezvous.Aborted {
 		t.Fatalf("late ready: %+v", e)
 	}
 	// While moving: aborted but not settled until the mover reports.
-	s.ok("POST", "/handoff/expect", decl(t, "a2", []int{1}, handoff.Push, 0))
+	s.ok("POST", "/handoff/expect", decl(t, "a2", []int{1}, rendezvous.Push, 0))
 	s.ok("POST", "/handoff/ready", decl(t, "a2", []int{1}, "", 0))
-	a = s.ok("POST", "/handoff/abort", handoff.Abort{ID: "a2", Role: handoff.Prefill})
-	if a.State != handoff.Aborted || a.Settled {
+	a = s.ok("POST", "/handoff/abort", rendezvous.Abort{ID: "a2", Role: rendezvous.Prefill})
+	if a.State != rendezvous.Aborted || a.Settled {
 		t.Fatalf("abort while moving: %+v", a)
 	}
-	e = s.refused("POST", "/handoff/complete", handoff.Complete{ID: "a2", OK: true, Bytes: 10}, 409, errs.Canceled)
-	if e.Record == nil || !e.Record.Settled || e.Record.State != handoff.Aborted {
+	e = s.refused("POST", "/handoff/complete", rendezvous.Complete{ID: "a2", OK: true, Bytes: 10}, 409, errs.Canceled)
+	if e.Record == nil || !e.Record.Settled || e.Record.State != rendezvous.Aborted {
 		t.Fatalf("late complete: %+v", e)
 	}
-	s.refused("POST", "/handoff/abort", handoff.Abort{ID: "a2"}, 409, errs.Canceled)
+	s.refused("POST", "/handoff/abort", rendezvous.Abort{ID: "a2"}, 409, errs.Canceled)
 	_, m := s.do("GET", "/metrics", nil)
 	for _, want := range []string{`te_handoff_failures_total{reason="aborted_by_decode"} 1`, `te_handoff_failures_total{reason="aborted_by_prefill"} 1`,
 		`te_handoff_transfers{state="aborted"} 2`} {
@@ -383,12 +383,12 @@ func TestAbort(t *testing.T) {
 }
 
 func TestExpiry(t *testing.T) {
-	s := start(t, handoff.Config{SettleGrace: 300 * time.Millisecond, Retain: 300 * time.Millisecond})
+	s := start(t, rendezvous.Config{SettleGrace: 300 * time.Millisecond, Retain: 300 * time.Millisecond})
 	// Unpaired: expires at its deadline, settled.
-	d := s.ok("POST", "/handoff/expect", decl(t, "e1", []int{1}, handoff.Push, 100))
+	d := s.ok("POST", "/handoff/expect", decl(t, "e1", []int{1}, rendezvous.Push, 100))
 	t0 := time.Now()
 	r := s.ok("GET", fmt.Sprintf("/handoff/wait?id=e1&since=%d&timeout_ms=5000", d.Version), nil)
-	if r.State != handoff.Expired || !r.Settled || errs.Code(r.Code) != errs.Timeout || !strings.Contains(r.Reason, "prefill never declared") {
+	if r.State != rendezvous.Expired || !r.Settled || errs.Code(r.Code) != errs.Timeout || !strings.Contains(r.Reason, "prefill never declared") {
 		t.Fatalf("expiry: %+v", r)
 	}
 	if el := time.Since(t0); el < 50*time.Millisecond || el > 3*time.Second {
@@ -396,13 +396,13 @@ func TestExpiry(t *testing.T) {
 	}
 	// Paired but never completed: expired, then settled after the grace.
 	s.ok("POST", "/handoff/ready", decl(t, "e2", []int{1}, "", 150))
-	p := s.ok("POST", "/handoff/expect", decl(t, "e2", []int{1}, handoff.Push, 150))
+	p := s.ok("POST", "/handoff/expect", decl(t, "e2", []int{1}, rendezvous.Push, 150))
 	r = s.ok("GET", fmt.Sprintf("/handoff/wait?id=e2&since=%d&timeout_ms=5000", p.Version), nil)
-	if r.State != handoff.Expired || r.Settled {
+	if r.State != rendezvous.Expired || r.Settled {
 		t.Fatalf("expiry while moving: %+v", r)
 	}
 	r = s.ok("GET", fmt.Sprintf("/handoff/wait?id=e2&since=%d&timeout_ms=5000", r.Version), nil)
-	if r.State != handoff.Expired || !r.Settled || !strings.Contains(r.Reason, "never reported") {
+	if r.State != rendezvous.Expired || !r.Settled || !strings.Contains(r.Reason, "never reported") {
 		t.Fatalf("settle after grace: %+v", r)
 	}
 	// Finished transfers are dropped after the retention time.
@@ -419,8 +419,8 @@ func TestExpiry(t *testing.T) {
 }
 
 func TestWaitTimeoutAndShutdown(t *testing.T) {
-	s := start(t, handoff.Config{})
-	d := s.ok("POST", "/handoff/expect", decl(t, "w1", []int{1}, handoff.Push, 0))
+	s := start(t, rendezvous.Config{})
+	d := s.ok("POST", "/handoff/expect", decl(t, "w1", []int{1}, rendezvous.Push, 0))
 	t0 := time.Now()
 	r := s.ok("GET", fmt.Sprintf("/handoff/wait?id=w1&since=%d&timeout_ms=100", d.Version), nil)
 	if r.Version != d.Version || time.Since(t0) < 80*time.Millisecond {
