@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	vm "github.com/VictoriaMetrics/metrics"
 	"github.com/valyala/fasthttp"
 
 	"github.com/tecache/te/engine/errs"
@@ -241,6 +242,9 @@ func (s *Server) healthz(ctx *fasthttp.RequestCtx) {
 func (s *Server) serveMetrics(ctx *fasthttp.RequestCtx) {
 	ctx.SetContentType("text/plain; version=0.0.4; charset=utf-8")
 	s.metrics.WriteTo(ctx)
+	// The process's own figures (resident memory, open fds, Go heap and
+	// GC) without HELP lines: standard names every dashboard knows.
+	vm.WriteProcessMetrics(ctx)
 }
 
 // Serve serves on ln until Shutdown; it returns nil after a shutdown.

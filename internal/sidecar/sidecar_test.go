@@ -164,7 +164,9 @@ func TestToken(t *testing.T) {
 	}
 }
 
-var sampleLine = regexp.MustCompile(`^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*",?)*\})? [-+0-9.eE]+|NaN|[+-]Inf$`)
+// sampleLine is a sample of the text format; a label set may have a space
+// after each comma, as Prometheus' parser allows.
+var sampleLine = regexp.MustCompile(`^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*",? ?)*\})? ([-+0-9.eE]+|NaN|[+-]Inf)$`)
 
 func TestMetricsAndHealth(t *testing.T) {
 	s, base := serve(t, sidecar.Config{Version: "1.2.3"})
@@ -240,8 +242,12 @@ func TestHistogramBuckets(t *testing.T) {
 	if b.String() != want {
 		t.Fatalf("got\n%s\nwant\n%s", b.String(), want)
 	}
-	// Same name, other type: not exported twice, no panic.
+	// Same name, other type; an invalid name; a reserved label: not
+	// exported, no panic.
 	m.Counter("x_seconds", "again").Inc()
+	m.Counter("bad name", "spaces").Inc()
+	m.Gauge("y", "le is the histograms' label", "le").Set(1, "2")
+	m.GaugeFunc("x_seconds", "again", func() float64 { return 1 })
 	b.Reset()
 	m.WriteTo(&b)
 	if b.String() != want {
