@@ -38,6 +38,12 @@ func TestMain(m *testing.M) {
 		os.Exit(code)
 	}
 	goleak.VerifyTestMain(m,
+		goleak.Cleanup(func(code int) {
+			if binDir != "" {
+				os.RemoveAll(binDir) // the te-sidecar binary the bound tests built
+			}
+			os.Exit(code)
+		}),
 		// fasthttp's server housekeeping: a worker-pool cleaner that sees
 		// the shutdown on its next tick, and a process-wide clock.
 		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*workerPool).Start.func2"),
@@ -143,6 +149,26 @@ func TestMetadataProtocol(t *testing.T) {
 	}
 	if c, _, _ := do(t, "PUT", u+"2", []byte("v2")); c != 200 {
 		t.Fatalf("overwrite when full: %d", c)
+	}
+}
+
+func TestMetadataBytes(t *testing.T) {
+	_, base := serve(t, sidecar.Config{MaxMetadataBytes: 100})
+	u := base + "/metadata?key="
+	if c, _, _ := do(t, "PUT", u+"a", bytes.Repeat([]byte("x"), 90)); c != 200 {
+		t.Fatalf("put within the bytes: %d", c)
+	}
+	if c, _, _ := do(t, "PUT", u+"b", bytes.Repeat([]byte("x"), 20)); c != 507 {
+		t.Fatalf("put over the bytes: %d", c)
+	}
+	if c, _, _ := do(t, "PUT", u+"a", bytes.Repeat([]byte("y"), 99)); c != 200 {
+		t.Fatalf("overwrite within the bytes: %d", c)
+	}
+	if c, _, _ := do(t, "DELETE", u+"a", nil); c != 200 {
+		t.Fatalf("delete: %d", c)
+	}
+	if c, _, _ := do(t, "PUT", u+"b", bytes.Repeat([]byte("x"), 20)); c != 200 {
+		t.Fatalf("put after a delete: %d", c)
 	}
 }
 

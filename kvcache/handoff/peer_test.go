@@ -331,11 +331,16 @@ type sidecarProc struct {
 	addr string
 	srv  *sidecar.Server
 	errc chan error
+	cfg  sidecar.Config
 }
 
 func startSidecar(t testing.TB) *sidecarProc {
+	return startSidecarWith(t, sidecar.Config{})
+}
+
+func startSidecarWith(t testing.TB, cfg sidecar.Config) *sidecarProc {
 	t.Helper()
-	s := &sidecarProc{t: t}
+	s := &sidecarProc{t: t, cfg: cfg}
 	s.serve("127.0.0.1:0")
 	t.Cleanup(s.stop)
 	return s
@@ -354,7 +359,7 @@ func (s *sidecarProc) serve(addr string) {
 		s.t.Fatal(err)
 	}
 	s.addr = ln.Addr().String()
-	s.srv = sidecar.New(sidecar.Config{})
+	s.srv = sidecar.New(s.cfg)
 	s.errc = make(chan error, 1)
 	go func() { s.errc <- s.srv.Serve(ln) }()
 }

@@ -39,25 +39,25 @@ func FuzzTable(f *testing.F) {
 				if (int(op)+i)%5 == 1 {
 					role = rendezvous.Prefill
 				}
-				rec, err = tb.Declare(role, d)
+				rec, err = tb.Declare(role, d, "fuzz")
 			case 2:
 				var c rendezvous.Complete
 				if json.Unmarshal(body, &c) != nil {
 					continue
 				}
-				rec, err = tb.Complete(c)
+				rec, err = tb.Complete(c, string(body[:min(len(body), 32)]))
 			case 3:
 				var a rendezvous.Abort
 				if json.Unmarshal(body, &a) != nil {
 					continue
 				}
-				rec, err = tb.Abort(a)
+				rec, err = tb.Abort(a, a.Reason)
 			case 4:
 				var a rendezvous.Abort
 				if json.Unmarshal(body, &a) != nil {
 					continue
 				}
-				rec, err = tb.Status(a.ID, rendezvous.Decode)
+				rec, err = tb.Status(a.ID, a.Reason, a.Role)
 			}
 			switch {
 			case err == nil && (rec.Instance != tb.Instance() || rec.State == ""):
