@@ -12,6 +12,8 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/metadata"
@@ -98,7 +100,13 @@ func Open(conn string) (*Store, error) {
 		DialKeepAliveTimeout: o.TTL / 2,
 		// The client's own log lines would go to stderr of the host
 		// process; te reports through errors instead.
-		Logger:   zap.NewNop(),
+		Logger: zap.NewNop(),
+		// gRPC's default reconnection backoff grows to two minutes: an
+		// engine would stay cut off from etcd that long after an outage.
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second},
+			MinConnectTimeout: o.Timeout,
+		})},
 		Username: os.Getenv(EnvUser),
 		Password: os.Getenv(EnvPassword),
 	}
