@@ -25,7 +25,8 @@
 // authentication enabled (etcdctl auth enable), with either scheme; over
 // etcd:// the password crosses the network in clear, so use etcds:// where
 // the network is not trusted. The user needs read and write access to te's
-// keys (mooncake/...). Refused credentials, a failing TLS connection and a
+// keys (mooncake/...); with a user, opening the store authenticates at once,
+// so etcd must be reachable then. Refused credentials, a failing TLS connection and a
 // plaintext client of a TLS server fail each operation within its timeout
 // with a Metadata error whose hint names what to check. (Mooncake's
 // transfer engine reads no etcd credentials; te's variables are its own.)

@@ -80,7 +80,9 @@ type Store struct {
 
 // Open connects to the etcd cluster named by conn. It does not wait for
 // etcd to answer: an unreachable cluster shows as errors of the first
-// operations, and the client keeps trying to reconnect.
+// operations, and the client keeps trying to reconnect. With a user
+// (TE_ETCD_USER), though, it authenticates at once, so etcd must answer
+// within the timeout (at least 5 s).
 func Open(conn string) (*Store, error) {
 	scheme, _, _ := strings.Cut(conn, "://")
 	scheme = strings.ToLower(scheme)
@@ -112,6 +114,11 @@ func Open(conn string) (*Store, error) {
 	}
 	if (cfg.Username == "") != (cfg.Password == "") {
 		return nil, errs.New(errs.InvalidArgument, "etcd", "%s and %s go together", EnvUser, EnvPassword)
+	}
+	if cfg.Username != "" {
+		// The client authenticates before New returns, within DialTimeout;
+		// etcd checks the password with bcrypt, slow on a loaded machine.
+		cfg.DialTimeout = max(o.Timeout, 5*time.Second)
 	}
 	ca, cert, key := os.Getenv(EnvCACert), os.Getenv(EnvCert), os.Getenv(EnvKey)
 	proto := "http://"
