@@ -134,6 +134,15 @@ func (m *Metrics) GaugeFunc(name, help string, f func() float64) {
 	}
 }
 
+// CounterFunc registers a counter without labels read from f at each
+// scrape (a count kept elsewhere).
+func (m *Metrics) CounterFunc(name, help string, f func() float64) {
+	fam := m.register(&family{name: name, help: help, typ: "counter"})
+	if fam.set != nil {
+		fam.set.GetOrCreateGauge(name, f)
+	}
+}
+
 // Histogram is a family of distributions.
 type Histogram struct{ f *family }
 

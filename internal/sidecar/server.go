@@ -170,6 +170,10 @@ func New(cfg Config) *Server {
 		_, b := s.kv.Size()
 		return float64(b)
 	})
+	s.metrics.CounterFunc("te_sidecar_refused_connections_total",
+		"Connections refused with 503 because the sidecar served its maximum (-max-conns).", func() float64 {
+			return float64(s.srv.GetRejectedConnectionsCount())
+		})
 	s.installMetadata()
 	mountHandoff(s)
 	s.handle("GET", "/healthz", s.healthz, open)

@@ -458,3 +458,50 @@ func ExampleServer_Handle() {
 	}
 	// Output: te_sidecar_handoffs_total{result="accepted"} 1
 }
+
+// TestMaxConns: past its connection bound the sidecar answers 503 and
+// closes, counts it, and serves again once connections go.
+func TestMaxConns(t *testing.T) {
+	_, base := serve(t, sidecar.Config{MaxConns: 2})
+	addr := strings.TrimPrefix(base, "http://")
+	var held []net.Conn
+	for range 2 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	var status string
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(status, " 503 ") { // the first two are being served
+		if time.Now().After(deadline) {
+			t.Fatalf("a third connection got %q", status)
+		}
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+		status, _ = bufio.NewReader(c).ReadString('\n')
+		c.Close()
+	}
+	for _, c := range held {
+		c.Close()
+	}
+	for {
+		c, _, _ := do(t, "GET", base+"/metrics", nil)
+		if c == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not served after the connections closed: %d", c)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	_, m, _ := do(t, "GET", base+"/metrics", nil)
+	if !regexp.MustCompile(`te_sidecar_refused_connections_total [1-9]`).MatchString(m) {
+		t.Fatalf("refused connections not counted:\n%s", m)
+	}
+}
