@@ -4,7 +4,7 @@
 .PHONY: te-sidecar
 SIDECAR_VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-$(BUILD)/te-sidecar: $(shell find cmd/te-sidecar internal engine -name '*.go' -not -name '*_test.go') go.mod go.sum
+$(BUILD)/te-sidecar: $(shell find cmd/te-sidecar internal engine kvcache -name '*.go' -not -name '*_test.go') go.mod go.sum
 	@mkdir -p $(BUILD)
 	$(GO) build -ldflags "-X github.com/tecache/te/internal/sidecar.Version=$(SIDECAR_VERSION)" -o $@ ./cmd/te-sidecar
 

@@ -310,7 +310,19 @@ func TestGracefulShutdown(t *testing.T) {
 	<-started
 	shut := make(chan error, 1)
 	go func() { shut <- s.Shutdown(context.Background()) }()
-	time.Sleep(100 * time.Millisecond)
+	// Shutdown closes the listener first, then waits for the request.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", ln.Addr().String(), time.Second)
+		if err != nil {
+			break
+		}
+		c.Close()
+		if time.Now().After(deadline) {
+			t.Fatal("still accepting after Shutdown was called")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	select {
 	case err := <-shut:
 		t.Fatalf("shutdown returned with a request in flight: %v", err)

@@ -203,3 +203,35 @@ func TestQuotaOverHTTP(t *testing.T) {
 		}
 	}
 }
+
+// TestPairingIsNotEvicted: room made for a pairing declaration never comes
+// from the transfer it pairs.
+func TestPairingIsNotEvicted(t *testing.T) {
+	d := decl(t, "r1", []int{1}, rendezvous.Push, 0)
+	cost := rendezvous.Cost(&d)
+	tb := rendezvous.NewTable(rendezvous.Config{MaxBytes: 3*cost + 10}, nil)
+	defer tb.Close()
+	r1, e := tb.Declare(rendezvous.Decode, d, "a")
+	if e != nil {
+		t.Fatal(e)
+	}
+	d.ID = "r2"
+	r2, e := tb.Declare(rendezvous.Decode, d, "a")
+	if e != nil {
+		t.Fatal(e)
+	}
+	d.ID = "r3"
+	if _, e := tb.Declare(rendezvous.Decode, d, "b"); e != nil {
+		t.Fatal(e)
+	}
+	p, e := tb.Declare(rendezvous.Prefill, decl(t, "r1", []int{2}, "", 0), "c")
+	if e != nil || p.State != rendezvous.Transferring {
+		t.Fatalf("pairing r1: %+v %+v", p, e)
+	}
+	if r, e := tb.Status("r1", r1.Capability, ""); e != nil || r.State != rendezvous.Transferring {
+		t.Fatalf("r1: %+v %+v", r, e)
+	}
+	if r, e := tb.Status("r2", r2.Capability, ""); e != nil || r.State != rendezvous.Expired || errs.Code(r.Code) != errs.ResourceExhausted {
+		t.Fatalf("r2 should have made the room: %+v %+v", r, e)
+	}
+}

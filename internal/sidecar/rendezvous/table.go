@@ -333,7 +333,26 @@ func (t *Table) Declare(role Role, d Decl, client string) (Record, *Refusal) {
 			return conflict(refuse(http.StatusConflict, codeOf(r.state), "transfer %q is already %s: %s", d.ID, r.state, r.reason))
 		}
 	}
-	if e := t.admit(client, cost, r == nil, now); e != nil {
+	// Pairing: decode's mode wins; a prefill that named another mode is
+	// refused rather than silently moved the other way.
+	var mode Mode
+	if r != nil {
+		mode = r.mode
+		if role == Decode {
+			if mode != "" && d.Mode != "" && mode != d.Mode {
+				return Record{}, t.modeConflict(r, role, d.Mode, now)
+			}
+			if d.Mode != "" {
+				mode = d.Mode
+			}
+		} else if d.Mode != "" && mode != "" && d.Mode != mode {
+			return Record{}, t.modeConflict(r, role, d.Mode, now)
+		}
+		if mode == "" {
+			mode = Push
+		}
+	}
+	if e := t.admit(client, cost, r, now); e != nil {
 		t.m.rejected(e)
 		return Record{}, e
 	}
@@ -346,22 +365,6 @@ func (t *Table) Declare(role Role, d Decl, client string) (Record, *Refusal) {
 		t.m.enter(Waiting)
 		t.bump(r)
 		return r.declared(t, role, now), nil
-	}
-	// Pairing: decode's mode wins; a prefill that named another mode is
-	// refused rather than silently moved the other way.
-	mode := r.mode
-	if role == Decode {
-		if mode != "" && d.Mode != "" && mode != d.Mode {
-			return Record{}, t.modeConflict(r, role, d.Mode, now)
-		}
-		if d.Mode != "" {
-			mode = d.Mode
-		}
-	} else if d.Mode != "" && mode != "" && d.Mode != mode {
-		return Record{}, t.modeConflict(r, role, d.Mode, now)
-	}
-	if mode == "" {
-		mode = Push
 	}
 	r.mode = mode
 	t.hold(r, role, &d, client, cost)
@@ -436,9 +439,11 @@ func (t *Table) release(r *rec) {
 }
 
 // admit checks client's quota and the table's totals for a declaration of
-// cost (fresh: it creates a transfer), making room when a client over its
-// share holds what is needed. Callers hold t.mu.
-func (t *Table) admit(client string, cost int64, fresh bool, now time.Time) *Refusal {
+// cost, which creates a transfer or pairs pairing (never evicted to make
+// room for itself), making room when a client over its share holds what is
+// needed. Callers hold t.mu.
+func (t *Table) admit(client string, cost int64, pairing *rec, now time.Time) *Refusal {
+	fresh := pairing == nil
 	var waiting int
 	var held int64
 	if u := t.clients[client]; u != nil {
@@ -465,7 +470,7 @@ func (t *Table) admit(client string, cost int64, fresh bool, now time.Time) *Ref
 			t.drop(t.finished.Front().Value.(*rec))
 			continue
 		}
-		if !t.evict(client, waiting, held+cost, now) {
+		if !t.evict(client, waiting, held+cost, pairing, now) {
 			e := refuse(http.StatusServiceUnavailable, errs.ResourceExhausted,
 				"sidecar holds %d transfers and %d bytes of declarations, its limits are %d and %d",
 				len(t.recs), t.bytes, t.cfg.MaxTransfers, t.cfg.MaxBytes)
@@ -480,22 +485,30 @@ func (t *Table) admit(client string, cost int64, fresh bool, now time.Time) *Ref
 // most, when that client holds more than the requester would (unpaired
 // transfers or bytes): junk that never pairs cannot lock the others out.
 // Nothing moves for an unpaired transfer, so it is settled at once.
-func (t *Table) evict(requester string, waiting int, held int64, now time.Time) bool {
+func (t *Table) evict(requester string, waiting int, held int64, keep *rec, now time.Time) bool {
 	var victim string
 	var vu *usage
+	var r *rec
 	for c, u := range t.clients {
 		if c == requester || u.waiting.Len() == 0 {
 			continue
 		}
-		if vu == nil || u.bytes > vu.bytes || (u.bytes == vu.bytes && u.waiting.Len() > vu.waiting.Len()) {
-			victim, vu = c, u
+		if vu != nil && (u.bytes < vu.bytes || (u.bytes == vu.bytes && u.waiting.Len() <= vu.waiting.Len())) {
+			continue
+		}
+		// Its oldest unpaired transfer, but never the one being paired.
+		e := u.waiting.Front()
+		if e.Value.(*rec) == keep {
+			e = e.Next()
+		}
+		if e != nil {
+			victim, vu, r = c, u, e.Value.(*rec)
 		}
 	}
 	if vu == nil || (vu.waiting.Len() <= waiting && vu.bytes <= held) {
 		return false
 	}
 	n := vu.waiting.Len()
-	r := vu.waiting.Front().Value.(*rec)
 	t.settle(r, now)
 	t.end(r, Expired, errs.ResourceExhausted, fmt.Sprintf(
 		"evicted before pairing: the sidecar was full and client %s held %d unpaired transfers", victim, n), now)
