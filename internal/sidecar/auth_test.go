@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -132,5 +133,37 @@ func TestNoSecretLoopbackOnly(t *testing.T) {
 	}
 	if _, err := sidecar.ParseOptions([]string{"-auth-secret-file", file + ".missing"}, none, io.Discard); err == nil {
 		t.Fatal("a missing secret file was accepted")
+	}
+}
+
+// TestDaemonWithSecret: the te-sidecar binary reads its secret from
+// TE_AUTH_SECRET_FILE, with the previous secret on the second line during a
+// rotation, and a bad secret file stops it at start.
+func TestDaemonWithSecret(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "secret")
+	os.WriteFile(file, []byte(secretNow+"\n"+secretPrev+"\n"), 0o600)
+	d := startDaemon(t, authsecret.EnvSecretFile+"="+file)
+	for _, c := range []struct {
+		tok  string
+		want int
+	}{{"", 401}, {authsecret.Token([]byte("some-other-cluster-secret")), 401},
+		{authsecret.Token([]byte(secretNow)), 404}, {authsecret.Token([]byte(secretPrev)), 404}} {
+		var hdr []string
+		if c.tok != "" {
+			hdr = bearer(c.tok)
+		}
+		if code, _, _ := do(t, "GET", d.base+"/handoff/status?id=x", nil, hdr...); code != c.want {
+			t.Fatalf("token %q: %d, want %d", c.tok, code, c.want)
+		}
+	}
+	if code, _, _ := do(t, "GET", d.base+"/healthz", nil); code != 200 {
+		t.Fatalf("healthz: %d", code)
+	}
+	os.WriteFile(file, []byte("short\n"), 0o600)
+	cmd := exec.Command(sidecarBinary(t), "-addr", "127.0.0.1:0")
+	cmd.Env = append(os.Environ(), authsecret.EnvSecretFile+"="+file)
+	out, err := cmd.CombinedOutput()
+	if cmd.ProcessState == nil || cmd.ProcessState.ExitCode() != 2 || !strings.Contains(string(out), "secret") {
+		t.Fatalf("a weak secret file: %v, %s", err, out)
 	}
 }
