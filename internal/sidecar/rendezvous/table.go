@@ -289,8 +289,8 @@ func newCapability() string {
 	return hex.EncodeToString(b[:])
 }
 
-// Declare records one side's declaration by client (the identity quotas
-// are kept by); the second one pairs the transfer and starts it. The record
+// Declare records one side's declaration; client names the declarer for
+// its quotas. The second declaration pairs the transfer and starts it. The record
 // returned carries the declaring side's capability, which the side's later
 // requests about the transfer must present.
 func (t *Table) Declare(role Role, d Decl, client string) (Record, *Refusal) {
