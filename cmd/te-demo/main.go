@@ -7,13 +7,18 @@
 // bytes moved, the requests before and after coalescing, the time, GB/s and
 // the transport, and exits non-zero on any mismatch or failure.
 //
-// Metadata is peer-to-peer: no metadata server. `make demo` builds and runs
-// it; run te-demo -h for the flags.
+// Metadata is peer-to-peer: no metadata server. With -secret (or a cluster
+// secret in TE_AUTH_SECRET_FILE or TE_AUTH_SECRET) the sidecar and both
+// processes run with a cluster secret, and te-demo checks that the sidecar
+// refuses a request without its token. `make demo` builds and runs it
+// (DEMO_ARGS=-secret for the secret); run te-demo -h for the flags.
 package main
 
 import (
 	"bufio"
 	"context"
+	crand "crypto/rand"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -32,7 +37,8 @@ import (
 	"time"
 
 	"github.com/tecache/te/engine"
-	"github.com/tecache/te/internal/handoff/pattern"
+	"github.com/tecache/te/internal/authsecret"
+	"github.com/tecache/te/internal/kvpattern"
 	"github.com/tecache/te/internal/sys/mem"
 	"github.com/tecache/te/kvcache/handoff"
 )
@@ -49,6 +55,7 @@ type options struct {
 	seed       uint64
 	id         string
 	corrupt    bool
+	secret     bool
 }
 
 func main() {
@@ -64,6 +71,8 @@ func main() {
 	flag.Uint64Var(&o.seed, "seed", 1, "seed of the block id choice")
 	flag.StringVar(&o.id, "id", "", "internal: transfer id")
 	flag.BoolVar(&o.corrupt, "corrupt", false, "flip one byte on decode before the check (shows that a mismatch fails)")
+	flag.BoolVar(&o.secret, "secret", false, "run with a random cluster secret (unless "+authsecret.EnvSecretFile+" or "+
+		authsecret.EnvSecret+" gives one), which te-sidecar and both processes read from "+authsecret.EnvSecretFile)
 	flag.Parse()
 	var err error
 	switch o.role {
@@ -84,7 +93,7 @@ func main() {
 
 // plan is what both roles derive from the shared options.
 type plan struct {
-	prefill, decode pattern.Shape
+	prefill, decode kvpattern.Shape
 	src, dst        []int
 }
 
@@ -93,11 +102,11 @@ func makePlan(o options) (plan, error) {
 		return plan{}, errors.New("tokens and layers must be positive")
 	}
 	n := (o.tokens + 15) / 16
-	p := plan{prefill: pattern.Llama3_8B(n + n/4 + 1), decode: pattern.Llama3_8B(2*n + 1)}
+	p := plan{prefill: kvpattern.Llama3_8B(n + n/4 + 1), decode: kvpattern.Llama3_8B(2*n + 1)}
 	p.prefill.Layers, p.decode.Layers = o.layers, o.layers
 	r := rand.New(rand.NewPCG(o.seed, 7))
-	p.src = pattern.Blocks(n, p.prefill.Blocks, r)
-	p.dst = pattern.Blocks(n, p.decode.Blocks, r)
+	p.src = kvpattern.Blocks(n, p.prefill.Blocks, r)
+	p.dst = kvpattern.Blocks(n, p.decode.Blocks, r)
 	if len(p.src) != n || len(p.dst) != n {
 		return plan{}, errors.New("not enough blocks")
 	}
@@ -131,7 +140,7 @@ func newEngine(o options) (*engine.Engine, error) {
 type role struct {
 	p     plan
 	e     *engine.Engine
-	c     *pattern.Cache
+	c     *kvpattern.Cache
 	cl    *handoff.Client
 	close func()
 }
@@ -149,7 +158,7 @@ func setup(o options, decode bool) (*role, error) {
 	if decode {
 		shape = p.decode
 	}
-	c, err := pattern.New(shape)
+	c, err := kvpattern.New(shape)
 	if err != nil {
 		e.Close()
 		return nil, err
@@ -274,11 +283,30 @@ func drive(o options) error {
 	if err != nil {
 		return err
 	}
+	if o.secret && os.Getenv(authsecret.EnvSecretFile) == "" && os.Getenv(authsecret.EnvSecret) == "" {
+		dir, err := makeSecret()
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+	}
+	// te-sidecar and the two processes inherit the environment.
+	sec, err := authsecret.Load("", "", os.Getenv)
+	if err != nil {
+		return err
+	}
 	addr, stop, err := startSidecar(bin)
 	if err != nil {
 		return err
 	}
 	defer stop()
+	auth := "no cluster secret"
+	if sec != nil {
+		if err := refusesWithoutToken(addr); err != nil {
+			return err
+		}
+		auth = "cluster secret: a request without its token is refused with 401"
+	}
 
 	blockBytes := p.prefill.BlockBytes()
 	fmt.Printf("te demo: Llama-3-8B-shaped KV cache (%d layers, %d KV heads, head dim %d, %s, %d-token blocks)\n",
@@ -286,7 +314,7 @@ func drive(o options) error {
 	fmt.Printf("  prompt: %d tokens = %d blocks of %d KiB per layer and K/V\n", o.tokens, len(p.src), blockBytes>>10)
 	fmt.Printf("  prefill blocks: %s (of %d)\n", sample(p.src), p.prefill.Blocks)
 	fmt.Printf("  decode blocks:  %s (of %d)\n", sample(p.dst), p.decode.Blocks)
-	fmt.Printf("  te-sidecar on %s; engines on 127.0.0.1 with peer-to-peer metadata (no metadata server)\n", addr)
+	fmt.Printf("  te-sidecar on %s (%s); engines on 127.0.0.1 with peer-to-peer metadata (no metadata server)\n", addr, auth)
 	failed := false
 	for i, mode := range strings.Split(o.modes, ",") {
 		mode = strings.TrimSpace(mode)
@@ -420,6 +448,40 @@ func readReport(r *bufio.Reader) (report, error) {
 			return rep, err
 		}
 	}
+}
+
+// makeSecret writes a random cluster secret to a private file and points
+// TE_AUTH_SECRET_FILE at it; the caller removes the returned directory.
+func makeSecret() (string, error) {
+	dir, err := os.MkdirTemp("", "te-demo-secret")
+	if err != nil {
+		return "", err
+	}
+	var b [32]byte
+	crand.Read(b[:])
+	path := filepath.Join(dir, "secret")
+	if err := os.WriteFile(path, []byte(base64.StdEncoding.EncodeToString(b[:])+"\n"), 0o600); err != nil {
+		os.RemoveAll(dir)
+		return "", err
+	}
+	os.Setenv(authsecret.EnvSecretFile, path)
+	return dir, nil
+}
+
+// refusesWithoutToken checks that the sidecar at addr wants the secret's
+// token.
+func refusesWithoutToken(addr string) error {
+	hc := &http.Client{Timeout: 5 * time.Second}
+	defer hc.CloseIdleConnections()
+	resp, err := hc.Get("http://" + addr + "/handoff/status?id=demo")
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		return fmt.Errorf("te-sidecar answered %d to a request without the token, want 401", resp.StatusCode)
+	}
+	return nil
 }
 
 // startSidecar runs te-sidecar on a free loopback port and waits for

@@ -1,6 +1,10 @@
-// Command te-sidecar is te's per-pod daemon: it serves Mooncake's HTTP
-// metadata protocol, /healthz and Prometheus /metrics. Run te-sidecar -h for
-// its flags and environment variables; the logic is in internal/sidecar.
+// Command te-sidecar is te's per-pod daemon: it serves the prefill-to-decode
+// handoff rendezvous, Mooncake's HTTP metadata protocol, /healthz and
+// Prometheus /metrics. With a cluster secret (-auth-secret-file,
+// TE_AUTH_SECRET_FILE or TE_AUTH_SECRET) every other route needs the token
+// derived from it; without one it listens on loopback only unless -insecure
+// is given. Run te-sidecar -h for its flags and environment variables; the
+// logic is in internal/sidecar.
 package main
 
 import (

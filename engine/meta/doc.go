@@ -4,5 +4,6 @@
 // The default, P2PHANDSHAKE, needs no server: a segment's name is its engine's
 // RPC address and the descriptor is fetched from the peer itself. Stores for
 // etcd, Mooncake's HTTP protocol and redis register their schemes with
-// RegisterScheme.
+// RegisterScheme (RegisterSchemeWith for a store that takes Options, such as
+// the cluster secret an engine passes with OpenWith).
 package meta

@@ -44,16 +44,40 @@ func EncodeRPCMeta(host string, port int) []byte {
 // Opener opens a store from a connection string of its scheme.
 type Opener func(conn string) (Store, error)
 
+// Options are what a store may need besides its connection string. Stores
+// read their own credentials from the environment too (see each store's
+// package); these come from the engine's configuration.
+type Options struct {
+	// AuthSecret is the cluster secret in its text form (the secret, an
+	// optional second line with the previous one): the HTTP metadata store
+	// derives te-sidecar's bearer token from it.
+	AuthSecret string
+	// AuthSecretFile is a file holding the cluster secret.
+	AuthSecretFile string
+	// Token is the HTTP metadata store's bearer token, as given (it wins
+	// over MC_METADATA_HTTP_TOKEN and the secret).
+	Token string
+}
+
+// OpenerWith opens a store from a connection string and Options.
+type OpenerWith func(conn string, o Options) (Store, error)
+
 var (
 	openersMu sync.Mutex
-	openers   = map[string]Opener{"mem": openMemory}
+	openers   = map[string]OpenerWith{"mem": func(conn string, _ Options) (Store, error) { return openMemory(conn) }}
 )
 
 // RegisterScheme makes a store available under scheme (e.g. "etcd").
 func RegisterScheme(scheme string, o Opener) {
+	RegisterSchemeWith(scheme, func(conn string, _ Options) (Store, error) { return o(conn) })
+}
+
+// RegisterSchemeWith makes a store that takes Options available under
+// scheme.
+func RegisterSchemeWith(scheme string, o OpenerWith) {
 	openersMu.Lock()
 	defer openersMu.Unlock()
-	openers[scheme] = o
+	openers[strings.ToLower(scheme)] = o
 }
 
 // IsP2P reports whether conn selects peer-to-peer metadata.
@@ -63,9 +87,12 @@ func IsP2P(conn string) bool {
 
 // Open opens the store named by conn: "mem://NAME" (an in-process store shared
 // by every engine that names it, for tests and single-process setups), and the
-// schemes other packages register (etcd://, http://, redis://). For
-// P2PHANDSHAKE it returns a nil store.
-func Open(conn string) (Store, error) {
+// schemes other packages register (etcd://, etcds://, http://, https://,
+// redis://, rediss://). For P2PHANDSHAKE it returns a nil store.
+func Open(conn string) (Store, error) { return OpenWith(conn, Options{}) }
+
+// OpenWith is Open with Options (an engine passes its cluster secret).
+func OpenWith(conn string, o Options) (Store, error) {
 	if IsP2P(conn) {
 		return nil, nil
 	}
@@ -74,13 +101,13 @@ func Open(conn string) (Store, error) {
 		return nil, errs.New(errs.InvalidArgument, "metadata", "connection string %q is not P2PHANDSHAKE or scheme://...", conn)
 	}
 	openersMu.Lock()
-	o := openers[strings.ToLower(scheme)]
+	op := openers[strings.ToLower(scheme)]
 	openersMu.Unlock()
-	if o == nil {
+	if op == nil {
 		return nil, errs.New(errs.NotSupported, "metadata", "no metadata store for scheme %q", scheme).
 			WithHint("use P2PHANDSHAKE or mem://; etcd, http and redis stores are separate packages")
 	}
-	return o(conn)
+	return op(conn, o)
 }
 
 // Memory is an in-process Store.

@@ -10,8 +10,8 @@ import (
 
 	"github.com/tecache/te/engine"
 	"github.com/tecache/te/engine/errs"
-	proto "github.com/tecache/te/internal/handoff"
 	"github.com/tecache/te/internal/sidecar"
+	proto "github.com/tecache/te/internal/sidecar/rendezvous"
 	"github.com/tecache/te/internal/sys/mem"
 	"github.com/tecache/te/kvcache"
 	"github.com/tecache/te/kvcache/handoff"

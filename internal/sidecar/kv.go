@@ -13,16 +13,17 @@ const MaxKeyLen = 4096
 // KV is the sidecar's in-memory metadata store: Mooncake's HTTP metadata
 // server semantics (the last PUT wins; DELETE of a missing key succeeds).
 type KV struct {
-	maxKeys, maxValue int
+	maxKeys, maxValue, maxBytes int
 
 	mu    sync.RWMutex
 	m     map[string][]byte
 	bytes int
 }
 
-// NewKV returns an empty store with the given bounds.
-func NewKV(maxKeys, maxValue int) *KV {
-	return &KV{maxKeys: maxKeys, maxValue: maxValue, m: map[string][]byte{}}
+// NewKV returns an empty store with the given bounds: keys, bytes of one
+// value, and bytes of every key and value together.
+func NewKV(maxKeys, maxValue, maxBytes int) *KV {
+	return &KV{maxKeys: maxKeys, maxValue: maxValue, maxBytes: maxBytes, m: map[string][]byte{}}
 }
 
 // Get returns the value at key (not a copy: values are never modified in
@@ -34,7 +35,8 @@ func (kv *KV) Get(key string) ([]byte, bool) {
 	return v, ok
 }
 
-// errFull is returned by Put when the store holds MaxKeys keys.
+// errFull is returned by Put when the store holds MaxKeys keys or would
+// exceed its bytes.
 var errFull = errors.New("metadata store full")
 
 // Put stores a copy of value.
@@ -44,6 +46,15 @@ func (kv *KV) Put(key string, value []byte) error {
 	defer kv.mu.Unlock()
 	old, ok := kv.m[key]
 	if !ok && len(kv.m) >= kv.maxKeys {
+		return errFull
+	}
+	grow := len(v)
+	if ok {
+		grow -= len(old)
+	} else {
+		grow += len(key)
+	}
+	if kv.maxBytes > 0 && kv.bytes+grow > kv.maxBytes {
 		return errFull
 	}
 	if ok {
@@ -102,22 +113,28 @@ func (s *Server) installMetadata() {
 		ops.Inc("get", "ok")
 		ctx.SetContentType(ctype)
 		ctx.SetBody(v)
-	}, true)
+	}, metadata)
 	s.handle("PUT", "/metadata", func(ctx *fasthttp.RequestCtx) {
 		k, ok := key(ctx)
 		if !ok {
 			return
 		}
-		if err := s.kv.Put(k, ctx.PostBody()); err != nil {
+		body, status, err := s.ReadBody(ctx, s.cfg.MaxValue)
+		if err != nil {
+			ops.Inc("put", "refused")
+			ctx.Error(err.Error(), status)
+			return
+		}
+		if err := s.kv.Put(k, body); err != nil {
 			ops.Inc("put", "full")
-			s.log.Warn("metadata store full", "keys", s.cfg.MaxKeys, "key", k)
+			s.log.Warn("metadata store full", "max_keys", s.cfg.MaxKeys, "max_bytes", s.cfg.MaxMetadataBytes, "key", k)
 			ctx.Error(err.Error(), fasthttp.StatusInsufficientStorage)
 			return
 		}
 		ops.Inc("put", "ok")
 		ctx.SetContentType(ctype)
 		ctx.SetBodyString("metadata updated")
-	}, true)
+	}, metadata)
 	s.handle("DELETE", "/metadata", func(ctx *fasthttp.RequestCtx) {
 		k, ok := key(ctx)
 		if !ok {
@@ -130,5 +147,5 @@ func (s *Server) installMetadata() {
 		}
 		ctx.SetContentType(ctype)
 		ctx.SetBodyString("metadata deleted")
-	}, true)
+	}, metadata)
 }

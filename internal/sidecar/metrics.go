@@ -2,92 +2,85 @@ package sidecar
 
 import (
 	"bufio"
+	"bytes"
 	"io"
 	"math"
-	"sort"
-	"strconv"
+	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
+
+	vm "github.com/VictoriaMetrics/metrics"
 )
 
-// Metrics is a small registry of counters, gauges and histograms written in
-// Prometheus' text exposition format (version 0.0.4). It is hand-written
-// because the sidecar needs a handful of series, not client_golang's
-// dependency tree. Safe for concurrent use.
+// Metrics is the sidecar's registry of counters, gauges and histograms,
+// written in Prometheus' text exposition format (version 0.0.4). The series
+// live in a github.com/VictoriaMetrics/metrics Set; this type adds what the
+// sidecar needs on top: families with help texts and label names declared
+// once, label values escaped, and a registration mistake that never panics.
+// Safe for concurrent use.
 type Metrics struct {
+	set *vm.Set
+
 	mu       sync.Mutex
 	families map[string]*family
 }
 
 // NewMetrics returns an empty registry.
-func NewMetrics() *Metrics { return &Metrics{families: map[string]*family{}} }
+func NewMetrics() *Metrics { return &Metrics{set: vm.NewSet(), families: map[string]*family{}} }
 
 type family struct {
 	name, help, typ string
 	labels          []string
 	buckets         []float64 // histograms
-	fn              func() float64
-
-	mu     sync.Mutex
-	series map[string]*series // by joined label values
-}
-
-type series struct {
-	values []string
-	v      atomic.Uint64 // float64 bits: counter or gauge value
-	counts []atomic.Uint64
-	sum    atomic.Uint64
-	count  atomic.Uint64
-}
-
-func addFloat(u *atomic.Uint64, d float64) {
-	for {
-		old := u.Load()
-		if u.CompareAndSwap(old, math.Float64bits(math.Float64frombits(old)+d)) {
-			return
-		}
-	}
+	set             *vm.Set   // the registry's, a detached one after a clash, nil for an invalid name
 }
 
 // register returns the family called name, creating it; a second
-// registration with the same name and type returns the first. One with
-// another type gets a family that is never exported (a setup mistake must not
-// take the daemon down, nor corrupt the exposition).
+// registration with the same name, type and label count returns the first.
+// One that clashes gets a family in a set of its own that is never exported:
+// a setup mistake must not take the daemon down, nor corrupt the exposition.
 func (m *Metrics) register(f *family) *family {
+	if vm.ValidateMetric(f.name) != nil || slices.ContainsFunc(f.labels, func(l string) bool {
+		return vm.ValidateMetric(l) != nil || l == "le"
+	}) {
+		return f // series of an invalid name are dropped
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	f.series = map[string]*series{}
 	if old := m.families[f.name]; old != nil {
 		if old.typ != f.typ || len(old.labels) != len(f.labels) {
+			f.set = vm.NewSet()
 			return f
 		}
 		return old
 	}
+	f.set = m.set
 	m.families[f.name] = f
 	return f
 }
 
-func (f *family) with(values []string) *series {
-	if len(values) != len(f.labels) {
-		// A programming error in a handler must not take the daemon down:
-		// pad or cut to the declared labels.
-		v := make([]string, len(f.labels))
-		copy(v, values)
-		values = v
+// series returns the full series name for these label values.
+func (f *family) series(values []string) string {
+	if len(f.labels) == 0 {
+		return f.name
 	}
-	key := strings.Join(values, "\xff")
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	s := f.series[key]
-	if s == nil {
-		s = &series{values: append([]string(nil), values...)}
-		if f.buckets != nil {
-			s.counts = make([]atomic.Uint64, len(f.buckets))
+	var b strings.Builder
+	b.WriteString(f.name)
+	b.WriteByte('{')
+	for i, n := range f.labels {
+		if i > 0 {
+			b.WriteByte(',')
 		}
-		f.series[key] = s
+		v := ""
+		// A programming error in a handler must not take the daemon down:
+		// missing values are empty, extra ones are dropped.
+		if i < len(values) {
+			v = values[i]
+		}
+		b.WriteString(n + `="` + escapeValue(v) + `"`)
 	}
-	return s
+	b.WriteByte('}')
+	return b.String()
 }
 
 // Counter is a family of monotonically increasing values.
@@ -100,10 +93,10 @@ func (m *Metrics) Counter(name, help string, labels ...string) Counter {
 
 // Add adds d (>= 0) to the series with these label values.
 func (c Counter) Add(d float64, values ...string) {
-	if d < 0 {
+	if d < 0 || math.IsNaN(d) || c.f.set == nil {
 		return
 	}
-	addFloat(&c.f.with(values).v, d)
+	c.f.set.GetOrCreateFloatCounter(c.f.series(values)).Add(d)
 }
 
 // Inc adds one.
@@ -118,14 +111,36 @@ func (m *Metrics) Gauge(name, help string, labels ...string) Gauge {
 }
 
 // Set sets the series with these label values.
-func (g Gauge) Set(v float64, values ...string) { g.f.with(values).v.Store(math.Float64bits(v)) }
+func (g Gauge) Set(v float64, values ...string) {
+	if g.f.set == nil {
+		return
+	}
+	g.f.set.GetOrCreateGauge(g.f.series(values), nil).Set(v)
+}
 
 // Add adds d (may be negative).
-func (g Gauge) Add(d float64, values ...string) { addFloat(&g.f.with(values).v, d) }
+func (g Gauge) Add(d float64, values ...string) {
+	if g.f.set == nil {
+		return
+	}
+	g.f.set.GetOrCreateGauge(g.f.series(values), nil).Add(d)
+}
 
 // GaugeFunc registers a gauge without labels read from f at each scrape.
 func (m *Metrics) GaugeFunc(name, help string, f func() float64) {
-	m.register(&family{name: name, help: help, typ: "gauge", fn: f})
+	fam := m.register(&family{name: name, help: help, typ: "gauge"})
+	if fam.set != nil {
+		fam.set.GetOrCreateGauge(name, f)
+	}
+}
+
+// CounterFunc registers a counter without labels read from f at each
+// scrape (a count kept elsewhere).
+func (m *Metrics) CounterFunc(name, help string, f func() float64) {
+	fam := m.register(&family{name: name, help: help, typ: "counter"})
+	if fam.set != nil {
+		fam.set.GetOrCreateGauge(name, f)
+	}
 }
 
 // Histogram is a family of distributions.
@@ -134,71 +149,72 @@ type Histogram struct{ f *family }
 // DefBuckets suit request latencies in seconds.
 var DefBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
 
-// Histogram registers a histogram family with ascending bucket bounds.
+// Histogram registers a histogram family with the given bucket bounds (in
+// any order; duplicates and NaN are dropped).
 func (m *Metrics) Histogram(name, help string, buckets []float64, labels ...string) Histogram {
-	b := append([]float64(nil), buckets...)
-	sort.Float64s(b)
+	b := slices.DeleteFunc(slices.Clone(buckets), math.IsNaN)
+	slices.Sort(b)
+	b = slices.Compact(b)
+	if len(b) == 0 {
+		b = DefBuckets
+	}
 	return Histogram{m.register(&family{name: name, help: help, typ: "histogram", labels: labels, buckets: b})}
 }
 
-// Observe records v in the series with these label values.
+// Observe records v (negative values and NaN are ignored) in the series with
+// these label values.
 func (h Histogram) Observe(v float64, values ...string) {
-	s := h.f.with(values)
-	for i, b := range h.f.buckets {
-		if v <= b {
-			s.counts[i].Add(1)
-		}
+	if h.f.set == nil {
+		return
 	}
-	s.count.Add(1)
-	addFloat(&s.sum, v)
+	h.f.set.GetOrCreatePrometheusHistogramExt(h.f.series(values), h.f.buckets).Update(v)
 }
 
-// WriteTo writes every family in the text exposition format, sorted by name.
+// WriteTo writes every family that has a series in the text exposition
+// format, sorted by name, each preceded by its HELP and TYPE lines.
 func (m *Metrics) WriteTo(w io.Writer) (int64, error) {
+	var samples bytes.Buffer
+	m.set.WritePrometheus(&samples)
 	m.mu.Lock()
-	fs := make([]*family, 0, len(m.families))
-	for _, f := range m.families {
-		fs = append(fs, f)
-	}
-	m.mu.Unlock()
-	sort.Slice(fs, func(i, j int) bool { return fs[i].name < fs[j].name })
+	families := m.families
 	cw := &countWriter{w: w}
 	bw := bufio.NewWriter(cw)
-	for _, f := range fs {
-		bw.WriteString("# HELP " + f.name + " " + escapeHelp(f.help) + "\n")
-		bw.WriteString("# TYPE " + f.name + " " + f.typ + "\n")
-		if f.fn != nil {
-			bw.WriteString(f.name + " " + fmtFloat(f.fn()) + "\n")
-			continue
-		}
-		f.mu.Lock()
-		ss := make([]*series, 0, len(f.series))
-		for _, s := range f.series {
-			ss = append(ss, s)
-		}
-		f.mu.Unlock()
-		sort.Slice(ss, func(i, j int) bool {
-			return strings.Join(ss[i].values, "\xff") < strings.Join(ss[j].values, "\xff")
-		})
-		for _, s := range ss {
-			if f.buckets == nil {
-				bw.WriteString(f.name + labelSet(f.labels, s.values, "", "") + " " +
-					fmtFloat(math.Float64frombits(s.v.Load())) + "\n")
-				continue
+	cur := ""
+	for line := range bytes.Lines(samples.Bytes()) {
+		name := familyOf(families, string(line))
+		if name != cur {
+			if f := families[name]; f != nil {
+				bw.WriteString("# HELP " + f.name + " " + escapeHelp(f.help) + "\n")
+				bw.WriteString("# TYPE " + f.name + " " + f.typ + "\n")
 			}
-			for i, b := range f.buckets {
-				bw.WriteString(f.name + "_bucket" + labelSet(f.labels, s.values, "le", fmtFloat(b)) + " " +
-					strconv.FormatUint(s.counts[i].Load(), 10) + "\n")
-			}
-			n := strconv.FormatUint(s.count.Load(), 10)
-			bw.WriteString(f.name + "_bucket" + labelSet(f.labels, s.values, "le", "+Inf") + " " + n + "\n")
-			bw.WriteString(f.name + "_sum" + labelSet(f.labels, s.values, "", "") + " " +
-				fmtFloat(math.Float64frombits(s.sum.Load())) + "\n")
-			bw.WriteString(f.name + "_count" + labelSet(f.labels, s.values, "", "") + " " + n + "\n")
+			cur = name
 		}
+		bw.Write(line)
 	}
+	m.mu.Unlock()
 	err := bw.Flush()
 	return cw.n, err
+}
+
+// familyOf returns the family a sample line belongs to: the metric name,
+// without a histogram's _bucket, _sum or _count suffix.
+func familyOf(families map[string]*family, line string) string {
+	end := strings.IndexAny(line, "{ ")
+	if end < 0 {
+		end = len(line)
+	}
+	name := line[:end]
+	if families[name] != nil {
+		return name
+	}
+	for _, sfx := range []string{"_bucket", "_sum", "_count"} {
+		if base, ok := strings.CutSuffix(name, sfx); ok {
+			if f := families[base]; f != nil && f.typ == "histogram" {
+				return base
+			}
+		}
+	}
+	return name
 }
 
 type countWriter struct {
@@ -212,28 +228,6 @@ func (c *countWriter) Write(p []byte) (int, error) {
 	return n, err
 }
 
-func labelSet(names, values []string, extra, extraValue string) string {
-	if len(names) == 0 && extra == "" {
-		return ""
-	}
-	var b strings.Builder
-	b.WriteByte('{')
-	for i, n := range names {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(n + `="` + escapeValue(values[i]) + `"`)
-	}
-	if extra != "" {
-		if len(names) > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(extra + `="` + extraValue + `"`)
-	}
-	b.WriteByte('}')
-	return b.String()
-}
-
 var (
 	valueEscaper = strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`)
 	helpEscaper  = strings.NewReplacer(`\`, `\\`, "\n", `\n`)
@@ -241,15 +235,3 @@ var (
 
 func escapeValue(s string) string { return valueEscaper.Replace(s) }
 func escapeHelp(s string) string  { return helpEscaper.Replace(s) }
-
-func fmtFloat(v float64) string {
-	switch {
-	case math.IsInf(v, 1):
-		return "+Inf"
-	case math.IsInf(v, -1):
-		return "-Inf"
-	case math.IsNaN(v):
-		return "NaN"
-	}
-	return strconv.FormatFloat(v, 'g', -1, 64)
-}

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -14,25 +16,45 @@ import (
 	"sync/atomic"
 	"time"
 
+	vm "github.com/VictoriaMetrics/metrics"
 	"github.com/valyala/fasthttp"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/authsecret"
+	"github.com/tecache/te/internal/sidecar/rendezvous"
 )
 
 // Config configures a Server. The zero value serves with the defaults below.
 type Config struct {
-	// Token, when set, is required as "Authorization: Bearer <token>" on
-	// /metadata (Mooncake's MC_METADATA_HTTP_TOKEN).
+	// Secret is the cluster secret. When set, every route but /healthz and
+	// /metrics needs "Authorization: Bearer <token>" with the token derived
+	// from it (authsecret.Token; either secret during a rotation).
+	Secret *authsecret.Secrets
+	// Token, when set, is also accepted as the bearer token on /metadata
+	// (Mooncake's MC_METADATA_HTTP_TOKEN); without a Secret it is the only
+	// token /metadata needs.
 	Token string
 	// MaxValue bounds a stored value (default 16 MiB, the largest
 	// descriptor an engine accepts).
 	MaxValue int
 	// MaxKeys bounds the number of stored keys (default 1<<20).
 	MaxKeys int
+	// MaxMetadataBytes bounds the bytes of every stored key and value
+	// together (default 256 MiB).
+	MaxMetadataBytes int
+	// MaxBodyInFlight bounds the bytes of request bodies being read at
+	// once, over all connections (default 32 MiB); a request that cannot
+	// get its share within a second is refused with 503.
+	MaxBodyInFlight int64
+	// MaxConns bounds the connections served at once (default 4096).
+	MaxConns int
 	// ReadTimeout and WriteTimeout bound one request (default 30s).
 	ReadTimeout, WriteTimeout time.Duration
 	// IdleTimeout closes idle keep-alive connections (default 2m).
 	IdleTimeout time.Duration
+	// Handoff bounds the handoff rendezvous (see rendezvous.Config).
+	Handoff rendezvous.Config
 	// Logger receives structured logs (default slog.Default()).
 	Logger *slog.Logger
 	// Version is reported by /healthz and te_sidecar_build_info.
@@ -45,6 +67,15 @@ func (c *Config) fill() {
 	}
 	if c.MaxKeys <= 0 {
 		c.MaxKeys = 1 << 20
+	}
+	if c.MaxMetadataBytes <= 0 {
+		c.MaxMetadataBytes = 256 << 20
+	}
+	if c.MaxBodyInFlight <= 0 {
+		c.MaxBodyInFlight = 32 << 20
+	}
+	if c.MaxConns <= 0 {
+		c.MaxConns = 4096
 	}
 	if c.ReadTimeout <= 0 {
 		c.ReadTimeout = 30 * time.Second
@@ -63,6 +94,15 @@ func (c *Config) fill() {
 	}
 }
 
+// Route access levels.
+type access int
+
+const (
+	open     access = iota // /healthz, /metrics
+	metadata               // the secret's token or the metadata token
+	secret                 // the secret's token (when a secret is set)
+)
+
 // Server is the sidecar's HTTP server. Routes are matched exactly on path,
 // then on method; add routes with Handle before Serve.
 type Server struct {
@@ -72,30 +112,45 @@ type Server struct {
 	kv      *KV
 	srv     *fasthttp.Server
 	start   time.Time
+	tokens  []string // accepted on every authenticated route
+	mdToken []string // accepted on /metadata as well
+	bodies  *semaphore.Weighted
 
-	mu     sync.RWMutex
-	routes map[string]map[string]route // path -> method -> route
+	mu      sync.RWMutex
+	routes  map[string]map[string]route // path -> method -> route
+	handoff *rendezvous.Service
 
 	addr     atomic.Value // string, once serving
 	draining atomic.Bool
 
 	requests Counter
 	duration Histogram
+	refused  Counter
 }
 
 type route struct {
-	h    fasthttp.RequestHandler
-	auth bool
+	h      fasthttp.RequestHandler
+	access access
+	limit  int // largest body, for Expect: 100-continue
 }
 
 // New builds a server with /metadata, /healthz and /metrics installed.
 func New(cfg Config) *Server {
 	cfg.fill()
-	s := &Server{cfg: cfg, log: cfg.Logger, metrics: NewMetrics(), kv: NewKV(cfg.MaxKeys, cfg.MaxValue),
-		routes: map[string]map[string]route{}, start: time.Now()}
+	s := &Server{cfg: cfg, log: cfg.Logger, metrics: NewMetrics(), kv: NewKV(cfg.MaxKeys, cfg.MaxValue, cfg.MaxMetadataBytes),
+		routes: map[string]map[string]route{}, start: time.Now(), bodies: semaphore.NewWeighted(cfg.MaxBodyInFlight)}
+	if cfg.Secret != nil {
+		s.tokens = cfg.Secret.Tokens()
+	}
+	s.mdToken = s.tokens
+	if cfg.Token != "" {
+		s.mdToken = append(slices.Clone(s.tokens), cfg.Token)
+	}
 	s.addr.Store("")
 	s.requests = s.metrics.Counter("te_sidecar_http_requests_total", "HTTP requests by route, method and status code.", "route", "method", "code")
 	s.duration = s.metrics.Histogram("te_sidecar_http_request_duration_seconds", "Time to serve an HTTP request.", DefBuckets, "route", "method")
+	s.refused = s.metrics.Counter("te_sidecar_refused_total",
+		"Requests refused before their handler by reason: unauthenticated (401), too_large (413), busy (503: request bodies in flight at their bound).", "reason")
 	s.metrics.Gauge("te_sidecar_build_info", "Build of this sidecar (always 1).", "version", "go_version").
 		Set(1, cfg.Version, runtime.Version())
 	s.metrics.GaugeFunc("te_sidecar_start_time_seconds", "Unix time the sidecar started.", func() float64 {
@@ -115,17 +170,26 @@ func New(cfg Config) *Server {
 		_, b := s.kv.Size()
 		return float64(b)
 	})
+	s.metrics.CounterFunc("te_sidecar_refused_connections_total",
+		"Connections refused with 503 because the sidecar served its maximum (-max-conns).", func() float64 {
+			return float64(s.srv.GetRejectedConnectionsCount())
+		})
 	s.installMetadata()
 	mountHandoff(s)
-	s.Handle("GET", "/healthz", s.healthz)
-	s.Handle("GET", "/metrics", s.serveMetrics)
+	s.handle("GET", "/healthz", s.healthz, open)
+	s.handle("GET", "/metrics", s.serveMetrics, open)
 	s.srv = &fasthttp.Server{
-		Handler:            s.serve,
-		Name:               "te-sidecar",
-		ReadTimeout:        cfg.ReadTimeout,
-		WriteTimeout:       cfg.WriteTimeout,
-		IdleTimeout:        cfg.IdleTimeout,
-		MaxRequestBodySize: cfg.MaxValue,
+		Handler:      s.serve,
+		Name:         "te-sidecar",
+		ReadTimeout:  cfg.ReadTimeout,
+		WriteTimeout: cfg.WriteTimeout,
+		IdleTimeout:  cfg.IdleTimeout,
+		// Bodies are read by the handlers, with each route's limit
+		// (ReadBody), so that an oversized one gets a 413 it can read.
+		StreamRequestBody:  true,
+		ExpectHandler:      s.expect,
+		MaxRequestBodySize: max(cfg.MaxValue, s.handoffMaxBody()),
+		Concurrency:        cfg.MaxConns,
 		// Room for a request line with the longest key, escaped.
 		ReadBufferSize:  4*MaxKeyLen + 4096,
 		NoDefaultDate:   true,
@@ -147,12 +211,13 @@ func (s *Server) Logger() *slog.Logger { return s.log }
 func (s *Server) KV() *KV { return s.kv }
 
 // Handle installs h for method on path (exact match), replacing any earlier
-// handler. Requests are counted and timed per path.
+// handler. Requests are counted and timed per path. With a secret, the
+// route needs its token. A handler reads the request body with ReadBody.
 func (s *Server) Handle(method, path string, h fasthttp.RequestHandler) {
-	s.handle(method, path, h, false)
+	s.handle(method, path, h, secret)
 }
 
-func (s *Server) handle(method, path string, h fasthttp.RequestHandler, auth bool) {
+func (s *Server) handle(method, path string, h fasthttp.RequestHandler, a access) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	m := s.routes[path]
@@ -160,20 +225,47 @@ func (s *Server) handle(method, path string, h fasthttp.RequestHandler, auth boo
 		m = map[string]route{}
 		s.routes[path] = m
 	}
-	m[strings.ToUpper(method)] = route{h: h, auth: auth}
+	limit := s.handoffMaxBody()
+	if a == metadata {
+		limit = s.cfg.MaxValue
+	}
+	m[strings.ToUpper(method)] = route{h: h, access: a, limit: limit}
+}
+
+func (s *Server) route(path, method string) (map[string]route, route, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	m := s.routes[path]
+	r, ok := m[method]
+	if !ok && method == "HEAD" {
+		r, ok = m["GET"]
+	}
+	return m, r, ok
+}
+
+// expect answers "Expect: 100-continue" before the body is sent: a request
+// without its token or with a body over its route's limit is refused at once
+// (401, 413), so the client never sends the body.
+func (s *Server) expect(ctx *fasthttp.RequestCtx) int {
+	_, r, ok := s.route(string(ctx.Path()), string(ctx.Method()))
+	switch {
+	case !ok:
+		return fasthttp.StatusContinue // the handler answers 404 or 405
+	case !s.authorized(ctx, r.access):
+		s.refused.Inc("unauthenticated")
+		return fasthttp.StatusUnauthorized
+	case ctx.Request.Header.ContentLength() > r.limit:
+		s.refused.Inc("too_large")
+		return fasthttp.StatusRequestEntityTooLarge
+	}
+	return fasthttp.StatusContinue
 }
 
 func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 	t0 := time.Now()
 	path := string(ctx.Path())
 	method := string(ctx.Method())
-	s.mu.RLock()
-	m := s.routes[path]
-	r, ok := m[method]
-	if !ok && method == "HEAD" {
-		r, ok = m["GET"]
-	}
-	s.mu.RUnlock()
+	m, r, ok := s.route(path, method)
 	label := path
 	switch {
 	case m == nil:
@@ -187,9 +279,14 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 		sort.Strings(methods)
 		ctx.Error("method not allowed", fasthttp.StatusMethodNotAllowed)
 		ctx.Response.Header.Set("Allow", strings.Join(methods, ", "))
-	case r.auth && !s.authorized(ctx):
-		ctx.Error("unauthorized", fasthttp.StatusUnauthorized) // resets headers
+	case !s.authorized(ctx, r.access):
+		s.refused.Inc("unauthenticated")
+		ctx.Response.Reset()
+		ctx.SetStatusCode(fasthttp.StatusUnauthorized)
 		ctx.Response.Header.Set("WWW-Authenticate", "Bearer")
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"error":"unauthenticated: this route needs Authorization: Bearer <token> (see te-sidecar -h)","code":` +
+			strconv.Itoa(int(errs.Unauthenticated)) + `}`)
 	default:
 		r.h(ctx)
 	}
@@ -207,23 +304,106 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 	}
 }
 
-func (s *Server) authorized(ctx *fasthttp.RequestCtx) bool {
-	if s.cfg.Token == "" {
+func (s *Server) authorized(ctx *fasthttp.RequestCtx, a access) bool {
+	want := s.tokens
+	switch a {
+	case open:
+		return true
+	case metadata:
+		want = s.mdToken
+	}
+	if len(want) == 0 {
 		return true
 	}
 	got, ok := strings.CutPrefix(string(ctx.Request.Header.Peek("Authorization")), "Bearer ")
-	return ok && constantTimeEqual(got, s.cfg.Token)
+	return ok && authsecret.Match(got, want)
 }
 
-func constantTimeEqual(a, b string) bool {
-	if len(a) != len(b) {
-		return false
+// maxDrain bounds what is read and discarded of a body refused for its
+// size, so that the client, still sending, gets to read the 413.
+const maxDrain = 1 << 30
+
+// ReadBody reads the request body, at most limit bytes. A larger body is
+// drained (up to 1 GiB, nothing kept) and refused with 413, and the
+// connection is closed after the answer; a body that cannot get its share
+// of the bytes in flight within a second is refused with 503. On error it
+// returns the status and a message for the caller's answer.
+func (s *Server) ReadBody(ctx *fasthttp.RequestCtx, limit int) ([]byte, int, error) {
+	cl := ctx.Request.Header.ContentLength() // -1: chunked, -2: none
+	if cl > limit {
+		s.drain(ctx)
+		s.refused.Inc("too_large")
+		return nil, fasthttp.StatusRequestEntityTooLarge, fmt.Errorf("request body of %d bytes is over the limit of %d", cl, limit)
 	}
-	var d byte
-	for i := 0; i < len(a); i++ {
-		d |= a[i] ^ b[i]
+	need := int64(limit)
+	if cl >= 0 {
+		need = int64(cl)
 	}
-	return d == 0
+	need = min(need, s.cfg.MaxBodyInFlight)
+	wctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	err := s.bodies.Acquire(wctx, need)
+	cancel()
+	if err != nil {
+		s.drain(ctx)
+		s.refused.Inc("busy")
+		return nil, fasthttp.StatusServiceUnavailable, fmt.Errorf("the sidecar is reading %d bytes of request bodies, its limit: retry", s.cfg.MaxBodyInFlight)
+	}
+	defer s.bodies.Release(need)
+	stream := ctx.RequestBodyStream()
+	if stream == nil {
+		b := ctx.PostBody()
+		if len(b) > limit {
+			s.refused.Inc("too_large")
+			return nil, fasthttp.StatusRequestEntityTooLarge, fmt.Errorf("request body is over the limit of %d bytes", limit)
+		}
+		return b, 0, nil
+	}
+	var b []byte
+	if cl >= 0 {
+		// The length is known and within the limit: one allocation.
+		b = make([]byte, cl)
+		_, err = io.ReadFull(stream, b)
+	} else {
+		b, err = io.ReadAll(io.LimitReader(stream, int64(limit)+1))
+	}
+	if err != nil {
+		ctx.SetConnectionClose()
+		return nil, fasthttp.StatusBadRequest, fmt.Errorf("reading the request body: %v", err)
+	}
+	if len(b) > limit {
+		s.drain(ctx)
+		s.refused.Inc("too_large")
+		return nil, fasthttp.StatusRequestEntityTooLarge, fmt.Errorf("request body is over the limit of %d bytes", limit)
+	}
+	return b, 0, nil
+}
+
+// drain discards the rest of a refused body and closes the connection after
+// the answer: a client still sending would otherwise see the connection
+// reset instead of the answer.
+func (s *Server) drain(ctx *fasthttp.RequestCtx) {
+	ctx.SetConnectionClose()
+	if stream := ctx.RequestBodyStream(); stream != nil {
+		io.CopyN(io.Discard, stream, maxDrain)
+	}
+}
+
+// Client names the caller for quotas: with a secret, the name it gives in
+// X-Te-Client (authenticated callers are trusted not to impersonate each
+// other); otherwise its remote address, with the name when there is one.
+func (s *Server) Client(ctx *fasthttp.RequestCtx) string {
+	name := string(ctx.Request.Header.Peek(rendezvous.ClientHeader))
+	if len(name) > 256 || strings.ContainsFunc(name, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+		name = ""
+	}
+	if s.cfg.Secret != nil && name != "" {
+		return name
+	}
+	ip := ctx.RemoteIP().String()
+	if name != "" {
+		return ip + "/" + name
+	}
+	return ip
 }
 
 func (s *Server) healthz(ctx *fasthttp.RequestCtx) {
@@ -241,6 +421,9 @@ func (s *Server) healthz(ctx *fasthttp.RequestCtx) {
 func (s *Server) serveMetrics(ctx *fasthttp.RequestCtx) {
 	ctx.SetContentType("text/plain; version=0.0.4; charset=utf-8")
 	s.metrics.WriteTo(ctx)
+	// The process's own figures (resident memory, open fds, Go heap and
+	// GC) without HELP lines: standard names every dashboard knows.
+	vm.WriteProcessMetrics(ctx)
 }
 
 // Serve serves on ln until Shutdown; it returns nil after a shutdown.
@@ -260,7 +443,9 @@ func (s *Server) Addr() string { return s.addr.Load().(string) }
 // returns ctx's error.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.draining.Store(true)
-	return s.srv.ShutdownWithContext(ctx)
+	err := s.srv.ShutdownWithContext(ctx)
+	s.handoff.Close()
+	return err
 }
 
 // requestError answers a request fasthttp could not read.

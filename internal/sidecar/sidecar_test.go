@@ -38,6 +38,12 @@ func TestMain(m *testing.M) {
 		os.Exit(code)
 	}
 	goleak.VerifyTestMain(m,
+		goleak.Cleanup(func(code int) {
+			if binDir != "" {
+				os.RemoveAll(binDir) // the te-sidecar binary the bound tests built
+			}
+			os.Exit(code)
+		}),
 		// fasthttp's server housekeeping: a worker-pool cleaner that sees
 		// the shutdown on its next tick, and a process-wide clock.
 		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*workerPool).Start.func2"),
@@ -146,6 +152,26 @@ func TestMetadataProtocol(t *testing.T) {
 	}
 }
 
+func TestMetadataBytes(t *testing.T) {
+	_, base := serve(t, sidecar.Config{MaxMetadataBytes: 100})
+	u := base + "/metadata?key="
+	if c, _, _ := do(t, "PUT", u+"a", bytes.Repeat([]byte("x"), 90)); c != 200 {
+		t.Fatalf("put within the bytes: %d", c)
+	}
+	if c, _, _ := do(t, "PUT", u+"b", bytes.Repeat([]byte("x"), 20)); c != 507 {
+		t.Fatalf("put over the bytes: %d", c)
+	}
+	if c, _, _ := do(t, "PUT", u+"a", bytes.Repeat([]byte("y"), 99)); c != 200 {
+		t.Fatalf("overwrite within the bytes: %d", c)
+	}
+	if c, _, _ := do(t, "DELETE", u+"a", nil); c != 200 {
+		t.Fatalf("delete: %d", c)
+	}
+	if c, _, _ := do(t, "PUT", u+"b", bytes.Repeat([]byte("x"), 20)); c != 200 {
+		t.Fatalf("put after a delete: %d", c)
+	}
+}
+
 func TestToken(t *testing.T) {
 	_, base := serve(t, sidecar.Config{Token: "tok"})
 	u := base + "/metadata?key=k"
@@ -164,7 +190,9 @@ func TestToken(t *testing.T) {
 	}
 }
 
-var sampleLine = regexp.MustCompile(`^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*",?)*\})? [-+0-9.eE]+|NaN|[+-]Inf$`)
+// sampleLine is a sample of the text format; a label set may have a space
+// after each comma, as Prometheus' parser allows.
+var sampleLine = regexp.MustCompile(`^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*",? ?)*\})? ([-+0-9.eE]+|NaN|[+-]Inf)$`)
 
 func TestMetricsAndHealth(t *testing.T) {
 	s, base := serve(t, sidecar.Config{Version: "1.2.3"})
@@ -240,8 +268,12 @@ func TestHistogramBuckets(t *testing.T) {
 	if b.String() != want {
 		t.Fatalf("got\n%s\nwant\n%s", b.String(), want)
 	}
-	// Same name, other type: not exported twice, no panic.
+	// Same name, other type; an invalid name; a reserved label: not
+	// exported, no panic.
 	m.Counter("x_seconds", "again").Inc()
+	m.Counter("bad name", "spaces").Inc()
+	m.Gauge("y", "le is the histograms' label", "le").Set(1, "2")
+	m.GaugeFunc("x_seconds", "again", func() float64 { return 1 })
 	b.Reset()
 	m.WriteTo(&b)
 	if b.String() != want {
@@ -278,7 +310,19 @@ func TestGracefulShutdown(t *testing.T) {
 	<-started
 	shut := make(chan error, 1)
 	go func() { shut <- s.Shutdown(context.Background()) }()
-	time.Sleep(100 * time.Millisecond)
+	// Shutdown closes the listener first, then waits for the request.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", ln.Addr().String(), time.Second)
+		if err != nil {
+			break
+		}
+		c.Close()
+		if time.Now().After(deadline) {
+			t.Fatal("still accepting after Shutdown was called")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	select {
 	case err := <-shut:
 		t.Fatalf("shutdown returned with a request in flight: %v", err)
@@ -425,4 +469,51 @@ func ExampleServer_Handle() {
 		}
 	}
 	// Output: te_sidecar_handoffs_total{result="accepted"} 1
+}
+
+// TestMaxConns: past its connection bound the sidecar answers 503 and
+// closes, counts it, and serves again once connections go.
+func TestMaxConns(t *testing.T) {
+	_, base := serve(t, sidecar.Config{MaxConns: 2})
+	addr := strings.TrimPrefix(base, "http://")
+	var held []net.Conn
+	for range 2 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	var status string
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(status, " 503 ") { // the first two are being served
+		if time.Now().After(deadline) {
+			t.Fatalf("a third connection got %q", status)
+		}
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+		status, _ = bufio.NewReader(c).ReadString('\n')
+		c.Close()
+	}
+	for _, c := range held {
+		c.Close()
+	}
+	for {
+		c, _, _ := do(t, "GET", base+"/metrics", nil)
+		if c == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not served after the connections closed: %d", c)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	_, m, _ := do(t, "GET", base+"/metrics", nil)
+	if !regexp.MustCompile(`te_sidecar_refused_connections_total [1-9]`).MatchString(m) {
+		t.Fatalf("refused connections not counted:\n%s", m)
+	}
 }

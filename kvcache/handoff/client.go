@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,7 +17,8 @@ import (
 
 	"github.com/tecache/te/engine"
 	"github.com/tecache/te/engine/errs"
-	proto "github.com/tecache/te/internal/handoff"
+	"github.com/tecache/te/internal/authsecret"
+	proto "github.com/tecache/te/internal/sidecar/rendezvous"
 )
 
 // Mode says which side moves the bytes.
@@ -52,6 +54,15 @@ type Options struct {
 	// while the peer was moving still waits for the peer's completion
 	// notification (default 5s).
 	LostGrace time.Duration
+	// Token is the bearer token te-sidecar requires when it has a cluster
+	// secret. Empty: derived from AuthSecret, else AuthSecretFile, else the
+	// environment (TE_AUTH_SECRET_FILE, then TE_AUTH_SECRET); none at all
+	// sends no token.
+	Token string
+	// AuthSecret is the cluster secret (its first line is used).
+	AuthSecret string
+	// AuthSecretFile is a file holding the cluster secret.
+	AuthSecretFile string
 }
 
 // Client is one process's handoff client: it declares transfers to the
@@ -60,10 +71,11 @@ type Options struct {
 // application that also uses notifications reads the others with
 // Client.Notifies. Safe for concurrent use.
 type Client struct {
-	e    *engine.Engine
-	base string
-	hc   *http.Client
-	opts Options
+	e     *engine.Engine
+	base  string
+	hc    *http.Client
+	opts  Options
+	token string
 
 	nmu     sync.Mutex
 	notices map[string]proto.Notice
@@ -110,7 +122,17 @@ func New(e *engine.Engine, opts Options) (*Client, error) {
 			IdleConnTimeout:     90 * time.Second,
 		}}
 	}
-	return &Client{e: e, base: base, hc: hc, opts: opts, notices: map[string]proto.Notice{}}, nil
+	token := opts.Token
+	if token == "" {
+		sec, err := authsecret.Load(opts.AuthSecret, opts.AuthSecretFile, os.Getenv)
+		if err != nil {
+			return nil, errs.Wrap(errs.CodeOf(err), "handoff", err, "the cluster secret for te-sidecar")
+		}
+		if sec != nil {
+			token = sec.Token()
+		}
+	}
+	return &Client{e: e, base: base, hc: hc, opts: opts, token: token, notices: map[string]proto.Notice{}}, nil
 }
 
 // Close releases the client's idle sidecar connections. Transfers in
@@ -170,10 +192,11 @@ type httpError struct {
 	body   proto.ErrorBody
 }
 
-// call sends one request to the sidecar and decodes the record it answers.
-// A non-200 answer comes back as *httpError (with the error body), a
-// transport failure as a PeerUnreachable error.
-func (c *Client) call(ctx context.Context, method, path string, in any, timeout time.Duration) (proto.Record, *httpError, error) {
+// call sends one request to the sidecar, with the transfer's capability
+// when there is one, and decodes the record it answers. A non-200 answer
+// comes back as *httpError (with the error body), a transport failure as a
+// PeerUnreachable error.
+func (c *Client) call(ctx context.Context, method, path string, in any, timeout time.Duration, capability string) (proto.Record, *httpError, error) {
 	var rec proto.Record
 	var body io.Reader
 	if in != nil {
@@ -192,6 +215,13 @@ func (c *Client) call(ctx context.Context, method, path string, in any, timeout 
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	if capability != "" {
+		req.Header.Set(proto.CapabilityHeader, capability)
+	}
+	req.Header.Set(proto.ClientHeader, c.e.Name())
 	resp, err := c.hc.Do(req)
 	if err != nil {
 		if ctx.Err() != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
@@ -225,7 +255,12 @@ func refused(op string, he *httpError) error {
 	if code == errs.OK {
 		code = errs.Protocol
 	}
-	return errs.New(code, op, "sidecar answered %d: %s", he.status, he.body.Error)
+	e := errs.New(code, op, "sidecar answered %d: %s", he.status, he.body.Error)
+	if he.status == http.StatusUnauthorized {
+		e.WithHint("te-sidecar has a cluster secret: give this process the same one (" +
+			authsecret.EnvSecretFile + " or " + authsecret.EnvSecret + ")")
+	}
+	return e
 }
 
 // Status is a transfer's state as the sidecar holds it.

@@ -34,6 +34,16 @@
 // TransferLost when the sidecar restarted (its instance id changed) or no
 // longer knows the transfer: the caller must not wait for it any more.
 //
+// With a cluster secret on te-sidecar, the client sends the token derived
+// from it (Options.Token, or from Options.AuthSecret, Options.AuthSecretFile,
+// TE_AUTH_SECRET_FILE or TE_AUTH_SECRET; package authsecret documents the
+// derivation), and names itself with its engine's segment name for the
+// sidecar's per-client quotas. Each declaration's answer carries this side's
+// capability for the transfer, which the Transfer presents on every later
+// request: nobody else can report, abort or read the transfer. A sidecar
+// that wants a token this client lacks answers with an Unauthenticated
+// error; a client over its quota gets ResourceExhausted.
+//
 // The memory of both layouts must be registered with the engines
 // (kvcache.Layout.Regions lists it) for as long as transfers use it. A
 // Client reads its engine's notifications; applications that use

@@ -3,21 +3,24 @@ package handoff_test
 import (
 	"context"
 	"errors"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/tecache/te/engine"
 	"github.com/tecache/te/engine/errs"
-	"github.com/tecache/te/internal/handoff/pattern"
+	"github.com/tecache/te/internal/authsecret"
+	"github.com/tecache/te/internal/kvpattern"
+	"github.com/tecache/te/internal/sidecar"
 	"github.com/tecache/te/kvcache"
 	"github.com/tecache/te/kvcache/handoff"
 )
 
 // Small caches with the vLLM shape: 4 layers, 4 KiB blocks.
 var (
-	prefillShape = pattern.Shape{Layers: 4, Blocks: 64, BlockSize: 16, Heads: 2, HeadDim: 64, DType: kvcache.BF16}
-	decodeShape  = pattern.Shape{Layers: 4, Blocks: 80, BlockSize: 16, Heads: 2, HeadDim: 64, DType: kvcache.BF16}
+	prefillShape = kvpattern.Shape{Layers: 4, Blocks: 64, BlockSize: 16, Heads: 2, HeadDim: 64, DType: kvcache.BF16}
+	decodeShape  = kvpattern.Shape{Layers: 4, Blocks: 80, BlockSize: 16, Heads: 2, HeadDim: 64, DType: kvcache.BF16}
 	// Non-contiguous on both sides, with some runs that coalesce.
 	srcBlocks = []int{5, 6, 7, 8, 20, 21, 3, 40, 41, 42, 43, 63}
 	dstBlocks = []int{0, 1, 2, 30, 31, 9, 10, 11, 50, 51, 52, 79}
@@ -167,7 +170,7 @@ func TestAbort(t *testing.T) {
 		}
 		// Decode's abort settles only once prefill (the mover) reports.
 		aborting := dec.send(command{Op: "abort", ID: "a3", Reason: "decode restarting"})
-		time.Sleep(100 * time.Millisecond)
+		abortedAt(t, tx)
 		select {
 		case a := <-aborting:
 			t.Fatalf("decode's abort returned before the mover stopped: %+v", a)
@@ -188,7 +191,7 @@ func TestAbort(t *testing.T) {
 		dec.do(command{Op: "expect", ID: "a4", Blocks: dstBlocks, Mode: "pull"})
 		aborted := make(chan error, 1)
 		go func() { aborted <- tx.Abort(ctx, "shutting down") }()
-		time.Sleep(100 * time.Millisecond)
+		abortedAt(t, tx)
 		a := dec.do(command{Op: "wait", ID: "a4"})
 		if a.Code != errs.Canceled {
 			t.Fatalf("decode (the reader) wait after prefill abort: %+v", a)
@@ -257,7 +260,13 @@ func TestSidecarRestart(t *testing.T) {
 	// Decode waits, unpaired, while the sidecar restarts.
 	dec.do(command{Op: "expect", ID: "l1", Blocks: dstBlocks})
 	waiting := dec.send(command{Op: "wait", ID: "l1"})
-	time.Sleep(100 * time.Millisecond)
+	deadline := time.Now().Add(10 * time.Second)
+	for sc.srv.Handoff().Usage().LongPolls == 0 { // decode is in its long poll
+		if time.Now().After(deadline) {
+			t.Fatal("decode's wait never reached the sidecar")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	// Paired, but prefill has not sent yet.
 	dec.do(command{Op: "expect", ID: "l2", Blocks: dstBlocks})
 	tx, err := pre.c.Ready(ctx, handoff.Request{ID: "l2", Layout: &pre.cache.Layout, Blocks: srcBlocks})
@@ -381,7 +390,7 @@ func TestBadInput(t *testing.T) {
 	// Decode's abort returns once prefill, the mover, has reported.
 	aborted := make(chan error, 1)
 	go func() { aborted <- dt.Abort(ctx, "test over") }()
-	time.Sleep(50 * time.Millisecond)
+	abortedAt(t, pt)
 	_, err = pt.Wait(ctx)
 	wantCode(t, "wait after abort", err, errs.Canceled)
 	if err := <-aborted; err != nil {
@@ -404,5 +413,94 @@ func TestNotifiesPassThrough(t *testing.T) {
 	got := b.c.Notifies()
 	if len(got) != 1 || got[0] != (engine.Notification{Name: "app", Msg: "hello"}) {
 		t.Fatalf("notifies: %+v", got)
+	}
+}
+
+// TestSecret: with a cluster secret on te-sidecar, both sides (this process
+// and a child, which read TE_AUTH_SECRET) hand off as before; a client
+// without the secret is refused with Unauthenticated; and a third party
+// that holds the secret but not the transfer's capability can neither
+// report nor abort the transfer.
+func TestSecret(t *testing.T) {
+	const secret = "handoff-test-cluster-secret-0001"
+	sec, err := authsecret.Parse(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := startSidecarWith(t, sidecar.Config{Secret: sec})
+	t.Setenv(authsecret.EnvSecret, secret) // for this process and the child
+	ctx := context.Background()
+	dec := startChild(t, sc.addr, "tcp", decodeShape, time.Second)
+	pre := newLocal(t, sc, "tcp", prefillShape, time.Second)
+	pre.cache.Fill(srcBlocks)
+
+	if a := dec.do(command{Op: "expect", ID: "s1", Blocks: dstBlocks}); a.Err != "" {
+		t.Fatalf("expect: %s", a.Err)
+	}
+	tx, err := pre.c.Ready(ctx, handoff.Request{ID: "s1", Layout: &pre.cache.Layout, Blocks: srcBlocks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A third party with the secret's token but no capability.
+	forge := func(path, body string) int {
+		req, _ := http.NewRequest("POST", "http://"+sc.addr+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+sec.Token())
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if c := forge("/handoff/complete", `{"id":"s1","ok":true,"bytes":1}`); c != 403 {
+		t.Fatalf("forged complete: %d", c)
+	}
+	if c := forge("/handoff/abort", `{"id":"s1","reason":"forged"}`); c != 403 {
+		t.Fatalf("forged abort: %d", c)
+	}
+	waiting := dec.send(command{Op: "wait", ID: "s1"})
+	if res, err := tx.Send(ctx); err != nil || res.Bytes != moved() {
+		t.Fatalf("send: %+v %v", res, err)
+	}
+	if a := dec.get(waiting); a.Err != "" || a.Result.Bytes != moved() {
+		t.Fatalf("decode wait: %+v", a)
+	}
+	if a := dec.do(command{Op: "check", Src: srcBlocks, Blocks: dstBlocks}); a.Bad != 0 {
+		t.Fatalf("decode cache: %d bad words, first: %s", a.Bad, a.First)
+	}
+	http.DefaultClient.CloseIdleConnections()
+
+	// Without the secret's token.
+	wrong, err := handoff.New(pre.e, handoff.Options{Sidecar: sc.addr, Token: "not-the-token"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wrong.Close()
+	_, err = wrong.Ready(ctx, handoff.Request{ID: "s2", Layout: &pre.cache.Layout, Blocks: srcBlocks})
+	wantCode(t, "ready without the token", err, errs.Unauthenticated)
+	if !strings.Contains(err.Error(), authsecret.EnvSecret) {
+		t.Fatalf("the error does not say how to fix it: %v", err)
+	}
+	if _, err := handoff.New(pre.e, handoff.Options{Sidecar: sc.addr, AuthSecret: "short"}); errs.CodeOf(err) != errs.InvalidArgument {
+		t.Fatalf("a weak secret: %v", err)
+	}
+}
+
+// abortedAt waits until the sidecar holds tx as aborted.
+func abortedAt(t *testing.T, tx *handoff.Transfer) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st, err := tx.Status(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.State == "aborted" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("transfer %s not aborted: %+v", tx.ID(), st)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -18,7 +18,7 @@ import (
 
 	"github.com/tecache/te/engine"
 	"github.com/tecache/te/engine/errs"
-	"github.com/tecache/te/internal/handoff/pattern"
+	"github.com/tecache/te/internal/kvpattern"
 	"github.com/tecache/te/internal/sidecar"
 	"github.com/tecache/te/kvcache"
 	"github.com/tecache/te/kvcache/handoff"
@@ -78,18 +78,18 @@ type answer struct {
 // side is one end of a handoff: an engine, its cache and a client.
 type side struct {
 	e     *engine.Engine
-	cache *pattern.Cache
+	cache *kvpattern.Cache
 	c     *handoff.Client
 }
 
-func newSide(sidecarAddr, transport string, shape pattern.Shape, lostGrace time.Duration) (*side, error) {
+func newSide(sidecarAddr, transport string, shape kvpattern.Shape, lostGrace time.Duration) (*side, error) {
 	e, err := engine.New(engine.Config{ListenAddr: "127.0.0.1:0", Hostname: "127.0.0.1",
 		Transports: []string{"shm", "tcp"}, ForceTransport: transport, TransferTimeout: 20 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		return nil, err
 	}
-	cache, err := pattern.New(shape)
+	cache, err := kvpattern.New(shape)
 	if err != nil {
 		e.Close()
 		return nil, err
@@ -115,7 +115,7 @@ func (s *side) close() {
 }
 
 func runPeer() int {
-	var shape pattern.Shape
+	var shape kvpattern.Shape
 	if err := json.Unmarshal([]byte(os.Getenv(envShape)), &shape); err != nil {
 		fmt.Fprintln(os.Stderr, "peer: shape:", err)
 		return 2
@@ -228,7 +228,7 @@ type child struct {
 	done    chan struct{}
 }
 
-func startChild(t testing.TB, sidecarAddr, transport string, shape pattern.Shape, lostGrace time.Duration) *child {
+func startChild(t testing.TB, sidecarAddr, transport string, shape kvpattern.Shape, lostGrace time.Duration) *child {
 	t.Helper()
 	sh, _ := json.Marshal(shape)
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
@@ -331,11 +331,16 @@ type sidecarProc struct {
 	addr string
 	srv  *sidecar.Server
 	errc chan error
+	cfg  sidecar.Config
 }
 
 func startSidecar(t testing.TB) *sidecarProc {
+	return startSidecarWith(t, sidecar.Config{})
+}
+
+func startSidecarWith(t testing.TB, cfg sidecar.Config) *sidecarProc {
 	t.Helper()
-	s := &sidecarProc{t: t}
+	s := &sidecarProc{t: t, cfg: cfg}
 	s.serve("127.0.0.1:0")
 	t.Cleanup(s.stop)
 	return s
@@ -354,7 +359,7 @@ func (s *sidecarProc) serve(addr string) {
 		s.t.Fatal(err)
 	}
 	s.addr = ln.Addr().String()
-	s.srv = sidecar.New(sidecar.Config{})
+	s.srv = sidecar.New(s.cfg)
 	s.errc = make(chan error, 1)
 	go func() { s.errc <- s.srv.Serve(ln) }()
 }
@@ -378,7 +383,7 @@ func (s *sidecarProc) restart() {
 }
 
 // newLocal starts this process's side and closes it at the end of the test.
-func newLocal(t testing.TB, sc *sidecarProc, transport string, shape pattern.Shape, lostGrace time.Duration) *side {
+func newLocal(t testing.TB, sc *sidecarProc, transport string, shape kvpattern.Shape, lostGrace time.Duration) *side {
 	t.Helper()
 	s, err := newSide(sc.addr, transport, shape, lostGrace)
 	if err != nil {

@@ -10,7 +10,7 @@ import (
 
 	"github.com/tecache/te/engine"
 	"github.com/tecache/te/engine/errs"
-	proto "github.com/tecache/te/internal/handoff"
+	proto "github.com/tecache/te/internal/sidecar/rendezvous"
 	"github.com/tecache/te/kvcache"
 )
 
@@ -66,6 +66,7 @@ type Transfer struct {
 	layout   *kvcache.Layout
 	blocks   []int
 	instance string
+	cap      string // this side's capability for the transfer
 
 	waitMu sync.Mutex // one Wait at a time
 
@@ -131,7 +132,7 @@ func (c *Client) declare(ctx context.Context, role proto.Role, r Request) (*Tran
 	if role == proto.Prefill {
 		path = "/handoff/ready"
 	}
-	rec, he, err := c.call(ctx, http.MethodPost, path, d, c.opts.RequestTimeout)
+	rec, he, err := c.call(ctx, http.MethodPost, path, d, c.opts.RequestTimeout, "")
 	if err != nil {
 		return nil, err
 	}
@@ -142,7 +143,7 @@ func (c *Client) declare(ctx context.Context, role proto.Role, r Request) (*Tran
 		return nil, refused(op, he)
 	}
 	t := &Transfer{c: c, role: role, id: r.ID, layout: r.Layout, blocks: append([]int(nil), r.Blocks...),
-		instance: rec.Instance, rec: rec}
+		instance: rec.Instance, rec: rec, cap: rec.Capability}
 	if rec.State == proto.Failed {
 		return nil, endErr(op, rec) // caches that cannot match: nothing moves
 	}
@@ -195,7 +196,7 @@ func (t *Transfer) answer(op string, rec proto.Record, he *httpError) (proto.Rec
 // Status asks the sidecar for the transfer's state.
 func (t *Transfer) Status(ctx context.Context) (Status, error) {
 	q := url.Values{"id": {t.id}}
-	rec, he, err := t.c.call(ctx, http.MethodGet, "/handoff/status?"+q.Encode(), nil, t.c.opts.RequestTimeout)
+	rec, he, err := t.c.call(ctx, http.MethodGet, "/handoff/status?"+q.Encode(), nil, t.c.opts.RequestTimeout, t.cap)
 	if err != nil {
 		return Status{}, err
 	}
@@ -210,7 +211,7 @@ func (t *Transfer) Status(ctx context.Context) (Status, error) {
 // seconds pass.
 func (t *Transfer) poll(ctx context.Context, since uint64) (proto.Record, error) {
 	q := url.Values{"id": {t.id}, "role": {string(t.role)}, "since": {itoa(since)}, "timeout_ms": {"2000"}}
-	rec, he, err := t.c.call(ctx, http.MethodGet, wait(q), nil, 2*time.Second+t.c.opts.RequestTimeout)
+	rec, he, err := t.c.call(ctx, http.MethodGet, wait(q), nil, 2*time.Second+t.c.opts.RequestTimeout, t.cap)
 	if err != nil {
 		return rec, err
 	}
@@ -543,7 +544,7 @@ func (t *Transfer) finish(ctx context.Context, submitErr error) (Result, error) 
 		// Best effort: the sidecar tells the peer too.
 		t.c.e.SendNotify(peer, NotifyName, t.notice(false, st.Transferred, errs.CodeOf(failure)))
 	}
-	rec, he, err := t.c.call(rctx, http.MethodPost, "/handoff/complete", c, t.c.opts.RequestTimeout)
+	rec, he, err := t.c.call(rctx, http.MethodPost, "/handoff/complete", c, t.c.opts.RequestTimeout, t.cap)
 	if err == nil {
 		rec, err = t.answer("handoff complete", rec, he)
 	}
@@ -642,7 +643,7 @@ func (t *Transfer) await(ctx context.Context) (Result, error) {
 func (t *Transfer) Abort(ctx context.Context, reason string) error {
 	const op = "handoff abort"
 	a := proto.Abort{ID: t.id, Role: t.role, Reason: reason}
-	rec, he, err := t.c.call(ctx, http.MethodPost, "/handoff/abort", a, t.c.opts.RequestTimeout)
+	rec, he, err := t.c.call(ctx, http.MethodPost, "/handoff/abort", a, t.c.opts.RequestTimeout, t.cap)
 	if err != nil {
 		return err
 	}

@@ -3,6 +3,7 @@ package etcd
 import (
 	"context"
 	"errors"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -11,6 +12,8 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/metadata"
@@ -21,8 +24,21 @@ import (
 	"github.com/tecache/te/engine/meta/internal/metautil"
 )
 
-// Scheme is the connection-string scheme of this store.
-const Scheme = "etcd"
+// Schemes of this store: plaintext, and TLS.
+const (
+	Scheme    = "etcd"
+	SchemeTLS = "etcds"
+)
+
+// Environment variables for etcd's security: TLS files (PEM) for etcds://,
+// and a user for etcd's authentication (either scheme).
+const (
+	EnvCACert   = "TE_ETCD_CACERT"   // CAs that sign the servers' certificates (default: the system's)
+	EnvCert     = "TE_ETCD_CERT"     // client certificate, for --client-cert-auth
+	EnvKey      = "TE_ETCD_KEY"      // its key
+	EnvUser     = "TE_ETCD_USER"     // user name, for etcd's authentication
+	EnvPassword = "TE_ETCD_PASSWORD" // its password
+)
 
 // Defaults for the connection-string settings.
 const (
@@ -31,7 +47,9 @@ const (
 )
 
 func init() {
-	meta.RegisterScheme(Scheme, func(conn string) (meta.Store, error) { return Open(conn) })
+	for _, sc := range []string{Scheme, SchemeTLS} {
+		meta.RegisterScheme(sc, func(conn string) (meta.Store, error) { return Open(conn) })
+	}
 }
 
 var (
@@ -42,6 +60,7 @@ var (
 // Store is a meta.Store on etcd. It is safe for concurrent use.
 type Store struct {
 	cli     *clientv3.Client
+	tls     bool
 	pfx     metautil.Prefix
 	ttl     time.Duration
 	timeout time.Duration
@@ -61,35 +80,68 @@ type Store struct {
 
 // Open connects to the etcd cluster named by conn. It does not wait for
 // etcd to answer: an unreachable cluster shows as errors of the first
-// operations, and the client keeps trying to reconnect.
+// operations, and the client keeps trying to reconnect. With a user
+// (TE_ETCD_USER), though, it authenticates at once, so etcd must answer
+// within the timeout (at least 5 s).
 func Open(conn string) (*Store, error) {
-	o, err := metautil.Parse(Scheme, conn, metautil.Options{TTL: DefaultTTL, Timeout: DefaultTimeout})
+	scheme, _, _ := strings.Cut(conn, "://")
+	scheme = strings.ToLower(scheme)
+	if scheme != Scheme && scheme != SchemeTLS {
+		return nil, errs.New(errs.InvalidArgument, "etcd", "%q is not an etcd:// or etcds:// connection string", conn)
+	}
+	o, err := metautil.Parse(scheme, scheme+conn[len(scheme):], metautil.Options{TTL: DefaultTTL, Timeout: DefaultTimeout})
 	if err != nil {
 		return nil, err
 	}
 	if o.TTL < time.Second {
 		return nil, errs.New(errs.InvalidArgument, "etcd", "lease ttl %v is under the 1s etcd allows", o.TTL)
 	}
-	var eps []string
-	for _, h := range strings.Split(o.Hosts, ",") {
-		if h = strings.TrimSpace(h); h != "" {
-			eps = append(eps, "http://"+h)
-		}
-	}
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:            eps,
+	cfg := clientv3.Config{
 		DialTimeout:          o.Timeout,
 		DialKeepAliveTime:    o.TTL / 2,
 		DialKeepAliveTimeout: o.TTL / 2,
 		// The client's own log lines would go to stderr of the host
 		// process; te reports through errors instead.
 		Logger: zap.NewNop(),
-	})
+		// gRPC's default reconnection backoff grows to two minutes: an
+		// engine would stay cut off from etcd that long after an outage.
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second},
+			MinConnectTimeout: o.Timeout,
+		})},
+		Username: os.Getenv(EnvUser),
+		Password: os.Getenv(EnvPassword),
+	}
+	if (cfg.Username == "") != (cfg.Password == "") {
+		return nil, errs.New(errs.InvalidArgument, "etcd", "%s and %s go together", EnvUser, EnvPassword)
+	}
+	if cfg.Username != "" {
+		// The client authenticates before New returns, within DialTimeout;
+		// etcd checks the password with bcrypt, slow on a loaded machine.
+		cfg.DialTimeout = max(o.Timeout, 5*time.Second)
+	}
+	ca, cert, key := os.Getenv(EnvCACert), os.Getenv(EnvCert), os.Getenv(EnvKey)
+	proto := "http://"
+	if scheme == SchemeTLS {
+		proto = "https://"
+		if cfg.TLS, err = metautil.TLSConfig("etcd", ca, cert, key); err != nil {
+			return nil, err
+		}
+	} else if ca != "" || cert != "" || key != "" {
+		return nil, errs.New(errs.InvalidArgument, "etcd", "%s, %s or %s is set but %q is plaintext", EnvCACert, EnvCert, EnvKey, conn).
+			WithHint("use etcds:// for TLS")
+	}
+	for _, h := range strings.Split(o.Hosts, ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			cfg.Endpoints = append(cfg.Endpoints, proto+h)
+		}
+	}
+	cli, err := clientv3.New(cfg)
 	if err != nil {
-		return nil, errs.Wrap(errs.Metadata, "etcd", err, "etcd client for %s", o.Hosts)
+		return nil, (&Store{tls: cfg.TLS != nil}).fail("connecting to "+o.Hosts, "", err)
 	}
 	s := &Store{
-		cli: cli, pfx: metautil.NewPrefix(o.Cluster), ttl: o.TTL, timeout: o.Timeout,
+		cli: cli, tls: cfg.TLS != nil, pfx: metautil.NewPrefix(o.Cluster), ttl: o.TTL, timeout: o.Timeout,
 		owned: metautil.NewOwned(), kick: make(chan struct{}, 1),
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
@@ -116,7 +168,7 @@ func (s *Store) Get(ctx context.Context, key string) ([]byte, error) {
 	// the deadline.
 	resp, err := s.cli.Get(ctx, s.pfx.Key(key))
 	if err != nil {
-		return nil, storeErr("get", key, err)
+		return nil, s.fail("get", key, err)
 	}
 	if len(resp.Kvs) == 0 {
 		return nil, errs.New(errs.NotFound, "etcd", "no key %q", key)
@@ -149,7 +201,7 @@ func (s *Store) put(ctx context.Context, key string, value []byte) error {
 	if s.lease == 0 {
 		resp, err := s.cli.Grant(ctx, int64((s.ttl+time.Second-1)/time.Second))
 		if err != nil {
-			return storeErr("lease", key, err)
+			return s.fail("lease", key, err)
 		}
 		s.lease = resp.ID
 		s.poke() // the keeper keeps it alive from now on
@@ -163,7 +215,7 @@ func (s *Store) put(ctx context.Context, key string, value []byte) error {
 			s.lease = 0
 			s.owned.Lost()
 		}
-		return storeErr("put", key, err)
+		return s.fail("put", key, err)
 	}
 	s.owned.Confirm(key, value)
 	return nil
@@ -193,7 +245,7 @@ func (s *Store) del(ctx context.Context, key string) error {
 		return transient(err), err
 	})
 	if err != nil {
-		return storeErr("delete", key, err)
+		return s.fail("delete", key, err)
 	}
 	s.owned.Confirm(key, nil)
 	return nil
@@ -429,15 +481,39 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// storeErr turns a client error into a Metadata error (Timeout when the
-// deadline ran out), saying which key and that etcd may be down.
-func storeErr(op, key string, err error) error {
-	code := errs.Metadata
-	if errors.Is(err, context.DeadlineExceeded) || status.Code(err) == codes.DeadlineExceeded {
-		code = errs.Timeout
+// fail turns a client error into a Metadata error (Timeout when the
+// deadline ran out with etcd connected), saying which key and what to check:
+// the credentials when etcd refused them, the TLS files when the connection
+// keeps failing over TLS, else that etcd may be down.
+func (s *Store) fail(op, key string, err error) error {
+	what := op
+	if key != "" {
+		what += " " + strconv.Quote(key)
 	}
-	return errs.Wrap(code, "etcd", err, "%s %q", op, key).
-		WithHint("check that etcd is running and reachable")
+	code := errs.Metadata
+	hint := "check that etcd is running and reachable"
+	msg := err.Error()
+	switch sc := status.Code(err); {
+	case errors.Is(err, rpctypes.ErrUserEmpty) || errors.Is(err, rpctypes.ErrAuthFailed) ||
+		errors.Is(err, rpctypes.ErrPermissionDenied) || sc == codes.Unauthenticated || sc == codes.PermissionDenied ||
+		strings.Contains(msg, "user name is empty") || strings.Contains(msg, "authentication failed") ||
+		strings.Contains(msg, "permission denied"):
+		hint = "etcd requires authentication: set " + EnvUser + " and " + EnvPassword + " to a user that may read and write te's keys"
+	case errors.Is(err, context.DeadlineExceeded) || sc == codes.DeadlineExceeded:
+		if s.cli != nil && s.cli.ActiveConnection().GetState() != connectivity.Ready {
+			// The deadline ran out while no connection could be made.
+			what += ": no connection to etcd"
+			if s.tls {
+				hint = "the TLS connection to etcd fails: check " + EnvCACert + " (the CA that signed etcd's certificate), " +
+					EnvCert + " and " + EnvKey + " (a client certificate etcd trusts), and that etcd serves TLS"
+			} else {
+				hint = "check that etcd is running and reachable, and serves plaintext (etcds:// is TLS)"
+			}
+		} else {
+			code = errs.Timeout
+		}
+	}
+	return errs.Wrap(code, "etcd", err, "%s", what).WithHint(hint)
 }
 
 // transient reports whether a failed request may succeed if tried again.

@@ -16,9 +16,14 @@
 //   - cluster: namespace, as Mooncake's MC_METADATA_CLUSTER_ID (which is read
 //     when the query does not set it).
 //
-// Like Mooncake's client it sends "Authorization: Bearer $MC_METADATA_HTTP_TOKEN"
-// when that variable is set. The protocol has no TTL: a dead engine's keys
-// stay until something deletes them.
+// It sends "Authorization: Bearer <token>" with, in this order: the token
+// given in meta.Options; $MC_METADATA_HTTP_TOKEN, as Mooncake's client does
+// (for a Mooncake metadata server, or te-sidecar's -metadata-token); or
+// te-sidecar's token derived from the cluster secret, given in meta.Options
+// (an engine passes its own) or found in TE_AUTH_SECRET_FILE or
+// TE_AUTH_SECRET (package authsecret). A bearer token crosses the network in
+// clear over http://: use https:// or a sidecar on loopback. The protocol has
+// no TTL: a dead engine's keys stay until something deletes them.
 //
 // Importing this package registers the "http" and "https" schemes with
 // package meta; package engine imports it.

@@ -17,6 +17,7 @@ import (
 	"github.com/tecache/te/engine/meta"
 	"github.com/tecache/te/engine/meta/internal/metautil"
 	"github.com/tecache/te/engine/segment"
+	"github.com/tecache/te/internal/authsecret"
 )
 
 // EnvToken is Mooncake's variable for the metadata server's bearer token.
@@ -31,7 +32,7 @@ const (
 
 func init() {
 	for _, s := range []string{"http", "https"} {
-		meta.RegisterScheme(s, func(conn string) (meta.Store, error) { return Open(conn) })
+		meta.RegisterSchemeWith(s, func(conn string, o meta.Options) (meta.Store, error) { return OpenWith(conn, o) })
 	}
 }
 
@@ -57,7 +58,35 @@ type Store struct {
 
 // Open returns a store for the server at conn. It does not contact the
 // server.
-func Open(conn string) (*Store, error) {
+func Open(conn string) (*Store, error) { return OpenWith(conn, meta.Options{}) }
+
+// bearer picks the token the store sends: the one given, else
+// MC_METADATA_HTTP_TOKEN (a Mooncake metadata server's), else te-sidecar's
+// token derived from the cluster secret (given, or from the environment).
+func bearer(o meta.Options) (string, error) {
+	if o.Token != "" {
+		return o.Token, nil
+	}
+	if t := os.Getenv(EnvToken); t != "" {
+		return t, nil
+	}
+	sec, err := authsecret.Load(o.AuthSecret, o.AuthSecretFile, os.Getenv)
+	if err != nil {
+		return "", errs.Wrap(errs.CodeOf(err), "http metadata", err, "the cluster secret")
+	}
+	if sec != nil {
+		return sec.Token(), nil
+	}
+	return "", nil
+}
+
+// OpenWith is Open with the engine's options: the bearer token, or the
+// cluster secret it is derived from.
+func OpenWith(conn string, mo meta.Options) (*Store, error) {
+	token, err := bearer(mo)
+	if err != nil {
+		return nil, err
+	}
 	scheme, _, _ := strings.Cut(conn, "://")
 	scheme = strings.ToLower(scheme)
 	if scheme != "http" && scheme != "https" {
@@ -86,7 +115,7 @@ func Open(conn string) (*Store, error) {
 			IdleConnTimeout:     30 * time.Second,
 		}},
 		pfx: metautil.NewPrefix(o.Cluster), timeout: o.Timeout, retries: o.Retries, refresh: o.Refresh,
-		token: os.Getenv(EnvToken), owned: metautil.NewOwned(),
+		token: token, owned: metautil.NewOwned(),
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.wg.Add(1)
@@ -169,7 +198,8 @@ func (s *Store) Get(ctx context.Context, key string) ([]byte, error) {
 func statusErr(method, base, key string, code int, body []byte) error {
 	e := errs.New(errs.Metadata, "http metadata", "%s %s key %q: HTTP %d: %.200s", method, base, key, code, body)
 	if code == http.StatusUnauthorized || code == http.StatusForbidden {
-		e.WithHint("set " + EnvToken + " to the server's token")
+		e.WithHint("give this process te-sidecar's cluster secret (" + authsecret.EnvSecretFile + " or " +
+			authsecret.EnvSecret + "), or set " + EnvToken + " to a Mooncake metadata server's token")
 	}
 	return e
 }

@@ -26,6 +26,14 @@ const (
 	EnvDBIndex  = "MC_REDIS_DB_INDEX"
 )
 
+// te's environment variables for TLS (rediss://), PEM files: Mooncake has
+// none for redis TLS.
+const (
+	EnvCACert = "TE_REDIS_CACERT" // CAs that sign the server's certificate (default: the system's)
+	EnvCert   = "TE_REDIS_CERT"   // client certificate, for tls-auth-clients
+	EnvKey    = "TE_REDIS_KEY"    // its key
+)
+
 // Defaults for the connection-string settings.
 const (
 	DefaultTTL     = 10 * time.Second
@@ -33,7 +41,9 @@ const (
 )
 
 func init() {
-	meta.RegisterScheme("redis", func(conn string) (meta.Store, error) { return Open(conn) })
+	for _, sc := range []string{"redis", "rediss"} {
+		meta.RegisterScheme(sc, func(conn string) (meta.Store, error) { return Open(conn) })
+	}
 	// go-redis logs every failed dial to stderr through a process-wide
 	// logger; a library must not write to its host's stderr, and te reports
 	// failures as errors. Its lines go to slog at debug level instead.
@@ -51,6 +61,7 @@ var _ meta.Store = (*Store)(nil)
 // Store is a meta.Store on redis. Safe for concurrent use.
 type Store struct {
 	cli     *goredis.Client
+	tls     bool
 	pfx     metautil.Prefix
 	ttl     time.Duration
 	timeout time.Duration
@@ -67,7 +78,12 @@ type Store struct {
 // Open returns a store for the server at conn. It does not contact the
 // server: the first operations report an unreachable one.
 func Open(conn string) (*Store, error) {
-	o, err := metautil.Parse("redis", conn, metautil.Options{TTL: DefaultTTL, Timeout: DefaultTimeout})
+	scheme, _, _ := strings.Cut(conn, "://")
+	scheme = strings.ToLower(scheme)
+	if scheme != "redis" && scheme != "rediss" {
+		return nil, errs.New(errs.InvalidArgument, "redis", "%q is not a redis:// or rediss:// connection string", conn)
+	}
+	o, err := metautil.Parse(scheme, scheme+conn[len(scheme):], metautil.Options{TTL: DefaultTTL, Timeout: DefaultTimeout})
 	if err != nil {
 		return nil, err
 	}
@@ -127,8 +143,17 @@ func Open(conn string) (*Store, error) {
 	if _, _, err := net.SplitHostPort(opt.Addr); err != nil {
 		return nil, errs.New(errs.InvalidArgument, "redis", "%q in %q is not host:port", opt.Addr, conn)
 	}
+	ca, cert, key := os.Getenv(EnvCACert), os.Getenv(EnvCert), os.Getenv(EnvKey)
+	if scheme == "rediss" {
+		if opt.TLSConfig, err = metautil.TLSConfig("redis", ca, cert, key); err != nil {
+			return nil, err
+		}
+	} else if ca != "" || cert != "" || key != "" {
+		return nil, errs.New(errs.InvalidArgument, "redis", "%s, %s or %s is set but %q is plaintext", EnvCACert, EnvCert, EnvKey, conn).
+			WithHint("use rediss:// for TLS")
+	}
 	s := &Store{
-		cli: goredis.NewClient(opt), pfx: metautil.NewPrefix(o.Cluster), ttl: o.TTL, timeout: o.Timeout,
+		cli: goredis.NewClient(opt), tls: opt.TLSConfig != nil, pfx: metautil.NewPrefix(o.Cluster), ttl: o.TTL, timeout: o.Timeout,
 		refresh: o.Refresh, owned: metautil.NewOwned(),
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
@@ -163,7 +188,7 @@ func (s *Store) Get(ctx context.Context, key string) ([]byte, error) {
 		return nil, errs.New(errs.NotFound, "redis", "no key %q", key)
 	}
 	if err != nil {
-		return nil, storeErr("GET", key, err)
+		return nil, s.fail("GET", key, err)
 	}
 	return v, nil
 }
@@ -185,7 +210,7 @@ func (s *Store) Put(ctx context.Context, key string, value []byte) error {
 
 func (s *Store) put(ctx context.Context, key string, value []byte) error {
 	if err := s.cli.Set(ctx, s.pfx.Key(key), value, s.ttl).Err(); err != nil {
-		return storeErr("SET", key, err)
+		return s.fail("SET", key, err)
 	}
 	s.owned.Confirm(key, value)
 	return nil
@@ -206,7 +231,7 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 
 func (s *Store) del(ctx context.Context, key string) error {
 	if err := s.cli.Del(ctx, s.pfx.Key(key)).Err(); err != nil {
-		return storeErr("DEL", key, err)
+		return s.fail("DEL", key, err)
 	}
 	s.owned.Confirm(key, nil)
 	return nil
@@ -274,7 +299,9 @@ func (s *Store) Close() error {
 	return nil
 }
 
-func storeErr(op, key string, err error) error {
+// fail turns a client error into a Metadata error (Timeout when the
+// deadline ran out), saying which key and what to check.
+func (s *Store) fail(op, key string, err error) error {
 	code := errs.Metadata
 	var ne net.Error
 	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
@@ -285,8 +312,13 @@ func storeErr(op, key string, err error) error {
 	switch {
 	case strings.Contains(msg, "NOAUTH") || strings.Contains(msg, "WRONGPASS"):
 		e.WithHint("set " + EnvUsername + "/" + EnvPassword + " to the server's credentials")
+	case strings.Contains(msg, "NOPERM"):
+		e.WithHint("the redis user " + EnvUsername + " names may not run this command on te's keys: grant it ~mooncake/* and +@read +@write +@keyspace")
+	case s.tls:
+		e.WithHint("check that redis is running and serves TLS, and " + EnvCACert + " (the CA that signed its certificate), " +
+			EnvCert + " and " + EnvKey + " (a client certificate it trusts)")
 	default:
-		e.WithHint("check that redis is running and reachable")
+		e.WithHint("check that redis is running and reachable, and serves plaintext (rediss:// is TLS)")
 	}
 	return e
 }

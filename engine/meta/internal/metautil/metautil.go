@@ -6,6 +6,8 @@ package metautil
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"net/url"
 	"os"
 	"strconv"
@@ -285,4 +287,32 @@ func Sleep(ctx context.Context, d time.Duration) bool {
 	case <-t.C:
 		return true
 	}
+}
+
+// TLSConfig builds a client TLS configuration from PEM files: caFile (the
+// CAs that sign the server's certificate; empty: the system's) and a client
+// certificate with its key (both or neither). op names the store in errors.
+func TLSConfig(op, caFile, certFile, keyFile string) (*tls.Config, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, errs.Wrap(errs.InvalidArgument, op, err, "reading the CA certificates")
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, errs.New(errs.InvalidArgument, op, "no PEM certificate in %s", caFile)
+		}
+	}
+	if (certFile == "") != (keyFile == "") {
+		return nil, errs.New(errs.InvalidArgument, op, "a client certificate needs its key and the other way round (got %q and %q)", certFile, keyFile)
+	}
+	if certFile != "" {
+		c, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return nil, errs.Wrap(errs.InvalidArgument, op, err, "loading the client certificate")
+		}
+		cfg.Certificates = []tls.Certificate{c}
+	}
+	return cfg, nil
 }

@@ -153,25 +153,44 @@ func Process(t testing.TB, name string, args func(port int) []string, env ...str
 
 // Etcd starts /usr/bin/etcd on free loopback ports with its data in a
 // temporary directory.
-func Etcd(t testing.TB) *Server {
+func Etcd(t testing.TB) *Server { return etcd(t, nil) }
+
+// EtcdTLS starts etcd serving its clients over TLS with p's server
+// certificate and requiring client certificates signed by p's CA
+// (--client-cert-auth).
+func EtcdTLS(t testing.TB, p *PKI) *Server { return etcd(t, p) }
+
+func etcd(t testing.TB, p *PKI) *Server {
 	bin := Need(t, "/usr/bin/etcd", "etcd-server")
 	dir := t.TempDir()
 	peer := FreePort(t)
 	data := filepath.Join(dir, "data")
+	scheme := "http://"
+	if p != nil {
+		scheme = "https://"
+	}
 	s := newServer(t, "etcd", func(s *Server) []string {
-		client := "http://" + s.Addr()
+		client := scheme + s.Addr()
 		peerURL := fmt.Sprintf("http://127.0.0.1:%d", peer)
-		return []string{bin, "--name", "te-test", "--data-dir", data,
+		args := []string{bin, "--name", "te-test", "--data-dir", data,
 			"--listen-client-urls", client, "--advertise-client-urls", client,
 			"--listen-peer-urls", peerURL, "--initial-advertise-peer-urls", peerURL,
 			"--initial-cluster", "te-test=" + peerURL, "--initial-cluster-state", "new",
 			"--log-level", "error", "--logger", "zap"}
+		if p != nil {
+			args = append(args, "--cert-file", p.ServerCert, "--key-file", p.ServerKey,
+				"--trusted-ca-file", p.CA, "--client-cert-auth")
+		}
+		return args
 	})
 	s.wipe = func() { os.RemoveAll(data) }
 	// The port opens before the member has elected itself leader.
+	c := http.Client{Timeout: time.Second}
+	if p != nil {
+		c.Transport = &http.Transport{TLSClientConfig: p.ClientTLS(t)}
+	}
 	s.ready = func() error {
-		c := http.Client{Timeout: time.Second}
-		r, err := c.Get("http://" + s.Addr() + "/health")
+		r, err := c.Get(scheme + s.Addr() + "/health")
 		if err != nil {
 			return err
 		}
@@ -183,18 +202,30 @@ func Etcd(t testing.TB) *Server {
 		return nil
 	}
 	s.Start()
+	t.Cleanup(c.CloseIdleConnections)
 	return s
 }
 
 // Redis starts /usr/bin/redis-server on a free loopback port without
 // persistence: a restart forgets every key. Extra arguments are appended
 // (e.g. "--requirepass", "x").
-func Redis(t testing.TB, extra ...string) *Server {
+func Redis(t testing.TB, extra ...string) *Server { return redis(t, nil, extra) }
+
+// RedisTLS starts redis serving TLS only, with p's server certificate and
+// requiring client certificates signed by p's CA.
+func RedisTLS(t testing.TB, p *PKI, extra ...string) *Server { return redis(t, p, extra) }
+
+func redis(t testing.TB, p *PKI, extra []string) *Server {
 	bin := Need(t, "/usr/bin/redis-server", "redis-server")
 	dir := t.TempDir()
 	s := newServer(t, "redis", func(s *Server) []string {
-		return append([]string{bin, "--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1",
-			"--save", "", "--appendonly", "no", "--dir", dir, "--protected-mode", "no"}, extra...)
+		port := []string{"--port", strconv.Itoa(s.Port)}
+		if p != nil {
+			port = []string{"--port", "0", "--tls-port", strconv.Itoa(s.Port), "--tls-cert-file", p.ServerCert,
+				"--tls-key-file", p.ServerKey, "--tls-ca-cert-file", p.CA, "--tls-auth-clients", "yes"}
+		}
+		return append(append([]string{bin, "--bind", "127.0.0.1",
+			"--save", "", "--appendonly", "no", "--dir", dir, "--protected-mode", "no"}, port...), extra...)
 	})
 	s.Start()
 	return s

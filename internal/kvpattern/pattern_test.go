@@ -1,4 +1,4 @@
-package pattern
+package kvpattern
 
 import (
 	"math/rand/v2"

@@ -1,4 +1,4 @@
-package handoff
+package rendezvous
 
 import (
 	"encoding/json"
@@ -62,6 +62,15 @@ type Notice struct {
 	Bytes uint64 `json:"bytes"`
 	Code  int32  `json:"code,omitempty"` // errs.Code when !OK
 }
+
+// CapabilityHeader carries a side's capability on complete, abort, status
+// and wait.
+const CapabilityHeader = "X-Te-Capability"
+
+// ClientHeader names the client (te's clients send their engine's segment
+// name). With a cluster secret the sidecar keeps its quotas per client
+// name; without one, per remote address and client name.
+const ClientHeader = "X-Te-Client"
 
 // Decl is one side's declaration: the body of POST /handoff/expect (decode)
 // and POST /handoff/ready (prefill).
@@ -134,6 +143,11 @@ type Record struct {
 	// Peer is the other side's declaration, given to the mover once both
 	// sides have declared.
 	Peer *Peer `json:"peer,omitempty"`
+	// Capability is the declaring side's capability for this transfer,
+	// in the answer to its declaration only: a random 128-bit value (32 hex
+	// digits) that the side presents in CapabilityHeader on every later
+	// request about the transfer.
+	Capability string `json:"capability,omitempty"`
 }
 
 // ErrorBody is the body of every 4xx/5xx answer of the handoff routes.

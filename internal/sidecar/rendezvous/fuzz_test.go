@@ -1,11 +1,11 @@
-package handoff_test
+package rendezvous_test
 
 import (
 	"encoding/json"
 	"testing"
 	"time"
 
-	"github.com/tecache/te/internal/handoff"
+	"github.com/tecache/te/internal/sidecar/rendezvous"
 )
 
 // FuzzTable feeds arbitrary JSON bodies to every operation of a table: no
@@ -24,40 +24,40 @@ func FuzzTable(f *testing.F) {
 		f.Add([]byte(s), uint8(0))
 	}
 	f.Fuzz(func(t *testing.T, body []byte, op uint8) {
-		tb := handoff.NewTable(handoff.Config{DefaultTimeout: time.Minute}, nil)
+		tb := rendezvous.NewTable(rendezvous.Config{DefaultTimeout: time.Minute}, nil)
 		defer tb.Close()
 		for i := range 4 {
-			var rec handoff.Record
-			var err *handoff.Refusal
+			var rec rendezvous.Record
+			var err *rendezvous.Refusal
 			switch (int(op) + i) % 5 {
 			case 0, 1:
-				var d handoff.Decl
+				var d rendezvous.Decl
 				if json.Unmarshal(body, &d) != nil {
 					continue
 				}
-				role := handoff.Decode
+				role := rendezvous.Decode
 				if (int(op)+i)%5 == 1 {
-					role = handoff.Prefill
+					role = rendezvous.Prefill
 				}
-				rec, err = tb.Declare(role, d)
+				rec, err = tb.Declare(role, d, "fuzz")
 			case 2:
-				var c handoff.Complete
+				var c rendezvous.Complete
 				if json.Unmarshal(body, &c) != nil {
 					continue
 				}
-				rec, err = tb.Complete(c)
+				rec, err = tb.Complete(c, string(body[:min(len(body), 32)]))
 			case 3:
-				var a handoff.Abort
+				var a rendezvous.Abort
 				if json.Unmarshal(body, &a) != nil {
 					continue
 				}
-				rec, err = tb.Abort(a)
+				rec, err = tb.Abort(a, a.Reason)
 			case 4:
-				var a handoff.Abort
+				var a rendezvous.Abort
 				if json.Unmarshal(body, &a) != nil {
 					continue
 				}
-				rec, err = tb.Status(a.ID, handoff.Decode)
+				rec, err = tb.Status(a.ID, a.Reason, a.Role)
 			}
 			switch {
 			case err == nil && (rec.Instance != tb.Instance() || rec.State == ""):

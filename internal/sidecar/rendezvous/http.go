@@ -1,4 +1,4 @@
-package handoff
+package rendezvous
 
 import (
 	"encoding/json"
@@ -17,11 +17,18 @@ const InstanceHeader = "X-Te-Sidecar-Instance"
 // Mux is where the routes go: te-sidecar's *sidecar.Server satisfies it.
 type Mux interface {
 	Handle(method, path string, h fasthttp.RequestHandler)
+	// ReadBody reads the request's body, at most limit bytes. On failure it
+	// returns the HTTP status and a message for the caller (413 for a body
+	// over limit, which it has drained so the client reads the answer).
+	ReadBody(ctx *fasthttp.RequestCtx, limit int) ([]byte, int, error)
+	// Client names the caller for its quotas.
+	Client(ctx *fasthttp.RequestCtx) string
 }
 
 // Service is the rendezvous mounted on an HTTP server.
 type Service struct {
 	*Table
+	mux Mux
 }
 
 // Mount installs the handoff routes on mux and registers the metrics in reg
@@ -34,11 +41,12 @@ type Service struct {
 //	GET  /handoff/status?id=ID[&role=R]
 //	GET  /handoff/wait?id=ID&since=VERSION&timeout_ms=MS[&role=R]
 //
-// Every answer is JSON and carries the sidecar's instance (a Record on
-// success, an ErrorBody with code and message on 4xx/5xx). Long polls end
-// when the server shuts down.
+// A declaration's answer carries the side's capability; complete, abort,
+// status and wait need it in CapabilityHeader. Every answer is JSON and
+// carries the sidecar's instance (a Record on success, an ErrorBody with
+// code and message on 4xx/5xx). Long polls end when the server shuts down.
 func Mount(mux Mux, reg Registry, cfg Config) *Service {
-	s := &Service{NewTable(cfg, reg)}
+	s := &Service{Table: NewTable(cfg, reg), mux: mux}
 	mux.Handle("POST", "/handoff/expect", func(ctx *fasthttp.RequestCtx) { s.declare(ctx, Decode) })
 	mux.Handle("POST", "/handoff/ready", func(ctx *fasthttp.RequestCtx) { s.declare(ctx, Prefill) })
 	mux.Handle("POST", "/handoff/complete", s.complete)
@@ -61,9 +69,21 @@ func (s *Service) reply(ctx *fasthttp.RequestCtx, r Record, e *Refusal) {
 	ctx.SetBody(b)
 }
 
-// decode parses the JSON body into v.
-func decode(ctx *fasthttp.RequestCtx, v any) *Refusal {
-	body := ctx.PostBody()
+// decode reads the JSON body into v.
+func (s *Service) decode(ctx *fasthttp.RequestCtx, v any) *Refusal {
+	body, status, err := s.mux.ReadBody(ctx, s.cfg.MaxBody)
+	if err != nil {
+		code := errs.InvalidArgument
+		switch status {
+		case http.StatusRequestEntityTooLarge, http.StatusServiceUnavailable:
+			code = errs.ResourceExhausted
+		}
+		e := refuse(status, code, "%v", err)
+		if status == http.StatusServiceUnavailable {
+			e.kind = "busy"
+		}
+		return e
+	}
 	if len(body) == 0 {
 		return refuse(http.StatusBadRequest, errs.InvalidArgument, "empty body: a JSON object is expected")
 	}
@@ -73,36 +93,40 @@ func decode(ctx *fasthttp.RequestCtx, v any) *Refusal {
 	return nil
 }
 
+func capability(ctx *fasthttp.RequestCtx) string {
+	return string(ctx.Request.Header.Peek(CapabilityHeader))
+}
+
 func (s *Service) declare(ctx *fasthttp.RequestCtx, role Role) {
 	var d Decl
-	if e := decode(ctx, &d); e != nil {
+	if e := s.decode(ctx, &d); e != nil {
 		s.m.rejected(e)
 		s.reply(ctx, Record{}, e)
 		return
 	}
-	r, e := s.Declare(role, d)
+	r, e := s.Declare(role, d, s.mux.Client(ctx))
 	s.reply(ctx, r, e)
 }
 
 func (s *Service) complete(ctx *fasthttp.RequestCtx) {
 	var c Complete
-	if e := decode(ctx, &c); e != nil {
+	if e := s.decode(ctx, &c); e != nil {
 		s.m.rejected(e)
 		s.reply(ctx, Record{}, e)
 		return
 	}
-	r, e := s.Complete(c)
+	r, e := s.Complete(c, capability(ctx))
 	s.reply(ctx, r, e)
 }
 
 func (s *Service) abort(ctx *fasthttp.RequestCtx) {
 	var a Abort
-	if e := decode(ctx, &a); e != nil {
+	if e := s.decode(ctx, &a); e != nil {
 		s.m.rejected(e)
 		s.reply(ctx, Record{}, e)
 		return
 	}
-	r, e := s.Abort(a)
+	r, e := s.Abort(a, capability(ctx))
 	s.reply(ctx, r, e)
 }
 
@@ -124,7 +148,7 @@ func (s *Service) status(ctx *fasthttp.RequestCtx) {
 		s.reply(ctx, Record{}, e)
 		return
 	}
-	r, e := s.Status(id, role)
+	r, e := s.Status(id, capability(ctx), role)
 	s.reply(ctx, r, e)
 }
 
@@ -157,6 +181,6 @@ func (s *Service) wait(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	timeout := time.Duration(min(ms, uint64(s.cfg.MaxWait/time.Millisecond))) * time.Millisecond
-	r, e := s.Wait(id, role, since, timeout, ctx.Done())
+	r, e := s.Wait(id, capability(ctx), role, since, timeout, ctx.Done())
 	s.reply(ctx, r, e)
 }

@@ -1,4 +1,4 @@
-package handoff
+package rendezvous
 
 import (
 	"strings"
@@ -13,6 +13,7 @@ type Registry interface {
 	Counter(name, help string, labels ...string) Adder
 	Gauge(name, help string, labels ...string) Adder
 	Histogram(name, help string, buckets []float64, labels ...string) Observer
+	GaugeFunc(name, help string, f func() float64)
 }
 
 // Adder is a counter or gauge family.
@@ -43,7 +44,7 @@ type metricSet struct {
 	hasStates bool
 }
 
-func newMetricSet(reg Registry) *metricSet {
+func newMetricSet(reg Registry, t *Table) *metricSet {
 	if reg == nil {
 		return &metricSet{}
 	}
@@ -54,14 +55,20 @@ func newMetricSet(reg Registry) *metricSet {
 		requests: reg.Counter("te_handoff_requests_total",
 			"Engine requests (after coalescing) submitted by completed handoff transfers.", "mode"),
 		failures: reg.Counter("te_handoff_failures_total",
-			"Handoff transfers that did not complete, by reason: expired_unpaired, expired_moving, aborted_by_prefill, aborted_by_decode, mismatch, or the mover's error code.", "reason"),
+			"Handoff transfers that did not complete, by reason: expired_unpaired, expired_moving, evicted (unpaired, to make room), aborted_by_prefill, aborted_by_decode, mismatch, or the mover's error code.", "reason"),
 		rejects: reg.Counter("te_handoff_rejected_total",
-			"Handoff requests refused, by reason: invalid, duplicate, conflict, unknown_id, full.", "reason"),
+			"Handoff requests refused, by reason: invalid, duplicate, conflict, unknown_id, capability (missing or another side's), client_quota (429), full (503), too_large (413), busy (503).", "reason"),
 		pairWait: reg.Histogram("te_handoff_pair_wait_seconds", "Time from a transfer's first declaration to its second.", Buckets),
 		transfer: reg.Histogram("te_handoff_transfer_seconds", "Time from pairing to the mover's completion, by mode.", Buckets, "mode"),
 		move:     reg.Histogram("te_handoff_move_seconds", "Time the mover spent moving bytes, as it reports, by mode.", Buckets, "mode"),
 		endToEnd: reg.Histogram("te_handoff_seconds", "Time from a transfer's first declaration to its final state, by mode and state.", Buckets, "mode", "state"),
 	}
+	reg.GaugeFunc("te_handoff_declaration_bytes", "Memory held by the declarations of live handoff transfers (estimated).",
+		func() float64 { return float64(t.Usage().Bytes) })
+	reg.GaugeFunc("te_handoff_clients", "Clients holding declarations of live handoff transfers.",
+		func() float64 { return float64(t.Usage().Clients) })
+	reg.GaugeFunc("te_handoff_long_polls", "GET /handoff/wait requests waiting.",
+		func() float64 { return float64(t.Usage().LongPolls) })
 	m.hasStates = true
 	for _, s := range States {
 		m.states.Add(0, string(s)) // every state shows, at 0
@@ -105,7 +112,9 @@ func (m *metricSet) ended(r *rec, from State) {
 	case Done:
 		return
 	case Expired:
-		if from == Waiting {
+		if r.code == errs.ResourceExhausted {
+			m.failures.Add(1, "evicted")
+		} else if from == Waiting {
 			m.failures.Add(1, "expired_unpaired")
 		} else {
 			m.failures.Add(1, "expired_moving")
@@ -149,6 +158,8 @@ func (m *metricSet) rejected(e *Refusal) {
 		reason = "unknown_id"
 	case e.Status == 503:
 		reason = "full"
+	case e.Status == 413:
+		reason = "too_large"
 	case e.Status == 409 && e.Code == errs.InvalidArgument:
 		reason = "duplicate"
 	case e.Status == 409:

@@ -1,0 +1,142 @@
+package authsecret
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/tecache/te/engine/errs"
+)
+
+// Environment variables, read when no value or file is given.
+const (
+	EnvSecret     = "TE_AUTH_SECRET"
+	EnvSecretFile = "TE_AUTH_SECRET_FILE"
+)
+
+// MinLen is the shortest secret accepted: 16 bytes, so that a guessable
+// word is refused at start instead of protecting nothing.
+const MinLen = 16
+
+// maxFile bounds a secret file.
+const maxFile = 64 << 10
+
+// TokenMessage is the message HMAC'ed with the secret into the sidecar
+// token.
+const TokenMessage = "te-sidecar-token v1"
+
+// Secrets is a cluster secret and, during a rotation, the previous one.
+type Secrets struct {
+	Current  []byte
+	Previous []byte // nil outside a rotation
+}
+
+// Parse reads a secret in its text form: the current secret, optionally a
+// second line with the previous one.
+func Parse(text string) (*Secrets, error) {
+	lines := strings.Split(strings.TrimRight(text, "\r\n\t "), "\n")
+	if len(lines) > 2 {
+		return nil, errs.New(errs.InvalidArgument, "secret", "%d lines: want the secret and at most one previous secret", len(lines))
+	}
+	var s Secrets
+	for i, l := range lines {
+		l = strings.TrimSpace(l)
+		what := "the secret"
+		if i == 1 {
+			what = "the previous secret (second line)"
+		}
+		if len(l) < MinLen {
+			return nil, errs.New(errs.InvalidArgument, "secret", "%s is %d bytes, under the %d required", what, len(l), MinLen).
+				WithHint("generate one with: head -c 32 /dev/urandom | base64")
+		}
+		if i == 0 {
+			s.Current = []byte(l)
+		} else {
+			s.Previous = []byte(l)
+		}
+	}
+	return &s, nil
+}
+
+// ReadFile reads a secret file (see Parse).
+func ReadFile(path string) (*Secrets, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, errs.Wrap(errs.InvalidArgument, "secret", err, "reading the secret file")
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxFile+1))
+	if err != nil {
+		return nil, errs.Wrap(errs.InvalidArgument, "secret", err, "reading the secret file %s", path)
+	}
+	if len(b) > maxFile {
+		return nil, errs.New(errs.InvalidArgument, "secret", "secret file %s is over %d bytes", path, maxFile)
+	}
+	s, err := Parse(string(b))
+	if err != nil {
+		return nil, errs.Wrap(errs.CodeOf(err), "secret", err, "secret file %s", path)
+	}
+	return s, nil
+}
+
+// Load returns the secret given by value, else by the file at path, else
+// by the environment (TE_AUTH_SECRET_FILE, then TE_AUTH_SECRET, through
+// getenv; nil getenv reads none). It returns nil, nil when there is none.
+func Load(value, path string, getenv func(string) string) (*Secrets, error) {
+	switch {
+	case value != "":
+		return Parse(value)
+	case path != "":
+		return ReadFile(path)
+	case getenv == nil:
+		return nil, nil
+	}
+	if p := getenv(EnvSecretFile); p != "" {
+		return ReadFile(p)
+	}
+	if v := getenv(EnvSecret); v != "" {
+		s, err := Parse(v)
+		if err != nil {
+			return nil, errs.Wrap(errs.CodeOf(err), "secret", err, "%s", EnvSecret)
+		}
+		return s, nil
+	}
+	return nil, nil
+}
+
+// Token returns the sidecar token of one secret.
+func Token(secret []byte) string {
+	m := hmac.New(sha256.New, secret)
+	m.Write([]byte(TokenMessage))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// Token returns the sidecar token of the current secret: the one clients
+// send.
+func (s *Secrets) Token() string { return Token(s.Current) }
+
+// Tokens returns the tokens the sidecar accepts: the current secret's and,
+// during a rotation, the previous one's.
+func (s *Secrets) Tokens() []string {
+	t := []string{Token(s.Current)}
+	if s.Previous != nil {
+		t = append(t, Token(s.Previous))
+	}
+	return t
+}
+
+// Match reports whether got equals one of want, comparing with every
+// candidate in constant time.
+func Match(got string, want []string) bool {
+	ok := 0
+	for _, w := range want {
+		if w != "" {
+			ok |= subtle.ConstantTimeCompare([]byte(got), []byte(w))
+		}
+	}
+	return ok == 1
+}

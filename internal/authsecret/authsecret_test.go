@@ -1,0 +1,109 @@
+package authsecret_test
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/authsecret"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const (
+	cur  = "0123456789abcdef-cluster"
+	prev = "fedcba9876543210-previous"
+	// hmac.new(cur, b"te-sidecar-token v1", hashlib.sha256).hexdigest(),
+	// computed with Python's hmac module.
+	curToken = "4c06c78bc1fc45d4b3feff06c7e9f12f0394f68236ce3de711e539c220f7d01a"
+)
+
+func TestParse(t *testing.T) {
+	s, err := authsecret.Parse("  " + cur + "\r\n")
+	if err != nil || string(s.Current) != cur || s.Previous != nil {
+		t.Fatalf("one line: %+v %v", s, err)
+	}
+	s, err = authsecret.Parse(cur + "\n" + prev + "\n\n")
+	if err != nil || string(s.Current) != cur || string(s.Previous) != prev {
+		t.Fatalf("rotation: %+v %v", s, err)
+	}
+	for _, bad := range []string{"", "\n\n", "short", cur + "\nshort", cur + "\n\n" + prev, cur + "\n" + prev + "\n" + cur} {
+		if _, err := authsecret.Parse(bad); errs.CodeOf(err) != errs.InvalidArgument {
+			t.Errorf("%q: %v, want InvalidArgument", bad, err)
+		}
+	}
+}
+
+func TestToken(t *testing.T) {
+	s, _ := authsecret.Parse(cur + "\n" + prev)
+	if s.Token() != curToken || authsecret.Token([]byte(cur)) != curToken {
+		t.Fatalf("token %s, want %s", s.Token(), curToken)
+	}
+	ts := s.Tokens()
+	if len(ts) != 2 || ts[0] != curToken || ts[1] != authsecret.Token([]byte(prev)) || ts[0] == ts[1] {
+		t.Fatalf("tokens %v", ts)
+	}
+	if !authsecret.Match(curToken, ts) || !authsecret.Match(ts[1], ts) {
+		t.Fatal("a valid token does not match")
+	}
+	for _, bad := range []string{"", curToken[:63], curToken + "0", strings.ToUpper(curToken), cur} {
+		if authsecret.Match(bad, ts) {
+			t.Errorf("%q matches", bad)
+		}
+	}
+	if authsecret.Match("", []string{""}) {
+		t.Error("an empty token matches an empty list entry")
+	}
+}
+
+func TestLoad(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "secret")
+	if err := os.WriteFile(file, []byte(prev+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{}
+	get := func(k string) string { return env[k] }
+	if s, err := authsecret.Load("", "", get); s != nil || err != nil {
+		t.Fatalf("nothing set: %+v %v", s, err)
+	}
+	env[authsecret.EnvSecret] = cur
+	if s, err := authsecret.Load("", "", get); err != nil || string(s.Current) != cur {
+		t.Fatalf("from %s: %+v %v", authsecret.EnvSecret, s, err)
+	}
+	env[authsecret.EnvSecretFile] = file // the file wins over the value
+	if s, err := authsecret.Load("", "", get); err != nil || string(s.Current) != prev {
+		t.Fatalf("from %s: %+v %v", authsecret.EnvSecretFile, s, err)
+	}
+	if s, err := authsecret.Load(cur, file, get); err != nil || string(s.Current) != cur {
+		t.Fatalf("an explicit value wins: %+v %v", s, err)
+	}
+	if s, err := authsecret.Load("", file, nil); err != nil || string(s.Current) != prev {
+		t.Fatalf("an explicit file: %+v %v", s, err)
+	}
+	env[authsecret.EnvSecretFile] = filepath.Join(dir, "missing")
+	if _, err := authsecret.Load("", "", get); errs.CodeOf(err) != errs.InvalidArgument || !strings.Contains(err.Error(), "missing") {
+		t.Fatalf("missing file: %v", err)
+	}
+	big := filepath.Join(dir, "big")
+	os.WriteFile(big, []byte(strings.Repeat("x", 70<<10)), 0o600)
+	if _, err := authsecret.Load("", big, nil); errs.CodeOf(err) != errs.InvalidArgument {
+		t.Fatalf("oversized file: %v", err)
+	}
+	delete(env, authsecret.EnvSecretFile)
+	env[authsecret.EnvSecret] = "weak"
+	if _, err := authsecret.Load("", "", get); errs.CodeOf(err) != errs.InvalidArgument || !strings.Contains(err.Error(), authsecret.EnvSecret) {
+		t.Fatalf("weak secret: %v", err)
+	}
+}
+
+func ExampleToken() {
+	// What a client sends to te-sidecar: Authorization: Bearer <token>.
+	fmt.Println(authsecret.Token([]byte("0123456789abcdef-cluster")))
+	// Output: 4c06c78bc1fc45d4b3feff06c7e9f12f0394f68236ce3de711e539c220f7d01a
+}

@@ -1,0 +1,28 @@
+// Package authsecret reads te's cluster secret and derives from it the
+// bearer token te-sidecar accepts, so that the sidecar, the handoff client
+// and the HTTP metadata client agree on both.
+//
+// # The secret
+//
+// The secret comes from a value (TE_AUTH_SECRET, or a Config field) or a
+// file (TE_AUTH_SECRET_FILE: a Kubernetes Secret mount). Its first line is
+// the current secret; an optional second line is the previous secret, still
+// accepted from peers during a rotation. Each line is trimmed of surrounding
+// white space and must hold at least MinLen bytes; blank lines, a third line
+// or a file over 64 KiB are errors, never silently ignored.
+//
+// # The sidecar token
+//
+// te-sidecar accepts "Authorization: Bearer <token>" where
+//
+//	token = lowercase hex of HMAC-SHA256(key = secret, message = "te-sidecar-token v1")
+//
+// computed from the current or the previous secret. Any client can compute
+// it, e.g. in Python:
+//
+//	hmac.new(secret, b"te-sidecar-token v1", hashlib.sha256).hexdigest()
+//
+// The token is a bearer credential: it does not reveal the secret (HMAC is
+// one-way) but whoever holds it is let in, so it travels only to the
+// sidecar of the caller's own pod or over a network the operator trusts.
+package authsecret
