@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"time"
 
 	"github.com/tecache/te/engine"
 )
@@ -28,6 +29,10 @@ func ExampleConfig_authSecret() {
 	fmt.Println("same secret:", err)
 	_, err = stranger.Probe(target.Name())
 	fmt.Println("other secret:", errors.Is(err, engine.ErrUnauthenticated))
+	// The target counts the refusal just after it told the stranger.
+	for i := 0; i < 1000 && target.Stats().Control.AuthRefused == 0; i++ {
+		time.Sleep(time.Millisecond)
+	}
 	fmt.Println("refused by the target:", target.Stats().Control.AuthRefused)
 	// Output:
 	// same secret: <nil>

@@ -35,27 +35,36 @@ type Secrets struct {
 	Previous []byte // nil outside a rotation
 }
 
-// Parse reads a secret in its text form: the current secret, optionally a
-// second line with the previous one.
+// Parse reads a secret in its text form: the current secret on the first
+// non-empty line, optionally the previous one on a second. Lines are trimmed
+// of surrounding white space; each must be at least MinLen bytes. The same
+// secret twice is one secret.
 func Parse(text string) (*Secrets, error) {
-	lines := strings.Split(strings.TrimRight(text, "\r\n\t "), "\n")
-	if len(lines) > 2 {
+	var lines []string
+	for _, l := range strings.Split(text, "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			lines = append(lines, l)
+		}
+	}
+	switch {
+	case len(lines) == 0:
+		return nil, errs.New(errs.InvalidArgument, "secret", "no secret in the text given")
+	case len(lines) > 2:
 		return nil, errs.New(errs.InvalidArgument, "secret", "%d lines: want the secret and at most one previous secret", len(lines))
 	}
 	var s Secrets
 	for i, l := range lines {
-		l = strings.TrimSpace(l)
 		what := "the secret"
 		if i == 1 {
 			what = "the previous secret (second line)"
 		}
 		if len(l) < MinLen {
-			return nil, errs.New(errs.InvalidArgument, "secret", "%s is %d bytes, under the %d required", what, len(l), MinLen).
+			return nil, errs.New(errs.InvalidArgument, "secret", "%s is %d bytes; at least %d are needed", what, len(l), MinLen).
 				WithHint("generate one with: head -c 32 /dev/urandom | base64")
 		}
 		if i == 0 {
 			s.Current = []byte(l)
-		} else {
+		} else if l != lines[0] {
 			s.Previous = []byte(l)
 		}
 	}
@@ -87,25 +96,44 @@ func ReadFile(path string) (*Secrets, error) {
 // by the environment (TE_AUTH_SECRET_FILE, then TE_AUTH_SECRET, through
 // getenv; nil getenv reads none). It returns nil, nil when there is none.
 func Load(value, path string, getenv func(string) string) (*Secrets, error) {
+	s, _, err := LoadFrom(value, path, getenv)
+	return s, err
+}
+
+// LoadFrom is Load, and says where it found the secret (for a log line,
+// never the secret). A file that cannot be read or a malformed secret is an
+// error, never a fall-through: a misconfigured secret must not silently turn
+// authentication off.
+func LoadFrom(value, path string, getenv func(string) string) (*Secrets, string, error) {
+	from := func(text, src string) (*Secrets, string, error) {
+		s, err := Parse(text)
+		if err != nil {
+			return nil, "", errs.Wrap(errs.CodeOf(err), "secret", err, "from %s", src)
+		}
+		return s, src, nil
+	}
+	file := func(p, src string) (*Secrets, string, error) {
+		s, err := ReadFile(p)
+		if err != nil {
+			return nil, "", errs.Wrap(errs.CodeOf(err), "secret", err, "named by %s", src)
+		}
+		return s, src, nil
+	}
 	switch {
-	case value != "":
-		return Parse(value)
+	case strings.TrimSpace(value) != "":
+		return from(value, "the configuration")
 	case path != "":
-		return ReadFile(path)
+		return file(path, "file "+path)
 	case getenv == nil:
-		return nil, nil
+		return nil, "", nil
 	}
 	if p := getenv(EnvSecretFile); p != "" {
-		return ReadFile(p)
+		return file(p, EnvSecretFile+"="+p)
 	}
 	if v := getenv(EnvSecret); v != "" {
-		s, err := Parse(v)
-		if err != nil {
-			return nil, errs.Wrap(errs.CodeOf(err), "secret", err, "%s", EnvSecret)
-		}
-		return s, nil
+		return from(v, EnvSecret)
 	}
-	return nil, nil
+	return nil, "", nil
 }
 
 // Token returns the sidecar token of one secret.

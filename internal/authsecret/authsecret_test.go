@@ -32,7 +32,17 @@ func TestParse(t *testing.T) {
 	if err != nil || string(s.Current) != cur || string(s.Previous) != prev {
 		t.Fatalf("rotation: %+v %v", s, err)
 	}
-	for _, bad := range []string{"", "\n\n", "short", cur + "\nshort", cur + "\n\n" + prev, cur + "\n" + prev + "\n" + cur} {
+	// Blank lines are skipped, as a secret file's editor may leave them.
+	s, err = authsecret.Parse(cur + "\n\n" + prev)
+	if err != nil || string(s.Previous) != prev {
+		t.Fatalf("blank line between: %+v %v", s, err)
+	}
+	// The same secret twice is one secret.
+	s, err = authsecret.Parse(cur + "\n" + cur)
+	if err != nil || s.Previous != nil {
+		t.Fatalf("same secret twice: %+v %v", s, err)
+	}
+	for _, bad := range []string{"", "\n\n", "short", cur + "\nshort", cur + "\n" + prev + "\n" + cur} {
 		if _, err := authsecret.Parse(bad); errs.CodeOf(err) != errs.InvalidArgument {
 			t.Errorf("%q: %v, want InvalidArgument", bad, err)
 		}

@@ -177,12 +177,14 @@ func proxy(t *testing.T, dst net.Conn, rec *recorder) net.Conn {
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		io.Copy(io.MultiWriter(dst, lockedWriter{&rec.mu, &rec.toServer}), mid)
+		// Recorded before forwarded: once a side has the bytes, so does
+		// the recording.
+		io.Copy(io.MultiWriter(lockedWriter{&rec.mu, &rec.toServer}, dst), mid)
 		dst.Close()
 	}()
 	go func() {
 		defer wg.Done()
-		io.Copy(io.MultiWriter(mid, lockedWriter{&rec.mu, &rec.toClient}), dst)
+		io.Copy(io.MultiWriter(lockedWriter{&rec.mu, &rec.toClient}, mid), dst)
 		mid.Close()
 	}()
 	t.Cleanup(func() { c.Close(); dst.Close(); wg.Wait() })

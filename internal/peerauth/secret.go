@@ -9,16 +9,17 @@ import (
 
 	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/wire"
+	"github.com/tecache/te/internal/authsecret"
 )
 
 // MinSecretLen is the shortest secret accepted: 128 bits if the bytes are
 // random, the least that makes guessing it from a recorded MAC hopeless.
-const MinSecretLen = 16
+const MinSecretLen = authsecret.MinLen
 
 // Environment variables read by LoadSecret, in this order.
 const (
-	EnvSecretFile = "TE_AUTH_SECRET_FILE"
-	EnvSecret     = "TE_AUTH_SECRET"
+	EnvSecretFile = authsecret.EnvSecretFile
+	EnvSecret     = authsecret.EnvSecret
 )
 
 // Labels (HMAC messages) of the engine's own uses of the secret. Another use
@@ -49,82 +50,48 @@ func newKey(b []byte) key {
 	return k
 }
 
-// ParseSecret parses a secret's text: the first non-empty line is the
-// current secret, a second one the previous secret still accepted from peers
-// during a rotation. Each line is trimmed of surrounding white space and
-// must be at least MinSecretLen bytes. Text with no non-empty line gives a
-// nil Secret and no error.
+// ParseSecret parses a secret's text (internal/authsecret's format: the
+// current secret, optionally the previous one on a second line, each at
+// least MinSecretLen bytes). Text with no non-empty line gives a nil Secret
+// and no error.
 func ParseSecret(text string) (*Secret, error) {
-	var lines []string
-	for _, l := range strings.Split(text, "\n") {
-		if l = strings.TrimSpace(l); l != "" {
-			lines = append(lines, l)
-		}
-	}
-	switch {
-	case len(lines) == 0:
+	if strings.TrimSpace(text) == "" {
 		return nil, nil
-	case len(lines) > wire.MaxAuthKeys:
-		return nil, errs.New(errs.InvalidArgument, "auth", "the secret has %d lines; at most %d: the current secret, then the previous one", len(lines), wire.MaxAuthKeys)
 	}
-	s := &Secret{}
-	for i, l := range lines {
-		if len(l) < MinSecretLen {
-			which := "current"
-			if i == 1 {
-				which = "previous"
-			}
-			return nil, errs.New(errs.InvalidArgument, "auth", "the %s secret has %d bytes; at least %d are needed", which, len(l), MinSecretLen).
-				WithHint("generate one with: head -c 32 /dev/urandom | base64")
-		}
-		if i == 1 && l == lines[0] {
-			break // the same secret twice: one key
-		}
-		s.keys = append(s.keys, newKey([]byte(l)))
+	s, err := authsecret.Parse(text)
+	if err != nil {
+		return nil, errs.Wrap(errs.InvalidArgument, "auth", err, "")
 	}
-	return s, nil
+	return FromSecrets(s), nil
 }
 
-// LoadSecret finds the secret: value if not empty, else the contents of
-// file if not empty, else the file named by TE_AUTH_SECRET_FILE, else
-// TE_AUTH_SECRET (getenv nil means os.Getenv). It returns a nil Secret when
-// none is set, and says where it found one in source (for a log line; never
-// the secret). An unreadable file or a malformed secret is an error, not a
-// fall-through: a misconfigured secret must not silently turn
-// authentication off.
+// FromSecrets builds the exchange's keys from a loaded secret (nil: none).
+func FromSecrets(s *authsecret.Secrets) *Secret {
+	if s == nil {
+		return nil
+	}
+	out := &Secret{keys: []key{newKey(s.Current)}}
+	if s.Previous != nil {
+		out.keys = append(out.keys, newKey(s.Previous))
+	}
+	return out
+}
+
+// LoadSecret finds the secret as internal/authsecret.LoadFrom does: value if
+// not empty, else the contents of file if not empty, else the file named by
+// TE_AUTH_SECRET_FILE, else TE_AUTH_SECRET (getenv nil means os.Getenv). It
+// returns a nil Secret when none is set, and says where it found one in
+// source (for a log line; never the secret). An unreadable file or a
+// malformed secret is an error, not a fall-through.
 func LoadSecret(value, file string, getenv func(string) string) (s *Secret, source string, err error) {
 	if getenv == nil {
 		getenv = os.Getenv
 	}
-	from := func(text, src string) (*Secret, string, error) {
-		s, err := ParseSecret(text)
-		if err != nil {
-			return nil, "", errs.Wrap(errs.InvalidArgument, "auth", err, "secret from %s", src)
-		}
-		if s == nil {
-			return nil, "", errs.New(errs.InvalidArgument, "auth", "%s holds no secret", src)
-		}
-		return s, src, nil
+	sec, source, err := authsecret.LoadFrom(value, file, getenv)
+	if err != nil {
+		return nil, "", errs.Wrap(errs.InvalidArgument, "auth", err, "")
 	}
-	readFile := func(path, src string) (*Secret, string, error) {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return nil, "", errs.Wrap(errs.InvalidArgument, "auth", err, "read the secret file named by %s", src)
-		}
-		return from(string(b), src)
-	}
-	switch {
-	case strings.TrimSpace(value) != "":
-		return from(value, "the configuration")
-	case file != "":
-		return readFile(file, "file "+file)
-	case getenv(EnvSecretFile) != "":
-		p := getenv(EnvSecretFile)
-		return readFile(p, EnvSecretFile+"="+p)
-	case getenv(EnvSecret) != "":
-		return from(getenv(EnvSecret), EnvSecret)
-	}
-	return nil, "", nil
+	return FromSecrets(sec), source, nil
 }
 
 // KeyIDs returns the key ids, current first, in hex: they name the keys in
