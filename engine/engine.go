@@ -106,7 +106,8 @@ func New(cfg Config) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	store, err := meta.Open(cfg.Metadata)
+	// The HTTP store derives te-sidecar's bearer token from the same secret.
+	store, err := meta.OpenWith(cfg.Metadata, meta.Options{AuthSecret: cfg.AuthSecret, AuthSecretFile: cfg.AuthSecretFile})
 	if err != nil {
 		return nil, err
 	}

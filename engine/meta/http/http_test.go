@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tecache/te/engine"
 	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/meta"
 	httpmeta "github.com/tecache/te/engine/meta/http"
@@ -293,4 +294,39 @@ func BenchmarkGet(b *testing.B) {
 	}
 	defer s.Close()
 	storetest.BenchGet(b, s)
+}
+
+// TestEngineSecretReachesStore: an engine given the cluster secret only in its
+// Config publishes through te-sidecar's /metadata with the token derived from
+// it, and a peer engine with the same secret opens its segment; an engine
+// without the secret cannot publish there at all.
+func TestEngineSecretReachesStore(t *testing.T) {
+	const secret = "metadata-test-cluster-secret-02"
+	sec, _ := authsecret.Parse(secret)
+	sc := &sidecarServer{t: t, addr: fmt.Sprintf("127.0.0.1:%d", storetest.FreePort(t)), secret: sec}
+	sc.Up()
+	t.Cleanup(sc.Down)
+	conn := "http://" + sc.addr + "/metadata"
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	cfg := func(name, secret string) engine.Config {
+		return engine.Config{SegmentName: name, Metadata: conn, ListenAddr: "127.0.0.1:0", AuthSecret: secret, Logger: quiet}
+	}
+	a, err := engine.New(cfg("a", secret))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := engine.New(cfg("b", secret))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	seg, err := b.OpenSegment("a")
+	if err != nil {
+		t.Fatalf("open a segment published with the Config's secret: %v", err)
+	}
+	b.CloseSegment(seg)
+	if _, err := engine.New(cfg("c", "")); errs.CodeOf(err) != errs.Metadata {
+		t.Fatalf("an engine without the secret published: %v", err)
+	}
 }
