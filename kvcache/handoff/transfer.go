@@ -79,6 +79,14 @@ type Transfer struct {
 	sent    map[int]bool
 	start   time.Time
 	aborted bool
+	// window is this side's grant over its blocks, which the mover's
+	// requests present; revoked once this side is done with the transfer.
+	window  uint64
+	revoked bool
+	revErr  error
+	// peerWindow is the peer's window key, presented by this side's
+	// requests when it moves the bytes.
+	peerWindow uint64
 	done    bool          // the outcome is being or was reported
 	fin     chan struct{} // closed once result and err are set
 	result  *Result
@@ -124,7 +132,18 @@ func (c *Client) declare(ctx context.Context, role proto.Role, r Request) (*Tran
 	if err != nil {
 		return nil, errs.Wrap(errs.InvalidArgument, op, err, "encoding the layout")
 	}
-	d := proto.Decl{ID: r.ID, Segment: c.e.Name(), Layout: lj, Blocks: r.Blocks, Mode: proto.Mode(r.Mode)}
+	// A window over this side's blocks: whichever side ends up moving the
+	// bytes presents its key, and this side revokes it when it is done with
+	// the transfer, so no late byte of it can land (or be read) after.
+	ranges, err := blockRanges(r.Layout, r.Blocks)
+	if err != nil {
+		return nil, err
+	}
+	window, err := c.e.GrantWindow(ranges)
+	if err != nil {
+		return nil, errs.Wrap(errs.CodeOf(err), op, err, "the blocks of transfer %q must be registered, remote-accessible memory", r.ID)
+	}
+	d := proto.Decl{ID: r.ID, Segment: c.e.Name(), Layout: lj, Blocks: r.Blocks, Mode: proto.Mode(r.Mode), Window: window}
 	if r.Timeout > 0 {
 		d.TimeoutMS = max(1, r.Timeout.Milliseconds())
 	}
@@ -133,21 +152,61 @@ func (c *Client) declare(ctx context.Context, role proto.Role, r Request) (*Tran
 		path = "/handoff/ready"
 	}
 	rec, he, err := c.call(ctx, http.MethodPost, path, d, c.opts.RequestTimeout, "")
+	if err == nil && he != nil {
+		if he.body.Record != nil && he.body.Record.State.Terminal() {
+			err = endErr(op, *he.body.Record)
+		} else {
+			err = refused(op, he)
+		}
+	}
+	if err == nil && rec.State == proto.Failed {
+		err = endErr(op, rec) // caches that cannot match: nothing moves
+	}
+	if err != nil {
+		// Nobody was given the key: revoking it waits for nothing.
+		c.e.RevokeWindow(window)
+		return nil, err
+	}
+	return &Transfer{c: c, role: role, id: r.ID, layout: r.Layout, blocks: append([]int(nil), r.Blocks...),
+		instance: rec.Instance, rec: rec, cap: rec.Capability, window: window}, nil
+}
+
+// blockRanges lists the memory of blocks in every layer of l, coalesced (a
+// plan from the layout to itself).
+func blockRanges(l *kvcache.Layout, blocks []int) ([]engine.Range, error) {
+	p, err := kvcache.NewPlan(l, l, blocks, blocks, kvcache.LayerRange{})
 	if err != nil {
 		return nil, err
 	}
-	if he != nil {
-		if he.body.Record != nil && he.body.Record.State.Terminal() {
-			return nil, endErr(op, *he.body.Record)
+	ts := p.Transfers()
+	rs := make([]engine.Range, len(ts))
+	for i, x := range ts {
+		rs[i] = engine.Range{Addr: x.Dst, Length: x.Length}
+	}
+	return rs, nil
+}
+
+// revoke ends this side's window once: after it returns nil no access under
+// it touches this side's memory. Its error is kept and returned again.
+func (t *Transfer) revoke() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.revoked && t.window != 0 {
+		t.revErr = t.c.e.RevokeWindow(t.window)
+		if t.revErr == nil || errs.CodeOf(t.revErr) == errs.NotFound || errs.CodeOf(t.revErr) == errs.Closed {
+			t.revoked, t.revErr = true, nil
 		}
-		return nil, refused(op, he)
 	}
-	t := &Transfer{c: c, role: role, id: r.ID, layout: r.Layout, blocks: append([]int(nil), r.Blocks...),
-		instance: rec.Instance, rec: rec, cap: rec.Capability}
-	if rec.State == proto.Failed {
-		return nil, endErr(op, rec) // caches that cannot match: nothing moves
+	return t.revErr
+}
+
+// fenced returns err, or the revoke's failure if that came first: a caller
+// must not reuse the blocks unless the window is gone.
+func (t *Transfer) fenced(err error) error {
+	if rerr := t.revoke(); rerr != nil {
+		return errs.Wrap(errs.CodeOf(rerr), "handoff", rerr, "transfer %q: the window over this side's blocks could not be revoked; do not reuse them", t.id)
 	}
-	return t, nil
+	return err
 }
 
 // ID returns the transfer's id.
@@ -283,7 +342,9 @@ func (t *Transfer) Send(ctx context.Context) (Result, error) { return t.Wait(ctx
 // mode, decode in pull mode) waits for the pairing, plans, submits what
 // SendLayer has not, waits for its batch and reports the outcome; the other
 // side waits for the mover's completion notification (no sidecar round
-// trip) or for the sidecar to report a failure, an abort or an expiry.
+// trip) or for the sidecar to report a failure, an abort or an expiry, and
+// then revokes the window it granted over its blocks, so that no late byte
+// of the transfer lands in (or is read from) them after Wait returns.
 //
 // Once the moving side has submitted, Wait returns only after its batch has
 // finished (bounded by the engine's transfer timeout), whatever ctx says:
@@ -307,18 +368,21 @@ func (t *Transfer) Wait(ctx context.Context) (Result, error) {
 			t.finish(ctx, err)
 			return Result{ID: t.id, Mode: Mode(rec.Mode), Mover: true}, err
 		}
-		if rec.State.Terminal() && !rec.Settled {
-			// Aborted or expired while the mover moved: wait until it stops.
-			if _, serr := t.until(ctx, "handoff wait", func(r proto.Record) bool { return r.Settled }); serr != nil {
-				return Result{}, serr
-			}
+		if errs.CodeOf(err) == errs.Canceled && !rec.State.Terminal() {
+			return Result{ID: t.id, Mode: Mode(rec.Mode)}, err // ctx ended: the transfer goes on
 		}
-		return Result{ID: t.id, Mode: Mode(rec.Mode)}, err
+		// Failed, aborted, expired or lost, maybe while the mover still
+		// moves: revoking this side's window stops it touching our blocks.
+		return Result{ID: t.id, Mode: Mode(rec.Mode)}, t.fenced(err)
 	}
 	if t.isMover(rec) {
 		return t.move(ctx, rec)
 	}
-	return t.await(ctx)
+	res, err := t.await(ctx)
+	if errs.CodeOf(err) == errs.Canceled && ctx.Err() != nil {
+		return res, err // ctx ended: the transfer goes on; Abort ends it
+	}
+	return res, t.fenced(err)
 }
 
 // setup plans the transfer and opens the peer's segment once paired.
@@ -356,7 +420,18 @@ func (t *Transfer) setup(rec proto.Record, layered bool) error {
 		return err
 	}
 	t.plan, t.seg, t.batch, t.layered, t.sent = p, seg, b, layered, map[int]bool{}
+	t.peerWindow = rec.Peer.Window
 	return nil
+}
+
+// requests turns plan transfers into the mover's requests, under the peer's
+// window.
+func (t *Transfer) requests(ts []kvcache.Transfer) ([]engine.Request, error) {
+	rs, err := kvcache.EngineRequests(ts, t.seg, t.opcode())
+	for i := range rs {
+		rs[i].Window = t.peerWindow
+	}
+	return rs, err
 }
 
 func (t *Transfer) opcode() engine.Opcode {
@@ -381,7 +456,7 @@ func (t *Transfer) submitLayers(layers []int) error {
 		if t.aborted {
 			return errs.New(errs.Canceled, "handoff send", "transfer %q was aborted", t.id)
 		}
-		rs, err := kvcache.EngineRequests(t.plan.Layer(l), t.seg, t.opcode())
+		rs, err := t.requests(t.plan.Layer(l))
 		if err != nil {
 			return err
 		}
@@ -463,7 +538,7 @@ func (t *Transfer) move(ctx context.Context, rec proto.Record) (Result, error) {
 				err = errs.New(errs.Canceled, "handoff wait", "transfer %q was aborted", t.id)
 			} else {
 				var rs []engine.Request
-				rs, err = kvcache.EngineRequests(t.plan.Transfers(), t.seg, t.opcode())
+				rs, err = t.requests(t.plan.Transfers())
 				if err == nil {
 					t.start = time.Now()
 					err = t.batch.SubmitWithNotify(t.seg.Name(), NotifyName, t.notice(true, t.plan.Stats().Bytes, 0), rs...)
@@ -540,6 +615,9 @@ func (t *Transfer) finish(ctx context.Context, submitErr error) (Result, error) 
 	// ended: it is what settles the transfer for the peer.
 	rctx := context.WithoutCancel(ctx)
 	t.mu.Unlock()
+	// This side's own window was never handed to anyone (the sidecar gives
+	// a declaration's window to the mover only): dropping it is immediate.
+	t.revoke()
 	if peer != "" {
 		// Best effort: the sidecar tells the peer too.
 		t.c.e.SendNotify(peer, NotifyName, t.notice(false, st.Transferred, errs.CodeOf(failure)))
@@ -550,6 +628,10 @@ func (t *Transfer) finish(ctx context.Context, submitErr error) (Result, error) 
 	}
 	t.mu.Lock()
 	switch {
+	case rec.State == proto.Aborted || rec.State == proto.Expired:
+		// The peer gave up (and revoked its window, so this side's
+		// requests were refused): that, not the refusal, is the outcome.
+		t.err = endErr("handoff complete", rec)
 	case failure != nil:
 		t.err = failure
 	case err == nil:
@@ -636,8 +718,10 @@ func (t *Transfer) await(ctx context.Context) (Result, error) {
 	}
 }
 
-// Abort gives the transfer up and returns once neither side's memory is
-// touched for it any more (the moving side has stopped), or ctx ends. The
+// Abort gives the transfer up and returns once this side's memory is no
+// longer touched for it: on the moving side once its requests were canceled
+// and ended, on the other side once the window over its blocks is revoked
+// (what the mover still sends is refused; it need not have stopped). The
 // peer learns it from the sidecar. Aborting a finished transfer is an
 // InvalidArgument error.
 func (t *Transfer) Abort(ctx context.Context, reason string) error {
@@ -661,18 +745,17 @@ func (t *Transfer) Abort(ctx context.Context, reason string) error {
 	t.aborted = true
 	b := t.batch
 	t.mu.Unlock()
-	if rec.Settled {
-		return nil // nothing moves: unpaired, or the mover already reported
-	}
-	if t.isMover(rec) {
-		// This side moves: what it submitted finishes, then its report
-		// settles the transfer.
+	if t.isMover(rec) && !rec.Settled {
+		// This side moves: its requests are canceled and end once the
+		// engine let go of them, then its report settles the transfer.
 		if b != nil {
+			b.Cancel()
 			<-b.Done()
 		}
 		t.finish(ctx, errs.New(errs.Canceled, op, "transfer %q aborted by %s: %s", t.id, t.role, reason))
 		return nil
 	}
-	_, err = t.until(ctx, op, func(r proto.Record) bool { return r.Settled })
-	return err
+	// This side's window ends: whatever the mover still sends under it is
+	// refused, and nothing it sent lands after this returns.
+	return t.fenced(nil)
 }

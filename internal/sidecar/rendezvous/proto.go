@@ -88,6 +88,11 @@ type Decl struct {
 	// TimeoutMS bounds the transfer from now: unpaired or unfinished by
 	// then, it expires. 0 takes the sidecar's default.
 	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+	// Window is the key of the engine window the side granted over its
+	// blocks (engine.GrantWindow): the mover presents it instead of the
+	// buffers' keys, so the side can revoke this transfer's access alone.
+	// Only the mover receives it.
+	Window uint64 `json:"window,omitempty"`
 }
 
 // Peer is the other side's declaration as the mover receives it.
@@ -95,6 +100,7 @@ type Peer struct {
 	Segment string          `json:"segment"`
 	Layout  json.RawMessage `json:"layout"`
 	Blocks  []int           `json:"blocks"`
+	Window  uint64          `json:"window,omitempty"`
 }
 
 // Complete is the body of POST /handoff/complete, sent by the mover.

@@ -862,7 +862,7 @@ func (r *rec) record(t *Table, role Role, now time.Time) Record {
 	}
 	if r.state == Transferring && role != "" && role == r.mode.Mover() {
 		if o := r.decl[1-side(role)]; o != nil {
-			out.Peer = &Peer{Segment: o.Segment, Layout: o.Layout, Blocks: o.Blocks}
+			out.Peer = &Peer{Segment: o.Segment, Layout: o.Layout, Blocks: o.Blocks, Window: o.Window}
 		}
 	}
 	return out
