@@ -87,10 +87,10 @@ type Transfer struct {
 	// peerWindow is the peer's window key, presented by this side's
 	// requests when it moves the bytes.
 	peerWindow uint64
-	done    bool          // the outcome is being or was reported
-	fin     chan struct{} // closed once result and err are set
-	result  *Result
-	err     error
+	done       bool          // the outcome is being or was reported
+	fin        chan struct{} // closed once result and err are set
+	result     *Result
+	err        error
 }
 
 // Expect declares, on the decode side, where transfer r.ID's KV must go. It
