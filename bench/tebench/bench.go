@@ -31,6 +31,7 @@ type TargetOptions struct {
 	Metadata string // metadata connection string
 	Buffer   uint64 // bytes of registered memory
 	Params   map[string]string
+	Secret   string // cluster secret ("": the environment's, if any)
 }
 
 // Target is a running target: an engine with one registered buffer, plus the
@@ -50,7 +51,7 @@ func StartTarget(o TargetOptions) (*Target, error) {
 	if o.Buffer == 0 {
 		o.Buffer = 256 << 20
 	}
-	e, err := engine.New(engine.Config{ListenAddr: o.Listen, Metadata: o.Metadata, Params: o.Params})
+	e, err := engine.New(engine.Config{ListenAddr: o.Listen, Metadata: o.Metadata, Params: o.Params, AuthSecret: o.Secret})
 	if err != nil {
 		return nil, err
 	}
@@ -126,7 +127,14 @@ type Result struct {
 	RefTCPHotGBps float64 `json:"ref_tcp_hot_gbps"`
 	RatioTCP      float64 `json:"ratio_tcp"`
 	RatioMemcpy   float64 `json:"ratio_memcpy"`
-	Machine       Machine `json:"machine"`
+	// Secret says whether both engines held a cluster secret (every
+	// connection authenticated).
+	Secret bool `json:"secret"`
+	// RefMemcpyColdGBps is memcpy between two 512 MiB buffers (out of
+	// cache), measured for same-host transports (shm, local).
+	RefMemcpyColdGBps float64 `json:"ref_memcpy_cold_gbps,omitempty"`
+	RatioMemcpyCold   float64 `json:"ratio_memcpy_cold,omitempty"`
+	Machine           Machine `json:"machine"`
 }
 
 func (r Result) String() string {
@@ -134,9 +142,17 @@ func (r Result) String() string {
 	if r.RefTCPGBps > 0 {
 		ref = fmt.Sprintf("ref tcp %.2f GB/s (%.2fx, hot %.2f)", r.RefTCPGBps, r.RatioTCP, r.RefTCPHotGBps)
 	}
-	return fmt.Sprintf("%-5s %-5s block %-6s batch %-4d threads %d: %7.3f GB/s %9.0f req/s  p50 %8.0fus p99 %8.0fus  %s  memcpy %.2f GB/s (%.3fx)",
-		r.Transport, r.Op, FormatSize(r.Block), r.Batch, r.Threads, r.GBps, r.ReqPerS, r.P50us, r.P99us,
-		ref, r.RefMemcpyGBps, r.RatioMemcpy)
+	cold := ""
+	if r.RefMemcpyColdGBps > 0 {
+		cold = fmt.Sprintf(", 512MiB %.2f GB/s (%.3fx)", r.RefMemcpyColdGBps, r.RatioMemcpyCold)
+	}
+	auth := ""
+	if r.Secret {
+		auth = " secret"
+	}
+	return fmt.Sprintf("%-5s%s %-5s block %-6s batch %-4d threads %d: %7.3f GB/s %9.0f req/s  p50 %8.0fus p99 %8.0fus  %s  memcpy %.2f GB/s (%.3fx)%s",
+		r.Transport, auth, r.Op, FormatSize(r.Block), r.Batch, r.Threads, r.GBps, r.ReqPerS, r.P50us, r.P99us,
+		ref, r.RefMemcpyGBps, r.RatioMemcpy, cold)
 }
 
 // JSON returns r as one line of JSON.
@@ -196,7 +212,14 @@ const maxLocal = 256 << 20
 // NewInitiator starts an engine and opens the target segment. With transport
 // "local" the target must be an engine of this process.
 func NewInitiator(segment, metadata, transport string, params map[string]string) (*Initiator, error) {
-	cfg := engine.Config{ListenAddr: "127.0.0.1:0", Metadata: metadata, Params: params, TransferTimeout: time.Minute}
+	return NewInitiatorWith(segment, metadata, transport, params, "")
+}
+
+// NewInitiatorWith is NewInitiator with a cluster secret ("": the
+// environment's, if any).
+func NewInitiatorWith(segment, metadata, transport string, params map[string]string, secret string) (*Initiator, error) {
+	cfg := engine.Config{ListenAddr: "127.0.0.1:0", Metadata: metadata, Params: params, TransferTimeout: time.Minute,
+		AuthSecret: secret}
 	if transport != "" && transport != "auto" {
 		cfg.ForceTransport = transport
 	}
@@ -381,6 +404,13 @@ func (in *Initiator) Run(ctx context.Context, o Options) (Result, error) {
 		return r, err
 	}
 	r.RefMemcpyGBps, r.RatioMemcpy = g, r.GBps/g
+	if r.Transport == "shm" || r.Transport == "local" {
+		g, err := MemcpySpan(o.Block, ColdSpan, min(o.RefDuration/2, 500*time.Millisecond))
+		if err != nil {
+			return r, err
+		}
+		r.RefMemcpyColdGBps, r.RatioMemcpyCold = g, r.GBps/g
+	}
 	return r, nil
 }
 

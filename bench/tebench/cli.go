@@ -3,6 +3,8 @@ package tebench
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -16,6 +18,7 @@ import (
 
 	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/transport/tcp"
+	"github.com/tecache/te/internal/authsecret"
 )
 
 const usage = `usage:
@@ -29,6 +32,7 @@ combination is run):
   --threads N            --duration D (Go duration or seconds)
   --transport tcp|shm|local|auto      --conns N (tcp.conns)  --slice SIZE (tcp.slice)
   --json                 --cpuprofile FILE                   --metadata URL
+  --secret off|on|off,on (loopback: run without and/or with a cluster secret)
 Mooncake's transfer_engine_bench names are accepted too: --operation,
 --block_size, --batch_size, --segment_id, --protocol, --metadata_server.
 `
@@ -146,6 +150,7 @@ type runFlags struct {
 	json                              bool
 	cpuprofile                        string
 	buffer                            uint64
+	secret                            string
 }
 
 func list(s string) []string {
@@ -188,6 +193,7 @@ func mainRun(ctx context.Context, exe string, args []string, stdout, stderr io.W
 	fs.BoolVar(&f.json, "json", false, "print one JSON object per run")
 	fs.StringVar(&f.cpuprofile, "cpuprofile", "", "write a CPU profile of the initiator to this file")
 	fs.Var(sizeFlag{&f.buffer}, "buffer", "loopback: the target's buffer size (default 256MiB)")
+	fs.StringVar(&f.secret, "secret", "", "loopback: off, on (a random cluster secret on both sides) or off,on (each run both ways, one after the other); default: the environment's")
 	if err := fs.Parse(args); err != nil {
 		return errs.Wrap(errs.InvalidArgument, "te-bench", err, "flags")
 	}
@@ -228,33 +234,63 @@ func mainRun(ctx context.Context, exe string, args []string, stdout, stderr io.W
 		return errs.New(errs.InvalidArgument, "te-bench", "nothing to run")
 	}
 
-	segment, ref := f.segment, f.ref
-	var local *Target
-	switch {
-	case loopback && f.transport == "local":
-		// Same process: the target is an engine of this one.
-		t, err := StartTarget(TargetOptions{Metadata: f.metadata, Buffer: f.buffer, Params: params})
+	// One target and one initiator per secret setting; each run goes to
+	// every setting in turn, so the two are measured side by side.
+	type side struct {
+		secret       bool
+		in           *Initiator
+		segment, ref string
+	}
+	settings := []string{""}
+	if f.secret != "" {
+		if !loopback {
+			return errs.New(errs.InvalidArgument, "te-bench", "--secret is for loopback runs; give a target its secret with TE_AUTH_SECRET_FILE")
+		}
+		settings = list(f.secret)
+		// The secret is the flag's business now, not the environment's.
+		os.Unsetenv(authsecret.EnvSecret)
+		os.Unsetenv(authsecret.EnvSecretFile)
+	}
+	var sides []side
+	for _, st := range settings {
+		secret := ""
+		switch st {
+		case "", "off":
+		case "on":
+			var b [24]byte
+			rand.Read(b[:])
+			secret = hex.EncodeToString(b[:])
+		default:
+			return errs.New(errs.InvalidArgument, "te-bench", "--secret %q: want off, on or off,on", st)
+		}
+		segment, ref := f.segment, f.ref
+		switch {
+		case loopback && f.transport == "local":
+			// Same process: the target is an engine of this one.
+			t, err := StartTarget(TargetOptions{Metadata: f.metadata, Buffer: f.buffer, Params: params, Secret: secret})
+			if err != nil {
+				return err
+			}
+			defer t.Close()
+			segment, ref = t.Info.Segment, t.Info.Ref
+		case loopback:
+			child, info, err := startChild(exe, f, secret, stderr)
+			if err != nil {
+				return err
+			}
+			defer child.stop()
+			segment, ref = info.Segment, info.Ref
+		case segment == "":
+			return errs.New(errs.InvalidArgument, "te-bench", "initiator needs --segment")
+		}
+		in, err := NewInitiatorWith(segment, f.metadata, f.transport, params, secret)
 		if err != nil {
 			return err
 		}
-		defer t.Close()
-		local, segment, ref = t, t.Info.Segment, t.Info.Ref
-	case loopback:
-		child, info, err := startChild(exe, f, stderr)
-		if err != nil {
-			return err
-		}
-		defer child.stop()
-		segment, ref = info.Segment, info.Ref
-	case segment == "":
-		return errs.New(errs.InvalidArgument, "te-bench", "initiator needs --segment")
+		defer in.Close()
+		sides = append(sides, side{secret: secret != "", in: in, segment: segment, ref: ref})
 	}
-	_ = local
-	in, err := NewInitiator(segment, f.metadata, f.transport, params)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
+	in, segment := sides[0].in, sides[0].segment
 
 	if f.cpuprofile != "" {
 		pf, err := os.Create(f.cpuprofile)
@@ -272,18 +308,21 @@ func mainRun(ctx context.Context, exe string, args []string, stdout, stderr io.W
 		fmt.Fprintf(stdout, "target: %s, tcp.conns %d, tcp.slice %s\n", segment, in.conns, FormatSize(in.slice))
 	}
 	for _, o := range runs {
-		o.Segment, o.Ref, o.Metadata, o.Params = segment, ref, f.metadata, params
-		r, err := in.Run(ctx, o)
-		if err != nil {
-			return err
-		}
-		if f.json {
-			fmt.Fprintln(stdout, r.JSON())
-		} else {
-			fmt.Fprintln(stdout, r)
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
+		for _, sd := range sides {
+			o.Segment, o.Ref, o.Metadata, o.Params = sd.segment, sd.ref, f.metadata, params
+			r, err := sd.in.Run(ctx, o)
+			if err != nil {
+				return err
+			}
+			r.Secret = sd.secret
+			if f.json {
+				fmt.Fprintln(stdout, r.JSON())
+			} else {
+				fmt.Fprintln(stdout, r)
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
 		}
 	}
 	return nil
@@ -295,8 +334,9 @@ type childProc struct {
 	done chan struct{}
 }
 
-// startChild starts `exe target` on loopback and reads its announcement.
-func startChild(exe string, f runFlags, stderr io.Writer) (*childProc, TargetInfo, error) {
+// startChild starts `exe target` on loopback and reads its announcement;
+// secret, if any, goes to it in TE_AUTH_SECRET.
+func startChild(exe string, f runFlags, secret string, stderr io.Writer) (*childProc, TargetInfo, error) {
 	args := []string{"target", "--listen", "127.0.0.1:0", "--exit-on-stdin-eof"}
 	if f.buffer != 0 {
 		args = append(args, "--buffer", strconv.FormatUint(f.buffer, 10))
@@ -306,6 +346,9 @@ func startChild(exe string, f runFlags, stderr io.Writer) (*childProc, TargetInf
 	}
 	cmd := exec.Command(exe, args...)
 	cmd.Stderr = stderr
+	if secret != "" {
+		cmd.Env = append(os.Environ(), authsecret.EnvSecret+"="+secret)
+	}
 	in, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, TargetInfo{}, errs.Wrap(errs.Internal, "te-bench", err, "stdin pipe")
