@@ -70,8 +70,8 @@ func (a *authTarget) untouched(t *testing.T) {
 }
 
 // initiate runs one WRITE and one READ from a transport holding s and returns
-// their outcomes; local is filled with 0x22.
-func initiate(t *testing.T, s *peerauth.Secret, d *segment.Desc) (werr, rerr error, local []byte) {
+// local (filled with 0x22 first) and their outcomes.
+func initiate(t *testing.T, s *peerauth.Secret, d *segment.Desc) (local []byte, werr, rerr error) {
 	t.Helper()
 	h := newFakeHost(nil)
 	h.secret, h.inst = s, "initiator-instance"
@@ -99,7 +99,9 @@ func initiate(t *testing.T, s *peerauth.Secret, d *segment.Desc) (werr, rerr err
 			return nil
 		}
 	}
-	return run(transport.Write), run(transport.Read), local
+	werr = run(transport.Write)
+	rerr = run(transport.Read)
+	return local, werr, rerr
 }
 
 // TestDataPathAuthentication: every data connection authenticates both ways
@@ -130,7 +132,7 @@ func TestDataPathAuthentication(t *testing.T) {
 				is = secret(t, c.initer)
 			}
 			tg := newAuthTarget(t, ts)
-			werr, rerr, local := initiate(t, is, tg.desc)
+			local, werr, rerr := initiate(t, is, tg.desc)
 			if c.ok {
 				if werr != nil || rerr != nil {
 					t.Fatalf("write %v, read %v", werr, rerr)
@@ -194,7 +196,7 @@ func TestRewrittenDescriptorGetsNoData(t *testing.T) {
 	})
 	d := &segment.Desc{Name: "victim", Instance: "target-instance", Endpoints: map[string]string{"tcp": ep},
 		Buffers: []segment.BufferDesc{{Addr: 1 << 40, Length: 1 << 20, Key: 99}}}
-	werr, rerr, _ := initiate(t, secret(t, secretA), d)
+	_, werr, rerr := initiate(t, secret(t, secretA), d)
 	if !errors.Is(werr, errs.ErrUnauthenticated) || !errors.Is(rerr, errs.ErrUnauthenticated) {
 		t.Fatalf("write %v, read %v", werr, rerr)
 	}
