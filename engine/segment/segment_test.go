@@ -214,3 +214,33 @@ func TestAcquireInWindow(t *testing.T) {
 		y.Release()
 	}
 }
+
+// TestWindowAcrossBuffers: a range over two registered buffers that follow
+// each other is granted as two parts; an access within one part is granted,
+// one across the boundary is not (it is not inside one buffer either).
+func TestWindowAcrossBuffers(t *testing.T) {
+	g := NewRegistry()
+	a, _ := NewRegion(1<<20, 4096, "cpu", true)
+	b, _ := NewRegion(1<<20+4096, 4096, "cpu", true)
+	g.Add(a, b)
+	w, err := g.GrantWindow([]Range{{Addr: 1<<20 + 2048, Length: 4096}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(w.Regions()) != 2 || w.Bytes() != 4096 {
+		t.Fatalf("window regions %d, bytes %d", len(w.Regions()), w.Bytes())
+	}
+	for _, x := range []uint64{1<<20 + 2048, 1<<20 + 4096} {
+		r, err := g.Acquire(x, 2048, w.Key, true)
+		if err != nil {
+			t.Fatalf("access at %#x: %v", x, err)
+		}
+		r.Release()
+	}
+	if _, err := g.Acquire(1<<20, 2048, w.Key, true); errs.CodeOf(err) != errs.AccessDenied {
+		t.Fatalf("access before the window: %v", err)
+	}
+	if _, err := g.GrantWindow([]Range{{Addr: 1<<20 + 6000, Length: 4096}}); errs.CodeOf(err) != errs.AddressNotRegistered {
+		t.Fatalf("range past the registered buffers: %v", err)
+	}
+}

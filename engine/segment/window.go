@@ -65,14 +65,25 @@ func (g *Registry) GrantWindow(ranges []Range) (*Window, error) {
 	sort.Slice(rs, func(i, j int) bool { return rs[i].Addr < rs[j].Addr })
 	w := &Window{Key: NewKey()}
 	byParent := map[*Region]int{}
+	// A range may run over several registered buffers that follow each
+	// other (one per layer, say): it is cut at their boundaries.
+	var parts []Range
 	for _, r := range rs {
 		if r.Length == 0 || r.Addr+r.Length < r.Addr {
 			return nil, errs.New(errs.InvalidArgument, "grant window", "range [%#x,+%d) is empty or overflows", r.Addr, r.Length)
 		}
-		p, ok := g.Lookup(r.Addr, r.Length)
-		if !ok || p.Closing() {
-			return nil, errs.New(errs.AddressNotRegistered, "grant window", "[%#x,+%d) is not inside one registered buffer", r.Addr, r.Length)
+		for a, end := r.Addr, r.Addr+r.Length; a < end; {
+			p, ok := g.Lookup(a, 1)
+			if !ok || p.Closing() {
+				return nil, errs.New(errs.AddressNotRegistered, "grant window", "[%#x,+%d) is not inside registered buffers", r.Addr, r.Length)
+			}
+			n := min(end, p.End()) - a
+			parts = append(parts, Range{a, n})
+			a += n
 		}
+	}
+	for _, r := range parts {
+		p, _ := g.Lookup(r.Addr, r.Length)
 		if !p.Remote {
 			return nil, errs.New(errs.AccessDenied, "grant window", "buffer at %#x is not remote-accessible", p.Addr)
 		}

@@ -285,6 +285,11 @@ static void handoffs(void) {
     CHECK_OK(te_layout_create(json, &l));
     const int32_t blocks[] = {0, 1};
     te_xfer_t x = 1;
+    /* The blocks must be registered memory: the transfer's window covers
+     * them before anything is declared. */
+    CHECK_RC(TE_ERR_ADDRESS_NOT_REGISTERED, te_handoff_expect(c, "r1", l, blocks, 2, TE_HANDOFF_MODE_PUSH, 0, &x));
+    CHECK(x == 0);
+    CHECK_OK(te_register(e, mem, LAYERS * 2 * 4 * BB, "cpu", 1));
     CHECK_RC(TE_ERR_PEER_UNREACHABLE, te_handoff_expect(c, "r1", l, blocks, 2, TE_HANDOFF_MODE_PUSH, 0, &x));
     CHECK(x == 0);
     CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_handoff_expect(c, "r1", l, blocks, 2, 7, 0, &x));   /* mode */
