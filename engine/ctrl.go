@@ -88,14 +88,18 @@ func (c *ctrl) serve(conn net.Conn) {
 	var calls sync.WaitGroup
 	defer calls.Wait()
 	r := bufio.NewReader(conn)
+	if c.mooncakeFirst(conn, r) { // a Mooncake peer's handshake (ctrl_mooncake.go)
+		return
+	}
 	for {
 		kind, body, err := wire.ReadFrame(r, c.maxFrame)
 		if err != nil {
 			return
 		}
 		if kind < wire.KindDescribe {
-			// Mooncake's handshake kinds: not spoken yet, and an unknown
-			// peer gets no partial answer.
+			// Mooncake's handshake kinds open a connection of their own
+			// (one exchange each); later in a te connection they are
+			// out of place.
 			return
 		}
 		call, err := wire.DecodeCall(body)

@@ -53,6 +53,7 @@ type Engine struct {
 
 	stats  stats
 	reaper reaper
+	mc     *mooncakeState // Mooncake interop (mooncake.go)
 
 	closed    atomic.Bool
 	closeOnce sync.Once
@@ -82,7 +83,11 @@ func (e *Engine) goTracked(f func()) bool {
 // publishes an empty segment.
 func New(cfg Config) (*Engine, error) {
 	cfg.fill()
-	e := &Engine{
+	mc, err := newMooncakeState(&cfg)
+	if err != nil {
+		return nil, err
+	}
+	e := &Engine{mc: mc,
 		cfg: cfg, reg: segment.NewRegistry(), byName: map[string]transport.Transport{},
 		segs: map[string]*segState{}, batches: map[*Batch]struct{}{}, done: make(chan struct{}),
 		p2p: meta.IsP2P(cfg.Metadata),
@@ -118,6 +123,7 @@ func New(cfg Config) (*Engine, error) {
 	e.ctrl.Handle(wire.KindDescribe, e.handleDescribe)
 	e.ctrl.Handle(wire.KindNotify, e.handleNotify)
 	e.ctrl.Handle(wire.KindProbe, e.handleProbe)
+	e.installMooncake()
 
 	if err := e.startTransports(); err != nil {
 		e.ctrl.close()
@@ -221,6 +227,9 @@ func (h host) Registry() *segment.Registry     { return h.e.reg }
 func (h host) Control() transport.Control      { return h.e.ctrl }
 func (h host) Logf(format string, args ...any) { h.e.cfg.Logger.Info(fmt.Sprintf(format, args...)) }
 func (h host) Param(key string) (string, bool) {
+	if v, ok := h.e.mooncakeParam(key); ok {
+		return v, true
+	}
 	if v, ok := h.e.cfg.Params[key]; ok {
 		return v, true
 	}
@@ -577,7 +586,7 @@ func (e *Engine) Probe(name string) (Probe, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RPCTimeout)
 	defer cancel()
 	t0 := time.Now()
-	b, err := e.ctrl.Call(ctx, addr, wire.KindProbe, nil)
+	b, err := e.probeCall(ctx, addr, name)
 	if err != nil {
 		return Probe{}, err
 	}

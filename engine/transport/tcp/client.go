@@ -96,6 +96,7 @@ func (t *Transport) janitor() {
 			return
 		case now := <-tk.C:
 			t.prune(now)
+			t.pruneMooncake(now)
 		}
 	}
 }
@@ -178,9 +179,14 @@ func (t *Transport) Submit(reqs []transport.Request) {
 	var groups map[key][]item
 	var lastAddr string
 	var last *peer
+	var mc []*transport.Request
 	ops := make([]op, len(reqs)) // one allocation per submit
 	for i := range reqs {
 		r := &reqs[i]
+		if r.Peer.IsMooncake() {
+			mc = append(mc, r) // Mooncake's framing (mooncake_client.go)
+			continue
+		}
 		addr := r.Peer.Endpoints[Name]
 		if addr == "" {
 			r.Complete(errs.New(errs.TransportUnavailable, "tcp", "segment %q publishes no tcp endpoint", r.Peer.Name))
@@ -224,6 +230,9 @@ func (t *Transport) Submit(reqs []transport.Request) {
 	for k, items := range groups {
 		k.p.get(k.i).enqueue(items)
 	}
+	if mc != nil {
+		t.submitMooncake(mc)
+	}
 }
 
 // Cancel releases the slices of reqs that no goroutine is moving: queued ones
@@ -232,6 +241,7 @@ func (t *Transport) Submit(reqs []transport.Request) {
 // right now is released when that I/O ends, which the progress timeout
 // bounds. The connections stay up for everyone else.
 func (t *Transport) Cancel(reqs []*transport.Request) {
+	t.cancelMooncake(reqs)
 	peers := map[*peer]bool{}
 	for _, r := range reqs {
 		o, ok := r.Priv.(*op)

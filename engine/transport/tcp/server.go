@@ -182,6 +182,10 @@ func (s *serverConn) readLoop() {
 	if _, err := io.ReadFull(br, h[:wire.DataPrefaceSize]); err != nil {
 		return
 	}
+	if wire.LooksLikeMooncake(h[:wire.DataPrefaceSize]) {
+		s.serveMooncake(br, h[:wire.DataPrefaceSize]) // mooncake_server.go
+		return
+	}
 	if err := wire.CheckDataPreface(h[:wire.DataPrefaceSize]); err != nil {
 		return
 	}

@@ -60,6 +60,10 @@ type Options struct {
 	// PeerIdle drops a peer's pooled connections after this long without a
 	// request (Limits.PeerIdleTimeout, 5m).
 	PeerIdle time.Duration
+	// AcceptMooncake serves Mooncake peers' data requests, which carry no
+	// key (parameter mooncake.accept; the engine sets it from
+	// Config.AcceptMooncakePeers). Off: they are refused.
+	AcceptMooncake bool
 }
 
 // DefaultOptions derives the defaults from the machine: one connection per
@@ -132,6 +136,9 @@ func parseOptions(h transport.Host) (Options, error) {
 			*p.dst = d
 		}
 	}
+	if v, ok := h.Param(ParamAcceptMooncake); ok {
+		o.AcceptMooncake = v == "1" || v == "true"
+	}
 	if v, ok := h.Param("tcp.gpu_staging"); ok {
 		n, err := ParseSize(v)
 		if err != nil || n < MinGPUStaging || n > MaxGPUStaging {
@@ -187,12 +194,13 @@ type Transport struct {
 	served map[*serverConn]struct{} // accepted connections
 	wg     sync.WaitGroup           // every goroutine of the transport
 	gpu    gpuPool                  // pinned rings for GPU payloads (gpu.go)
+	mc     mcState                  // Mooncake interop (mooncake_client.go)
 	pruned atomic.Uint64            // idle connections the janitor closed
 }
 
 // New returns an unstarted transport.
 func New() *Transport {
-	return &Transport{peers: map[string]*peer{}, served: map[*serverConn]struct{}{}}
+	return &Transport{peers: map[string]*peer{}, served: map[*serverConn]struct{}{}, mc: mcState{peers: map[string]*mcPeer{}}}
 }
 
 // Name returns "tcp".
@@ -262,6 +270,9 @@ func (t *Transport) Describe(d *segment.Desc) {
 	}
 	d.Endpoints[Name] = net.JoinHostPort(host, strconv.Itoa(port))
 	d.TCPDataPort = port
+	// A Mooncake initiator that reads this descriptor speaks acknowledged
+	// framing, so a request te refuses fails there instead of "completing".
+	d.TCPProtoVersion = wire.MooncakeVersion
 }
 
 // Register needs no transport state: the capability key is the region's own
@@ -274,6 +285,10 @@ func (t *Transport) Unregister(*segment.Region) error { return nil }
 
 // Reachable reports whether the peer publishes a tcp endpoint.
 func (t *Transport) Reachable(d *segment.Desc) error {
+	if d.IsMooncake() {
+		_, err := mooncakeEndpoint(d)
+		return err
+	}
 	ep := d.Endpoints[Name]
 	if ep == "" {
 		return errs.New(errs.TransportUnavailable, "tcp", "segment %q publishes no tcp endpoint", d.Name)
@@ -323,6 +338,7 @@ func (t *Transport) Close() error {
 			c.fail(errs.New(errs.Closed, "tcp", "transport closed"))
 		}
 	}
+	t.closeMooncake()
 	t.wg.Wait()
 	t.closeGPU()
 	return nil
