@@ -236,7 +236,12 @@ func (t *Transport) Start(h transport.Host) error {
 		}
 		addr = net.JoinHostPort(ip, "0")
 	}
-	ln, err := net.Listen("tcp", addr)
+	// No TCP keepalive on accepted connections: idle ones are closed by
+	// the idle timeout, busy ones by the progress timeout, and the four
+	// setsockopt calls it costs per connection show with initiators that
+	// connect per request (Mooncake's default).
+	lc := net.ListenConfig{KeepAlive: -1}
+	ln, err := lc.Listen(context.Background(), "tcp", addr)
 	if err != nil {
 		return errs.Wrap(errs.TransportUnavailable, "tcp", err, "data listener on %s", addr)
 	}
