@@ -277,7 +277,9 @@ func (e *Engine) publish() error {
 		d.Transports = append(d.Transports, t.Name())
 		t.Describe(d)
 	}
-	if e.byName["rdma"] != nil {
+	if e.byName["rdma"] != nil && !e.mc.accept {
+		// A Mooncake initiator picks its transport by this field: an
+		// engine serving Mooncake peers says tcp, the one it serves them.
 		d.Protocol = "rdma"
 	}
 	for _, r := range e.reg.Regions() {

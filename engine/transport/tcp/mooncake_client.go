@@ -425,7 +425,8 @@ func (c *mcConn) cancel() {
 	c.queue = keep
 	for _, it := range c.flight[c.head:] {
 		if it.op.canceled.Load() {
-			c.cutLocked(cutCanceled, errCanceled)
+			c.cutLocked(cutCanceled, errs.New(errs.PeerUnreachable, "tcp",
+				"connection to Mooncake peer %s closed to abandon a canceled request", c.p.addr))
 			break
 		}
 	}

@@ -432,6 +432,74 @@ func TestMooncakeInitiatorCancel(t *testing.T) {
 	}
 }
 
+// TestMooncakeCancelResendsOthers: cancelling a request already sent closes
+// its connection; another request that connection carried behind it is sent
+// again on a new connection and succeeds, and one on another connection is
+// not disturbed.
+func TestMooncakeCancelResendsOthers(t *testing.T) {
+	const stuck = 1 << 40 // the fake target never answers a READ of this address
+	ep := fakeServer(t, func(nc net.Conn) {
+		var h [wire.MooncakeHeaderSize]byte
+		for {
+			if _, err := io.ReadFull(nc, h[:]); err != nil {
+				return
+			}
+			r, err := wire.DecodeMooncakeRequest(h[:])
+			if err != nil {
+				return
+			}
+			if r.Addr == stuck {
+				io.Copy(io.Discard, nc)
+				return
+			}
+			var st [8]byte
+			wire.PutMooncakeStatus(st[:], wire.MooncakeOK)
+			nc.Write(append(st[:], bytes.Repeat([]byte{byte(r.Addr >> 12)}, int(r.Size))...))
+		}
+	})
+	host, port, _ := net.SplitHostPort(ep)
+	p, _ := strconv.Atoi(port)
+	d := &segment.Desc{Name: "mc", Protocol: "tcp", TCPDataPort: p, TCPProtoVersion: 2, RPC: net.JoinHostPort(host, "1"),
+		Buffers: []segment.BufferDesc{{Name: "mc", Addr: 1 << 40, Length: 1 << 30}}}
+	tr := startFake(t, map[string]string{"tcp.conns": "2"})
+	local := alloc(t, 3*4096)
+	got := make(chan [2]any, 3)
+	var reqs []transport.Request
+	// With two connections, requests 0 and 2 share one, 1 has the other.
+	for i, remote := range []uint64{stuck, stuck + 4096, stuck + 8192} {
+		reqs = append(reqs, transport.Request{Op: transport.Read, Local: mem.Addr(local) + uint64(i)*4096, Remote: remote, Length: 4096,
+			Peer: d, Buffer: &d.Buffers[0], Index: i, Owner: transport.CompleteFunc(func(i int, err error) { got <- [2]any{i, err} })})
+	}
+	tr.Submit(reqs)
+	select {
+	case x := <-got: // request 1, on its own connection
+		if x[0].(int) != 1 || x[1] != nil {
+			t.Fatalf("request %v ended %v", x[0], x[1])
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("request 1 not served")
+	}
+	tr.Cancel([]*transport.Request{&reqs[0]})
+	for range 2 {
+		select {
+		case x := <-got:
+			i, err := x[0].(int), x[1]
+			if i == 0 {
+				if e, _ := err.(error); errs.CodeOf(e) != errs.Canceled {
+					t.Fatalf("canceled request ended %v", err)
+				}
+			} else if i != 2 || err != nil {
+				t.Fatalf("request %d ended %v", i, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("requests not finished")
+		}
+	}
+	if local[2*4096] != byte((stuck+8192)>>12&0xff) || local[4096] != byte((stuck+4096)>>12&0xff) {
+		t.Fatal("reads returned other bytes")
+	}
+}
+
 // TestMooncakeReachable: a Mooncake descriptor is reachable over tcp only
 // with a data port, the acknowledged framing and a known RPC host.
 func TestMooncakeReachable(t *testing.T) {
