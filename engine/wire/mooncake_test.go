@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -191,4 +192,18 @@ func FuzzReadMooncakeFrame(f *testing.F) {
 			t.Fatal("round trip")
 		}
 	})
+}
+
+func ExampleDecodeMooncakeRequest() {
+	var h [MooncakeHeaderSize]byte
+	PutMooncakeRequest(h[:], MooncakeRequest{Size: 4096, Addr: 0x7f0000001000, Op: MooncakeWrite, V2: true})
+	r, err := DecodeMooncakeRequest(h[:])
+	fmt.Println(r.Size, r.Op == MooncakeWrite, r.V2, err, LooksLikeMooncake(h[:8]), LooksLikeMooncake([]byte(DataPreface)))
+	var st [MooncakeStatusSize]byte
+	PutMooncakeStatus(st[:], MooncakeAddrRejected)
+	code, err := DecodeMooncakeStatus(st[:])
+	fmt.Printf("%#x %d %v\n", binary.LittleEndian.Uint64(st[:]), code, err)
+	// Output:
+	// 4096 true true <nil> true false
+	// 0x4d43545600000001 1 <nil>
 }
