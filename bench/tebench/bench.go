@@ -31,6 +31,9 @@ type TargetOptions struct {
 	Metadata string // metadata connection string
 	Buffer   uint64 // bytes of registered memory
 	Params   map[string]string
+	// AcceptMooncake serves Mooncake Transfer Engine initiators too
+	// (their transfer_engine_bench, say).
+	AcceptMooncake bool
 }
 
 // Target is a running target: an engine with one registered buffer, plus the
@@ -50,7 +53,7 @@ func StartTarget(o TargetOptions) (*Target, error) {
 	if o.Buffer == 0 {
 		o.Buffer = 256 << 20
 	}
-	e, err := engine.New(engine.Config{ListenAddr: o.Listen, Metadata: o.Metadata, Params: o.Params})
+	e, err := engine.New(engine.Config{ListenAddr: o.Listen, Metadata: o.Metadata, Params: o.Params, AcceptMooncakePeers: o.AcceptMooncake})
 	if err != nil {
 		return nil, err
 	}
@@ -125,8 +128,11 @@ type Result struct {
 	// connection (cache-hot): for information, the ratio uses RefTCPGBps.
 	RefTCPHotGBps float64 `json:"ref_tcp_hot_gbps"`
 	RatioTCP      float64 `json:"ratio_tcp"`
-	RatioMemcpy   float64 `json:"ratio_memcpy"`
-	Machine       Machine `json:"machine"`
+	// Peer is the target's engine: "te", or "mooncake" for a Mooncake
+	// Transfer Engine (moved in its tcp framing).
+	Peer        string  `json:"peer"`
+	RatioMemcpy float64 `json:"ratio_memcpy"`
+	Machine     Machine `json:"machine"`
 }
 
 func (r Result) String() string {
@@ -187,6 +193,7 @@ type Initiator struct {
 	conns int
 	slice uint64
 	used  string // the transport the engine chose, learnt from the first batch
+	peer  string // "te" or "mooncake"
 }
 
 // maxLocal bounds the initiator's registered memory; requests wrap around it
@@ -213,6 +220,10 @@ func NewInitiator(segment, metadata, transport string, params map[string]string)
 	if err != nil {
 		in.Close()
 		return nil, err
+	}
+	in.peer = "te"
+	if d.IsMooncake() {
+		in.peer = "mooncake"
 	}
 	for _, b := range d.Buffers {
 		if b.Length > in.rlen {
@@ -359,7 +370,7 @@ func (in *Initiator) Run(ctx context.Context, o Options) (Result, error) {
 	r := Result{
 		Transport: tr, Op: o.Op, Block: o.Block, Batch: o.Batch, Threads: o.Threads,
 		Conns: in.conns, Slice: in.slice, DurationS: teTime.Seconds(), Requests: requests, Bytes: requests * o.Block,
-		Machine: ThisMachine(),
+		Machine: ThisMachine(), Peer: in.peer,
 	}
 	r.GBps = float64(r.Bytes) / teTime.Seconds() / 1e9
 	r.ReqPerS = float64(requests) / teTime.Seconds()
