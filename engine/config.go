@@ -69,7 +69,9 @@ type Config struct {
 	// authenticate and carry no capability key, read and write this
 	// engine's remote-accessible memory over tcp. Off by default; also
 	// turned on by TE_ACCEPT_MOONCAKE_PEERS=1. With a cluster secret it is
-	// refused unless AllowMooncakeWithSecret is set too.
+	// refused (New fails) unless AllowMooncakeWithSecret is set too. Mooncake
+	// peers' handshake (descriptor, notify, probe) is answered without it,
+	// but not with a cluster secret unless AllowMooncakeWithSecret.
 	AcceptMooncakePeers bool
 	// AllowMooncakeWithSecret accepts Mooncake peers even though a cluster
 	// secret is set: they bypass the secret, so this trusts the network.

@@ -50,6 +50,10 @@ type ctrlOptions struct {
 	limits      Limits
 	dialTimeout time.Duration
 	logger      *slog.Logger
+	// mooncake: answer a Mooncake peer's handshake (kinds 1 to 3) on a
+	// connection that opens with one (no secret, or Mooncake peers are
+	// allowed with it); else it is refused and counted.
+	mooncake bool
 }
 
 // ctrlCounters count the control plane's refusals (Stats().Control).
@@ -237,10 +241,15 @@ func (sc *srvConn) authenticate() bool {
 		return false
 	}
 	if !peerauth.IsAuthFrame(hdr) {
-		if hdr[wire.OffFrameKind] <= wire.KindMooncakeProbe {
-			// A Mooncake peer's handshake: not served yet (the first
-			// bytes are where a Mooncake handler would take over).
-			c.st.refusedMooncake.Add(1)
+		if wire.IsMooncakeKind(hdr[wire.OffFrameKind]) {
+			// A Mooncake peer's handshake: one exchange on a connection
+			// of its own (ctrl_mooncake.go), or refused when Mooncake
+			// peers are shut out by the secret.
+			if c.opt.mooncake {
+				c.serveMooncake(sc.conn, sc.br)
+			} else {
+				c.st.refusedMooncake.Add(1)
+			}
 		} else {
 			c.st.refusedFrames.Add(1)
 		}

@@ -37,6 +37,14 @@
 // peer can make it hold; refusals are counted in Stats().Control.
 // SECURITY.md has the threat model.
 //
+// Mooncake Transfer Engine peers interoperate over tcp: the RPC listener
+// answers Mooncake's handshake (Metadata, Notify, Probe), peer-to-peer
+// opens fall back to it when a peer turns out to be Mooncake's, and a
+// Mooncake peer's memory is reached in its own data framing. Serving
+// Mooncake initiators' data requests, which carry no key and cannot
+// authenticate, is opt-in (Config.AcceptMooncakePeers,
+// TE_ACCEPT_MOONCAKE_PEERS=1) and trusts the network.
+//
 // Every error is an *Error with a stable Code; errors.Is matches the
 // sentinels (ErrTimeout, ...). No method panics on bad input or blocks
 // without a bound.

@@ -56,6 +56,7 @@ type Engine struct {
 
 	stats  stats
 	reaper reaper
+	mc     *mooncakeState // Mooncake interop (mooncake.go)
 
 	closed    atomic.Bool
 	closeOnce sync.Once
@@ -93,7 +94,11 @@ func New(cfg Config) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &Engine{
+	mc, err := newMooncakeState(&cfg, secret != nil)
+	if err != nil {
+		return nil, err
+	}
+	e := &Engine{mc: mc,
 		cfg: cfg, reg: segment.NewRegistry(), byName: map[string]transport.Transport{},
 		segs: map[string]*segState{}, batches: map[*Batch]struct{}{}, done: make(chan struct{}),
 		p2p: meta.IsP2P(cfg.Metadata), secret: secret,
@@ -144,11 +149,12 @@ func New(cfg Config) (*Engine, error) {
 			"listen", ln.Addr().String())
 	}
 	e.ctrl = newCtrl(ln, ctrlOptions{secret: secret, instance: e.instance, limits: cfg.Limits,
-		dialTimeout: cfg.RPCTimeout, logger: cfg.Logger})
+		dialTimeout: cfg.RPCTimeout, logger: cfg.Logger, mooncake: mc.open})
 	e.ctrl.Handle(wire.KindDescribe, e.handleDescribe)
 	e.ctrl.Handle(wire.KindNotify, e.handleNotify)
 	e.ctrl.reserveFor(wire.KindNotify, reserver{reserve: e.reserveNotify, release: e.releaseNotify})
 	e.ctrl.Handle(wire.KindProbe, e.handleProbe)
+	e.installMooncake()
 
 	if err := e.startTransports(); err != nil {
 		e.ctrl.close()
@@ -275,6 +281,9 @@ func (h host) Registry() *segment.Registry     { return h.e.reg }
 func (h host) Control() transport.Control      { return h.e.ctrl }
 func (h host) Logf(format string, args ...any) { h.e.cfg.Logger.Info(fmt.Sprintf(format, args...)) }
 func (h host) Param(key string) (string, bool) {
+	if v, ok := h.e.mooncakeParam(key); ok {
+		return v, true
+	}
 	if v, ok := h.e.cfg.Params[key]; ok {
 		return v, true
 	}
@@ -322,7 +331,9 @@ func (e *Engine) publish() error {
 		d.Transports = append(d.Transports, t.Name())
 		t.Describe(d)
 	}
-	if e.byName["rdma"] != nil {
+	if e.byName["rdma"] != nil && !e.mc.accept {
+		// A Mooncake initiator picks its transport by this field: an
+		// engine serving Mooncake peers says tcp, the one it serves them.
 		d.Protocol = "rdma"
 	}
 	for _, r := range e.reg.Regions() {
@@ -647,7 +658,7 @@ func (e *Engine) Probe(name string) (Probe, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RPCTimeout)
 	defer cancel()
 	t0 := time.Now()
-	b, err := e.ctrl.Call(ctx, addr, wire.KindProbe, nil)
+	b, err := e.probeCall(ctx, addr, name)
 	if err != nil {
 		return Probe{}, err
 	}

@@ -126,3 +126,19 @@ func ExampleEngine_GrantWindow() {
 	// COMPLETED FAILED true
 	// <nil>
 }
+
+// An engine that Mooncake Transfer Engine peers can read and write over tcp
+// (their transfer_engine_bench, a Mooncake Store client): its descriptor
+// advertises Mooncake's acknowledged framing. Accepting Mooncake peers trusts
+// the network: they carry no key and cannot authenticate.
+func ExampleConfig_acceptMooncakePeers() {
+	e, err := engine.New(engine.Config{ListenAddr: "127.0.0.1:0", Transports: []string{"tcp"}, AcceptMooncakePeers: true})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer e.Close()
+	d := e.Descriptor()
+	fmt.Println(d.Protocol, d.TCPProtoVersion, d.TCPDataPort > 0)
+	// Output: tcp 2 true
+}

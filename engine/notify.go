@@ -95,7 +95,7 @@ func (e *Engine) SendNotify(segment, name, msg string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RPCTimeout)
 	defer cancel()
-	if _, err := e.ctrl.Call(ctx, addr, wire.KindNotify, wire.AppendNotify(nil, []byte(name), []byte(msg))); err != nil {
+	if err := e.sendNotify(ctx, addr, name, msg); err != nil { // te's, or Mooncake's (mooncake.go)
 		return err
 	}
 	e.stats.notifiesSent.Add(1)

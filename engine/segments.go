@@ -10,7 +10,6 @@ import (
 	"github.com/tecache/te/engine/meta"
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
-	"github.com/tecache/te/engine/wire"
 )
 
 // segState is the cached state of one opened remote segment, shared by every
@@ -140,12 +139,14 @@ func (e *Engine) fetch(name string) (*segment.Desc, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RPCTimeout)
 	defer cancel()
 	var b []byte
+	var addr string // the peer's RPC address, in peer-to-peer mode
 	if e.p2p {
-		addr, err := e.rpcAddrOf(name)
+		var err error
+		addr, err = e.rpcAddrOf(name)
 		if err != nil {
 			return nil, err
 		}
-		b, err = e.ctrl.Call(ctx, addr, wire.KindDescribe, []byte(name))
+		b, err = e.describe(ctx, addr, name) // te's, or Mooncake's (mooncake.go)
 		if err != nil {
 			if c := errs.CodeOf(err); c == errs.PeerUnreachable || c == errs.Timeout {
 				return nil, errs.Wrap(errs.SegmentNotFound, "open segment", err, "segment %q did not answer", name)
@@ -165,6 +166,11 @@ func (e *Engine) fetch(name string) (*segment.Desc, error) {
 	d, err := segment.Decode(b)
 	if err != nil {
 		return nil, err
+	}
+	if d.IsMooncake() {
+		if err := e.adoptMooncake(d, addr, name); err != nil {
+			return nil, err
+		}
 	}
 	if d.Name != name && d.RPC != name {
 		return nil, errs.New(errs.Metadata, "open segment", "asked for %q, got the descriptor of %q", name, d.Name)

@@ -1,5 +1,5 @@
 # te-bench: target / initiator / loopback benchmark (see bench/README.md).
-.PHONY: te-bench bench-table
+.PHONY: te-bench bench-table bench-mooncake
 
 ALL_TARGETS += $(BUILD)/te-bench
 
@@ -22,3 +22,9 @@ BENCH_FLAGS ?=
 bench-table: $(BUILD)/te-bench
 	$(BUILD)/te-bench loopback --transport tcp --op read,write --block 4KiB,64KiB,1MiB,4MiB \
 		--batch 128 --threads 1,2 --duration $(BENCH_DURATION) $(BENCH_FLAGS)
+
+# te against Mooncake Transfer Engine (bench/README.md, "Mooncake"): needs
+# Mooncake's binaries in ../shared/interop/mooncake or TE_MOONCAKE_INTEROP_DIR.
+BENCH_MC_FLAGS ?= --duration 2 --rounds 5
+bench-mooncake: $(BUILD)/te-bench
+	TE_BENCH=$(BUILD)/te-bench bench/mooncake-compare.sh $(BENCH_MC_FLAGS)

@@ -32,6 +32,9 @@ type TargetOptions struct {
 	Buffer   uint64 // bytes of registered memory
 	Params   map[string]string
 	Secret   string // cluster secret ("": the environment's, if any)
+	// AcceptMooncake serves Mooncake Transfer Engine initiators too
+	// (their transfer_engine_bench, say).
+	AcceptMooncake bool
 }
 
 // Target is a running target: an engine with one registered buffer, plus the
@@ -51,7 +54,8 @@ func StartTarget(o TargetOptions) (*Target, error) {
 	if o.Buffer == 0 {
 		o.Buffer = 256 << 20
 	}
-	e, err := engine.New(engine.Config{ListenAddr: o.Listen, Metadata: o.Metadata, Params: o.Params, AuthSecret: o.Secret})
+	e, err := engine.New(engine.Config{ListenAddr: o.Listen, Metadata: o.Metadata, Params: o.Params, AuthSecret: o.Secret,
+		AcceptMooncakePeers: o.AcceptMooncake})
 	if err != nil {
 		return nil, err
 	}
@@ -134,7 +138,10 @@ type Result struct {
 	// cache), measured for same-host transports (shm, local).
 	RefMemcpyColdGBps float64 `json:"ref_memcpy_cold_gbps,omitempty"`
 	RatioMemcpyCold   float64 `json:"ratio_memcpy_cold,omitempty"`
-	Machine           Machine `json:"machine"`
+	// Peer is the target's engine: "te", or "mooncake" for a Mooncake
+	// Transfer Engine (moved in its tcp framing).
+	Peer    string  `json:"peer"`
+	Machine Machine `json:"machine"`
 }
 
 func (r Result) String() string {
@@ -203,6 +210,7 @@ type Initiator struct {
 	conns int
 	slice uint64
 	used  string // the transport the engine chose, learnt from the first batch
+	peer  string // "te" or "mooncake"
 }
 
 // maxLocal bounds the initiator's registered memory; requests wrap around it
@@ -236,6 +244,10 @@ func NewInitiatorWith(segment, metadata, transport string, params map[string]str
 	if err != nil {
 		in.Close()
 		return nil, err
+	}
+	in.peer = "te"
+	if d.IsMooncake() {
+		in.peer = "mooncake"
 	}
 	for _, b := range d.Buffers {
 		if b.Length > in.rlen {
@@ -382,7 +394,7 @@ func (in *Initiator) Run(ctx context.Context, o Options) (Result, error) {
 	r := Result{
 		Transport: tr, Op: o.Op, Block: o.Block, Batch: o.Batch, Threads: o.Threads,
 		Conns: in.conns, Slice: in.slice, DurationS: teTime.Seconds(), Requests: requests, Bytes: requests * o.Block,
-		Machine: ThisMachine(),
+		Machine: ThisMachine(), Peer: in.peer,
 	}
 	r.GBps = float64(r.Bytes) / teTime.Seconds() / 1e9
 	r.ReqPerS = float64(requests) / teTime.Seconds()

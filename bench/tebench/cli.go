@@ -22,8 +22,10 @@ import (
 )
 
 const usage = `usage:
-  te-bench target    [--listen host:port] [--buffer SIZE] [--metadata URL]
+  te-bench target    [--listen host:port] [--buffer SIZE] [--metadata URL] [--accept-mooncake]
   te-bench initiator --segment NAME [--ref host:port] [run flags]
+      (NAME may be a Mooncake Transfer Engine's segment: te speaks its
+      handshake and tcp framing; --accept-mooncake serves Mooncake initiators)
   te-bench loopback  [run flags]          (starts its own target process)
 
 run flags (op, block, batch and threads take comma-separated lists; every
@@ -115,6 +117,7 @@ func mainTarget(ctx context.Context, args []string, stdin io.Reader, stdout, std
 	fs.StringVar(&o.Metadata, "metadata", "", "metadata connection string (default P2PHANDSHAKE)")
 	fs.StringVar(&o.Metadata, "metadata_server", "", "alias of --metadata")
 	fs.Var(sizeFlag{&o.Buffer}, "buffer", "registered buffer size")
+	fs.BoolVar(&o.AcceptMooncake, "accept-mooncake", false, "serve Mooncake Transfer Engine initiators (Config.AcceptMooncakePeers)")
 	stdinExit := fs.Bool("exit-on-stdin-eof", false, "stop when stdin closes (used by loopback)")
 	if err := fs.Parse(args); err != nil {
 		return errs.Wrap(errs.InvalidArgument, "te-bench", err, "flags")
@@ -305,7 +308,7 @@ func mainRun(ctx context.Context, exe string, args []string, stdout, stderr io.W
 	}
 	if !f.json {
 		fmt.Fprintf(stdout, "machine: %s\n", ThisMachine())
-		fmt.Fprintf(stdout, "target: %s, tcp.conns %d, tcp.slice %s\n", segment, in.conns, FormatSize(in.slice))
+		fmt.Fprintf(stdout, "target: %s (%s engine), tcp.conns %d, tcp.slice %s\n", segment, in.peer, in.conns, FormatSize(in.slice))
 	}
 	for _, o := range runs {
 		for _, sd := range sides {

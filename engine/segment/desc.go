@@ -26,6 +26,11 @@ type Desc struct {
 	Buffers     []BufferDesc `json:"buffers"`
 	Timestamp   string       `json:"timestamp,omitempty"`
 
+	// TCPProtoVersion is Mooncake's tcp_proto_version: 2 is its
+	// acknowledged data framing, absent means 1 (spec.md, "Mooncake
+	// interop"). te publishes 2 beside its tcp data port.
+	TCPProtoVersion int `json:"tcp_proto_version,omitempty"`
+
 	// Version grows with every change an engine publishes; with Instance it
 	// lets a peer tell a changed descriptor from the one it cached.
 	Version uint64 `json:"te_version,omitempty"`
@@ -87,8 +92,12 @@ func (b *BufferDesc) Contains(addr, n uint64) bool {
 	return end <= b.Addr+b.Length
 }
 
-// HasTransport reports whether the descriptor lists transport t.
+// HasTransport reports whether the descriptor lists transport t. A Mooncake
+// engine's descriptor lists none; it has tcp when it publishes a data port.
 func (d *Desc) HasTransport(t string) bool {
+	if d.IsMooncake() {
+		return t == "tcp" && d.TCPDataPort > 0
+	}
 	for _, x := range d.Transports {
 		if x == t {
 			return true

@@ -100,14 +100,23 @@ func (t *Transport) janitor() {
 			return
 		case now := <-tk.C:
 			t.prune(now)
+			t.pruneMooncake(now)
 		}
 	}
 }
 
 func (t *Transport) prune(now time.Time) {
-	var drop []*conn
+	// Lock order is p.mu, then t.mu (peer.get takes t.mu in newConn while
+	// it holds p.mu): the peers are listed first, then each is looked at
+	// under its own lock.
 	t.mu.Lock()
-	for addr, p := range t.peers {
+	peers := make([]*peer, 0, len(t.peers))
+	for _, p := range t.peers {
+		peers = append(peers, p)
+	}
+	t.mu.Unlock()
+	var drop []*conn
+	for _, p := range peers {
 		idle := t.opt.PeerIdle > 0 && now.UnixNano()-p.lastUsed.Load() > int64(t.opt.PeerIdle)
 		p.mu.Lock()
 		busy, alive := false, false
@@ -117,18 +126,26 @@ func (t *Transport) prune(now time.Time) {
 				alive = alive || !c.isDead()
 			}
 		}
-		if !busy && (idle || !alive) {
-			p.gone = true
-			delete(t.peers, addr)
-			for _, c := range p.conns {
-				if c != nil {
-					drop = append(drop, c)
+		if !busy && (idle || !alive) && !p.gone {
+			t.mu.Lock()
+			// A submit that chose p since it was listed moved lastUsed
+			// under t.mu: it is not idle after all.
+			recent := now.UnixNano()-p.lastUsed.Load() <= int64(t.opt.PeerIdle) && alive
+			if t.peers[p.addr] == p && !recent {
+				delete(t.peers, p.addr)
+				p.gone = true
+			}
+			t.mu.Unlock()
+			if p.gone {
+				for _, c := range p.conns {
+					if c != nil {
+						drop = append(drop, c)
+					}
 				}
 			}
 		}
 		p.mu.Unlock()
 	}
-	t.mu.Unlock()
 	for _, c := range drop {
 		c.fail(errs.New(errs.Closed, "tcp", "idle connection to %s pruned", c.p.addr))
 	}
@@ -182,9 +199,14 @@ func (t *Transport) Submit(reqs []transport.Request) {
 	var groups map[key][]item
 	var lastAddr string
 	var last *peer
+	var mc []*transport.Request
 	ops := make([]op, len(reqs)) // one allocation per submit
 	for i := range reqs {
 		r := &reqs[i]
+		if r.Peer.IsMooncake() {
+			mc = append(mc, r) // Mooncake's framing (mooncake_client.go)
+			continue
+		}
 		addr := r.Peer.Endpoints[Name]
 		if addr == "" {
 			r.Complete(errs.New(errs.TransportUnavailable, "tcp", "segment %q publishes no tcp endpoint", r.Peer.Name))
@@ -228,6 +250,9 @@ func (t *Transport) Submit(reqs []transport.Request) {
 	for k, items := range groups {
 		k.p.get(k.i).enqueue(items)
 	}
+	if mc != nil {
+		t.submitMooncake(mc)
+	}
 }
 
 // Cancel releases the slices of reqs that no goroutine is moving: queued ones
@@ -236,6 +261,7 @@ func (t *Transport) Submit(reqs []transport.Request) {
 // right now is released when that I/O ends, which the progress timeout
 // bounds. The connections stay up for everyone else.
 func (t *Transport) Cancel(reqs []*transport.Request) {
+	t.cancelMooncake(reqs)
 	peers := map[*peer]bool{}
 	for _, r := range reqs {
 		o, ok := r.Priv.(*op)

@@ -53,6 +53,15 @@
 // requests here (engine.DeviceTransport) when cudaipc cannot reach the
 // peer or tcp is forced.
 //
+// Mooncake Transfer Engine peers are spoken to in their own tcp framing
+// (version 2, acknowledged; mooncake_client.go): a descriptor without te's
+// fields is such a peer, reached at its RPC host and tcp_data_port, with
+// slices pipelined in order on persistent connections (its framing has no
+// request ids). The data listener tells a Mooncake initiator's first bytes
+// from te's preface and, when the engine accepts Mooncake peers, serves it
+// with the same owner-side checks and in-flight accounting, key aside
+// (mooncake_server.go); see "Mooncake interop" in engine/wire/spec.md.
+//
 // Parameters (engine.Config.Params):
 //
 //	tcp.conns         connections per peer (default: core count, at least 2)

@@ -520,3 +520,31 @@ func TestParams(t *testing.T) {
 		}
 	}
 }
+
+// TestPruneWhileSubmitting: the janitor prunes idle peers while submits dial
+// new connections to them (a lock-order cycle once deadlocked this); every
+// request ends and the transport closes.
+func TestPruneWhileSubmitting(t *testing.T) {
+	tg := newTarget(t)
+	local := alloc(t, 4096)
+	tr := startFake(t, map[string]string{"limits.peer_idle_timeout": "1ms"})
+	d := &segment.Desc{Name: "peer", Endpoints: map[string]string{"tcp": tg.endpoint}}
+	buf := &segment.BufferDesc{Addr: mem.Addr(tg.buf), Length: uint64(len(tg.buf)), Key: tg.key}
+	const rounds = 300
+	r := newResult(rounds)
+	for i := 0; i < rounds; i++ {
+		tr.Submit([]transport.Request{{Op: transport.Write, Local: mem.Addr(local), Remote: buf.Addr, Length: 4096,
+			Peer: d, Buffer: buf, Key: buf.Key, Owner: transport.DoneFunc(r.done)}})
+		if i%10 == 0 {
+			time.Sleep(2 * time.Millisecond) // let the janitor run between submits
+		}
+	}
+	for _, err := range r.wait(t, 30*time.Second) {
+		if err != nil && !errors.Is(err, errs.ErrClosed) && !errors.Is(err, errs.ErrPeerUnreachable) {
+			t.Fatalf("unexpected: %v", err)
+		}
+	}
+	if tr.Stats()["peer_conns_pruned"] == 0 {
+		t.Fatal("the janitor pruned nothing")
+	}
+}

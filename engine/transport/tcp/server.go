@@ -56,7 +56,7 @@ func (t *Transport) acceptLoop() {
 			nc.Close()
 			continue
 		}
-		tune(nc)
+		// Accepted TCP connections come with TCP_NODELAY set already.
 		s := &serverConn{t: t, nc: nc, release: release, wake: make(chan struct{}, 1), space: make(chan struct{}, 1), done: make(chan struct{})}
 		t.mu.Lock()
 		if t.closed {
@@ -71,6 +71,11 @@ func (t *Transport) acceptLoop() {
 		go s.serve()
 	}
 }
+
+// readers recycles the targets' read buffers: initiators that open a
+// connection per request (Mooncake's default) would otherwise allocate and
+// zero 64 KiB for each.
+var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, readBufSize) }}
 
 func tune(nc net.Conn) {
 	if tc, ok := nc.(*net.TCPConn); ok {
@@ -103,22 +108,27 @@ type serverConn struct {
 	wake    chan struct{} // queue not empty or closing
 	space   chan struct{} // queue drained below maxServerQueue
 	done    chan struct{} // writer gone
+	writer  sync.WaitGroup
+}
+
+// startWriter starts the completion writer, once the connection turned out
+// to be te's: a Mooncake connection (often one per request) needs none.
+func (s *serverConn) startWriter() {
+	s.writer.Add(1)
+	go func() {
+		defer s.writer.Done()
+		s.writeLoop()
+	}()
 }
 
 func (s *serverConn) serve() {
 	defer s.t.wg.Done()
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		s.writeLoop()
-	}()
 	s.readLoop()
 	s.mu.Lock()
 	s.closing = true
 	s.mu.Unlock()
 	s.signal()
-	wg.Wait()
+	s.writer.Wait()
 	s.nc.Close()
 	// Whatever the writer could not send still holds regions.
 	s.mu.Lock()
@@ -192,10 +202,16 @@ func (s *serverConn) readHeader(br *bufio.Reader, h []byte) error {
 }
 
 func (s *serverConn) readLoop() {
-	br := bufio.NewReaderSize(s.nc, readBufSize)
+	br := readers.Get().(*bufio.Reader)
+	br.Reset(s.nc)
+	defer func() { br.Reset(nil); readers.Put(br) }()
 	var h [wire.ReqHeaderSize]byte
 	s.nc.SetReadDeadline(time.Now().Add(s.t.opt.Header))
 	if _, err := io.ReadFull(br, h[:wire.DataPrefaceSize]); err != nil {
+		return
+	}
+	if wire.LooksLikeMooncake(h[:wire.DataPrefaceSize]) {
+		s.serveMooncake(br, h[:wire.DataPrefaceSize]) // mooncake_server.go
 		return
 	}
 	if err := wire.CheckDataPreface(h[:wire.DataPrefaceSize]); err != nil {
@@ -207,6 +223,7 @@ func (s *serverConn) readLoop() {
 		}
 		return // told why, if at all; nothing was read or touched
 	}
+	s.startWriter()
 	st := s.t.newStage()
 	defer st.release()
 	var scratch []byte

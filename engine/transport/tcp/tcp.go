@@ -65,6 +65,10 @@ type Options struct {
 	// MaxConns and MaxConnsPerHost bound the accepted data connections, in
 	// all and per remote IP address (Limits.MaxConns, MaxConnsPerHost).
 	MaxConns, MaxConnsPerHost int
+	// AcceptMooncake serves Mooncake peers' data requests, which carry no
+	// key (parameter mooncake.accept; the engine sets it from
+	// Config.AcceptMooncakePeers). Off: they are refused.
+	AcceptMooncake bool
 }
 
 // DefaultOptions derives the defaults from the machine: one connection per
@@ -151,6 +155,9 @@ func parseOptions(h transport.Host) (Options, error) {
 			*p.dst = n
 		}
 	}
+	if v, ok := h.Param(ParamAcceptMooncake); ok {
+		o.AcceptMooncake = v == "1" || v == "true"
+	}
 	if v, ok := h.Param("tcp.gpu_staging"); ok {
 		n, err := ParseSize(v)
 		if err != nil || n < MinGPUStaging || n > MaxGPUStaging {
@@ -211,6 +218,8 @@ type Transport struct {
 	secret   *peerauth.Secret   // nil: peers are not authenticated
 	limiter  *connlimit.Limiter // accepted connections, total and per address
 
+	mc mcState // Mooncake interop (mooncake_client.go)
+
 	pruned, authRefused, authFailed, slowClosed atomic.Uint64
 }
 
@@ -238,7 +247,8 @@ func (t *Transport) Stats() map[string]uint64 {
 
 // New returns an unstarted transport.
 func New() *Transport {
-	return &Transport{peers: map[string]*peer{}, served: map[*serverConn]struct{}{}, limiter: connlimit.New(0, 0)}
+	return &Transport{peers: map[string]*peer{}, served: map[*serverConn]struct{}{}, limiter: connlimit.New(0, 0),
+		mc: mcState{peers: map[string]*mcPeer{}}}
 }
 
 // Name returns "tcp".
@@ -279,7 +289,12 @@ func (t *Transport) Start(h transport.Host) error {
 		}
 		addr = net.JoinHostPort(ip, "0")
 	}
-	ln, err := net.Listen("tcp", addr)
+	// No TCP keepalive on accepted connections: idle ones are closed by
+	// the idle timeout, busy ones by the progress timeout, and the four
+	// setsockopt calls it costs per connection show with initiators that
+	// connect per request (Mooncake's default).
+	lc := net.ListenConfig{KeepAlive: -1}
+	ln, err := lc.Listen(context.Background(), "tcp", addr)
 	if err != nil {
 		return errs.Wrap(errs.TransportUnavailable, "tcp", err, "data listener on %s", addr)
 	}
@@ -313,6 +328,9 @@ func (t *Transport) Describe(d *segment.Desc) {
 	}
 	d.Endpoints[Name] = net.JoinHostPort(host, strconv.Itoa(port))
 	d.TCPDataPort = port
+	// A Mooncake initiator that reads this descriptor speaks acknowledged
+	// framing, so a request te refuses fails there instead of "completing".
+	d.TCPProtoVersion = wire.MooncakeVersion
 }
 
 // Register needs no transport state: the capability key is the region's own
@@ -325,6 +343,10 @@ func (t *Transport) Unregister(*segment.Region) error { return nil }
 
 // Reachable reports whether the peer publishes a tcp endpoint.
 func (t *Transport) Reachable(d *segment.Desc) error {
+	if d.IsMooncake() {
+		_, err := mooncakeEndpoint(d)
+		return err
+	}
 	ep := d.Endpoints[Name]
 	if ep == "" {
 		return errs.New(errs.TransportUnavailable, "tcp", "segment %q publishes no tcp endpoint", d.Name)
@@ -382,6 +404,7 @@ func (t *Transport) Close() error {
 			c.fail(errs.New(errs.Closed, "tcp", "transport closed"))
 		}
 	}
+	t.closeMooncake()
 	t.wg.Wait()
 	t.closeGPU()
 	return nil

@@ -1,0 +1,125 @@
+package engine
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"net"
+	"time"
+
+	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/engine/wire"
+)
+
+// mooncakeExchangeTimeout bounds one Mooncake handshake exchange on the
+// serving side (Mooncake's own listener gives a peer 5 s per read).
+const mooncakeExchangeTimeout = 10 * time.Second
+
+// mooncakeFirst serves the connection as Mooncake's handshake if its first
+// frame is of one of Mooncake's kinds (0 to 3), and reports whether it did;
+// te's own frames (kinds 0x10 and up) are left for serve. It only peeks, so
+// nothing of a te frame is consumed.
+func (c *ctrl) mooncakeFirst(conn net.Conn, r *bufio.Reader) bool {
+	conn.SetReadDeadline(time.Now().Add(mooncakeExchangeTimeout))
+	h, err := r.Peek(wire.FrameHeaderSize)
+	if err != nil || !wire.IsMooncakeKind(h[wire.OffFrameKind]) {
+		conn.SetReadDeadline(time.Time{})
+		return false
+	}
+	c.serveMooncake(conn, r)
+	return true
+}
+
+// serveMooncake answers one Mooncake handshake frame, as Mooncake's listener
+// does: one exchange per connection, the reply of the request's kind, and no
+// error reply (a refused or failed request closes the connection, which the
+// Mooncake peer reports as a failure). The caller closes the connection.
+func (c *ctrl) serveMooncake(conn net.Conn, r *bufio.Reader) {
+	kind, body, err := wire.ReadMooncakeFrame(r, wire.MooncakeMaxHandshake)
+	if err != nil {
+		return
+	}
+	c.hmu.RLock()
+	h := c.handlers[kind]
+	res, budgeted := c.reservers[wire.KindNotify]
+	c.hmu.RUnlock()
+	if h == nil {
+		return // kind 0 (Connection) is Mooncake's RDMA endpoint exchange
+	}
+	// A Mooncake notify is charged to the same budget as te's, per
+	// address (Mooncake peers have no proven identity).
+	ci := &callInfo{sender: "address " + hostOf(conn.RemoteAddr())}
+	if kind == wire.KindMooncakeNotify && budgeted {
+		n, err := res.reserve(ci.sender, uint64(len(body)))
+		if err != nil {
+			return // refused: Mooncake reports the notify failed
+		}
+		ci.reserved = n
+		defer func() {
+			if ci.reserved > ci.kept {
+				res.release(ci.sender, ci.reserved-ci.kept)
+			}
+		}()
+	}
+	ctx, cancel := context.WithTimeout(context.WithValue(c.ctx, callInfoKey{}, ci), mooncakeExchangeTimeout)
+	out, err := h(ctx, body)
+	cancel()
+	if err != nil {
+		return
+	}
+	conn.SetWriteDeadline(time.Now().Add(mooncakeExchangeTimeout))
+	conn.Write(wire.AppendFrame(nil, kind, out))
+}
+
+// exchangeMooncake sends one handshake frame to a Mooncake peer's RPC address
+// on a connection of its own, and returns the reply's body (at most maxReply
+// bytes, kind byte included). The connection is closed right after: a
+// Mooncake listener serves one connection at a time and waits for the client
+// to close it.
+func (c *ctrl) exchangeMooncake(ctx context.Context, addr string, kind uint8, body []byte, maxReply uint64) ([]byte, error) {
+	if uint64(len(body))+1 > wire.MooncakeMaxHandshake {
+		return nil, errs.New(errs.TooLarge, "rpc", "Mooncake handshake message of %d bytes exceeds %d", len(body), wire.MooncakeMaxHandshake-1)
+	}
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
+		return nil, errs.New(errs.Closed, "rpc", "engine closed")
+	}
+	d := net.Dialer{Timeout: c.opt.dialTimeout}
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, errs.Wrap(errs.PeerUnreachable, "rpc", err, "connect to %s", addr)
+	}
+	defer conn.Close()
+	// Close aborts the exchange too.
+	stop := context.AfterFunc(c.ctx, func() { conn.Close() })
+	defer stop()
+	if dl, ok := ctx.Deadline(); ok {
+		conn.SetDeadline(dl)
+	}
+	fail := func(err error, what string) error {
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			return errs.Wrap(errs.Timeout, "rpc", err, "%s %s", what, addr)
+		}
+		if c.ctx.Err() != nil {
+			return errs.New(errs.Closed, "rpc", "engine closed")
+		}
+		if code := errs.CodeOf(err); code == errs.TooLarge || code == errs.Protocol {
+			return errs.Wrap(code, "rpc", err, "%s %s", what, addr)
+		}
+		return errs.Wrap(errs.PeerUnreachable, "rpc", err, "%s %s", what, addr)
+	}
+	if _, err := conn.Write(wire.AppendFrame(nil, kind, body)); err != nil {
+		return nil, fail(err, "send to")
+	}
+	k, reply, err := wire.ReadMooncakeFrame(bufio.NewReader(conn), maxReply)
+	if err != nil {
+		return nil, fail(err, "no Mooncake handshake reply from")
+	}
+	if k != kind {
+		return nil, errs.New(errs.Protocol, "rpc", "%s answered kind %d to kind %d", addr, k, kind)
+	}
+	return reply, nil
+}
