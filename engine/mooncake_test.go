@@ -302,7 +302,7 @@ func TestOpenMooncakePeer(t *testing.T) {
 	if _, err := secret.OpenSegment(name); err == nil {
 		t.Fatal("opened a Mooncake peer with a cluster secret set")
 	}
-	if k := f.kinds(); len(k) != len(want)+1 || k[len(k)-1] != wire.KindDescribe {
+	if k := f.kinds(); len(k) != len(want)+1 || k[len(k)-1] != wire.KindAuth {
 		t.Fatalf("exchanges %v: the engine with a secret sent Mooncake's", k)
 	}
 }
