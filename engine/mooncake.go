@@ -29,9 +29,7 @@ const paramAcceptMooncake = "mooncake.accept"
 // maxMooncakeAddrs bounds the remembered Mooncake peer addresses.
 const maxMooncakeAddrs = 4096
 
-// secretConfigured reports whether a cluster secret is configured. It is the
-// one place that decides it for the Mooncake rules, so authentication can
-// answer it from the secret it loaded.
+// envOn reports whether the environment variable name says yes.
 func envOn(name string) bool {
 	switch strings.ToLower(strings.TrimSpace(os.Getenv(name))) {
 	case "1", "true", "yes", "on":
