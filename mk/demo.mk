@@ -1,9 +1,9 @@
 # `make demo`: the prefill-to-decode handoff on loopback. It builds te-sidecar
 # and te-demo, then te-demo starts the sidecar and a prefill and a decode
 # process (Llama-3-8B-shaped cache, 4096-token prompt) and checks every byte.
-# DEMO_ARGS passes flags, e.g. DEMO_ARGS="-transport tcp -modes push", or
-# DEMO_ARGS=-secret to run with a cluster secret (so does a secret given in
-# TE_AUTH_SECRET_FILE or TE_AUTH_SECRET).
+# It runs with a random cluster secret (or the one in TE_AUTH_SECRET_FILE or
+# TE_AUTH_SECRET). DEMO_ARGS passes flags, e.g. DEMO_ARGS="-transport tcp
+# -modes push", or DEMO_ARGS=-secret=false to run without a secret.
 DEMO_TARGET := 1
 DEMO_ARGS ?=
 

@@ -7,11 +7,12 @@
 // bytes moved, the requests before and after coalescing, the time, GB/s and
 // the transport, and exits non-zero on any mismatch or failure.
 //
-// Metadata is peer-to-peer: no metadata server. With -secret (or a cluster
-// secret in TE_AUTH_SECRET_FILE or TE_AUTH_SECRET) the sidecar and both
-// processes run with a cluster secret, and te-demo checks that the sidecar
-// refuses a request without its token. `make demo` builds and runs it
-// (DEMO_ARGS=-secret for the secret); run te-demo -h for the flags.
+// Metadata is peer-to-peer: no metadata server. The sidecar and both
+// processes run with a cluster secret (a random one, or the one in
+// TE_AUTH_SECRET_FILE or TE_AUTH_SECRET), as a deployment should, and
+// te-demo checks that the sidecar refuses a request without its token;
+// -secret=false runs without one. `make demo` builds and runs it; run
+// te-demo -h for the flags.
 package main
 
 import (
@@ -71,7 +72,7 @@ func main() {
 	flag.Uint64Var(&o.seed, "seed", 1, "seed of the block id choice")
 	flag.StringVar(&o.id, "id", "", "internal: transfer id")
 	flag.BoolVar(&o.corrupt, "corrupt", false, "flip one byte on decode before the check (shows that a mismatch fails)")
-	flag.BoolVar(&o.secret, "secret", false, "run with a random cluster secret (unless "+authsecret.EnvSecretFile+" or "+
+	flag.BoolVar(&o.secret, "secret", true, "run with a random cluster secret (unless "+authsecret.EnvSecretFile+" or "+
 		authsecret.EnvSecret+" gives one), which te-sidecar and both processes read from "+authsecret.EnvSecretFile)
 	flag.Parse()
 	var err error
