@@ -2,6 +2,8 @@ package engine_test
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -18,7 +20,7 @@ func BenchmarkSubmitWait4KiB(b *testing.B) {
 	const n = 4096
 	for _, batchSize := range []int{1, 128} {
 		b.Run("engine/batch="+itoa(batchSize), func(b *testing.B) {
-			a, t := newEngine(b), newEngine(b)
+			a, t := newEngine(b, quiet), newEngine(b, quiet)
 			src, dst := alloc(b, n*batchSize), alloc(b, n*batchSize)
 			a.RegisterMemory(mem.Addr(src), uint64(len(src)), "cpu", false)
 			t.RegisterMemory(mem.Addr(dst), uint64(len(dst)), "cpu", true)
@@ -92,8 +94,8 @@ func BenchmarkScale(b *testing.B) {
 	}{{"buffers=1/segments=1", 1, 1}, {"buffers=10000/segments=1000", 10000, 1000}} {
 		b.Run(sc.name, func(b *testing.B) {
 			store := "mem://scale-" + itoa(sc.buffers)
-			a := newEngine(b, func(c *engine.Config) { c.Metadata = store; c.SegmentName = "a" })
-			t := newEngine(b, func(c *engine.Config) { c.Metadata = store; c.SegmentName = "t" })
+			a := newEngine(b, quiet, func(c *engine.Config) { c.Metadata = store; c.SegmentName = "a" })
+			t := newEngine(b, quiet, func(c *engine.Config) { c.Metadata = store; c.SegmentName = "t" })
 			// Each side registers its buffers in one call: the data
 			// buffers last, at the highest addresses, among the others.
 			span := (sc.buffers + batchSize) * n
@@ -150,3 +152,6 @@ func BenchmarkScale(b *testing.B) {
 		})
 	}
 }
+
+// quiet keeps an engine's log lines out of benchmark output.
+func quiet(c *engine.Config) { c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil)) }
