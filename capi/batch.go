@@ -8,6 +8,7 @@ typedef const te_request_t te_crequest;
 import "C"
 
 import (
+	"sync"
 	"time"
 	"unsafe"
 
@@ -116,7 +117,7 @@ func requests(op string, owner uint64, reqs *C.te_crequest, n C.size_t) ([]engin
 	if n == 0 || n > maxBatchItems {
 		return nil, errs.New(errs.InvalidArgument, op, "n is %d, want 1..%d", n, maxBatchItems)
 	}
-	out := make([]engine.Request, n)
+	out := getRequests(int(n))
 	var lastH uint64
 	var lastS *engine.Segment
 	for i, r := range unsafe.Slice((*C.te_request_t)(unsafe.Pointer(reqs)), int(n)) {
@@ -124,9 +125,11 @@ func requests(op string, owner uint64, reqs *C.te_crequest, n C.size_t) ([]engin
 		if sh != lastH || lastS == nil {
 			se, o, err := segments.Get(op, sh)
 			if err != nil {
+				putRequests(out)
 				return nil, errs.New(errs.InvalidArgument, op, "request %d: %s", i, err.(*errs.Error).Msg)
 			}
 			if o != owner {
+				putRequests(out)
 				return nil, errs.New(errs.InvalidArgument, op, "request %d: segment handle belongs to another engine", i)
 			}
 			lastH, lastS = sh, se.s
@@ -134,10 +137,29 @@ func requests(op string, owner uint64, reqs *C.te_crequest, n C.size_t) ([]engin
 		out[i] = engine.Request{Op: engine.Opcode(uint8(r.opcode)), Local: addr(r.local), Segment: lastS,
 			Remote: uint64(r.remote), Length: uint64(r.length)}
 		if r.opcode != C.TE_READ && r.opcode != C.TE_WRITE {
+			putRequests(out)
 			return nil, errs.New(errs.InvalidArgument, op, "request %d: opcode %d is neither TE_READ nor TE_WRITE", i, r.opcode)
 		}
 	}
 	return out, nil
+}
+
+// The Go requests a te_submit is turned into live only for the call (the
+// engine copies what it keeps into the batch's slots), so their buffers are
+// pooled: a submit allocates nothing per request.
+var requestPool sync.Pool
+
+func getRequests(n int) []engine.Request {
+	if p, ok := requestPool.Get().(*[]engine.Request); ok && cap(*p) >= n {
+		return (*p)[:n]
+	}
+	return make([]engine.Request, n, max(n, 128))
+}
+
+func putRequests(rs []engine.Request) {
+	clear(rs)
+	rs = rs[:0]
+	requestPool.Put(&rs)
 }
 
 //export tego_submit
@@ -151,6 +173,7 @@ func tego_submit(h C.te_batch_t, reqs *C.te_crequest, n C.size_t) (rc C.int) {
 	if err != nil {
 		return fail(err)
 	}
+	defer putRequests(rs)
 	return fail(be.b.Submit(rs...))
 }
 
@@ -174,6 +197,7 @@ func tego_submit_with_notify(h C.te_batch_t, reqs *C.te_crequest, n C.size_t, se
 	if err != nil {
 		return fail(err)
 	}
+	defer putRequests(rs)
 	return fail(be.b.SubmitWithNotify(cstr(segment), cstr(name), cbytes(msg, msgLen), rs...))
 }
 
