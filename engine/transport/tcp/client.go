@@ -363,16 +363,7 @@ func (c *conn) cancel() {
 		c.mu.Unlock()
 		return // its last goroutine releases everything
 	}
-	keep := c.queue[:0]
-	for _, it := range c.queue {
-		if it.op.canceled.Load() {
-			out = append(out, it)
-		} else {
-			keep = append(keep, it)
-		}
-	}
-	clear(c.queue[len(keep):])
-	c.queue = keep
+	c.queue, out = takeCanceled(c.queue, func(it item) bool { return it.op.canceled.Load() })
 	for id, s := range c.pending {
 		if s.released || !s.op.canceled.Load() {
 			continue
@@ -442,17 +433,11 @@ func (c *conn) writeLoop() {
 	st := c.p.t.newStage()
 	defer st.release() // before exit: its copies end before any slice is released
 	t := c.p.t
-	d := net.Dialer{Timeout: t.opt.DialTimeout}
-	nc, err := d.DialContext(t.ctx, "tcp", c.p.addr)
+	nc, err := t.dial(c.p.addr, "")
 	if err != nil {
-		if t.ctx.Err() != nil {
-			c.fail(errs.New(errs.Closed, "tcp", "transport closed"))
-		} else {
-			c.fail(errs.Wrap(errs.PeerUnreachable, "tcp", err, "connect to %s", c.p.addr))
-		}
+		c.fail(err)
 		return
 	}
-	tune(nc)
 	c.mu.Lock()
 	if c.dead {
 		c.mu.Unlock()
@@ -680,4 +665,35 @@ func (c *conn) readLoop(nc net.Conn) {
 		}
 		it.done(nil)
 	}
+}
+
+// dial connects to addr for the transport (what names the peer in errors,
+// e.g. "Mooncake peer "): Closed once the transport closes, PeerUnreachable
+// otherwise.
+func (t *Transport) dial(addr, what string) (net.Conn, error) {
+	d := net.Dialer{Timeout: t.opt.DialTimeout}
+	nc, err := d.DialContext(t.ctx, "tcp", addr)
+	if err != nil {
+		if t.ctx.Err() != nil {
+			return nil, errs.New(errs.Closed, "tcp", "transport closed")
+		}
+		return nil, errs.Wrap(errs.PeerUnreachable, "tcp", err, "connect to %s%s", what, addr)
+	}
+	tune(nc)
+	return nc, nil
+}
+
+// takeCanceled removes from q, in place, the entries canceled reports and
+// returns what stays and what was taken.
+func takeCanceled[T any](q []T, canceled func(T) bool) (keep, out []T) {
+	keep = q[:0]
+	for _, x := range q {
+		if canceled(x) {
+			out = append(out, x)
+		} else {
+			keep = append(keep, x)
+		}
+	}
+	clear(q[len(keep):])
+	return keep, out
 }

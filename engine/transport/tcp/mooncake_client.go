@@ -413,16 +413,7 @@ func (c *mcConn) cancel() {
 		c.mu.Unlock()
 		return // its last goroutine settles the canceled slices
 	}
-	keep := c.queue[:0]
-	for _, it := range c.queue {
-		if it.op.canceled.Load() {
-			out = append(out, it)
-		} else {
-			keep = append(keep, it)
-		}
-	}
-	clear(c.queue[len(keep):])
-	c.queue = keep
+	c.queue, out = takeCanceled(c.queue, func(it mcItem) bool { return it.op.canceled.Load() })
 	for _, it := range c.flight[c.head:] {
 		if it.op.canceled.Load() {
 			c.cutLocked(cutCanceled, errs.New(errs.PeerUnreachable, "tcp",
@@ -509,17 +500,11 @@ func (p *mcPeer) retry(items []mcItem, err error) {
 func (c *mcConn) writeLoop() {
 	defer c.exit()
 	t := c.p.t
-	d := net.Dialer{Timeout: t.opt.DialTimeout}
-	nc, err := d.DialContext(t.ctx, "tcp", c.p.addr)
+	nc, err := t.dial(c.p.addr, "Mooncake peer ")
 	if err != nil {
-		if t.ctx.Err() != nil {
-			c.fail(errs.New(errs.Closed, "tcp", "transport closed"))
-		} else {
-			c.fail(errs.Wrap(errs.PeerUnreachable, "tcp", err, "connect to Mooncake peer %s", c.p.addr))
-		}
+		c.fail(err)
 		return
 	}
-	tune(nc)
 	c.mu.Lock()
 	if c.dead {
 		c.mu.Unlock()

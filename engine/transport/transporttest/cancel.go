@@ -60,17 +60,7 @@ func terminal(t *testing.T, b *engine.Batch, n int) (completed int) {
 func testCancel(t *testing.T, s Setup) {
 	v := s.start(t)
 	const per, bs = 64, 1 << 20
-	b, err := v.e.AllocateBatch(per)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reqs := make([]engine.Request, per)
-	for i := range reqs {
-		reqs[i] = v.req(engine.Read, mem.Addr(v.dst)+uint64(i*bs), uint64(i*bs), bs)
-	}
-	if err := b.Submit(reqs...); err != nil {
-		t.Fatal(err)
-	}
+	b := v.submitBlocks(engine.Read, per, bs)
 	if err := b.Cancel(); err != nil {
 		t.Fatal(err)
 	}
@@ -97,17 +87,7 @@ func testCancel(t *testing.T, s Setup) {
 func testCloseInFlight(t *testing.T, s Setup) {
 	v := s.start(t)
 	const per, bs = 512, 64 << 10
-	b, err := v.e.AllocateBatch(per)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reqs := make([]engine.Request, per)
-	for i := range reqs {
-		reqs[i] = v.req(engine.Read, mem.Addr(v.dst)+uint64(i*bs), uint64(i*bs), bs)
-	}
-	if err := b.Submit(reqs...); err != nil {
-		t.Fatal(err)
-	}
+	b := v.submitBlocks(engine.Read, per, bs)
 	v.e.Close()
 	st, err := b.Wait(0)
 	if err != nil || st.State == engine.Pending {
@@ -187,18 +167,8 @@ func testTimeout(t *testing.T, s Setup) {
 			p.Resume()
 		}
 	}()
-	b, err := v.e.AllocateBatch(per)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reqs := make([]engine.Request, per)
-	for i := range reqs {
-		reqs[i] = v.req(engine.Read, mem.Addr(v.dst)+uint64(i*bs), uint64(i*bs), bs)
-	}
 	t0 := time.Now()
-	if err := b.Submit(reqs...); err != nil {
-		t.Fatal(err)
-	}
+	b := v.submitBlocks(engine.Read, per, bs)
 	st, err := b.Wait(30 * time.Second)
 	if err != nil {
 		t.Fatalf("batch on a stalled peer did not end: %v %+v", err, st)
@@ -356,4 +326,27 @@ func testWindow(t *testing.T, s Setup) {
 	if st := v.run(v.req(engine.Write, mem.Addr(v.src), bs, bs)); st.State != engine.Completed {
 		t.Fatalf("write under the buffer's key after the revoke: %+v", st)
 	}
+}
+
+// submitBlocks submits per requests of bs bytes each, block i of the local
+// buffer (dst for reads, src for writes) to block i of the peer's, in one
+// batch, and returns it.
+func (v *env) submitBlocks(op engine.Opcode, per int, bs uint64) *engine.Batch {
+	v.t.Helper()
+	b, err := v.e.AllocateBatch(per)
+	if err != nil {
+		v.t.Fatal(err)
+	}
+	local := mem.Addr(v.src)
+	if op == engine.Read {
+		local = mem.Addr(v.dst)
+	}
+	reqs := make([]engine.Request, per)
+	for i := range reqs {
+		reqs[i] = v.req(op, local+uint64(i)*bs, uint64(i)*bs, bs)
+	}
+	if err := b.Submit(reqs...); err != nil {
+		v.t.Fatal(err)
+	}
+	return b
 }

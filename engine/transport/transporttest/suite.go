@@ -360,17 +360,7 @@ func testStale(t *testing.T, s Setup) {
 func testVanish(t *testing.T, s Setup) {
 	v := s.start(t)
 	const per, bs = 64, 1 << 20
-	b, err := v.e.AllocateBatch(per)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reqs := make([]engine.Request, per)
-	for i := range reqs {
-		reqs[i] = v.req(engine.Write, mem.Addr(v.src)+uint64(i*bs), uint64(i*bs), bs)
-	}
-	if err := b.Submit(reqs...); err != nil {
-		t.Fatal(err)
-	}
+	b := v.submitBlocks(engine.Write, per, bs)
 	v.peer.Kill()
 	st, err := b.Wait(15 * time.Second)
 	if err != nil {
