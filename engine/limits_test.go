@@ -230,9 +230,12 @@ func TestStalledFramesBoundedHeap(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 	settle(t, "after the attack", g0, fd0)
-	if st := tg.Stats().Control; st.NotifyBytes != 0 || st.ConnsOpen != 1 {
-		t.Fatalf("after the attack %+v", st)
-	}
+	// The legitimate caller's connection stays; a second one it may have
+	// dialled and dropped is counted out once the engine reads its EOF.
+	waitFor(t, "the control plane back to one connection", func() bool {
+		st := tg.Stats().Control
+		return st.NotifyBytes == 0 && st.ConnsOpen == 1
+	})
 }
 
 // TestPipelinedCallsBoundedGoroutines is issue 13's second row: 200k
