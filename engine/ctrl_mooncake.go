@@ -15,21 +15,6 @@ import (
 // serving side (Mooncake's own listener gives a peer 5 s per read).
 const mooncakeExchangeTimeout = 10 * time.Second
 
-// mooncakeFirst serves the connection as Mooncake's handshake if its first
-// frame is of one of Mooncake's kinds (0 to 3), and reports whether it did;
-// te's own frames (kinds 0x10 and up) are left for serve. It only peeks, so
-// nothing of a te frame is consumed.
-func (c *ctrl) mooncakeFirst(conn net.Conn, r *bufio.Reader) bool {
-	conn.SetReadDeadline(time.Now().Add(mooncakeExchangeTimeout))
-	h, err := r.Peek(wire.FrameHeaderSize)
-	if err != nil || !wire.IsMooncakeKind(h[wire.OffFrameKind]) {
-		conn.SetReadDeadline(time.Time{})
-		return false
-	}
-	c.serveMooncake(conn, r)
-	return true
-}
-
 // serveMooncake answers one Mooncake handshake frame, as Mooncake's listener
 // does: one exchange per connection, the reply of the request's kind, and no
 // error reply (a refused or failed request closes the connection, which the
