@@ -196,12 +196,25 @@ func (s *Store) Put(ctx context.Context, key string, value []byte) error {
 	return nil
 }
 
-// put writes under the lease, taking one if there is none. Callers hold wmu.
+// put writes under the lease, taking one if there is none; a lease etcd no
+// longer knows (it restarted empty, or the lease expired) is replaced and the
+// write tried once more. Callers hold wmu.
 func (s *Store) put(ctx context.Context, key string, value []byte) error {
+	err := s.putOnce(ctx, key, value)
+	if isLeaseGone(err) {
+		err = s.putOnce(ctx, key, value)
+	}
+	if err != nil {
+		return s.fail("put", key, err)
+	}
+	return nil
+}
+
+func (s *Store) putOnce(ctx context.Context, key string, value []byte) error {
 	if s.lease == 0 {
 		resp, err := s.cli.Grant(ctx, int64((s.ttl+time.Second-1)/time.Second))
 		if err != nil {
-			return s.fail("lease", key, err)
+			return err
 		}
 		s.lease = resp.ID
 		s.poke() // the keeper keeps it alive from now on
@@ -215,7 +228,7 @@ func (s *Store) put(ctx context.Context, key string, value []byte) error {
 			s.lease = 0
 			s.owned.Lost()
 		}
-		return s.fail("put", key, err)
+		return err
 	}
 	s.owned.Confirm(key, value)
 	return nil
