@@ -52,7 +52,13 @@ class FenceTest(unittest.TestCase):
             e.open_segment(self.name)
         self.assertIn("holds none", str(cm.exception))
 
-    def stalled(self, e, local):
+    def stalled(self):
+        """An engine with the secret, its registered local buffer, and a
+        batch of N reads from the target whose connections are already up
+        (so stopping the target stalls them mid-way)."""
+        e = self.engine(auth_secret=SECRET)
+        local = bytearray(N * BLOCK)
+        e.register(local, remote=False)
         seg = e.open_segment(self.name)
         b = e.allocate_batch(N)
         self.addCleanup(b.free)
@@ -60,13 +66,10 @@ class FenceTest(unittest.TestCase):
         b.submit(reqs[:1])  # connections up before the stall
         self.assertEqual(b.wait(10).state_name, "COMPLETED")
         b.reset()
-        return b, reqs
+        return e, local, b, reqs
 
     def test_timeout_is_a_fence(self):
-        e = self.engine(auth_secret=SECRET)
-        local = bytearray(N * BLOCK)
-        e.register(local, remote=False)
-        b, reqs = self.stalled(e, local)
+        e, local, b, reqs = self.stalled()
         os.kill(self.pid, signal.SIGSTOP)
         try:
             b.submit(reqs)
@@ -80,10 +83,7 @@ class FenceTest(unittest.TestCase):
         self.assertEqual(bytes(local), b"\xc3" * len(local), "a byte landed after wait() reported TIMEOUT")
 
     def test_cancel_and_reset(self):
-        e = self.engine(auth_secret=SECRET)
-        local = bytearray(N * BLOCK)
-        e.register(local, remote=False)
-        b, reqs = self.stalled(e, local)
+        e, local, b, reqs = self.stalled()
         os.kill(self.pid, signal.SIGSTOP)
         try:
             b.submit(reqs)
@@ -106,10 +106,7 @@ class FenceTest(unittest.TestCase):
         self.assertEqual(bytes(local[:4]), b"\x11" * 4)
 
     def test_unregister_under_stall(self):
-        e = self.engine(auth_secret=SECRET)
-        local = bytearray(N * BLOCK)
-        e.register(local, remote=False)
-        b, reqs = self.stalled(e, local)
+        e, local, b, reqs = self.stalled()
         os.kill(self.pid, signal.SIGSTOP)
         try:
             b.submit(reqs)

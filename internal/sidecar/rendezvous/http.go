@@ -98,35 +98,27 @@ func capability(ctx *fasthttp.RequestCtx) string {
 }
 
 func (s *Service) declare(ctx *fasthttp.RequestCtx, role Role) {
-	var d Decl
-	if e := s.decode(ctx, &d); e != nil {
-		s.m.rejected(e)
-		s.reply(ctx, Record{}, e)
-		return
-	}
-	r, e := s.Declare(role, d, s.mux.Client(ctx))
-	s.reply(ctx, r, e)
+	serveBody(s, ctx, func(d Decl) (Record, *Refusal) { return s.Declare(role, d, s.mux.Client(ctx)) })
 }
 
 func (s *Service) complete(ctx *fasthttp.RequestCtx) {
-	var c Complete
-	if e := s.decode(ctx, &c); e != nil {
-		s.m.rejected(e)
-		s.reply(ctx, Record{}, e)
-		return
-	}
-	r, e := s.Complete(c, capability(ctx))
-	s.reply(ctx, r, e)
+	serveBody(s, ctx, func(c Complete) (Record, *Refusal) { return s.Complete(c, capability(ctx)) })
 }
 
 func (s *Service) abort(ctx *fasthttp.RequestCtx) {
-	var a Abort
-	if e := s.decode(ctx, &a); e != nil {
+	serveBody(s, ctx, func(a Abort) (Record, *Refusal) { return s.Abort(a, capability(ctx)) })
+}
+
+// serveBody decodes a route's JSON body into a T and answers with what do
+// makes of it; a body that does not decode is refused and counted.
+func serveBody[T any](s *Service, ctx *fasthttp.RequestCtx, do func(T) (Record, *Refusal)) {
+	var v T
+	if e := s.decode(ctx, &v); e != nil {
 		s.m.rejected(e)
 		s.reply(ctx, Record{}, e)
 		return
 	}
-	r, e := s.Abort(a, capability(ctx))
+	r, e := do(v)
 	s.reply(ctx, r, e)
 }
 
