@@ -404,10 +404,13 @@ int te_last_error(char *buf, size_t len);
  * the memory locations of this machine and the RDMA NICs te would use for
  * each: {"cpu:0": [[preferred NICs], [other NICs]], "cuda:0": [[...], [...]]}.
  * CPU locations are the NUMA nodes (a NIC on the node is preferred), GPU
- * locations the CUDA devices the driver reports (the NICs nearest on the PCI
- * bus are preferred). devices (NULL or "" for all) is a comma-separated list
- * of NIC names to consider. Without libibverbs or NICs the lists are empty;
- * without a CUDA driver there are no cuda entries. It needs no engine.
+ * locations the CUDA devices the driver reports (preferred: the NICs behind
+ * the GPU's PCIe switch, else those on its NUMA node). It reads sysfs, or
+ * the tree TE_SYSFS_ROOT names instead of /sys. The rdma transport spreads
+ * each request over these preferred NICs. devices (NULL or "" for all) is a
+ * comma-separated list of NIC names to consider. Without libibverbs or NICs
+ * the lists are empty; without a CUDA driver there are no cuda entries. It
+ * needs no engine.
  * Blocks: briefly (reads sysfs; the first call loads libibverbs and the CUDA
  * driver when present) | Thread-safe: yes | Errors: TE_ERR_BUFFER_TOO_SMALL. */
 int te_local_topology(const char *devices, char *buf, size_t len);
