@@ -20,15 +20,15 @@ import (
 // fakeNIC registers memory without hardware: keys derive from the NIC
 // index and a counter, so the test can tell whose key is where.
 type fakeNIC struct {
-	idx     int
-	fail    error
+	idx      int
+	fail     error
 	noDmabuf error // RegDmabuf fails with it
-	via     []string
-	barrier *sync.WaitGroup // when set, RegMR waits for every NIC's call
-	mu      sync.Mutex
-	n       uint32
-	live    map[uint32]bool // lkey -> registered
-	access  []int
+	via      []string
+	barrier  *sync.WaitGroup // when set, RegMR waits for every NIC's call
+	mu       sync.Mutex
+	n        uint32
+	live     map[uint32]bool // lkey -> registered
+	access   []int
 }
 
 func (f *fakeNIC) Name() string { return "fake" + string(rune('0'+f.idx)) }

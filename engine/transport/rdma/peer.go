@@ -17,9 +17,9 @@ import (
 type peerInfo struct {
 	desc   *segment.Desc
 	nics   []nicInfo
-	rails  []*rail    // every (local NIC, peer NIC) pair of one link layer
-	rix    []int      // rix[x]: rails[x]'s NIC index in nics
-	at     [][]int32  // at[local][peer NIC]: index in rails, or -1
+	rails  []*rail   // every (local NIC, peer NIC) pair of one link layer
+	rix    []int     // rix[x]: rails[x]'s NIC index in nics
+	at     [][]int32 // at[local][peer NIC]: index in rails, or -1
 	health *peerHealth
 	err    error // why the descriptor is unusable
 	// eps caches the endpoint of each rail; the map in Transport under mu
