@@ -1,9 +1,15 @@
 package rdma_test
 
 import (
+	"os"
 	"testing"
 
 	"github.com/tecache/te/engine/transport/transporttest"
 )
 
-func TestMain(m *testing.M) { transporttest.Main(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(envNode) != "" {
+		os.Exit(runNode()) // a node of the two-process tests (node_test.go)
+	}
+	transporttest.Main(m)
+}

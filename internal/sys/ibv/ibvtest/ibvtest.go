@@ -23,10 +23,13 @@ package ibvtest
 import (
 	_ "embed"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/ebitengine/purego"
 )
@@ -79,11 +82,14 @@ func ControlFile(fabric string) string { return filepath.Join(fabric, "control")
 // WriteControl replaces the fabric's control file with rules, one per
 // line ("mlx5_3 fail", "mlx5_2 rate 100000000", "* ok", "NAME@PID ..."):
 // written beside it and renamed, so a reader never sees half of it. Every
-// process on the fabric applies it within about 20 ms.
-func WriteControl(t testing.TB, fabric string, rules ...string) {
+// process on the fabric applies it within about 20 ms; WriteControl waits
+// until each of the processes pids has (each says so in
+// control.applied.PID).
+func WriteControl(t testing.TB, fabric string, pids []int, rules ...string) {
 	t.Helper()
+	gen := fmt.Sprintf("# generation %d", time.Now().UnixNano())
 	tmp := ControlFile(fabric) + ".tmp"
-	body := ""
+	body := gen + "\n"
 	for _, r := range rules {
 		body += r + "\n"
 	}
@@ -92,6 +98,20 @@ func WriteControl(t testing.TB, fabric string, rules ...string) {
 	}
 	if err := os.Rename(tmp, ControlFile(fabric)); err != nil {
 		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for _, pid := range pids {
+		p := fmt.Sprintf("%s.applied.%d", ControlFile(fabric), pid)
+		for {
+			b, _ := os.ReadFile(p)
+			if strings.TrimSpace(string(b)) == gen {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("process %d did not apply the control file within 10s (it says %q)", pid, b)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
 	}
 }
 

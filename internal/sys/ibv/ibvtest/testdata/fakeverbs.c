@@ -47,8 +47,11 @@
  *     NAME[@PID] ok          healthy again
  *     NAME[@PID] rate BPS    the device moves at most BPS bytes per second
  *
- * NAME "*" is every device; @PID limits the rule to one process.
- * fake_verbs_control(line) applies one rule to this process at once.
+ * NAME "*" is every device; @PID limits the rule to one process; '#'
+ * starts a comment. Once a process follows the file, it writes the file's
+ * first line to CONTROL.applied.PID (a test writes a generation there and
+ * waits for it). fake_verbs_control(line) applies one rule to this process
+ * at once.
  *
  * A peer that stopped (SIGSTOP; its heartbeat in the fabric is older than
  * 500 ms) holds work requests back, as a peer that stopped answering does;
@@ -450,18 +453,31 @@ void fake_verbs_control(const char *line) {
 	wake_workers();
 }
 
+/* read_control applies the control file, then writes its first line to
+ * CONTROL.applied.PID, so a test knows when this process follows it. */
 static void read_control(void) {
 	FILE *f = fopen(control_path, "re");
 	for (int d = 0; d < MAXDEV; d++) {
 		__atomic_store_n(&fab->procs[me].nic[d].failed, 0, __ATOMIC_RELAXED);
 		__atomic_store_n(&fab->procs[me].nic[d].rate, 0, __ATOMIC_RELAXED);
 	}
-	if (!f)
-		return;
-	char line[512];
-	while (fgets(line, sizeof line, f))
+	char line[512], first[512] = "";
+	for (int n = 0; f && fgets(line, sizeof line, f); n++) {
+		if (n == 0)
+			memcpy(first, line, sizeof first);
 		apply_rule(line);
-	fclose(f);
+	}
+	if (f)
+		fclose(f);
+	char path[4200], tmp[4300];
+	snprintf(path, sizeof path, "%s.applied.%d", control_path, (int)getpid());
+	snprintf(tmp, sizeof tmp, "%s.tmp", path);
+	FILE *w = fopen(tmp, "we");
+	if (w) {
+		fputs(first, w);
+		fclose(w);
+		rename(tmp, path);
+	}
 }
 
 /* heartbeat tells the fabric this process runs, and follows the control
