@@ -177,7 +177,6 @@ func (n *node) stats() map[string]uint64 {
 	return m
 }
 
-
 // result is what "wait" reports about a batch.
 type result struct {
 	State      string
