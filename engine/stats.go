@@ -35,6 +35,13 @@ type Stats struct {
 	// Control counts the control plane's connections and every refusal
 	// of a peer over a bound (engine/wire/spec.md, "Resource bounds").
 	Control ControlStats `json:"control"`
+	// TransportCounters are the counters transports keep themselves
+	// (TransportStats): for rdma, bytes, errors, retries and cooldowns per
+	// rail and NIC, and how GPU memory was registered.
+	TransportCounters map[string]map[string]uint64 `json:"transport_stats,omitempty"`
+	// Topology is the NICs near each memory location, as the rdma
+	// transport uses them (Topology); absent without it.
+	Topology map[string][2][]string `json:"topology,omitempty"`
 }
 
 // ControlStats are the control plane's counters: its connections, and each
@@ -110,5 +117,7 @@ func (e *Engine) Stats() Stats {
 		WindowsRevoked:    e.stats.windowsRevoked.Load(),
 		WindowsUnenforced: e.stats.windowsUnenforced.Load(),
 		Control:           e.controlStats(),
+		TransportCounters: e.TransportStats(),
+		Topology:          e.Topology(),
 	}
 }

@@ -453,7 +453,10 @@ int te_rpc_port(te_engine_t engine, int32_t *port);
 int te_stats(te_engine_t engine, te_stats_t *out);
 
 /* te_stats_json writes the engine's counters, segment name and installed
- * transports as a JSON object.
+ * transports as a JSON object; "transport_stats" holds the transports' own
+ * counters (rdma: bytes, errors, retries and cooldowns per rail and NIC) and
+ * "topology" the NICs near each memory location as rdma uses them (in
+ * te_local_topology's shape; absent without rdma).
  * Blocks: no | Thread-safe: yes | Errors: TE_ERR_BUFFER_TOO_SMALL. */
 int te_stats_json(te_engine_t engine, char *buf, size_t len);
 

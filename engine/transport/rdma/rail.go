@@ -249,7 +249,7 @@ func (rt *railTotals) add(r *rail) {
 	if *rt == nil {
 		*rt = railTotals{}
 	}
-	k := r.lname + ">" + r.rname
+	k := r.lname + ":" + r.rname
 	v := (*rt)[k]
 	if v == nil {
 		v = new([4]uint64)

@@ -505,8 +505,8 @@ func (t *Transport) released(ep *endpoint) {
 	t.mu.Unlock()
 }
 
-// Stats counts, since the transport started: per rail (local NIC > peer
-// NIC, summed over peers) and per local NIC the bytes moved, error events
+// Stats counts, since the transport started: per rail ("rail.L:R.*", local
+// NIC L to peer NIC R, summed over peers) and per local NIC the bytes moved, error events
 // (endpoint failures), slices retried elsewhere and cooldowns; per peer NIC
 // the bytes; doorbells (ibv_post_send calls) per NIC; GPU regions
 // registered through a dma-buf, by address (peer memory) and refused; and
@@ -531,7 +531,7 @@ func (t *Transport) Stats() map[string]uint64 {
 	t.mu.Unlock()
 	names := [4]string{"bytes", "errors", "retries", "cooldowns"}
 	for k, v := range tot {
-		l, r, _ := strings.Cut(k, ">")
+		l, r, _ := strings.Cut(k, ":")
 		for i, n := range names {
 			out["rail."+k+"."+n] += v[i]
 			out["nic."+l+"."+n] += v[i]

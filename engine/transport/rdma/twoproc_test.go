@@ -14,7 +14,7 @@ import (
 	"github.com/tecache/te/internal/sys/topo/topotest"
 )
 
-// railBytes sums "rail.L>R.bytes" counters by local and by peer NIC.
+// railBytes sums "rail.L:R.bytes" counters by local and by peer NIC.
 func railBytes(d map[string]uint64) (local, peer map[string]uint64) {
 	local, peer = map[string]uint64{}, map[string]uint64{}
 	for k, v := range d {
@@ -22,7 +22,7 @@ func railBytes(d map[string]uint64) (local, peer map[string]uint64) {
 		if !ok || !strings.HasPrefix(k, "rail.") {
 			continue
 		}
-		l, r, _ := strings.Cut(name, ">")
+		l, r, _ := strings.Cut(name, ":")
 		local[l] += v
 		peer[r] += v
 	}

@@ -85,7 +85,7 @@ static char busids[MAXDEV][16];
 static int ntree;
 
 static int readhex(const char *dir, const char *name, const char *file) {
-  char p[4096], b[32] = {0};
+  char p[8400], b[32] = {0};
   snprintf(p, sizeof p, "%s/%s/%s", dir, name, file);
   FILE *f = fopen(p, "re");
   if (!f) return -1;
