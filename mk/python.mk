@@ -27,7 +27,8 @@ $(WHEEL_STAMP): $(LIBTE) $(PY_PACKAGE) include/te.h
 
 wheel: $(WHEEL_STAMP)
 
-test-python: $(WHEEL_STAMP)
+# fakes: test_rdma_fabric.py runs two processes on the fake fabric (mk/fakes.mk).
+test-python: $(WHEEL_STAMP) fakes
 	rm -rf $(VENV)
 	$(PYTHON) -m venv --system-site-packages $(VENV)
 	$(VENV)/bin/python -m pip install -q --no-index --no-deps $(WHEEL_DIR)/te-*.whl
