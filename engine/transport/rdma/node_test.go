@@ -38,13 +38,13 @@ const (
 // fabricSetup is one fake fabric: the fake libraries, a recorded sysfs tree
 // and the fabric directory every process of the test shares.
 type fabricSetup struct {
-	t                  *testing.T
+	t                  testing.TB
 	verbs, cuda, sysfs string
 	dir                string
 	pids               []int // of the nodes started
 }
 
-func newFabricSetup(t *testing.T, tree string) *fabricSetup {
+func newFabricSetup(t testing.TB, tree string) *fabricSetup {
 	t.Helper()
 	f := &fabricSetup{t: t, verbs: ibvtest.Build(t), dir: t.TempDir()}
 	var err error
@@ -75,7 +75,7 @@ func (f *fabricSetup) control(rules ...string) {
 
 // node is one child process with an engine.
 type node struct {
-	t    *testing.T
+	t    testing.TB
 	cmd  *exec.Cmd
 	in   io.WriteCloser
 	out  *bufio.Reader
@@ -204,6 +204,23 @@ func diff(a, b map[string]uint64) map[string]uint64 {
 		}
 	}
 	return out
+}
+
+// streamResult is what "stream" reports: each batch's latency and when it
+// ended (microseconds from the start), and the bytes moved.
+type streamResult struct {
+	LatUS, EndUS []int64
+	Bytes        uint64
+	Seconds      float64
+}
+
+func (n *node) stream(seg string, local, remote, block uint64, k int, d time.Duration) streamResult {
+	n.t.Helper()
+	var r streamResult
+	if err := json.Unmarshal([]byte(n.do("stream %s %d %d %d %d %d", seg, local, remote, block, k, d.Milliseconds())), &r); err != nil {
+		n.t.Fatal(err)
+	}
+	return r
 }
 
 // ---- the child side --------------------------------------------------------
@@ -387,6 +404,36 @@ func runNode() int {
 				delete(batches, f[1])
 			}
 			j, _ := json.Marshal(r)
+			out = string(j)
+		case "stream": // stream SEG LOCAL REMOTE BLOCK N MS: write batches back to back
+			seg := segs[f[1]]
+			local, remote, bs, k, ms := u(f[2]), u(f[3]), u(f[4]), int(u(f[5])), u(f[6])
+			reqs := make([]engine.Request, k)
+			for i := range reqs {
+				off := bs * uint64(i)
+				reqs[i] = engine.Request{Op: engine.Write, Local: local + off, Segment: seg, Remote: remote + off, Length: bs}
+			}
+			var st streamResult
+			t0 := time.Now()
+			for time.Since(t0) < time.Duration(ms)*time.Millisecond && err == nil {
+				var b *engine.Batch
+				if b, err = e.AllocateBatch(k); err != nil {
+					break
+				}
+				b0 := time.Now()
+				if err = b.Submit(reqs...); err == nil {
+					var bst engine.BatchStatus
+					if bst, err = b.Wait(60 * time.Second); err == nil && bst.State != engine.Completed {
+						err = fmt.Errorf("batch ended %v: %v", bst.State, bst.Err)
+					}
+				}
+				b.Free()
+				st.LatUS = append(st.LatUS, time.Since(b0).Microseconds())
+				st.EndUS = append(st.EndUS, time.Since(t0).Microseconds())
+				st.Bytes += bs * uint64(k)
+			}
+			st.Seconds = time.Since(t0).Seconds()
+			j, _ := json.Marshal(st)
 			out = string(j)
 		case "stats":
 			j, _ := json.Marshal(e.TransportStats()["rdma"])

@@ -33,19 +33,23 @@ type rail struct {
 	probing atomic.Bool
 
 	mu       sync.Mutex
-	winStart int64 // start of the measurement window (nanos); 0: none
+	winStart int64 // when the rail last became busy (nanos); 0: idle
+	winBusy  int64 // busy time of the window before winStart
 	winBytes uint64
 	errs     []int64 // times of recent error events
 	coolFor  time.Duration
+	revived  bool // probing after a cooldown (a failure cools it again)
 
 	bytes, errors, retries, cooldowns atomic.Uint64
 }
 
-// Measurement window and smoothing of the throughput estimate.
+// Measurement window and smoothing of the throughput estimate: a sample
+// covers at least minWindow of busy time and minBytes, or longWindow.
 const (
-	minWindow = 2 * time.Millisecond
-	minBytes  = 256 << 10
-	ewma      = 0.25
+	minWindow  = 2 * time.Millisecond
+	minBytes   = 256 << 10
+	longWindow = 20 * time.Millisecond
+	ewma       = 0.25
 )
 
 func (r *rail) rateOf() float64 { return math.Float64frombits(r.rate.Load()) }
@@ -79,27 +83,30 @@ func (r *rail) completed(n uint64, now int64) {
 		r.winStart = now
 	}
 	r.winBytes += n
-	d := now - r.winStart
-	if d >= int64(minWindow) && r.winBytes >= minBytes {
-		sample := float64(r.winBytes) * 1e9 / float64(d)
+	d := r.winBusy + now - r.winStart
+	if (d >= int64(minWindow) && r.winBytes >= minBytes) || d >= int64(longWindow) {
+		sample := float64(r.winBytes) * 1e9 / float64(max(d, 1))
 		if old := r.rateOf(); old > 0 {
 			sample = old + ewma*(sample-old)
 		}
 		r.setRate(sample)
-		r.winBytes = 0
+		r.winBytes, r.winBusy, d = 0, 0, 0
 		r.winStart = now
 	}
 	if !busy {
-		// Idle time does not count: the next window starts when bytes
-		// are routed again (or, when they are already, now).
-		r.winStart, r.winBytes = 0, 0
+		// Idle time does not count: the window keeps its busy time and
+		// bytes, and resumes when bytes are routed again.
+		r.winBusy, r.winStart = d, 0
 	}
 	if r.probing.Load() {
-		// The probe went through: healthy again, and the next cooldown
-		// starts from the shortest.
+		// The probe went through: healthy again.
 		r.probing.Store(false)
-		r.coolFor = 0
-		r.errs = r.errs[:0]
+		if r.revived {
+			// Back from a cooldown: the next one starts from the shortest.
+			r.revived = false
+			r.coolFor = 0
+			r.errs = r.errs[:0]
+		}
 	}
 }
 
@@ -132,7 +139,10 @@ func (r *rail) failed(h health, now int64) (time.Duration, bool) {
 		}
 	}
 	r.errs = append(keep, now)
-	if !r.probing.Load() && len(r.errs) < h.limit {
+	if !r.revived && len(r.errs) < h.limit {
+		// Suspect until it moves bytes again: one slice of a request, so
+		// a dead rail costs a request one slice's detour, not a share.
+		r.probing.Store(true)
 		return 0, false
 	}
 	// A failed probe cools again at once, for twice as long.
@@ -143,6 +153,7 @@ func (r *rail) failed(h health, now int64) (time.Duration, bool) {
 	}
 	r.coolUntil.Store(now + int64(r.coolFor))
 	r.probing.Store(false)
+	r.revived = false
 	r.errs = r.errs[:0]
 	r.cooldowns.Add(1)
 	return r.coolFor, true
@@ -159,6 +170,9 @@ func (r *rail) usable(now int64) bool {
 		return false
 	}
 	if r.coolUntil.CompareAndSwap(u, 0) {
+		r.mu.Lock()
+		r.revived = true
+		r.mu.Unlock()
 		r.probing.Store(true)
 	}
 	return true

@@ -134,15 +134,9 @@ func (pi *peerInfo) split(act []int32, n int32, size, length uint64, out *[maxSp
 	}
 	// Whole slices, the remainder to the largest fractions.
 	var c [maxSplit]int32
-	var frac [maxSplit]float64
 	total := int32(0)
 	for i := 0; i < m; i++ {
-		f := x[i] / float64(size)
-		c[i] = int32(f)
-		if c[i] > n {
-			c[i] = n
-		}
-		frac[i] = f - float64(c[i])
+		c[i] = min(int32(x[i]/float64(size)), n)
 		total += c[i]
 	}
 	for total > n { // cannot happen (the shares sum to length); be safe
@@ -153,18 +147,18 @@ func (pi *peerInfo) split(act []int32, n int32, size, length uint64, out *[maxSp
 			}
 		}
 	}
+	// The slices left over from rounding down go, one at a time, where
+	// they finish first: a slow rail is not handed a slice it would
+	// finish last.
 	for total < n {
-		best := -1
+		best, bestT := -1, 0.0
 		for i := 0; i < m; i++ {
-			if x[i] > 0 && (best < 0 || frac[i] > frac[best]) {
-				best = i
+			t := (b[i] + float64(c[i]+1)*float64(size)) / v[i]
+			if best < 0 || t < bestT {
+				best, bestT = i, t
 			}
 		}
-		if best < 0 {
-			best = ord[0]
-		}
 		c[best]++
-		frac[best]--
 		total++
 	}
 	// A probe whose last slice is done takes one slice (else none); the

@@ -131,6 +131,7 @@ const (
 	StatDmabuf    // registrations through ibv_reg_dmabuf_mr
 	StatPeermem   // device memory registered through ibv_reg_mr (peer memory)
 	StatFailedNIC // work requests failed by a device the control file failed
+	StatNICNanos  // CPU time the devices' threads spent executing work requests
 )
 
 // Knobs of the fake library.

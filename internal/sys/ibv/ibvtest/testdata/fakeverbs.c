@@ -335,7 +335,8 @@ enum {
 	ST_CQES,
 	ST_DMABUF,
 	ST_PEERMEM,
-	ST_FAILED_NIC
+	ST_FAILED_NIC,
+	ST_NIC_NS
 };
 
 /* fake_verbs_stat returns a counter: live MRs, QPs, CQs, registrations
@@ -343,10 +344,15 @@ enum {
  * PDs, ibv_post_send calls, signaled work requests posted, completions
  * generated, registrations through ibv_reg_dmabuf_mr, registrations of
  * device memory through ibv_reg_mr (peer memory), work requests failed by
- * a failed device. */
+ * a failed device, CPU time (ns) of the devices' threads (what a real NIC
+ * does without the host's CPU). */
+static long nic_nanos(void);
+
 long fake_verbs_stat(int what) {
 	pthread_mutex_lock(&mu);
 	long v = what >= 0 && what < 16 ? stats[what] : -1;
+	if (what == ST_NIC_NS)
+		v = nic_nanos();
 	pthread_mutex_unlock(&mu);
 	return v;
 }
@@ -593,6 +599,8 @@ struct fake_qp {
 	int outstanding; /* send queue entries in use */
 	int uncovered;   /* of them, not yet accounted for by a completion */
 	int executing;   /* work requests the device is running now */
+	struct pending_wr *slots; /* max_send of them, used in posting order */
+	unsigned posted;           /* work requests ever posted */
 	struct fake_qp *next;
 };
 
@@ -694,10 +702,22 @@ struct worker {
 	struct pending_wr *head, *tail;
 	pthread_cond_t cond;
 	int started;
+	clockid_t clock;    /* the thread's CPU clock */
 	uint64_t next_free; /* rate limit: when the device is free again */
 };
 
 static struct worker workers[MAXDEV];
+
+/* nic_nanos is the CPU time of every device thread (mu held). */
+static long nic_nanos(void) {
+	long v = 0;
+	for (int d = 0; d < MAXDEV; d++) {
+		struct timespec ts;
+		if (workers[d].started && clock_gettime(workers[d].clock, &ts) == 0)
+			v += ts.tv_sec * 1000000000L + ts.tv_nsec;
+	}
+	return v;
+}
 
 static void wake_workers(void) {
 	pthread_mutex_lock(&mu);
@@ -897,7 +917,6 @@ static void *run_worker(void *arg) {
 		finish(w, st);
 		q->executing--;
 		pthread_cond_broadcast(&exec_done);
-		free(w);
 	}
 	return NULL;
 }
@@ -919,18 +938,26 @@ static int post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_
 		if (pthread_create(&th, &a, run_worker, wk) != 0)
 			abort();
 		pthread_attr_destroy(&a);
-		wk->started = 1;
+		if (pthread_getcpuclockid(th, &wk->clock) == 0)
+			wk->started = 1;
+		else
+			abort();
 	}
 	for (struct ibv_send_wr *w = wr; w; w = w->next) {
 		int bad_wr = w->num_sge != 1 || (w->opcode != IBV_WR_RDMA_WRITE && w->opcode != IBV_WR_RDMA_READ) ||
 			     (qp->state != IBV_QPS_RTS && qp->state != IBV_QPS_ERR);
-		struct pending_wr *p = bad_wr || q->outstanding == q->max_send ? NULL : calloc(1, sizeof(*p));
+		/* A send queue entry is free once its completion was polled, and
+		 * the device ran it before: slot i is free when outstanding <
+		 * max_send. */
+		struct pending_wr *p = bad_wr || q->outstanding == q->max_send ? NULL : &q->slots[q->posted % q->max_send];
 		if (!p) {
 			*bad = w;
 			pthread_cond_signal(&wk->cond);
 			pthread_mutex_unlock(&mu);
 			return bad_wr ? EINVAL : ENOMEM;
 		}
+		q->posted++;
+		memset(p, 0, sizeof *p);
 		p->q = q;
 		p->wr_id = w->wr_id;
 		p->opcode = w->opcode;
@@ -1398,7 +1425,11 @@ struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr) {
 		return NULL;
 	}
 	struct fake_qp *q = calloc(1, sizeof(*q));
-	if (!q) {
+	if (q)
+		q->slots = calloc(attr->cap.max_send_wr, sizeof(*q->slots));
+	if (!q || !q->slots) {
+		if (q)
+			free(q);
 		errno = ENOMEM;
 		return NULL;
 	}
@@ -1407,6 +1438,7 @@ struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr) {
 	int slot = free_qp_slot();
 	if (slot < 0) {
 		fab_unlock();
+		free(q->slots);
 		free(q);
 		errno = ENOMEM;
 		return NULL;
@@ -1502,9 +1534,7 @@ int ibv_destroy_qp(struct ibv_qp *qp) {
 			wk->tail = NULL;
 			while (*w) {
 				if ((*w)->q == q) {
-					struct pending_wr *x = *w;
-					*w = x->next;
-					free(x);
+					*w = (*w)->next;
 				} else {
 					wk->tail = *w;
 					w = &(*w)->next;
@@ -1519,6 +1549,7 @@ int ibv_destroy_qp(struct ibv_qp *qp) {
 			fab_unlock();
 			stats[ST_QPS]--;
 			pthread_mutex_unlock(&mu);
+			free(q->slots);
 			free(q);
 			return 0;
 		}
