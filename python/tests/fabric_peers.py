@@ -19,7 +19,7 @@ class FakeGPU:
     """Device memory from the driver at TE_CUDA_LIBRARY."""
 
     def __init__(self):
-        self.cu = ctypes.CDLL(os.environ["TE_CUDA_LIBRARY"], mode=ctypes.RTLD_GLOBAL)
+        self.cu = ctypes.CDLL(os.environ.get("TE_CUDA_LIBRARY") or "libcuda.so.1", mode=ctypes.RTLD_GLOBAL)
         self.check("cuInit", ctypes.c_uint(0))
 
     def check(self, name, *args):
@@ -47,16 +47,16 @@ class FakeGPU:
         self.check("cuMemFree_v2", ctypes.c_ulonglong(addr))
 
 
-def target(conn, seed_own, seed_peer):
-    """GPU 5 memory: its first half holds seed_own, the second half is for
-    the initiator to write."""
+def target(conn, seed_own, seed_peer, dev=5, transports="rdma,tcp"):
+    """GPU dev's memory: its first half holds seed_own, the second half is
+    for the initiator to write."""
     import te
 
     gpu = FakeGPU()
-    e = te.Engine(listen_addr="127.0.0.1:0", transports="rdma,tcp", rpc_timeout=5)
-    g = gpu.alloc(5, 2 * HALF)
+    e = te.Engine(listen_addr="127.0.0.1:0", transports=transports, rpc_timeout=5)
+    g = gpu.alloc(dev, 2 * HALF)
     gpu.put(g, pattern(seed_own, HALF) + bytes(HALF))
-    e.register(g, 2 * HALF, location="cuda:5")
+    e.register(g, 2 * HALF, location=f"cuda:{dev}")
     conn.send((e.name, g))
     while True:
         cmd = conn.recv()
@@ -70,17 +70,17 @@ def target(conn, seed_own, seed_peer):
             return
 
 
-def initiator(conn, name, raddr, seed_own, seed_peer):
-    """GPU 3 memory and host memory on socket 1: READ the target's first
-    half into the GPU, WRITE the GPU's pattern into its second half, then
-    host memory into it; report what went where."""
+def initiator(conn, name, raddr, seed_own, seed_peer, dev=3, transports="rdma,tcp", force="rdma"):
+    """GPU dev's memory and host memory on socket 1: READ the target's
+    first half into the GPU, WRITE the GPU's pattern into its second half,
+    then host memory into it; report what went where."""
     import te
 
     gpu = FakeGPU()
-    e = te.Engine(listen_addr="127.0.0.1:0", transports="rdma,tcp", force_transport="rdma", rpc_timeout=5)
-    g = gpu.alloc(3, 2 * HALF)
+    e = te.Engine(listen_addr="127.0.0.1:0", transports=transports, force_transport=force, rpc_timeout=5)
+    g = gpu.alloc(dev, 2 * HALF)
     gpu.put(g, bytes(HALF) + pattern(seed_own, HALF))
-    e.register(g, 2 * HALF, location="cuda:3")
+    e.register(g, 2 * HALF, location=f"cuda:{dev}")
     host = bytearray(pattern(seed_own, HALF))
     e.register(host, location="cpu:1")
     seg = e.open_segment(name)
@@ -98,18 +98,19 @@ def initiator(conn, name, raddr, seed_own, seed_peer):
     chunk = 300007
     run([(te.READ, g + off, seg, raddr + off, min(chunk, HALF - off)) for off in range(0, HALF, chunk)])
     out["read_ok"] = gpu.get(g, HALF) == pattern(seed_peer, HALF)
-    before = e.stats()["transport_stats"]["rdma"]
+    rdma = lambda: e.stats().get("transport_stats", {}).get("rdma", {})  # noqa: E731
+    before = rdma()
     run([(te.WRITE, g + HALF + off, seg, raddr + HALF + off, min(chunk, HALF - off)) for off in range(0, HALF, chunk)])
-    out["gpu_write"] = {k: v - before.get(k, 0) for k, v in e.stats()["transport_stats"]["rdma"].items()
+    out["gpu_write"] = {k: v - before.get(k, 0) for k, v in rdma().items()
                         if k.startswith("rail.") and v != before.get(k, 0)}
     conn.send(("written", None))
     out["target_ok"] = conn.recv()
-    before = e.stats()["transport_stats"]["rdma"]
+    before = rdma()
     run([(te.WRITE, host, seg, raddr + HALF, HALF)])
-    out["host_write"] = {k: v - before.get(k, 0) for k, v in e.stats()["transport_stats"]["rdma"].items()
+    out["host_write"] = {k: v - before.get(k, 0) for k, v in rdma().items()
                          if k.startswith("rail.") and v != before.get(k, 0)}
     out["topology"] = e.topology()
-    out["gpu_dmabuf"] = e.stats()["transport_stats"]["rdma"].get("gpu_dmabuf")
+    out["gpu_dmabuf"] = rdma().get("gpu_dmabuf")
     out["transports"] = sorted(out["transports"])
     seg.close()
     e.unregister(g)

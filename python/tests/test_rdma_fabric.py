@@ -3,7 +3,11 @@ fake libibverbs and CUDA driver that `make fakes` builds (build/fake, or
 TE_TEST_FAKES), on the recorded 8-GPU/8-NIC node. Each process allocates its
 device memory through the fake driver with ctypes and registers it with
 te.Engine; the bytes move over rdma through the NICs behind each GPU's PCIe
-switch (mlx5_2 for GPU 3, mlx5_4 for GPU 5 on that node)."""
+switch (mlx5_2 for GPU 3, mlx5_4 for GPU 5 on that node).
+
+RealGPUTest is the same on a GPU machine (TE_CUDA_REAL=1, bench/gpu/check.sh):
+the real driver, device 0 in both processes, over TE_GPU_TRANSPORT (cudaipc
+by default; tcp stages through host memory; rdma needs a NIC)."""
 
 import os
 import shutil
@@ -82,6 +86,26 @@ class RDMAFabricTest(unittest.TestCase):
         self.assertEqual(out["topology"]["cuda:5"][0], ["mlx5_4"])
         self.assertEqual(out["topology"]["cpu:1"][0], ["mlx5_4", "mlx5_5", "mlx5_6", "mlx5_7"])
         self.assertEqual(out["gpu_dmabuf"], 1)
+
+
+
+@unittest.skipUnless(os.environ.get("TE_CUDA_REAL") == "1", "a GPU check: TE_CUDA_REAL=1 on a GPU machine")
+class RealGPUTest(unittest.TestCase):
+    def test_gpu_to_gpu(self):
+        tr = os.environ.get("TE_GPU_TRANSPORT") or "cudaipc"
+        tgt = Peer(fabric_peers.target, 5, 3, 0, None)
+        name, raddr = tgt.recv()
+        ini = Peer(fabric_peers.initiator, name, raddr, 3, 5, 0, None, tr)
+        self.assertEqual(ini.recv(), ("written", None))
+        ini.conn.send(tgt.ask("check"))
+        what, out = ini.recv()
+        self.assertEqual(what, "done")
+        self.assertEqual(tgt.ask("exit"), "bye")
+        tgt.close()
+        ini.close()
+        self.assertEqual(out["states"], ["COMPLETED"] * 3, out)
+        self.assertEqual(out["transports"], [tr])
+        self.assertTrue(out["read_ok"] and out["target_ok"], out)
 
 
 if __name__ == "__main__":

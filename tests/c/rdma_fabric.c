@@ -16,7 +16,12 @@
  * application would with cuMemAlloc), READs the target's first half into it
  * and WRITEs its own pattern into the second half, over rdma, then checks
  * that te's stats name the NICs behind GPU 3's and GPU 5's PCIe switches
- * (mlx5_2 and mlx5_4 on that node). Without the fakes it exits 77 (skip). */
+ * (mlx5_2 and mlx5_4 on that node). Without the fakes it exits 77 (skip).
+ *
+ * "rdma_fabric --real TRANSPORT" runs the same on a GPU machine with the
+ * real driver (TE_CUDA_LIBRARY or libcuda.so.1), both processes on device
+ * 0, every request forced over TRANSPORT (cudaipc, tcp or rdma): the te.h
+ * step of bench/gpu/check.sh. */
 #include <dlfcn.h>
 #include <errno.h>
 #include <signal.h>
@@ -47,9 +52,15 @@ static struct {
     int (*dtoh)(void *, unsigned long long, size_t);
 } cu;
 
+/* Real mode (bench/gpu/check.sh): the real driver, device 0 on both sides. */
+static int real_mode(void) { return getenv("TE_TEST_REAL_TRANSPORT") != NULL; }
+static int dev_target(void) { return real_mode() ? 0 : 5; }
+static int dev_initiator(void) { return real_mode() ? 0 : 3; }
+
 static int load_cuda(void) {
     const char *p = getenv("TE_CUDA_LIBRARY");
-    void *h = p ? dlopen(p, RTLD_NOW | RTLD_GLOBAL) : NULL;
+    if (!p || !*p) p = "libcuda.so.1";
+    void *h = dlopen(p, RTLD_NOW | RTLD_GLOBAL);
     if (!h) return -1;
     *(void **)&cu.init = dlsym(h, "cuInit");
     *(void **)&cu.device_get = dlsym(h, "cuDeviceGet");
@@ -126,7 +137,7 @@ static int materialize(const char *manifest, const char *root) {
 static te_config_t config(const char *force) {
     te_config_t cfg = TE_CONFIG_INIT;
     cfg.listen_addr = "127.0.0.1:0";
-    cfg.transports = "rdma,tcp";
+    cfg.transports = real_mode() ? NULL : "rdma,tcp";
     cfg.force_transport = force;
     cfg.rpc_timeout_ms = 5000;
     cfg.transfer_timeout_ms = 20000;
@@ -140,13 +151,14 @@ static int target(void) {
         fprintf(stderr, "target: create: %s\n", tu_last());
         return 1;
     }
-    unsigned long long g = gpu_alloc(5, 2 * HALF);
+    unsigned long long g = gpu_alloc(dev_target(), 2 * HALF);
     unsigned char *host = malloc(2 * HALF);
     if (!g || !host) return 1;
     tu_fill(host, HALF, SEED_T);
     memset(host + HALF, 0xEE, HALF);
-    char name[256];
-    if (cu.htod(g, host, 2 * HALF) || te_register(e, (void *)(uintptr_t)g, 2 * HALF, "cuda:5", 1) != 0 ||
+    char name[256], loc[16];
+    snprintf(loc, sizeof loc, "cuda:%d", dev_target());
+    if (cu.htod(g, host, 2 * HALF) || te_register(e, (void *)(uintptr_t)g, 2 * HALF, loc, 1) != 0 ||
         te_segment_name(e, name, sizeof name) != 0) {
         fprintf(stderr, "target: %s\n", tu_last());
         return 1;
@@ -175,7 +187,8 @@ static int target(void) {
 
 /* transfer moves len bytes in CHUNK-sized requests of one batch, each of
  * which must complete over rdma. */
-static void transfer(te_engine_t e, te_segment_t seg, int op, unsigned long long local, uint64_t remote, uint64_t len) {
+static void transfer(te_engine_t e, te_segment_t seg, int op, unsigned long long local, uint64_t remote, uint64_t len,
+                     const char *want) {
     size_t n = (len + CHUNK - 1) / CHUNK;
     te_request_t *reqs = calloc(n, sizeof *reqs);
     for (size_t i = 0; i < n; i++) {
@@ -192,8 +205,8 @@ static void transfer(te_engine_t e, te_segment_t seg, int op, unsigned long long
     for (size_t i = 0; i < n; i++) {
         te_task_status_t ts;
         CHECK_OK(te_task_status(b, i, &ts));
-        if (ts.state != TE_TASK_COMPLETED || strcmp(ts.transport, "rdma") != 0) {
-            fprintf(stderr, "task %zu: state %d over %s, want COMPLETED over rdma\n", i, ts.state, ts.transport);
+        if (ts.state != TE_TASK_COMPLETED || strcmp(ts.transport, want) != 0) {
+            fprintf(stderr, "task %zu: state %d over %s, want COMPLETED over %s\n", i, ts.state, ts.transport, want);
             tu_failures++;
             break;
         }
@@ -228,28 +241,33 @@ static int initiator(const char *self) {
         waitpid(pid, NULL, 0);
         return 1;
     }
-    te_config_t cfg = config("rdma");
+    const char *want = real_mode() ? getenv("TE_TEST_REAL_TRANSPORT") : "rdma";
+    te_config_t cfg = config(want);
     te_engine_t e = 0;
     CHECK_OK(te_create(&cfg, &e));
-    unsigned long long g = gpu_alloc(3, 2 * HALF);
+    unsigned long long g = gpu_alloc(dev_initiator(), 2 * HALF);
     unsigned char *host = malloc(2 * HALF);
     CHECK(g != 0 && host != NULL);
     tu_fill(host + HALF, HALF, SEED_I);
     memset(host, 0, HALF);
     CHECK(cu.htod(g, host, 2 * HALF) == 0);
-    CHECK_OK(te_register(e, (void *)(uintptr_t)g, 2 * HALF, "cuda:3", 1));
+    char loc[16];
+    snprintf(loc, sizeof loc, "cuda:%d", dev_initiator());
+    CHECK_OK(te_register(e, (void *)(uintptr_t)g, 2 * HALF, loc, 1));
     te_segment_t seg = 0;
     CHECK_OK(te_open_segment(e, name, &seg));
     if (tu_failures == 0) {
-        transfer(e, seg, TE_READ, g, raddr, HALF);
+        transfer(e, seg, TE_READ, g, raddr, HALF, want);
         CHECK(cu.dtoh(host, g, HALF) == 0 && tu_verify(host, HALF, SEED_T) == -1);
-        transfer(e, seg, TE_WRITE, g + HALF, raddr + HALF, HALF);
+        transfer(e, seg, TE_WRITE, g + HALF, raddr + HALF, HALF, want);
         fprintf(out, "CHECK\n");
         fflush(out);
         if (!fgets(line, sizeof line, in) || strncmp(line, "OK", 2) != 0) {
             fprintf(stderr, "target: %s", line);
             tu_failures++;
         }
+    }
+    if (tu_failures == 0 && !real_mode()) {
         /* Every byte went through the NICs behind the two GPUs' switches. */
         char *js = malloc(1 << 20);
         CHECK_OK(te_stats_json(e, js, 1 << 20));
@@ -278,14 +296,23 @@ int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "target") == 0) return load_cuda() ? 1 : target();
     if (argc > 1 && strcmp(argv[1], "initiator") == 0) {
         if (load_cuda() != 0) {
-            fprintf(stderr, "the fake CUDA driver at %s does not load\n", getenv("TE_CUDA_LIBRARY"));
+            fprintf(stderr, "the CUDA driver (%s) does not load\n", getenv("TE_CUDA_LIBRARY"));
             return 1;
         }
         int rc = initiator(argv[0]);
-        char cmd[128];
-        snprintf(cmd, sizeof cmd, "rm -rf %s", getenv("TE_TEST_FABRIC_DIR"));
-        if (system(cmd) != 0) fprintf(stderr, "could not remove the fabric directory\n");
+        if (getenv("TE_TEST_FABRIC_DIR")) {
+            char cmd[128];
+            snprintf(cmd, sizeof cmd, "rm -rf %s", getenv("TE_TEST_FABRIC_DIR"));
+            if (system(cmd) != 0) fprintf(stderr, "could not remove the fabric directory\n");
+        }
         return rc;
+    }
+    if (argc > 2 && strcmp(argv[1], "--real") == 0) {
+        setenv("TE_TEST_REAL_TRANSPORT", argv[2], 1);
+        char *args[] = {argv[0], "initiator", NULL};
+        execv(argv[0], args);
+        perror("execv");
+        return 1;
     }
     if (argc < 2 || !getenv("TE_IBV_LIBRARY") || !getenv("TE_CUDA_LIBRARY")) {
         printf("rdma_fabric: skipped (usage: TE_IBV_LIBRARY=... TE_CUDA_LIBRARY=... rdma_fabric hgx8.tree)\n");

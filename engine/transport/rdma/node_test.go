@@ -57,8 +57,21 @@ func newFabricSetup(t testing.TB, tree string) *fabricSetup {
 	return f
 }
 
+// newRealSetup is a setup for a machine with a GPU and an RDMA NIC: the
+// nodes load the real libibverbs and CUDA driver (bench/gpu/check.sh).
+func newRealSetup(t testing.TB) *fabricSetup {
+	t.Helper()
+	if os.Getenv(cudatest.EnvReal) != "1" {
+		t.Skipf("a GPU check: %s=1 on a machine with a GPU and an RDMA NIC", cudatest.EnvReal)
+	}
+	return &fabricSetup{t: t}
+}
+
 // env is what points a process at the fakes.
 func (f *fabricSetup) env() []string {
+	if f.verbs == "" {
+		return nil // the real libraries
+	}
 	e := []string{"TE_IBV_LIBRARY=" + f.verbs, cuda.EnvLibrary + "=" + f.cuda, ibvtest.EnvFabric + "=" + f.dir}
 	if f.sysfs != "" {
 		e = append(e, topo.EnvSysfsRoot+"="+f.sysfs)

@@ -252,3 +252,39 @@ func TestConformanceFakeFabric(t *testing.T) {
 		c.Params = map[string]string{"rdma.library": lib, "rdma.slice": "32KiB", "rdma.depth": "32"}
 	}})
 }
+
+// TestGPUOverRDMAReal is the GPU check's rdma step (bench/gpu/check.sh, on a
+// machine with a GPU and an RDMA NIC, TE_CUDA_REAL=1): two processes, GPU
+// memory on device 0 in each, GPU to GPU, GPU to host and host to GPU over
+// rdma, every byte checked. A NIC that refuses GPU memory (no dma-buf and
+// no nvidia-peermem) is reported and skips the test, saying why.
+func TestGPUOverRDMAReal(t *testing.T) {
+	f := newRealSetup(t)
+	if _, err := rdma.Probe(); err != nil {
+		t.Skipf("no RDMA NIC here: %v", err)
+	}
+	a, b := f.startNode(), f.startNode()
+	size := uint64(64 << 20)
+	ag, bg := a.addr("alloc cuda 0 %d", size), b.addr("alloc cuda 0 %d", size)
+	ah, bh := a.addr("alloc cpu %d", size), b.addr("alloc cpu %d", size)
+	a.do("reg %d %d cuda:0", ag, size)
+	b.do("reg %d %d cuda:0", bg, size)
+	a.do("reg %d %d cpu", ah, size)
+	b.do("reg %d %d cpu", bh, size)
+	sa, sb := a.stats(), b.stats()
+	t.Logf("GPU registration: dma-buf %d/%d, peer memory %d/%d, refused %d/%d",
+		sa["gpu_dmabuf"], sb["gpu_dmabuf"], sa["gpu_peermem"], sb["gpu_peermem"], sa["gpu_refused"], sb["gpu_refused"])
+	if sa["gpu_refused"]+sb["gpu_refused"] > 0 {
+		t.Skip("the NIC refused GPU memory (the nodes' logs say why): load nvidia-peermem or use dma-buf")
+	}
+	a.do("fill %d %d 1", ag, size)
+	a.do("fill %d %d 2", ah, size)
+	b.do("fill %d %d 3", bg, size)
+	a.do("open %s", b.name)
+	start := time.Now()
+	transfer(t, a, b, "read", ag, bg, size/2, 16, "rdma")
+	transfer(t, a, b, "write", ag+size/2, bg+size/2, size/2, 16, "rdma")
+	transfer(t, a, b, "write", ag, bh, size, 16, "rdma")
+	transfer(t, a, b, "write", ah, bg, size, 16, "rdma")
+	t.Logf("%d MiB over rdma in %v; stats %v", 3*size>>20, time.Since(start), a.stats())
+}
