@@ -189,7 +189,7 @@ func (t *Transport) Submit(reqs []transport.Request) {
 			continue
 		}
 		r.Priv = q
-		nspans += min(len(pi.active(q.pl, now, abuf[:0])), int(q.n))
+		nspans += min(len(pi.active(t, q.pl, now, abuf[:0])), int(q.n))
 	}
 	slab := make([]span, 0, nspans)
 	type group struct {
@@ -221,7 +221,7 @@ func (t *Transport) Submit(reqs []transport.Request) {
 		if q.r == nil {
 			continue
 		}
-		act := q.pi.active(q.pl, now, abuf[:0])
+		act := q.pi.active(t, q.pl, now, abuf[:0])
 		if q.n == 1 || len(act) == 1 {
 			x := q.pi.pick(act, q.r.Length, t.rr.Add(1))
 			add(q, span{req: q, idx: 0, end: q.n, step: 1, rail: x, next: -1})

@@ -171,7 +171,7 @@ func TestActiveAndRetry(t *testing.T) {
 	p := pi.buildPlan(&localTiers{pref: []int{0, 1}, other: []int{2}}, []int{0, 1})
 	now := nanotime()
 	var buf [maxSplit]int32
-	if got := railNames(pi, pi.active(p, now, buf[:0])); !reflect.DeepEqual(got, []string{"l0>r0", "l1>r1"}) {
+	if got := railNames(pi, pi.active(nil, p, now, buf[:0])); !reflect.DeepEqual(got, []string{"l0>r0", "l1>r1"}) {
 		t.Fatalf("active %v", got)
 	}
 	x := pi.retryRail(p, p.tier0[0], 4096, now, 0)
@@ -181,7 +181,7 @@ func TestActiveAndRetry(t *testing.T) {
 	if _, cool := pi.rails[p.tier0[1]].failed(tr.health, now); !cool {
 		t.Fatal("no cooldown at the limit")
 	}
-	if got := railNames(pi, pi.active(p, now, buf[:0])); !reflect.DeepEqual(got, []string{"l0>r0"}) {
+	if got := railNames(pi, pi.active(nil, p, now, buf[:0])); !reflect.DeepEqual(got, []string{"l0>r0"}) {
 		t.Fatalf("active %v", got)
 	}
 	// Retry of l0>r0 with l1>r1 cooling: tier 1, disjoint from l0 and r0.
@@ -190,7 +190,7 @@ func TestActiveAndRetry(t *testing.T) {
 		t.Fatalf("retry went to %v", railNames(pi, []int32{x}))
 	}
 	pi.rails[p.tier0[0]].failed(tr.health, now)
-	got := pi.active(p, now, buf[:0])
+	got := pi.active(nil, p, now, buf[:0])
 	if len(got) != 2 || pi.rails[got[0]].cooling(now) || pi.rails[got[1]].cooling(now) {
 		t.Fatalf("tier 1 stand-ins %v", railNames(pi, got))
 	}

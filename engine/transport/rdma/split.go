@@ -15,10 +15,31 @@ const maxSplit = 32
 // tier 0's usable ones; when every one of them cools down, as many of tier
 // 1's; when all of those do too, tier 0 anyway (a cooldown that ended turns
 // a rail into a probe; the peer as a whole is reported unreachable by then).
-func (pi *peerInfo) active(p *plan, now int64, buf []int32) []int32 {
+// A suspect rail (one that failed and has not moved bytes since) waits out
+// its reconnection before it is given a probe slice, so no request waits
+// on a handshake with a NIC that may be dead: t starts that reconnection
+// here, in the background (t nil: planning alone, in tests).
+func (pi *peerInfo) active(t *Transport, p *plan, now int64, buf []int32) []int32 {
 	buf = buf[:0]
+	ok := func(x int32) bool {
+		r := pi.rails[x]
+		if !r.usable(now) {
+			return false
+		}
+		if t == nil || !r.probing.Load() {
+			return true
+		}
+		ep := pi.eps[x].Load()
+		if ep == nil || ep.failed() {
+			if e, err := t.endpoint(pi, x); err == nil {
+				pi.eps[x].Store(e)
+			}
+			return false
+		}
+		return ep.state.Load() == epReady
+	}
 	for _, x := range p.tier0 {
-		if pi.rails[x].usable(now) {
+		if ok(x) {
 			buf = append(buf, x)
 		}
 	}
@@ -27,7 +48,7 @@ func (pi *peerInfo) active(p *plan, now int64, buf []int32) []int32 {
 	}
 	want := max(1, len(p.tier0))
 	for _, x := range p.tier1 {
-		if len(buf) < want && pi.rails[x].usable(now) {
+		if len(buf) < want && ok(x) {
 			buf = append(buf, x)
 		}
 	}
@@ -203,20 +224,30 @@ func (pi *peerInfo) split(act []int32, n int32, size, length uint64, out *[maxSp
 func (pi *peerInfo) retryRail(p *plan, failed int32, n uint64, now int64, rot uint64) int32 {
 	f := pi.rails[failed]
 	var buf [maxSplit]int32
-	for _, tier := range [][]int32{p.tier0, p.tier1} {
-		for _, disjoint := range []bool{true, false} {
-			c := buf[:0]
-			for _, x := range tier {
-				r := pi.rails[x]
-				if x == failed || !r.usable(now) || len(c) == maxSplit {
-					continue
+	// A suspect rail still reconnecting is a last resort.
+	ready := func(x int32) bool {
+		if !pi.rails[x].probing.Load() {
+			return true
+		}
+		ep := pi.eps[x].Load()
+		return ep != nil && ep.state.Load() == epReady
+	}
+	for _, strict := range []bool{true, false} {
+		for _, tier := range [][]int32{p.tier0, p.tier1} {
+			for _, disjoint := range []bool{true, false} {
+				c := buf[:0]
+				for _, x := range tier {
+					r := pi.rails[x]
+					if x == failed || !r.usable(now) || len(c) == maxSplit || (strict && !ready(x)) {
+						continue
+					}
+					if (r.local != f.local && r.rname != f.rname) == disjoint {
+						c = append(c, x)
+					}
 				}
-				if (r.local != f.local && r.rname != f.rname) == disjoint {
-					c = append(c, x)
+				if len(c) > 0 {
+					return pi.pick(c, n, rot)
 				}
-			}
-			if len(c) > 0 {
-				return pi.pick(c, n, rot)
 			}
 		}
 	}
