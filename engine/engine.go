@@ -13,12 +13,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/meta"
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
-	"github.com/tecache/te/engine/wire"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/peerauth"
+	"github.com/tecache/te/internal/wire"
 )
 
 // Engine is one te instance: it owns registered memory, publishes it as a

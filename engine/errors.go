@@ -1,6 +1,6 @@
 package engine
 
-import "github.com/tecache/te/engine/errs"
+import "github.com/tecache/te/internal/errs"
 
 // Error is the error type of every engine operation; see package errs.
 type Error = errs.Error

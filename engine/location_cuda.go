@@ -3,9 +3,9 @@ package engine
 import (
 	"strings"
 
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/cuda"
 )
 

@@ -7,9 +7,9 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
+	"github.com/tecache/te/internal/errs"
 )
 
 func TestMain(m *testing.M) {

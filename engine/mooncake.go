@@ -8,9 +8,9 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/segment"
-	"github.com/tecache/te/engine/wire"
+	"github.com/tecache/te/internal/errs"
+	"github.com/tecache/te/internal/wire"
 )
 
 // Interop with Mooncake Transfer Engine peers (spec.md, "Mooncake interop"):

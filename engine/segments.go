@@ -6,10 +6,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/meta"
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
+	"github.com/tecache/te/internal/errs"
 )
 
 // segState is the cached state of one opened remote segment, shared by every

@@ -33,7 +33,7 @@ type Stats struct {
 	WindowsRevoked    uint64 `json:"windows_revoked"`
 	WindowsUnenforced uint64 `json:"windows_unenforced"`
 	// Control counts the control plane's connections and every refusal
-	// of a peer over a bound (engine/wire/spec.md, "Resource bounds").
+	// of a peer over a bound (internal/wire/spec.md, "Resource bounds").
 	Control ControlStats `json:"control"`
 }
 

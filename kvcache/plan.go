@@ -5,7 +5,7 @@ import (
 	"errors"
 	"slices"
 
-	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/errs"
 )
 
 // Transfer is one contiguous copy: Length bytes from source address Src to

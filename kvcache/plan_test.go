@@ -6,7 +6,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/kvcache"
 )
 

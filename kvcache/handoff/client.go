@@ -15,10 +15,10 @@ import (
 	"sync"
 	"time"
 
+	proto "github.com/tecache/te/cmd/te-sidecar/rendezvous"
 	"github.com/tecache/te/engine"
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/internal/authsecret"
-	proto "github.com/tecache/te/internal/sidecar/rendezvous"
+	"github.com/tecache/te/internal/errs"
 )
 
 // Mode says which side moves the bytes.

@@ -8,9 +8,9 @@ import (
 	"sync"
 	"time"
 
+	proto "github.com/tecache/te/cmd/te-sidecar/rendezvous"
 	"github.com/tecache/te/engine"
-	"github.com/tecache/te/engine/errs"
-	proto "github.com/tecache/te/internal/sidecar/rendezvous"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/kvcache"
 )
 

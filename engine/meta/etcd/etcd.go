@@ -19,9 +19,9 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/meta"
 	"github.com/tecache/te/engine/meta/internal/metautil"
+	"github.com/tecache/te/internal/errs"
 )
 
 // Schemes of this store: plaintext, and TLS.

@@ -13,11 +13,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/meta"
 	"github.com/tecache/te/engine/meta/internal/metautil"
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/internal/authsecret"
+	"github.com/tecache/te/internal/errs"
 )
 
 // EnvToken is Mooncake's variable for the metadata server's bearer token.

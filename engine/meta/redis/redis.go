@@ -14,9 +14,9 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/meta"
 	"github.com/tecache/te/engine/meta/internal/metautil"
+	"github.com/tecache/te/internal/errs"
 )
 
 // Mooncake's environment variables for the connection.

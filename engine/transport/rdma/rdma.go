@@ -9,11 +9,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
-	"github.com/tecache/te/engine/wire"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/ibv"
+	"github.com/tecache/te/internal/wire"
 )
 
 // Name is the transport's name.

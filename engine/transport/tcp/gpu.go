@@ -6,8 +6,8 @@ import (
 	"net"
 	"sync"
 
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/segment"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/cuda"
 )
 

@@ -12,12 +12,12 @@ import (
 
 	"github.com/klauspost/cpuid/v2"
 
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
-	"github.com/tecache/te/engine/wire"
 	"github.com/tecache/te/internal/connlimit"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/peerauth"
+	"github.com/tecache/te/internal/wire"
 )
 
 // Name is the transport's name.

@@ -15,7 +15,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/errs"
 )
 
 // EnvClusterID is Mooncake's variable for a cluster namespace: keys

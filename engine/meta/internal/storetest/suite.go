@@ -17,9 +17,9 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/tecache/te/engine"
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/meta"
 	"github.com/tecache/te/engine/segment"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/mem"
 )
 
