@@ -15,10 +15,10 @@ import (
 	"sync"
 	"time"
 
-	proto "github.com/tecache/te/cmd/te-sidecar/rendezvous"
 	"github.com/tecache/te/engine"
 	"github.com/tecache/te/internal/authsecret"
 	"github.com/tecache/te/internal/errs"
+	"github.com/tecache/te/kvcache/handoff/proto"
 )
 
 // Mode says which side moves the bytes.

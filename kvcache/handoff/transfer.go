@@ -8,10 +8,10 @@ import (
 	"sync"
 	"time"
 
-	proto "github.com/tecache/te/cmd/te-sidecar/rendezvous"
 	"github.com/tecache/te/engine"
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/kvcache"
+	"github.com/tecache/te/kvcache/handoff/proto"
 )
 
 // Request declares one side of a transfer.

@@ -8,13 +8,13 @@ import (
 	"testing"
 	"time"
 
-	proto "github.com/tecache/te/cmd/te-sidecar/rendezvous"
 	"github.com/tecache/te/cmd/te-sidecar/sidecar"
 	"github.com/tecache/te/engine"
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/mem"
 	"github.com/tecache/te/kvcache"
 	"github.com/tecache/te/kvcache/handoff"
+	"github.com/tecache/te/kvcache/handoff/proto"
 )
 
 const shape = `"format":"vllm","order":"HND","dtype":"bf16","num_blocks":4,"block_size":16,"num_heads":2,"head_dim":64`

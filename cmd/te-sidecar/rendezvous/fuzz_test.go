@@ -1,6 +1,8 @@
 package rendezvous_test
 
 import (
+	"github.com/tecache/te/kvcache/handoff/proto"
+
 	"encoding/json"
 	"testing"
 	"time"
@@ -27,33 +29,33 @@ func FuzzTable(f *testing.F) {
 		tb := rendezvous.NewTable(rendezvous.Config{DefaultTimeout: time.Minute}, nil)
 		defer tb.Close()
 		for i := range 4 {
-			var rec rendezvous.Record
+			var rec proto.Record
 			var err *rendezvous.Refusal
 			switch (int(op) + i) % 5 {
 			case 0, 1:
-				var d rendezvous.Decl
+				var d proto.Decl
 				if json.Unmarshal(body, &d) != nil {
 					continue
 				}
-				role := rendezvous.Decode
+				role := proto.Decode
 				if (int(op)+i)%5 == 1 {
-					role = rendezvous.Prefill
+					role = proto.Prefill
 				}
 				rec, err = tb.Declare(role, d, "fuzz")
 			case 2:
-				var c rendezvous.Complete
+				var c proto.Complete
 				if json.Unmarshal(body, &c) != nil {
 					continue
 				}
 				rec, err = tb.Complete(c, string(body[:min(len(body), 32)]))
 			case 3:
-				var a rendezvous.Abort
+				var a proto.Abort
 				if json.Unmarshal(body, &a) != nil {
 					continue
 				}
 				rec, err = tb.Abort(a, a.Reason)
 			case 4:
-				var a rendezvous.Abort
+				var a proto.Abort
 				if json.Unmarshal(body, &a) != nil {
 					continue
 				}

@@ -1,6 +1,8 @@
 package rendezvous
 
 import (
+	"github.com/tecache/te/kvcache/handoff/proto"
+
 	"encoding/json"
 	"net/http"
 	"strconv"
@@ -10,9 +12,6 @@ import (
 
 	"github.com/tecache/te/internal/errs"
 )
-
-// InstanceHeader carries the sidecar instance on every handoff answer.
-const InstanceHeader = "X-Te-Sidecar-Instance"
 
 // Mux is where the routes go: te-sidecar's *sidecar.Server satisfies it.
 type Mux interface {
@@ -47,8 +46,8 @@ type Service struct {
 // code and message on 4xx/5xx). Long polls end when the server shuts down.
 func Mount(mux Mux, reg Registry, cfg Config) *Service {
 	s := &Service{Table: NewTable(cfg, reg), mux: mux}
-	mux.Handle("POST", "/handoff/expect", func(ctx *fasthttp.RequestCtx) { s.declare(ctx, Decode) })
-	mux.Handle("POST", "/handoff/ready", func(ctx *fasthttp.RequestCtx) { s.declare(ctx, Prefill) })
+	mux.Handle("POST", "/handoff/expect", func(ctx *fasthttp.RequestCtx) { s.declare(ctx, proto.Decode) })
+	mux.Handle("POST", "/handoff/ready", func(ctx *fasthttp.RequestCtx) { s.declare(ctx, proto.Prefill) })
 	mux.Handle("POST", "/handoff/complete", s.complete)
 	mux.Handle("POST", "/handoff/abort", s.abort)
 	mux.Handle("GET", "/handoff/status", s.status)
@@ -56,13 +55,13 @@ func Mount(mux Mux, reg Registry, cfg Config) *Service {
 	return s
 }
 
-func (s *Service) reply(ctx *fasthttp.RequestCtx, r Record, e *Refusal) {
-	ctx.Response.Header.Set(InstanceHeader, s.instance)
+func (s *Service) reply(ctx *fasthttp.RequestCtx, r proto.Record, e *Refusal) {
+	ctx.Response.Header.Set(proto.InstanceHeader, s.instance)
 	ctx.SetContentType("application/json")
 	var b []byte
 	if e != nil {
 		ctx.SetStatusCode(e.Status)
-		b, _ = json.Marshal(ErrorBody{Instance: s.instance, Error: e.Msg, Code: int32(e.Code), Record: e.Record})
+		b, _ = json.Marshal(proto.ErrorBody{Instance: s.instance, Error: e.Msg, Code: int32(e.Code), Record: e.Record})
 	} else {
 		b, _ = json.Marshal(r)
 	}
@@ -94,40 +93,40 @@ func (s *Service) decode(ctx *fasthttp.RequestCtx, v any) *Refusal {
 }
 
 func capability(ctx *fasthttp.RequestCtx) string {
-	return string(ctx.Request.Header.Peek(CapabilityHeader))
+	return string(ctx.Request.Header.Peek(proto.CapabilityHeader))
 }
 
-func (s *Service) declare(ctx *fasthttp.RequestCtx, role Role) {
-	serveBody(s, ctx, func(d Decl) (Record, *Refusal) { return s.Declare(role, d, s.mux.Client(ctx)) })
+func (s *Service) declare(ctx *fasthttp.RequestCtx, role proto.Role) {
+	serveBody(s, ctx, func(d proto.Decl) (proto.Record, *Refusal) { return s.Declare(role, d, s.mux.Client(ctx)) })
 }
 
 func (s *Service) complete(ctx *fasthttp.RequestCtx) {
-	serveBody(s, ctx, func(c Complete) (Record, *Refusal) { return s.Complete(c, capability(ctx)) })
+	serveBody(s, ctx, func(c proto.Complete) (proto.Record, *Refusal) { return s.Complete(c, capability(ctx)) })
 }
 
 func (s *Service) abort(ctx *fasthttp.RequestCtx) {
-	serveBody(s, ctx, func(a Abort) (Record, *Refusal) { return s.Abort(a, capability(ctx)) })
+	serveBody(s, ctx, func(a proto.Abort) (proto.Record, *Refusal) { return s.Abort(a, capability(ctx)) })
 }
 
 // serveBody decodes a route's JSON body into a T and answers with what do
 // makes of it; a body that does not decode is refused and counted.
-func serveBody[T any](s *Service, ctx *fasthttp.RequestCtx, do func(T) (Record, *Refusal)) {
+func serveBody[T any](s *Service, ctx *fasthttp.RequestCtx, do func(T) (proto.Record, *Refusal)) {
 	var v T
 	if e := s.decode(ctx, &v); e != nil {
 		s.m.rejected(e)
-		s.reply(ctx, Record{}, e)
+		s.reply(ctx, proto.Record{}, e)
 		return
 	}
 	r, e := do(v)
 	s.reply(ctx, r, e)
 }
 
-func query(ctx *fasthttp.RequestCtx) (id string, role Role, e *Refusal) {
+func query(ctx *fasthttp.RequestCtx) (id string, role proto.Role, e *Refusal) {
 	q := ctx.QueryArgs()
 	id = string(q.Peek("id"))
-	role = Role(q.Peek("role"))
+	role = proto.Role(q.Peek("role"))
 	switch role {
-	case "", Prefill, Decode:
+	case "", proto.Prefill, proto.Decode:
 	default:
 		return "", "", refuse(http.StatusBadRequest, errs.InvalidArgument, "role %q is neither prefill nor decode", role)
 	}
@@ -137,7 +136,7 @@ func query(ctx *fasthttp.RequestCtx) (id string, role Role, e *Refusal) {
 func (s *Service) status(ctx *fasthttp.RequestCtx) {
 	id, role, e := query(ctx)
 	if e != nil {
-		s.reply(ctx, Record{}, e)
+		s.reply(ctx, proto.Record{}, e)
 		return
 	}
 	r, e := s.Status(id, capability(ctx), role)
@@ -147,7 +146,7 @@ func (s *Service) status(ctx *fasthttp.RequestCtx) {
 func (s *Service) wait(ctx *fasthttp.RequestCtx) {
 	id, role, e := query(ctx)
 	if e != nil {
-		s.reply(ctx, Record{}, e)
+		s.reply(ctx, proto.Record{}, e)
 		return
 	}
 	q := ctx.QueryArgs()
@@ -164,12 +163,12 @@ func (s *Service) wait(ctx *fasthttp.RequestCtx) {
 	}
 	since, e := num("since")
 	if e != nil {
-		s.reply(ctx, Record{}, e)
+		s.reply(ctx, proto.Record{}, e)
 		return
 	}
 	ms, e := num("timeout_ms")
 	if e != nil {
-		s.reply(ctx, Record{}, e)
+		s.reply(ctx, proto.Record{}, e)
 		return
 	}
 	timeout := time.Duration(min(ms, uint64(s.cfg.MaxWait/time.Millisecond))) * time.Millisecond

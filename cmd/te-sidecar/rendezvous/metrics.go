@@ -1,6 +1,8 @@
 package rendezvous
 
 import (
+	"github.com/tecache/te/kvcache/handoff/proto"
+
 	"strings"
 	"time"
 
@@ -70,19 +72,19 @@ func newMetricSet(reg Registry, t *Table) *metricSet {
 	reg.GaugeFunc("te_handoff_long_polls", "GET /handoff/wait requests waiting.",
 		func() float64 { return float64(t.Usage().LongPolls) })
 	m.hasStates = true
-	for _, s := range States {
+	for _, s := range proto.States {
 		m.states.Add(0, string(s)) // every state shows, at 0
 	}
 	return m
 }
 
-func (m *metricSet) enter(s State) {
+func (m *metricSet) enter(s proto.State) {
 	if m.hasStates {
 		m.states.Add(1, string(s))
 	}
 }
 
-func (m *metricSet) leave(s State) {
+func (m *metricSet) leave(s proto.State) {
 	if m.hasStates {
 		m.states.Add(-1, string(s))
 	}
@@ -95,7 +97,7 @@ func (m *metricSet) paired(d time.Duration) {
 }
 
 // ended counts a transfer that reached a final state from state from.
-func (m *metricSet) ended(r *rec, from State) {
+func (m *metricSet) ended(r *rec, from proto.State) {
 	if !m.hasStates {
 		return
 	}
@@ -105,28 +107,28 @@ func (m *metricSet) ended(r *rec, from State) {
 	}
 	m.ends.Add(1, mode, string(r.state))
 	m.endToEnd.Observe(r.ended.Sub(r.created).Seconds(), mode, string(r.state))
-	if from == Transferring && (r.state == Done || r.state == Failed) {
+	if from == proto.Transferring && (r.state == proto.Done || r.state == proto.Failed) {
 		m.transfer.Observe(r.ended.Sub(r.paired).Seconds(), mode)
 	}
 	switch r.state {
-	case Done:
+	case proto.Done:
 		return
-	case Expired:
+	case proto.Expired:
 		if r.code == errs.ResourceExhausted {
 			m.failures.Add(1, "evicted")
-		} else if from == Waiting {
+		} else if from == proto.Waiting {
 			m.failures.Add(1, "expired_unpaired")
 		} else {
 			m.failures.Add(1, "expired_moving")
 		}
-	case Aborted:
+	case proto.Aborted:
 		by := "client"
 		if r.abortBy != "" {
 			by = string(r.abortBy)
 		}
 		m.failures.Add(1, "aborted_by_"+by)
-	case Failed:
-		if from == Waiting {
+	case proto.Failed:
+		if from == proto.Waiting {
 			m.failures.Add(1, "mismatch")
 		} else {
 			m.failures.Add(1, strings.ReplaceAll(r.code.String(), " ", "_"))
@@ -135,7 +137,7 @@ func (m *metricSet) ended(r *rec, from State) {
 }
 
 // completed counts what a mover reported for a completed transfer.
-func (m *metricSet) completed(mode Mode, c Complete) {
+func (m *metricSet) completed(mode proto.Mode, c proto.Complete) {
 	if !m.hasStates || !c.OK {
 		return
 	}

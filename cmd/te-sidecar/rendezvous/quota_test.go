@@ -1,6 +1,8 @@
 package rendezvous_test
 
 import (
+	"github.com/tecache/te/kvcache/handoff/proto"
+
 	"fmt"
 	"net"
 	"net/http"
@@ -19,11 +21,11 @@ import (
 func TestJunkCannotLockOut(t *testing.T) {
 	tb := rendezvous.NewTable(rendezvous.Config{}, nil)
 	defer tb.Close()
-	d := decl(t, "", []int{1}, rendezvous.Push, 0)
+	d := decl(t, "", []int{1}, proto.Push, 0)
 	var ok, refused int
 	for i := range 1 << 16 {
 		d.ID = fmt.Sprint("junk-", i)
-		_, e := tb.Declare(rendezvous.Decode, d, "10.0.0.9")
+		_, e := tb.Declare(proto.Decode, d, "10.0.0.9")
 		switch {
 		case e == nil:
 			ok++
@@ -37,12 +39,12 @@ func TestJunkCannotLockOut(t *testing.T) {
 		t.Fatalf("junk: %d accepted, %d refused; want 4096 and the rest", ok, refused)
 	}
 	d.ID = "real"
-	r, e := tb.Declare(rendezvous.Decode, d, "10.0.0.7")
+	r, e := tb.Declare(proto.Decode, d, "10.0.0.7")
 	if e != nil {
 		t.Fatalf("a real expect from another client: %+v", e)
 	}
-	p, e := tb.Declare(rendezvous.Prefill, decl(t, "real", []int{3}, "", 0), "10.0.0.8")
-	if e != nil || p.State != rendezvous.Transferring || r.Capability == "" {
+	p, e := tb.Declare(proto.Prefill, decl(t, "real", []int{3}, "", 0), "10.0.0.8")
+	if e != nil || p.State != proto.Transferring || r.Capability == "" {
 		t.Fatalf("pairing: %+v %+v", p, e)
 	}
 	if u := tb.Usage(); u.Transfers != 4097 || u.Clients != 3 {
@@ -57,12 +59,12 @@ func TestJunkCannotLockOut(t *testing.T) {
 func TestFullTableEvictsTheHeaviest(t *testing.T) {
 	tb := rendezvous.NewTable(rendezvous.Config{MaxTransfers: 10, ClientTransfers: 6}, nil)
 	defer tb.Close()
-	d := decl(t, "", []int{1}, rendezvous.Push, 0)
-	declare := func(id, client string) (rendezvous.Record, *rendezvous.Refusal) {
+	d := decl(t, "", []int{1}, proto.Push, 0)
+	declare := func(id, client string) (proto.Record, *rendezvous.Refusal) {
 		d.ID = id
-		return tb.Declare(rendezvous.Decode, d, client)
+		return tb.Declare(proto.Decode, d, client)
 	}
-	var first rendezvous.Record
+	var first proto.Record
 	for i := range 6 {
 		r, e := declare(fmt.Sprint("a", i), "a")
 		if e != nil {
@@ -102,10 +104,10 @@ func TestFullTableEvictsTheHeaviest(t *testing.T) {
 	tb2 := rendezvous.NewTable(rendezvous.Config{MaxTransfers: 2}, nil)
 	defer tb2.Close()
 	for _, id := range []string{"p0", "p1"} {
-		tb2.Declare(rendezvous.Decode, decl(t, id, []int{1}, rendezvous.Push, 0), "x")
-		tb2.Declare(rendezvous.Prefill, decl(t, id, []int{1}, "", 0), "y")
+		tb2.Declare(proto.Decode, decl(t, id, []int{1}, proto.Push, 0), "x")
+		tb2.Declare(proto.Prefill, decl(t, id, []int{1}, "", 0), "y")
 	}
-	if _, e := tb2.Declare(rendezvous.Decode, decl(t, "p2", []int{1}, rendezvous.Push, 0), "z"); e == nil || e.Status != 503 || e.Code != errs.ResourceExhausted {
+	if _, e := tb2.Declare(proto.Decode, decl(t, "p2", []int{1}, proto.Push, 0), "z"); e == nil || e.Status != 503 || e.Code != errs.ResourceExhausted {
 		t.Fatalf("full of live transfers: %+v", e)
 	}
 }
@@ -117,16 +119,16 @@ func TestByteBudgets(t *testing.T) {
 	for i := range blocks {
 		blocks[i] = i
 	}
-	one := decl(t, "", blocks, rendezvous.Push, 0)
+	one := decl(t, "", blocks, proto.Push, 0)
 	one.Layout = layout(t, 1000, 1<<30)
 	one.ID = "xx" // every id below has two bytes
 	cost := rendezvous.Cost(&one)
 	tb := rendezvous.NewTable(rendezvous.Config{ClientBytes: 3*cost + 10, MaxBytes: 4*cost + 10}, nil)
 	defer tb.Close()
-	var a0 rendezvous.Record
+	var a0 proto.Record
 	for i := range 4 {
 		one.ID = fmt.Sprint("a", i)
-		r, e := tb.Declare(rendezvous.Decode, one, "a")
+		r, e := tb.Declare(proto.Decode, one, "a")
 		if i == 0 {
 			a0 = r
 		}
@@ -135,23 +137,23 @@ func TestByteBudgets(t *testing.T) {
 		}
 	}
 	one.ID = "b0"
-	b0, e := tb.Declare(rendezvous.Decode, one, "b")
+	b0, e := tb.Declare(proto.Decode, one, "b")
 	if e != nil {
 		t.Fatal(e)
 	}
 	one.ID = "b1"
-	if _, e := tb.Declare(rendezvous.Decode, one, "b"); e != nil {
+	if _, e := tb.Declare(proto.Decode, one, "b"); e != nil {
 		t.Fatalf("b1 evicts from a: %+v", e)
 	}
 	// Evicted for bytes, the transfer stays queryable: its side learns why.
 	r, e := tb.Status("a0", a0.Capability, "")
-	if e != nil || r.State != rendezvous.Expired || !r.Settled || errs.Code(r.Code) != errs.ResourceExhausted || !strings.Contains(r.Reason, "evicted") {
+	if e != nil || r.State != proto.Expired || !r.Settled || errs.Code(r.Code) != errs.ResourceExhausted || !strings.Contains(r.Reason, "evicted") {
 		t.Fatalf("evicted transfer: %+v %+v", r, e)
 	}
 	if u := tb.Usage(); u.Bytes != 4*cost {
 		t.Fatalf("held %d bytes, want %d", u.Bytes, 4*cost)
 	}
-	if _, e := tb.Abort(rendezvous.Abort{ID: "b0"}, b0.Capability); e != nil {
+	if _, e := tb.Abort(proto.Abort{ID: "b0"}, b0.Capability); e != nil {
 		t.Fatal(e)
 	}
 	if u := tb.Usage(); u.Bytes != 3*cost {
@@ -166,7 +168,7 @@ func TestQuotaOverHTTP(t *testing.T) {
 	s := start(t, rendezvous.Config{ClientTransfers: 50})
 	var ok, refused int
 	for i := range 200 {
-		code, b := s.do("POST", "/handoff/expect", decl(t, fmt.Sprint("junk", i), []int{1}, rendezvous.Push, 0))
+		code, b := s.do("POST", "/handoff/expect", decl(t, fmt.Sprint("junk", i), []int{1}, proto.Push, 0))
 		switch code {
 		case 200:
 			ok++
@@ -187,15 +189,15 @@ func TestQuotaOverHTTP(t *testing.T) {
 	defer other.CloseIdleConnections()
 	hc := s.hc
 	s.hc = other
-	d := s.ok("POST", "/handoff/expect", decl(t, "real", []int{1}, rendezvous.Push, 0))
+	d := s.ok("POST", "/handoff/expect", decl(t, "real", []int{1}, proto.Push, 0))
 	p := s.ok("POST", "/handoff/ready", decl(t, "real", []int{2}, "", 0))
 	s.hc = hc
-	if p.State != rendezvous.Transferring || d.Capability == "" {
+	if p.State != proto.Transferring || d.Capability == "" {
 		t.Fatalf("real transfer: %+v", p)
 	}
 	// The same client name from another address is another client too,
 	// and the name splits the quota of one address.
-	s.ok("POST", "/handoff/expect", decl(t, "named", []int{1}, rendezvous.Push, 0), rendezvous.ClientHeader, "engine-7")
+	s.ok("POST", "/handoff/expect", decl(t, "named", []int{1}, proto.Push, 0), proto.ClientHeader, "engine-7")
 	_, m := s.do("GET", "/metrics", nil)
 	for _, want := range []string{`te_handoff_rejected_total{reason="client_quota"} 150`, `te_handoff_clients 3`} {
 		if !strings.Contains(string(m), want) {
@@ -207,31 +209,31 @@ func TestQuotaOverHTTP(t *testing.T) {
 // TestPairingIsNotEvicted: room made for a pairing declaration never comes
 // from the transfer it pairs.
 func TestPairingIsNotEvicted(t *testing.T) {
-	d := decl(t, "r1", []int{1}, rendezvous.Push, 0)
+	d := decl(t, "r1", []int{1}, proto.Push, 0)
 	cost := rendezvous.Cost(&d)
 	tb := rendezvous.NewTable(rendezvous.Config{MaxBytes: 3*cost + 10}, nil)
 	defer tb.Close()
-	r1, e := tb.Declare(rendezvous.Decode, d, "a")
+	r1, e := tb.Declare(proto.Decode, d, "a")
 	if e != nil {
 		t.Fatal(e)
 	}
 	d.ID = "r2"
-	r2, e := tb.Declare(rendezvous.Decode, d, "a")
+	r2, e := tb.Declare(proto.Decode, d, "a")
 	if e != nil {
 		t.Fatal(e)
 	}
 	d.ID = "r3"
-	if _, e := tb.Declare(rendezvous.Decode, d, "b"); e != nil {
+	if _, e := tb.Declare(proto.Decode, d, "b"); e != nil {
 		t.Fatal(e)
 	}
-	p, e := tb.Declare(rendezvous.Prefill, decl(t, "r1", []int{2}, "", 0), "c")
-	if e != nil || p.State != rendezvous.Transferring {
+	p, e := tb.Declare(proto.Prefill, decl(t, "r1", []int{2}, "", 0), "c")
+	if e != nil || p.State != proto.Transferring {
 		t.Fatalf("pairing r1: %+v %+v", p, e)
 	}
-	if r, e := tb.Status("r1", r1.Capability, ""); e != nil || r.State != rendezvous.Transferring {
+	if r, e := tb.Status("r1", r1.Capability, ""); e != nil || r.State != proto.Transferring {
 		t.Fatalf("r1: %+v %+v", r, e)
 	}
-	if r, e := tb.Status("r2", r2.Capability, ""); e != nil || r.State != rendezvous.Expired || errs.Code(r.Code) != errs.ResourceExhausted {
+	if r, e := tb.Status("r2", r2.Capability, ""); e != nil || r.State != proto.Expired || errs.Code(r.Code) != errs.ResourceExhausted {
 		t.Fatalf("r2 should have made the room: %+v %+v", r, e)
 	}
 }

@@ -1,6 +1,8 @@
 package rendezvous_test
 
 import (
+	"github.com/tecache/te/kvcache/handoff/proto"
+
 	"bytes"
 	"context"
 	"encoding/json"
@@ -112,7 +114,7 @@ func (s *server) do(method, path string, body any, hdr ...string) (int, []byte) 
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	if got := resp.Header.Get(rendezvous.InstanceHeader); strings.HasPrefix(path, "/handoff/") && resp.StatusCode != 405 &&
+	if got := resp.Header.Get(proto.InstanceHeader); strings.HasPrefix(path, "/handoff/") && resp.StatusCode != 405 &&
 		resp.StatusCode != 401 && resp.StatusCode != 413 && got != s.svc.Instance() {
 		s.t.Errorf("%s %s: instance header %q, want %q", method, path, got, s.svc.Instance())
 	}
@@ -120,16 +122,16 @@ func (s *server) do(method, path string, body any, hdr ...string) (int, []byte) 
 }
 
 // cp is the header pair that presents a capability.
-func cp(capability string) []string { return []string{rendezvous.CapabilityHeader, capability} }
+func cp(capability string) []string { return []string{proto.CapabilityHeader, capability} }
 
 // ok sends a request that must succeed and returns the record.
-func (s *server) ok(method, path string, body any, hdr ...string) rendezvous.Record {
+func (s *server) ok(method, path string, body any, hdr ...string) proto.Record {
 	s.t.Helper()
 	code, b := s.do(method, path, body, hdr...)
 	if code != 200 {
 		s.t.Fatalf("%s %s: %d %s", method, path, code, b)
 	}
-	var r rendezvous.Record
+	var r proto.Record
 	if err := json.Unmarshal(b, &r); err != nil {
 		s.t.Fatal(err)
 	}
@@ -140,10 +142,10 @@ func (s *server) ok(method, path string, body any, hdr ...string) rendezvous.Rec
 }
 
 // refused sends a request that must fail with status and code.
-func (s *server) refused(method, path string, body any, status int, code errs.Code, hdr ...string) rendezvous.ErrorBody {
+func (s *server) refused(method, path string, body any, status int, code errs.Code, hdr ...string) proto.ErrorBody {
 	s.t.Helper()
 	got, b := s.do(method, path, body, hdr...)
-	var e rendezvous.ErrorBody
+	var e proto.ErrorBody
 	if err := json.Unmarshal(b, &e); err != nil {
 		s.t.Fatalf("%s %s: %d, body %q is not an error body: %v", method, path, got, b, err)
 	}
@@ -164,8 +166,8 @@ func layout(t *testing.T, blocks int, base uint64) json.RawMessage {
 	return b
 }
 
-func decl(t *testing.T, id string, blocks []int, mode rendezvous.Mode, timeoutMS int64) rendezvous.Decl {
-	return rendezvous.Decl{ID: id, Segment: "127.0.0.1:1", Layout: layout(t, 32, 1<<30), Blocks: blocks, Mode: mode, TimeoutMS: timeoutMS}
+func decl(t *testing.T, id string, blocks []int, mode proto.Mode, timeoutMS int64) proto.Decl {
+	return proto.Decl{ID: id, Segment: "127.0.0.1:1", Layout: layout(t, 32, 1<<30), Blocks: blocks, Mode: mode, TimeoutMS: timeoutMS}
 }
 
 // eventually polls cond until it holds or the deadline passes.
@@ -190,12 +192,12 @@ var capRE = regexp.MustCompile(`^[0-9a-f]{32}$`)
 
 func TestPushRendezvous(t *testing.T) {
 	s := start(t, rendezvous.Config{})
-	d := s.ok("POST", "/handoff/expect", decl(t, "r1", []int{7, 3, 9}, rendezvous.Push, 0))
-	if d.State != rendezvous.Waiting || !d.Expect || d.Ready || d.Peer != nil || d.Mode != rendezvous.Push || d.ExpiresInMS <= 0 || !(d.Version > 0) {
+	d := s.ok("POST", "/handoff/expect", decl(t, "r1", []int{7, 3, 9}, proto.Push, 0))
+	if d.State != proto.Waiting || !d.Expect || d.Ready || d.Peer != nil || d.Mode != proto.Push || d.ExpiresInMS <= 0 || !(d.Version > 0) {
 		t.Fatalf("after expect: %+v", d)
 	}
 	p := s.ok("POST", "/handoff/ready", decl(t, "r1", []int{1, 2, 3}, "", 0))
-	if p.State != rendezvous.Transferring || p.Peer == nil || p.Peer.Segment != "127.0.0.1:1" || fmt.Sprint(p.Peer.Blocks) != "[7 3 9]" {
+	if p.State != proto.Transferring || p.Peer == nil || p.Peer.Segment != "127.0.0.1:1" || fmt.Sprint(p.Peer.Blocks) != "[7 3 9]" {
 		t.Fatalf("prefill (the pusher) should learn decode's declaration: %+v", p)
 	}
 	if !capRE.MatchString(d.Capability) || !capRE.MatchString(p.Capability) || d.Capability == p.Capability {
@@ -203,42 +205,42 @@ func TestPushRendezvous(t *testing.T) {
 	}
 	// Decode is not the mover: it never gets prefill's declaration.
 	w := s.ok("GET", fmt.Sprintf("/handoff/wait?id=r1&role=decode&since=%d&timeout_ms=5000", d.Version), nil, cp(d.Capability)...)
-	if w.State != rendezvous.Transferring || w.Peer != nil || w.Capability != "" {
+	if w.State != proto.Transferring || w.Peer != nil || w.Capability != "" {
 		t.Fatalf("decode wait: %+v", w)
 	}
 	// A long poll returns when the state changes.
-	got := make(chan rendezvous.Record, 1)
+	got := make(chan proto.Record, 1)
 	go func() {
 		code, b := s.do("GET", fmt.Sprintf("/handoff/wait?id=r1&since=%d&timeout_ms=10000", w.Version), nil, cp(d.Capability)...)
-		var r rendezvous.Record
+		var r proto.Record
 		if code != 200 || json.Unmarshal(b, &r) != nil {
 			t.Errorf("wait: %d %s", code, b)
 		}
 		got <- r
 	}()
 	s.polling(1)
-	c := s.ok("POST", "/handoff/complete", rendezvous.Complete{ID: "r1", OK: true, Bytes: 12345, Requests: 3, Seconds: 0.01}, cp(p.Capability)...)
-	if c.State != rendezvous.Done || !c.Settled || c.Bytes != 12345 {
+	c := s.ok("POST", "/handoff/complete", proto.Complete{ID: "r1", OK: true, Bytes: 12345, Requests: 3, Seconds: 0.01}, cp(p.Capability)...)
+	if c.State != proto.Done || !c.Settled || c.Bytes != 12345 {
 		t.Fatalf("complete: %+v", c)
 	}
 	select {
 	case r := <-got:
-		if r.State != rendezvous.Done || r.Version != c.Version {
+		if r.State != proto.Done || r.Version != c.Version {
 			t.Fatalf("long poll returned %+v", r)
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("long poll did not return on completion")
 	}
 	st := s.ok("GET", "/handoff/status?id=r1", nil, cp(d.Capability)...)
-	if st.State != rendezvous.Done || st.Requests != 3 || st.Bytes != 12345 || st.ExpiresInMS != 0 {
+	if st.State != proto.Done || st.Requests != 3 || st.Bytes != 12345 || st.ExpiresInMS != 0 {
 		t.Fatalf("status: %+v", st)
 	}
 	// Completing twice or aborting a finished transfer conflicts.
-	e := s.refused("POST", "/handoff/complete", rendezvous.Complete{ID: "r1", OK: true}, 409, errs.OK, cp(p.Capability)...)
-	if e.Record == nil || e.Record.State != rendezvous.Done {
+	e := s.refused("POST", "/handoff/complete", proto.Complete{ID: "r1", OK: true}, 409, errs.OK, cp(p.Capability)...)
+	if e.Record == nil || e.Record.State != proto.Done {
 		t.Fatalf("conflict body %+v", e)
 	}
-	s.refused("POST", "/handoff/abort", rendezvous.Abort{ID: "r1"}, 409, errs.OK, cp(d.Capability)...)
+	s.refused("POST", "/handoff/abort", proto.Abort{ID: "r1"}, 409, errs.OK, cp(d.Capability)...)
 	if u := s.svc.Usage(); u.Bytes != 0 || u.Clients != 0 || u.Transfers != 1 {
 		t.Fatalf("a finished transfer still holds %+v", u)
 	}
@@ -269,21 +271,21 @@ func TestPushRendezvous(t *testing.T) {
 
 func TestPullRendezvous(t *testing.T) {
 	s := start(t, rendezvous.Config{})
-	p := s.ok("POST", "/handoff/ready", decl(t, "r2", []int{4, 5}, rendezvous.Pull, 0))
-	if p.State != rendezvous.Waiting || p.Mode != rendezvous.Pull {
+	p := s.ok("POST", "/handoff/ready", decl(t, "r2", []int{4, 5}, proto.Pull, 0))
+	if p.State != proto.Waiting || p.Mode != proto.Pull {
 		t.Fatalf("ready: %+v", p)
 	}
-	d := s.ok("POST", "/handoff/expect", decl(t, "r2", []int{0, 1}, rendezvous.Pull, 0))
-	if d.State != rendezvous.Transferring || d.Peer == nil || fmt.Sprint(d.Peer.Blocks) != "[4 5]" {
+	d := s.ok("POST", "/handoff/expect", decl(t, "r2", []int{0, 1}, proto.Pull, 0))
+	if d.State != proto.Transferring || d.Peer == nil || fmt.Sprint(d.Peer.Blocks) != "[4 5]" {
 		t.Fatalf("decode (the puller) should learn prefill's declaration: %+v", d)
 	}
 	if r := s.ok("GET", "/handoff/status?id=r2&role=prefill", nil, cp(p.Capability)...); r.Peer != nil {
 		t.Fatalf("prefill is not the mover in pull mode: %+v", r)
 	}
 	// In pull mode prefill cannot report the outcome.
-	s.refused("POST", "/handoff/complete", rendezvous.Complete{ID: "r2", OK: true}, 403, errs.Unauthenticated, cp(p.Capability)...)
-	f := s.ok("POST", "/handoff/complete", rendezvous.Complete{ID: "r2", OK: false, Code: int32(errs.PeerUnreachable), Reason: "boom"}, cp(d.Capability)...)
-	if f.State != rendezvous.Failed || errs.Code(f.Code) != errs.PeerUnreachable || !strings.Contains(f.Reason, "boom") || !f.Settled {
+	s.refused("POST", "/handoff/complete", proto.Complete{ID: "r2", OK: true}, 403, errs.Unauthenticated, cp(p.Capability)...)
+	f := s.ok("POST", "/handoff/complete", proto.Complete{ID: "r2", OK: false, Code: int32(errs.PeerUnreachable), Reason: "boom"}, cp(d.Capability)...)
+	if f.State != proto.Failed || errs.Code(f.Code) != errs.PeerUnreachable || !strings.Contains(f.Reason, "boom") || !f.Settled {
 		t.Fatalf("failed complete: %+v", f)
 	}
 	_, m := s.do("GET", "/metrics", nil)
@@ -296,32 +298,32 @@ func TestPullRendezvous(t *testing.T) {
 // about a transfer, and only the mover reports its outcome.
 func TestCapabilities(t *testing.T) {
 	s := start(t, rendezvous.Config{})
-	d := s.ok("POST", "/handoff/expect", decl(t, "c1", []int{1, 2}, rendezvous.Push, 0))
+	d := s.ok("POST", "/handoff/expect", decl(t, "c1", []int{1, 2}, proto.Push, 0))
 	p := s.ok("POST", "/handoff/ready", decl(t, "c1", []int{3, 4}, "", 0))
 	forged := strings.Repeat("0", 32)
 	for _, hdr := range [][]string{nil, cp(forged), cp(d.Capability + "0"), cp(strings.ToUpper(p.Capability))} {
-		s.refused("POST", "/handoff/complete", rendezvous.Complete{ID: "c1", OK: true, Bytes: 1}, 403, errs.Unauthenticated, hdr...)
-		s.refused("POST", "/handoff/abort", rendezvous.Abort{ID: "c1", Reason: "forged"}, 403, errs.Unauthenticated, hdr...)
+		s.refused("POST", "/handoff/complete", proto.Complete{ID: "c1", OK: true, Bytes: 1}, 403, errs.Unauthenticated, hdr...)
+		s.refused("POST", "/handoff/abort", proto.Abort{ID: "c1", Reason: "forged"}, 403, errs.Unauthenticated, hdr...)
 		s.refused("GET", "/handoff/status?id=c1", nil, 403, errs.Unauthenticated, hdr...)
 		s.refused("GET", "/handoff/wait?id=c1&since=0", nil, 403, errs.Unauthenticated, hdr...)
 	}
 	// The waiting side cannot forge the mover's outcome, nor claim to be it.
-	s.refused("POST", "/handoff/complete", rendezvous.Complete{ID: "c1", OK: true, Bytes: 1}, 403, errs.Unauthenticated, cp(d.Capability)...)
+	s.refused("POST", "/handoff/complete", proto.Complete{ID: "c1", OK: true, Bytes: 1}, 403, errs.Unauthenticated, cp(d.Capability)...)
 	s.refused("GET", "/handoff/status?id=c1&role=prefill", nil, 403, errs.Unauthenticated, cp(d.Capability)...)
-	s.refused("POST", "/handoff/abort", rendezvous.Abort{ID: "c1", Role: rendezvous.Prefill}, 403, errs.Unauthenticated, cp(d.Capability)...)
+	s.refused("POST", "/handoff/abort", proto.Abort{ID: "c1", Role: proto.Prefill}, 403, errs.Unauthenticated, cp(d.Capability)...)
 	// A second declaration of a side learns neither declaration nor a
 	// capability.
 	e := s.refused("POST", "/handoff/ready", decl(t, "c1", []int{3, 4}, "", 0), 409, errs.InvalidArgument)
 	if e.Record == nil || e.Record.Peer != nil || e.Record.Capability != "" {
 		t.Fatalf("duplicate declaration answered %+v", e.Record)
 	}
-	if r := s.ok("GET", "/handoff/status?id=c1", nil, cp(d.Capability)...); r.State != rendezvous.Transferring || r.Peer != nil {
+	if r := s.ok("GET", "/handoff/status?id=c1", nil, cp(d.Capability)...); r.State != proto.Transferring || r.Peer != nil {
 		t.Fatalf("forgeries changed the transfer: %+v", r)
 	}
 	if r := s.ok("GET", "/handoff/status?id=c1", nil, cp(p.Capability)...); r.Peer == nil {
 		t.Fatalf("the mover's status lacks the peer: %+v", r)
 	}
-	s.ok("POST", "/handoff/complete", rendezvous.Complete{ID: "c1", OK: true, Bytes: 7}, cp(p.Capability)...)
+	s.ok("POST", "/handoff/complete", proto.Complete{ID: "c1", OK: true, Bytes: 7}, cp(p.Capability)...)
 	_, m := s.do("GET", "/metrics", nil)
 	if !strings.Contains(string(m), `te_handoff_rejected_total{reason="capability"} 19`) {
 		t.Errorf("capability refusals not counted:\n%s", m)
@@ -330,7 +332,7 @@ func TestCapabilities(t *testing.T) {
 
 func TestBadRequests(t *testing.T) {
 	s := start(t, rendezvous.Config{MaxTransfers: 3, MaxBody: 64 << 10})
-	good := decl(t, "x", []int{1}, rendezvous.Push, 0)
+	good := decl(t, "x", []int{1}, proto.Push, 0)
 	for _, c := range []struct {
 		name string
 		path string
@@ -340,21 +342,21 @@ func TestBadRequests(t *testing.T) {
 		{"empty body", "/handoff/ready", ``},
 		{"JSON array", "/handoff/ready", `[1,2]`},
 		{"trailing garbage", "/handoff/complete", `{"id":"x"} x`},
-		{"no id", "/handoff/expect", rendezvous.Decl{Segment: "s", Layout: good.Layout, Blocks: []int{1}}},
-		{"control char in id", "/handoff/expect", rendezvous.Decl{ID: "a\x01", Segment: "s", Layout: good.Layout, Blocks: []int{1}}},
-		{"long id", "/handoff/expect", rendezvous.Decl{ID: strings.Repeat("a", 257), Segment: "s", Layout: good.Layout, Blocks: []int{1}}},
-		{"no segment", "/handoff/expect", rendezvous.Decl{ID: "x", Layout: good.Layout, Blocks: []int{1}}},
-		{"no layout", "/handoff/expect", rendezvous.Decl{ID: "x", Segment: "s", Blocks: []int{1}}},
-		{"layout not an object", "/handoff/expect", rendezvous.Decl{ID: "x", Segment: "s", Layout: json.RawMessage(`"vllm"`), Blocks: []int{1}}},
-		{"invalid layout", "/handoff/expect", rendezvous.Decl{ID: "x", Segment: "s", Layout: json.RawMessage(`{"format":"vllm","dtype":"bf16"}`), Blocks: []int{1}}},
-		{"no blocks", "/handoff/expect", rendezvous.Decl{ID: "x", Segment: "s", Layout: good.Layout}},
-		{"block out of range", "/handoff/ready", rendezvous.Decl{ID: "x", Segment: "s", Layout: good.Layout, Blocks: []int{32}}},
-		{"negative block", "/handoff/ready", rendezvous.Decl{ID: "x", Segment: "s", Layout: good.Layout, Blocks: []int{-1}}},
-		{"duplicate destination block", "/handoff/expect", rendezvous.Decl{ID: "x", Segment: "s", Layout: good.Layout, Blocks: []int{2, 2}}},
-		{"bad mode", "/handoff/expect", rendezvous.Decl{ID: "x", Segment: "s", Layout: good.Layout, Blocks: []int{1}, Mode: "both"}},
-		{"negative timeout", "/handoff/expect", rendezvous.Decl{ID: "x", Segment: "s", Layout: good.Layout, Blocks: []int{1}, TimeoutMS: -1}},
-		{"huge timeout", "/handoff/expect", rendezvous.Decl{ID: "x", Segment: "s", Layout: good.Layout, Blocks: []int{1}, TimeoutMS: 1 << 50}},
-		{"abort bad role", "/handoff/abort", rendezvous.Abort{ID: "x", Role: "router"}},
+		{"no id", "/handoff/expect", proto.Decl{Segment: "s", Layout: good.Layout, Blocks: []int{1}}},
+		{"control char in id", "/handoff/expect", proto.Decl{ID: "a\x01", Segment: "s", Layout: good.Layout, Blocks: []int{1}}},
+		{"long id", "/handoff/expect", proto.Decl{ID: strings.Repeat("a", 257), Segment: "s", Layout: good.Layout, Blocks: []int{1}}},
+		{"no segment", "/handoff/expect", proto.Decl{ID: "x", Layout: good.Layout, Blocks: []int{1}}},
+		{"no layout", "/handoff/expect", proto.Decl{ID: "x", Segment: "s", Blocks: []int{1}}},
+		{"layout not an object", "/handoff/expect", proto.Decl{ID: "x", Segment: "s", Layout: json.RawMessage(`"vllm"`), Blocks: []int{1}}},
+		{"invalid layout", "/handoff/expect", proto.Decl{ID: "x", Segment: "s", Layout: json.RawMessage(`{"format":"vllm","dtype":"bf16"}`), Blocks: []int{1}}},
+		{"no blocks", "/handoff/expect", proto.Decl{ID: "x", Segment: "s", Layout: good.Layout}},
+		{"block out of range", "/handoff/ready", proto.Decl{ID: "x", Segment: "s", Layout: good.Layout, Blocks: []int{32}}},
+		{"negative block", "/handoff/ready", proto.Decl{ID: "x", Segment: "s", Layout: good.Layout, Blocks: []int{-1}}},
+		{"duplicate destination block", "/handoff/expect", proto.Decl{ID: "x", Segment: "s", Layout: good.Layout, Blocks: []int{2, 2}}},
+		{"bad mode", "/handoff/expect", proto.Decl{ID: "x", Segment: "s", Layout: good.Layout, Blocks: []int{1}, Mode: "both"}},
+		{"negative timeout", "/handoff/expect", proto.Decl{ID: "x", Segment: "s", Layout: good.Layout, Blocks: []int{1}, TimeoutMS: -1}},
+		{"huge timeout", "/handoff/expect", proto.Decl{ID: "x", Segment: "s", Layout: good.Layout, Blocks: []int{1}, TimeoutMS: 1 << 50}},
+		{"abort bad role", "/handoff/abort", proto.Abort{ID: "x", Role: "router"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			s.refused("POST", c.path, c.body, 400, errs.InvalidArgument)
@@ -366,24 +368,24 @@ func TestBadRequests(t *testing.T) {
 	s.refused("GET", "/handoff/status?id=x&role=router", nil, 400, errs.InvalidArgument)
 	// A body over the limit is refused whole, with an answer the client
 	// reads.
-	big := decl(t, "big", make([]int, 40000), rendezvous.Push, 0)
+	big := decl(t, "big", make([]int, 40000), proto.Push, 0)
 	s.refused("POST", "/handoff/ready", big, 413, errs.ResourceExhausted)
 
 	// Unknown ids.
 	s.refused("GET", "/handoff/status?id=nope", nil, 404, errs.NotFound)
 	s.refused("GET", "/handoff/wait?id=nope&timeout_ms=10", nil, 404, errs.NotFound)
-	s.refused("POST", "/handoff/complete", rendezvous.Complete{ID: "nope", OK: true}, 404, errs.NotFound)
-	s.refused("POST", "/handoff/abort", rendezvous.Abort{ID: "nope"}, 404, errs.NotFound)
+	s.refused("POST", "/handoff/complete", proto.Complete{ID: "nope", OK: true}, 404, errs.NotFound)
+	s.refused("POST", "/handoff/abort", proto.Abort{ID: "nope"}, 404, errs.NotFound)
 
 	// Duplicates and conflicts.
 	x := s.ok("POST", "/handoff/expect", good)
 	e := s.refused("POST", "/handoff/expect", good, 409, errs.InvalidArgument)
-	if e.Record == nil || e.Record.State != rendezvous.Waiting || !strings.Contains(e.Error, "already declared") {
+	if e.Record == nil || e.Record.State != proto.Waiting || !strings.Contains(e.Error, "already declared") {
 		t.Fatalf("duplicate: %+v", e)
 	}
-	s.refused("POST", "/handoff/complete", rendezvous.Complete{ID: "x", OK: true}, 409, errs.OK, cp(x.Capability)...) // not paired
-	s.refused("POST", "/handoff/ready", decl(t, "x", []int{1}, rendezvous.Pull, 0), 409, errs.InvalidArgument)
-	if r := s.ok("GET", "/handoff/status?id=x", nil, cp(x.Capability)...); r.State != rendezvous.Waiting || r.Ready {
+	s.refused("POST", "/handoff/complete", proto.Complete{ID: "x", OK: true}, 409, errs.OK, cp(x.Capability)...) // not paired
+	s.refused("POST", "/handoff/ready", decl(t, "x", []int{1}, proto.Pull, 0), 409, errs.InvalidArgument)
+	if r := s.ok("GET", "/handoff/status?id=x", nil, cp(x.Capability)...); r.State != proto.Waiting || r.Ready {
 		t.Fatalf("a refused declaration changed the transfer: %+v", r)
 	}
 	// Method not allowed comes from the sidecar's router.
@@ -392,9 +394,9 @@ func TestBadRequests(t *testing.T) {
 	}
 	// The table is bounded; unpaired transfers of the only client are not
 	// evicted for that client's own next one.
-	s.ok("POST", "/handoff/expect", decl(t, "y", []int{1}, rendezvous.Push, 0))
-	s.ok("POST", "/handoff/expect", decl(t, "z", []int{1}, rendezvous.Push, 0))
-	s.refused("POST", "/handoff/expect", decl(t, "w", []int{1}, rendezvous.Push, 0), 503, errs.ResourceExhausted)
+	s.ok("POST", "/handoff/expect", decl(t, "y", []int{1}, proto.Push, 0))
+	s.ok("POST", "/handoff/expect", decl(t, "z", []int{1}, proto.Push, 0))
+	s.refused("POST", "/handoff/expect", decl(t, "w", []int{1}, proto.Push, 0), 503, errs.ResourceExhausted)
 
 	_, m := s.do("GET", "/metrics", nil)
 	for _, want := range []string{`te_handoff_rejected_total{reason="invalid"}`, `te_handoff_rejected_total{reason="unknown_id"} 4`,
@@ -408,17 +410,17 @@ func TestBadRequests(t *testing.T) {
 
 func TestMismatchFailsAtPairing(t *testing.T) {
 	s := start(t, rendezvous.Config{})
-	s.ok("POST", "/handoff/expect", decl(t, "m", []int{1, 2}, rendezvous.Push, 0))
+	s.ok("POST", "/handoff/expect", decl(t, "m", []int{1, 2}, proto.Push, 0))
 	// Three prefill blocks for two decode blocks.
 	r := s.ok("POST", "/handoff/ready", decl(t, "m", []int{1, 2, 3}, "", 0))
-	if r.State != rendezvous.Failed || errs.Code(r.Code) != errs.InvalidArgument || !r.Settled || !strings.Contains(r.Reason, "do not match") {
+	if r.State != proto.Failed || errs.Code(r.Code) != errs.InvalidArgument || !r.Settled || !strings.Contains(r.Reason, "do not match") {
 		t.Fatalf("mismatch: %+v", r)
 	}
 	// A dtype mismatch too.
-	s.ok("POST", "/handoff/expect", decl(t, "m2", []int{1}, rendezvous.Push, 0))
+	s.ok("POST", "/handoff/expect", decl(t, "m2", []int{1}, proto.Push, 0))
 	d := decl(t, "m2", []int{1}, "", 0)
 	d.Layout = json.RawMessage(strings.Replace(string(d.Layout), `"bf16"`, `"fp16"`, 1))
-	if r := s.ok("POST", "/handoff/ready", d); r.State != rendezvous.Failed || !strings.Contains(r.Reason, "dtype") {
+	if r := s.ok("POST", "/handoff/ready", d); r.State != proto.Failed || !strings.Contains(r.Reason, "dtype") {
 		t.Fatalf("dtype mismatch: %+v", r)
 	}
 	_, m := s.do("GET", "/metrics", nil)
@@ -430,29 +432,29 @@ func TestMismatchFailsAtPairing(t *testing.T) {
 func TestAbort(t *testing.T) {
 	s := start(t, rendezvous.Config{})
 	// Before pairing: aborted and settled at once; the late side is told.
-	d := s.ok("POST", "/handoff/expect", decl(t, "a1", []int{1}, rendezvous.Push, 0))
-	a := s.ok("POST", "/handoff/abort", rendezvous.Abort{ID: "a1", Role: rendezvous.Decode, Reason: "client went away"}, cp(d.Capability)...)
-	if a.State != rendezvous.Aborted || !a.Settled || a.AbortBy != rendezvous.Decode || errs.Code(a.Code) != errs.Canceled || !strings.Contains(a.Reason, "client went away") {
+	d := s.ok("POST", "/handoff/expect", decl(t, "a1", []int{1}, proto.Push, 0))
+	a := s.ok("POST", "/handoff/abort", proto.Abort{ID: "a1", Role: proto.Decode, Reason: "client went away"}, cp(d.Capability)...)
+	if a.State != proto.Aborted || !a.Settled || a.AbortBy != proto.Decode || errs.Code(a.Code) != errs.Canceled || !strings.Contains(a.Reason, "client went away") {
 		t.Fatalf("abort: %+v", a)
 	}
 	e := s.refused("POST", "/handoff/ready", decl(t, "a1", []int{1}, "", 0), 409, errs.Canceled)
-	if e.Record == nil || e.Record.State != rendezvous.Aborted {
+	if e.Record == nil || e.Record.State != proto.Aborted {
 		t.Fatalf("late ready: %+v", e)
 	}
 	// While moving: aborted but not settled until the mover reports.
-	d = s.ok("POST", "/handoff/expect", decl(t, "a2", []int{1}, rendezvous.Push, 0))
+	d = s.ok("POST", "/handoff/expect", decl(t, "a2", []int{1}, proto.Push, 0))
 	p := s.ok("POST", "/handoff/ready", decl(t, "a2", []int{1}, "", 0))
-	a = s.ok("POST", "/handoff/abort", rendezvous.Abort{ID: "a2"}, cp(p.Capability)...)
-	if a.State != rendezvous.Aborted || a.Settled || a.AbortBy != rendezvous.Prefill {
+	a = s.ok("POST", "/handoff/abort", proto.Abort{ID: "a2"}, cp(p.Capability)...)
+	if a.State != proto.Aborted || a.Settled || a.AbortBy != proto.Prefill {
 		t.Fatalf("abort while moving: %+v", a)
 	}
 	// Only the mover's report settles it.
-	s.refused("POST", "/handoff/complete", rendezvous.Complete{ID: "a2", OK: true, Bytes: 10}, 403, errs.Unauthenticated, cp(d.Capability)...)
-	e = s.refused("POST", "/handoff/complete", rendezvous.Complete{ID: "a2", OK: true, Bytes: 10}, 409, errs.Canceled, cp(p.Capability)...)
-	if e.Record == nil || !e.Record.Settled || e.Record.State != rendezvous.Aborted {
+	s.refused("POST", "/handoff/complete", proto.Complete{ID: "a2", OK: true, Bytes: 10}, 403, errs.Unauthenticated, cp(d.Capability)...)
+	e = s.refused("POST", "/handoff/complete", proto.Complete{ID: "a2", OK: true, Bytes: 10}, 409, errs.Canceled, cp(p.Capability)...)
+	if e.Record == nil || !e.Record.Settled || e.Record.State != proto.Aborted {
 		t.Fatalf("late complete: %+v", e)
 	}
-	s.refused("POST", "/handoff/abort", rendezvous.Abort{ID: "a2"}, 409, errs.Canceled, cp(d.Capability)...)
+	s.refused("POST", "/handoff/abort", proto.Abort{ID: "a2"}, 409, errs.Canceled, cp(d.Capability)...)
 	_, m := s.do("GET", "/metrics", nil)
 	for _, want := range []string{`te_handoff_failures_total{reason="aborted_by_decode"} 1`, `te_handoff_failures_total{reason="aborted_by_prefill"} 1`,
 		`te_handoff_transfers{state="aborted"} 2`} {
@@ -465,10 +467,10 @@ func TestAbort(t *testing.T) {
 func TestExpiry(t *testing.T) {
 	s := start(t, rendezvous.Config{SettleGrace: 300 * time.Millisecond, Retain: 300 * time.Millisecond})
 	// Unpaired: expires at its deadline, settled.
-	d := s.ok("POST", "/handoff/expect", decl(t, "e1", []int{1}, rendezvous.Push, 100))
+	d := s.ok("POST", "/handoff/expect", decl(t, "e1", []int{1}, proto.Push, 100))
 	t0 := time.Now()
 	r := s.ok("GET", fmt.Sprintf("/handoff/wait?id=e1&since=%d&timeout_ms=5000", d.Version), nil, cp(d.Capability)...)
-	if r.State != rendezvous.Expired || !r.Settled || errs.Code(r.Code) != errs.Timeout || !strings.Contains(r.Reason, "prefill never declared") {
+	if r.State != proto.Expired || !r.Settled || errs.Code(r.Code) != errs.Timeout || !strings.Contains(r.Reason, "prefill never declared") {
 		t.Fatalf("expiry: %+v", r)
 	}
 	if el := time.Since(t0); el < 50*time.Millisecond {
@@ -476,16 +478,16 @@ func TestExpiry(t *testing.T) {
 	}
 	// Paired but never completed: expired, then settled after the grace.
 	p := s.ok("POST", "/handoff/ready", decl(t, "e2", []int{1}, "", 150))
-	s.ok("POST", "/handoff/expect", decl(t, "e2", []int{1}, rendezvous.Push, 150))
+	s.ok("POST", "/handoff/expect", decl(t, "e2", []int{1}, proto.Push, 150))
 	r = s.ok("GET", "/handoff/status?id=e2", nil, cp(p.Capability)...)
-	for r.State != rendezvous.Expired {
+	for r.State != proto.Expired {
 		r = s.ok("GET", fmt.Sprintf("/handoff/wait?id=e2&since=%d&timeout_ms=5000", r.Version), nil, cp(p.Capability)...)
 	}
 	if r.Settled {
 		t.Fatalf("expiry while moving settled at once: %+v", r)
 	}
 	r = s.ok("GET", fmt.Sprintf("/handoff/wait?id=e2&since=%d&timeout_ms=5000", r.Version), nil, cp(p.Capability)...)
-	if r.State != rendezvous.Expired || !r.Settled || !strings.Contains(r.Reason, "never reported") {
+	if r.State != proto.Expired || !r.Settled || !strings.Contains(r.Reason, "never reported") {
 		t.Fatalf("settle after grace: %+v", r)
 	}
 	// Finished transfers are dropped after the retention time.
@@ -503,7 +505,7 @@ func TestExpiry(t *testing.T) {
 
 func TestWaitTimeoutAndShutdown(t *testing.T) {
 	s := start(t, rendezvous.Config{})
-	d := s.ok("POST", "/handoff/expect", decl(t, "w1", []int{1}, rendezvous.Push, 0))
+	d := s.ok("POST", "/handoff/expect", decl(t, "w1", []int{1}, proto.Push, 0))
 	t0 := time.Now()
 	r := s.ok("GET", fmt.Sprintf("/handoff/wait?id=w1&since=%d&timeout_ms=100", d.Version), nil, cp(d.Capability)...)
 	if r.Version != d.Version || time.Since(t0) < 80*time.Millisecond {

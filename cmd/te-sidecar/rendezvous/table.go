@@ -1,6 +1,8 @@
 package rendezvous
 
 import (
+	"github.com/tecache/te/kvcache/handoff/proto"
+
 	"container/list"
 	"crypto/rand"
 	"crypto/subtle"
@@ -94,7 +96,7 @@ const MaxIDLen = 256
 // Cost estimates the memory a declaration holds while its transfer lives:
 // the table keeps its layout, segment and block list (8 bytes per block id)
 // plus a fixed overhead.
-func Cost(d *Decl) int64 {
+func Cost(d *proto.Decl) int64 {
 	return int64(len(d.ID)+len(d.Segment)+len(d.Layout)) + 8*int64(len(d.Blocks)) + 512
 }
 
@@ -122,18 +124,18 @@ type usage struct {
 
 type rec struct {
 	id        string
-	mode      Mode
-	decl      [2]*Decl  // by side: decode, prefill
-	caps      [2]string // capability of each side that declared
-	client    [2]string // the client that declared each side
-	creator   string    // the client whose declaration created it
-	cost      [2]int64  // Cost of each declaration while held
-	state     State
+	mode      proto.Mode
+	decl      [2]*proto.Decl // by side: decode, prefill
+	caps      [2]string      // capability of each side that declared
+	client    [2]string      // the client that declared each side
+	creator   string         // the client whose declaration created it
+	cost      [2]int64       // Cost of each declaration while held
+	state     proto.State
 	version   uint64
 	bytes     uint64
 	code      errs.Code
 	reason    string
-	abortBy   Role
+	abortBy   proto.Role
 	settled   bool
 	reqs      int
 	settledAt time.Time // retention counts from here
@@ -146,18 +148,18 @@ type rec struct {
 	doneElem               *list.Element // in Table.finished once settled and terminal
 }
 
-func side(r Role) int {
-	if r == Prefill {
+func side(r proto.Role) int {
+	if r == proto.Prefill {
 		return 1
 	}
 	return 0
 }
 
-func roleOf(side int) Role {
+func roleOf(side int) proto.Role {
 	if side == 1 {
-		return Prefill
+		return proto.Prefill
 	}
-	return Decode
+	return proto.Decode
 }
 
 // NewTable returns an empty table; reg (may be nil) receives its metrics.
@@ -211,7 +213,7 @@ type Refusal struct {
 	Status int
 	Code   errs.Code
 	Msg    string
-	Record *Record
+	Record *proto.Record
 	kind   string // metrics label when it is not implied by status and code
 }
 
@@ -235,7 +237,7 @@ func checkID(id string) *Refusal {
 
 // checkDecl validates one side's declaration on its own and returns its
 // parsed layout.
-func (t *Table) checkDecl(role Role, d *Decl) (*kvcache.Layout, *Refusal) {
+func (t *Table) checkDecl(role proto.Role, d *proto.Decl) (*kvcache.Layout, *Refusal) {
 	if e := checkID(d.ID); e != nil {
 		return nil, e
 	}
@@ -246,7 +248,7 @@ func (t *Table) checkDecl(role Role, d *Decl) (*kvcache.Layout, *Refusal) {
 		return bad("segment must be 1..1024 bytes")
 	}
 	switch d.Mode {
-	case "", Push, Pull:
+	case "", proto.Push, proto.Pull:
 	default:
 		return bad("mode %q is neither push nor pull", d.Mode)
 	}
@@ -271,7 +273,7 @@ func (t *Table) checkDecl(role Role, d *Decl) (*kvcache.Layout, *Refusal) {
 			return bad("block id %d (index %d) outside 0..%d", b, i, l.NumBlocks-1)
 		}
 	}
-	if role == Decode {
+	if role == proto.Decode {
 		s := slices.Clone(d.Blocks)
 		slices.Sort(s)
 		for i := 1; i < len(s); i++ {
@@ -293,13 +295,13 @@ func newCapability() string {
 // its quotas. The second declaration pairs the transfer and starts it. The record
 // returned carries the declaring side's capability, which the side's later
 // requests about the transfer must present.
-func (t *Table) Declare(role Role, d Decl, client string) (Record, *Refusal) {
-	if role != Prefill && role != Decode {
-		return Record{}, refuse(http.StatusBadRequest, errs.InvalidArgument, "role %q is neither prefill nor decode", role)
+func (t *Table) Declare(role proto.Role, d proto.Decl, client string) (proto.Record, *Refusal) {
+	if role != proto.Prefill && role != proto.Decode {
+		return proto.Record{}, refuse(http.StatusBadRequest, errs.InvalidArgument, "role %q is neither prefill nor decode", role)
 	}
 	if _, e := t.checkDecl(role, &d); e != nil {
 		t.m.rejected(e)
-		return Record{}, e
+		return proto.Record{}, e
 	}
 	timeout := t.cfg.DefaultTimeout
 	if d.TimeoutMS > 0 {
@@ -314,55 +316,55 @@ func (t *Table) Declare(role Role, d Decl, client string) (Record, *Refusal) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
-		return Record{}, refuse(http.StatusServiceUnavailable, errs.Closed, "sidecar shutting down")
+		return proto.Record{}, refuse(http.StatusServiceUnavailable, errs.Closed, "sidecar shutting down")
 	}
 	r := t.recs[d.ID]
 	if r != nil {
 		// Conflicts are answered without either side's declaration or
 		// capability: the caller has proved nothing about this transfer.
-		conflict := func(e *Refusal) (Record, *Refusal) {
+		conflict := func(e *Refusal) (proto.Record, *Refusal) {
 			rr := r.record(t, "", now)
 			e.Record = &rr
 			t.m.rejected(e)
-			return Record{}, e
+			return proto.Record{}, e
 		}
 		if r.decl[side(role)] != nil || r.caps[side(role)] != "" {
 			return conflict(refuse(http.StatusConflict, errs.InvalidArgument, "%s already declared transfer %q", role, d.ID))
 		}
 		if r.state.Terminal() {
-			return conflict(refuse(http.StatusConflict, codeOf(r.state), "transfer %q is already %s: %s", d.ID, r.state, r.reason))
+			return conflict(refuse(http.StatusConflict, r.state.Code(), "transfer %q is already %s: %s", d.ID, r.state, r.reason))
 		}
 	}
 	// Pairing: decode's mode wins; a prefill that named another mode is
 	// refused rather than silently moved the other way.
-	var mode Mode
+	var mode proto.Mode
 	if r != nil {
 		mode = r.mode
-		if role == Decode {
+		if role == proto.Decode {
 			if mode != "" && d.Mode != "" && mode != d.Mode {
-				return Record{}, t.modeConflict(r, role, d.Mode, now)
+				return proto.Record{}, t.modeConflict(r, role, d.Mode, now)
 			}
 			if d.Mode != "" {
 				mode = d.Mode
 			}
 		} else if d.Mode != "" && mode != "" && d.Mode != mode {
-			return Record{}, t.modeConflict(r, role, d.Mode, now)
+			return proto.Record{}, t.modeConflict(r, role, d.Mode, now)
 		}
 		if mode == "" {
-			mode = Push
+			mode = proto.Push
 		}
 	}
 	if e := t.admit(client, cost, r, now); e != nil {
 		t.m.rejected(e)
-		return Record{}, e
+		return proto.Record{}, e
 	}
 	if r == nil {
-		r = &rec{id: d.ID, state: Waiting, created: now, deadline: now.Add(timeout), changed: make(chan struct{}), mode: d.Mode,
+		r = &rec{id: d.ID, state: proto.Waiting, created: now, deadline: now.Add(timeout), changed: make(chan struct{}), mode: d.Mode,
 			creator: client}
 		t.hold(r, role, &d, client, cost)
 		t.recs[d.ID] = r
 		r.waitElem = t.use(client).waiting.PushBack(r)
-		t.m.enter(Waiting)
+		t.m.enter(proto.Waiting)
 		t.bump(r)
 		return r.declared(t, role, now), nil
 	}
@@ -375,17 +377,17 @@ func (t *Table) Declare(role Role, d Decl, client string) (Record, *Refusal) {
 	}
 	t.m.paired(now.Sub(r.created))
 	if err := compatible(r.decl[1], r.decl[0]); err != nil {
-		t.end(r, Failed, errs.CodeOf(err), "prefill and decode caches do not match: "+err.Error(), now)
+		t.end(r, proto.Failed, errs.CodeOf(err), "prefill and decode caches do not match: "+err.Error(), now)
 		t.settle(r, now) // nothing moved
 	} else {
-		t.move(r, Transferring)
+		t.move(r, proto.Transferring)
 	}
 	t.bump(r)
 	return r.declared(t, role, now), nil
 }
 
 // hold records a side's declaration and charges its cost to client.
-func (t *Table) hold(r *rec, role Role, d *Decl, client string, cost int64) {
+func (t *Table) hold(r *rec, role proto.Role, d *proto.Decl, client string, cost int64) {
 	s := side(role)
 	r.decl[s], r.caps[s], r.client[s], r.cost[s] = d, newCapability(), client, cost
 	t.use(client).bytes += cost
@@ -510,13 +512,13 @@ func (t *Table) evict(requester string, waiting int, held int64, keep *rec, now 
 	}
 	n := vu.waiting.Len()
 	t.settle(r, now)
-	t.end(r, Expired, errs.ResourceExhausted, fmt.Sprintf(
+	t.end(r, proto.Expired, errs.ResourceExhausted, fmt.Sprintf(
 		"evicted before pairing: the sidecar was full and client %s held %d unpaired transfers", victim, n), now)
 	t.bump(r)
 	return true
 }
 
-func (t *Table) modeConflict(r *rec, role Role, m Mode, now time.Time) *Refusal {
+func (t *Table) modeConflict(r *rec, role proto.Role, m proto.Mode, now time.Time) *Refusal {
 	e := refuse(http.StatusConflict, errs.InvalidArgument, "%s asks for %s mode but transfer %q is %s", role, m, r.id, r.mode)
 	rr := r.record(t, "", now)
 	e.Record, e.kind = &rr, "conflict"
@@ -525,8 +527,8 @@ func (t *Table) modeConflict(r *rec, role Role, m Mode, now time.Time) *Refusal 
 }
 
 // compatible checks that a plan can be made from the two declarations,
-// cheaply: one block pair over every layer, plus the list lengths.
-func compatible(src, dst *Decl) error {
+// cheaply: the layouts fit together and the block lists have one length.
+func compatible(src, dst *proto.Decl) error {
 	var sl, dl kvcache.Layout
 	if err := json.Unmarshal(src.Layout, &sl); err != nil {
 		return err
@@ -537,20 +539,19 @@ func compatible(src, dst *Decl) error {
 	if len(src.Blocks) != len(dst.Blocks) {
 		return errs.New(errs.InvalidArgument, "handoff", "prefill declared %d blocks, decode %d", len(src.Blocks), len(dst.Blocks))
 	}
-	_, err := kvcache.NewPlan(&sl, &dl, src.Blocks[:1], dst.Blocks[:1], kvcache.LayerRange{})
-	return err
+	return kvcache.Compatible(&sl, &dl)
 }
 
 // authorize finds the transfer id and the side whose capability the caller
 // presents; want, when not empty, is the role the caller claims. A missing
 // or foreign capability is refused with 403, so that nobody but the two
 // sides learns or changes anything about a transfer. Callers hold t.mu.
-func (t *Table) authorize(id, capability string, want Role) (*rec, Role, *Refusal) {
+func (t *Table) authorize(id, capability string, want proto.Role) (*rec, proto.Role, *Refusal) {
 	if e := checkID(id); e != nil {
 		return nil, "", e
 	}
 	switch want {
-	case "", Prefill, Decode:
+	case "", proto.Prefill, proto.Decode:
 	default:
 		return nil, "", refuse(http.StatusBadRequest, errs.InvalidArgument, "role %q is neither prefill nor decode", want)
 	}
@@ -558,7 +559,7 @@ func (t *Table) authorize(id, capability string, want Role) (*rec, Role, *Refusa
 	if e != nil {
 		return nil, "", e
 	}
-	role := Role("")
+	role := proto.Role("")
 	for s := range 2 {
 		// Both compared, in constant time, whatever matches.
 		if r.caps[s] != "" && subtle.ConstantTimeCompare([]byte(r.caps[s]), []byte(capability)) == 1 {
@@ -567,7 +568,7 @@ func (t *Table) authorize(id, capability string, want Role) (*rec, Role, *Refusa
 	}
 	if role == "" {
 		e := refuse(http.StatusForbidden, errs.Unauthenticated,
-			"transfer %q needs the capability its declaration returned (header %s)", id, CapabilityHeader)
+			"transfer %q needs the capability its declaration returned (header %s)", id, proto.CapabilityHeader)
 		e.kind = "capability"
 		t.m.rejected(e)
 		return nil, "", e
@@ -583,42 +584,42 @@ func (t *Table) authorize(id, capability string, want Role) (*rec, Role, *Refusa
 
 // Complete records the mover's outcome; only the mover's capability is
 // accepted once the transfer is paired.
-func (t *Table) Complete(c Complete, capability string) (Record, *Refusal) {
+func (t *Table) Complete(c proto.Complete, capability string) (proto.Record, *Refusal) {
 	now := time.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	r, role, e := t.authorize(c.ID, capability, "")
 	if e != nil {
-		return Record{}, e
+		return proto.Record{}, e
 	}
-	conflict := func(format string, args ...any) (Record, *Refusal) {
-		e := refuse(http.StatusConflict, codeOf(r.state), format, args...)
+	conflict := func(format string, args ...any) (proto.Record, *Refusal) {
+		e := refuse(http.StatusConflict, r.state.Code(), format, args...)
 		rr := r.record(t, role, now)
 		e.Record = &rr
 		t.m.rejected(e)
-		return Record{}, e
+		return proto.Record{}, e
 	}
-	if r.state == Waiting {
+	if r.state == proto.Waiting {
 		return conflict("transfer %q is not paired yet: nothing to complete", c.ID)
 	}
 	if !r.paired.IsZero() && role != r.mode.Mover() {
 		e := refuse(http.StatusForbidden, errs.Unauthenticated, "only the mover (%s) completes %s transfer %q", r.mode.Mover(), r.mode, c.ID)
 		e.kind = "capability"
 		t.m.rejected(e)
-		return Record{}, e
+		return proto.Record{}, e
 	}
 	switch {
-	case r.state == Transferring:
+	case r.state == proto.Transferring:
 		r.bytes, r.reqs = c.Bytes, c.Requests
 		if c.OK {
-			t.end(r, Done, errs.OK, "", now)
+			t.end(r, proto.Done, errs.OK, "", now)
 			t.m.completed(r.mode, c)
 		} else {
 			code := errs.Code(c.Code)
 			if code == errs.OK {
 				code = errs.Internal
 			}
-			t.end(r, Failed, code, "mover: "+c.Reason, now)
+			t.end(r, proto.Failed, code, "mover: "+c.Reason, now)
 		}
 		t.settle(r, now)
 		t.bump(r)
@@ -635,20 +636,20 @@ func (t *Table) Complete(c Complete, capability string) (Record, *Refusal) {
 
 // Abort ends a transfer that is not finished yet, for the side whose
 // capability is presented.
-func (t *Table) Abort(a Abort, capability string) (Record, *Refusal) {
+func (t *Table) Abort(a proto.Abort, capability string) (proto.Record, *Refusal) {
 	now := time.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	r, role, e := t.authorize(a.ID, capability, a.Role)
 	if e != nil {
-		return Record{}, e
+		return proto.Record{}, e
 	}
 	if r.state.Terminal() {
-		e := refuse(http.StatusConflict, codeOf(r.state), "transfer %q already %s", a.ID, r.state)
+		e := refuse(http.StatusConflict, r.state.Code(), "transfer %q already %s", a.ID, r.state)
 		rr := r.record(t, role, now)
 		e.Record = &rr
 		t.m.rejected(e)
-		return Record{}, e
+		return proto.Record{}, e
 	}
 	reason := "aborted by " + string(role)
 	if a.Reason != "" {
@@ -657,29 +658,29 @@ func (t *Table) Abort(a Abort, capability string) (Record, *Refusal) {
 	r.abortBy = role
 	// Before pairing nobody moves anything; after it the mover may be in
 	// the middle of a batch and settles when it reports.
-	if r.state == Waiting {
+	if r.state == proto.Waiting {
 		t.settle(r, now)
 	}
-	t.end(r, Aborted, errs.Canceled, reason, now)
+	t.end(r, proto.Aborted, errs.Canceled, reason, now)
 	t.bump(r)
 	return r.record(t, role, now), nil
 }
 
 // Status returns a transfer's record for the side whose capability is
 // presented (role, when not empty, is the side the caller claims to be).
-func (t *Table) Status(id, capability string, role Role) (Record, *Refusal) {
+func (t *Table) Status(id, capability string, role proto.Role) (proto.Record, *Refusal) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	r, role, e := t.authorize(id, capability, role)
 	if e != nil {
-		return Record{}, e
+		return proto.Record{}, e
 	}
 	return r.record(t, role, time.Now()), nil
 }
 
 // Wait returns once the transfer's version exceeds since, the timeout
 // passes or stop is closed, with the record as it is then.
-func (t *Table) Wait(id, capability string, role Role, since uint64, timeout time.Duration, stop <-chan struct{}) (Record, *Refusal) {
+func (t *Table) Wait(id, capability string, role proto.Role, since uint64, timeout time.Duration, stop <-chan struct{}) (proto.Record, *Refusal) {
 	timeout = min(timeout, t.cfg.MaxWait)
 	var timer *time.Timer
 	t.mu.Lock()
@@ -698,7 +699,7 @@ func (t *Table) Wait(id, capability string, role Role, since uint64, timeout tim
 		r, who, e := t.authorize(id, capability, role)
 		if e != nil {
 			t.mu.Unlock()
-			return Record{}, e
+			return proto.Record{}, e
 		}
 		if r.version > since || t.closed {
 			rr := r.record(t, who, time.Now())
@@ -737,14 +738,14 @@ func (t *Table) lookup(id string) (*rec, *Refusal) {
 }
 
 // move changes a live transfer's state.
-func (t *Table) move(r *rec, s State) {
+func (t *Table) move(r *rec, s proto.State) {
 	t.m.leave(r.state)
 	r.state = s
 	t.m.enter(s)
 }
 
 // end moves r to a terminal state and releases its declarations.
-func (t *Table) end(r *rec, s State, code errs.Code, reason string, now time.Time) {
+func (t *Table) end(r *rec, s proto.State, code errs.Code, reason string, now time.Time) {
 	from := r.state
 	t.move(r, s)
 	r.code, r.reason, r.ended = code, reason, now
@@ -821,15 +822,15 @@ func (t *Table) fire(r *rec) {
 			t.arm(r)
 			return
 		}
-		if r.state == Waiting {
+		if r.state == proto.Waiting {
 			missing := "prefill"
 			if r.decl[0] == nil {
 				missing = "decode"
 			}
 			t.settle(r, now)
-			t.end(r, Expired, errs.Timeout, "expired: "+missing+" never declared", now)
+			t.end(r, proto.Expired, errs.Timeout, "expired: "+missing+" never declared", now)
 		} else {
-			t.end(r, Expired, errs.Timeout, "expired: the mover did not complete in time", now)
+			t.end(r, proto.Expired, errs.Timeout, "expired: the mover did not complete in time", now)
 		}
 		t.bump(r)
 	case !r.settled:
@@ -851,8 +852,8 @@ func (t *Table) fire(r *rec) {
 
 // record renders r for a caller in role (empty: a caller that proved
 // nothing about r, which learns neither declaration).
-func (r *rec) record(t *Table, role Role, now time.Time) Record {
-	out := Record{
+func (r *rec) record(t *Table, role proto.Role, now time.Time) proto.Record {
+	out := proto.Record{
 		Instance: t.instance, ID: r.id, State: r.state, Mode: r.mode, Version: r.version,
 		Expect: r.caps[0] != "", Ready: r.caps[1] != "", Bytes: r.bytes, Code: int32(r.code),
 		Reason: r.reason, AbortBy: r.abortBy, Settled: r.settled, Requests: r.reqs,
@@ -860,16 +861,16 @@ func (r *rec) record(t *Table, role Role, now time.Time) Record {
 	if !r.state.Terminal() {
 		out.ExpiresInMS = max(1, r.deadline.Sub(now).Milliseconds())
 	}
-	if r.state == Transferring && role != "" && role == r.mode.Mover() {
+	if r.state == proto.Transferring && role != "" && role == r.mode.Mover() {
 		if o := r.decl[1-side(role)]; o != nil {
-			out.Peer = &Peer{Segment: o.Segment, Layout: o.Layout, Blocks: o.Blocks, Window: o.Window}
+			out.Peer = &proto.Peer{Segment: o.Segment, Layout: o.Layout, Blocks: o.Blocks, Window: o.Window}
 		}
 	}
 	return out
 }
 
 // declared renders r for the side that just declared, with its capability.
-func (r *rec) declared(t *Table, role Role, now time.Time) Record {
+func (r *rec) declared(t *Table, role proto.Role, now time.Time) proto.Record {
 	out := r.record(t, role, now)
 	out.Capability = r.caps[side(role)]
 	return out

@@ -1,6 +1,8 @@
 package sidecar
 
 import (
+	"github.com/tecache/te/kvcache/handoff/proto"
+
 	"context"
 	"errors"
 	"fmt"
@@ -392,7 +394,7 @@ func (s *Server) drain(ctx *fasthttp.RequestCtx) {
 // X-Te-Client (authenticated callers are trusted not to impersonate each
 // other); otherwise its remote address, with the name when there is one.
 func (s *Server) Client(ctx *fasthttp.RequestCtx) string {
-	name := string(ctx.Request.Header.Peek(rendezvous.ClientHeader))
+	name := string(ctx.Request.Header.Peek(proto.ClientHeader))
 	if len(name) > 256 || strings.ContainsFunc(name, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
 		name = ""
 	}

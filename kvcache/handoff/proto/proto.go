@@ -1,4 +1,4 @@
-package rendezvous
+package proto
 
 import (
 	"encoding/json"
@@ -71,6 +71,9 @@ const CapabilityHeader = "X-Te-Capability"
 // name). With a cluster secret the sidecar keeps its quotas per client
 // name; without one, per remote address and client name.
 const ClientHeader = "X-Te-Client"
+
+// InstanceHeader carries the sidecar instance on every handoff answer.
+const InstanceHeader = "X-Te-Sidecar-Instance"
 
 // Decl is one side's declaration: the body of POST /handoff/expect (decode)
 // and POST /handoff/ready (prefill).
@@ -166,9 +169,8 @@ type ErrorBody struct {
 	Record *Record `json:"record,omitempty"`
 }
 
-// codeOf maps a state to the errs code a caller sees when the transfer
-// ended that way.
-func codeOf(s State) errs.Code {
+// Code is the error code a caller sees when the transfer ended in state s.
+func (s State) Code() errs.Code {
 	switch s {
 	case Aborted:
 		return errs.Canceled
