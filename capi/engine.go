@@ -8,6 +8,8 @@ typedef const te_config_t te_cconfig;
 import "C"
 
 import (
+	_ "github.com/tecache/te/engine/std"
+
 	"encoding/json"
 	"strings"
 	"unsafe"

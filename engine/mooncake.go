@@ -90,6 +90,19 @@ func (m *mooncakeState) forget(addr string) {
 	}
 }
 
+// mooncakeTCP is the name Mooncake's descriptors give its tcp transport.
+const mooncakeTCP = "tcp"
+
+// mooncakeProtocol sets the descriptor's protocol, the field a Mooncake
+// initiator picks its transport by: what the transports' Describe said, but
+// tcp when this engine serves Mooncake initiators, since it serves them on
+// tcp alone.
+func (e *Engine) mooncakeProtocol(d *segment.Desc) {
+	if e.mc.accept {
+		d.Protocol = mooncakeTCP
+	}
+}
+
 // mooncakeParam answers the transport parameters that are the engine's to
 // decide.
 func (e *Engine) mooncakeParam(key string) (string, bool) {

@@ -1,6 +1,8 @@
 package tebench
 
 import (
+	_ "github.com/tecache/te/engine/std"
+
 	"context"
 	"encoding/json"
 	"fmt"

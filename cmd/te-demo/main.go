@@ -16,6 +16,8 @@
 package main
 
 import (
+	_ "github.com/tecache/te/engine/std"
+
 	"bufio"
 	"context"
 	crand "crypto/rand"

@@ -1,6 +1,8 @@
 package handoff_test
 
 import (
+	_ "github.com/tecache/te/engine/std"
+
 	"context"
 	"fmt"
 	"math/rand/v2"

@@ -1,6 +1,8 @@
 package interop_test
 
 import (
+	_ "github.com/tecache/te/engine/std"
+
 	"bufio"
 	"bytes"
 	"context"

@@ -1,6 +1,8 @@
 package glue
 
 import (
+	_ "github.com/tecache/te/engine/std" // the engines these tests build install every standard transport
+
 	"testing"
 
 	"go.uber.org/goleak"

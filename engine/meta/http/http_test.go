@@ -1,6 +1,8 @@
 package httpmeta_test
 
 import (
+	_ "github.com/tecache/te/engine/std"
+
 	"context"
 	"fmt"
 	"io"

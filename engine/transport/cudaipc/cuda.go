@@ -144,7 +144,7 @@ func (t *Transport) Name() string { return Name }
 
 // Caps declares the transport's reach and the memory it moves. Only GPU memory, between engines on one host.
 func (t *Transport) Caps() transport.Caps {
-	return transport.Caps{SameProcess: true, SameHost: true, GPUMemory: true}
+	return transport.Caps{SameProcess: true, SameHost: true, GPUMemory: true, Rank: 20}
 }
 
 // Stats returns the protocol counters.

@@ -30,5 +30,5 @@
 // The transport starts only when the CUDA driver loads and sees a device;
 // otherwise Start fails with TransportUnavailable and the reason, and the
 // engine runs without it. The engine sends it only requests that touch GPU
-// memory (see engine.DeviceTransport).
+// memory (see transport.DeviceMover).
 package cudaipc

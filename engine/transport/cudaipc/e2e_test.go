@@ -1,6 +1,8 @@
 package cudaipc_test
 
 import (
+	_ "github.com/tecache/te/engine/std"
+
 	"bufio"
 	"errors"
 	"fmt"

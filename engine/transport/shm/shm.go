@@ -150,7 +150,7 @@ func (t *Transport) Name() string { return Name }
 
 // Caps declares the transport's reach and the memory it moves.
 func (t *Transport) Caps() transport.Caps {
-	return transport.Caps{SameHost: true, HostMemory: true, Windows: true}
+	return transport.Caps{SameHost: true, HostMemory: true, Windows: true, Rank: 10}
 }
 
 // Options returns the options in force (after Start, the engine's params).

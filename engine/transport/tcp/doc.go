@@ -50,7 +50,7 @@
 // connection's reader or writer meets device memory, returned when it
 // exits and freed by Close; a target that cannot load CUDA refuses a cuda
 // region with NotSupported without touching it. The engine routes GPU
-// requests here (engine.DeviceTransport) when cudaipc cannot reach the
+// requests here (transport.DeviceMover) when cudaipc cannot reach the
 // peer or tcp is forced.
 //
 // Mooncake Transfer Engine peers are spoken to in their own tcp framing

@@ -1,6 +1,8 @@
 package storetest
 
 import (
+	_ "github.com/tecache/te/engine/std"
+
 	"bufio"
 	"bytes"
 	"context"

@@ -1,4 +1,4 @@
-package engine
+package std
 
 // The metadata stores an engine can use besides P2PHANDSHAKE and mem:// are
 // imported by stores_*.go, one file per store; each store registers its

@@ -1,5 +1,5 @@
 //go:build !te_nohttpmeta
 
-package engine
+package std
 
 import _ "github.com/tecache/te/engine/meta/http"

@@ -1,6 +1,6 @@
-package engine
+package std
 
-// The transports an engine can install; each registers itself in init.
+// The transports: each registers itself with package transport in init.
 import (
 	_ "github.com/tecache/te/engine/transport/cudaipc"
 	_ "github.com/tecache/te/engine/transport/local"
