@@ -35,7 +35,9 @@ type devT struct {
 	ok map[string]bool
 }
 
-func (d *devT) DeviceMemory(_ *segment.Desc, buf *segment.BufferDesc, _ bool) bool { return d.ok[buf.Name] }
+func (d *devT) DeviceMemory(_ *segment.Desc, buf *segment.BufferDesc, _ bool) bool {
+	return d.ok[buf.Name]
+}
 
 func pickEngine(t *testing.T, ts ...transport.Transport) (*Engine, *bytes.Buffer) {
 	var log bytes.Buffer

@@ -121,39 +121,54 @@ func (e *Error) Error() string {
 // Unwrap returns the cause.
 func (e *Error) Unwrap() error { return e.Err }
 
-// Is matches any *Error with the same code, so errors.Is(err, errs.ErrTimeout)
-// works whatever the message.
+// Is matches the Sentinel of e's code, so errors.Is(err, errs.ErrTimeout)
+// works whatever the message, and an *Error that carries only a code.
 func (e *Error) Is(target error) bool {
-	t, ok := target.(*Error)
-	return ok && t.Code == e.Code && t.Msg == "" && t.Op == ""
+	switch t := target.(type) {
+	case Sentinel:
+		return Code(t) == e.Code
+	case *Error:
+		return t.Code == e.Code && t.Msg == "" && t.Op == ""
+	}
+	return false
 }
 
+// Sentinel is the type of the Err* values: a code alone, for errors.Is. The
+// values are constants, so no caller can change what they match.
+type Sentinel Code
+
+// Error names the code.
+func (s Sentinel) Error() string { return Code(s).String() }
+
+// Code returns the sentinel's code.
+func (s Sentinel) Code() Code { return Code(s) }
+
 // Sentinels for errors.Is.
-var (
-	ErrInvalidArgument      = &Error{Code: InvalidArgument}
-	ErrAddressNotRegistered = &Error{Code: AddressNotRegistered}
-	ErrAddressOverlapped    = &Error{Code: AddressOverlapped}
-	ErrBatchBusy            = &Error{Code: BatchBusy}
-	ErrSegmentNotFound      = &Error{Code: SegmentNotFound}
-	ErrTransportUnavailable = &Error{Code: TransportUnavailable}
-	ErrPeerUnreachable      = &Error{Code: PeerUnreachable}
-	ErrTimeout              = &Error{Code: Timeout}
-	ErrMetadata             = &Error{Code: Metadata}
-	ErrNotSupported         = &Error{Code: NotSupported}
-	ErrClosed               = &Error{Code: Closed}
-	ErrStaleDescriptor      = &Error{Code: StaleDescriptor}
-	ErrAccessDenied         = &Error{Code: AccessDenied}
-	ErrTooLarge             = &Error{Code: TooLarge}
-	ErrProtocol             = &Error{Code: Protocol}
-	ErrCanceled             = &Error{Code: Canceled}
-	ErrNoMemory             = &Error{Code: NoMemory}
-	ErrInternal             = &Error{Code: Internal}
-	ErrNotFound             = &Error{Code: NotFound}
-	ErrBufferTooSmall       = &Error{Code: BufferTooSmall}
-	ErrTransferLost         = &Error{Code: TransferLost}
-	ErrUnauthenticated      = &Error{Code: Unauthenticated}
-	ErrForked               = &Error{Code: Forked}
-	ErrResourceExhausted    = &Error{Code: ResourceExhausted}
+const (
+	ErrInvalidArgument      = Sentinel(InvalidArgument)
+	ErrAddressNotRegistered = Sentinel(AddressNotRegistered)
+	ErrAddressOverlapped    = Sentinel(AddressOverlapped)
+	ErrBatchBusy            = Sentinel(BatchBusy)
+	ErrSegmentNotFound      = Sentinel(SegmentNotFound)
+	ErrTransportUnavailable = Sentinel(TransportUnavailable)
+	ErrPeerUnreachable      = Sentinel(PeerUnreachable)
+	ErrTimeout              = Sentinel(Timeout)
+	ErrMetadata             = Sentinel(Metadata)
+	ErrNotSupported         = Sentinel(NotSupported)
+	ErrClosed               = Sentinel(Closed)
+	ErrStaleDescriptor      = Sentinel(StaleDescriptor)
+	ErrAccessDenied         = Sentinel(AccessDenied)
+	ErrTooLarge             = Sentinel(TooLarge)
+	ErrProtocol             = Sentinel(Protocol)
+	ErrCanceled             = Sentinel(Canceled)
+	ErrNoMemory             = Sentinel(NoMemory)
+	ErrInternal             = Sentinel(Internal)
+	ErrNotFound             = Sentinel(NotFound)
+	ErrBufferTooSmall       = Sentinel(BufferTooSmall)
+	ErrTransferLost         = Sentinel(TransferLost)
+	ErrUnauthenticated      = Sentinel(Unauthenticated)
+	ErrForked               = Sentinel(Forked)
+	ErrResourceExhausted    = Sentinel(ResourceExhausted)
 )
 
 // New builds an *Error.
@@ -166,8 +181,13 @@ func Wrap(code Code, op string, cause error, format string, args ...any) *Error 
 	return &Error{Code: code, Op: op, Msg: fmt.Sprintf(format, args...), Err: cause}
 }
 
-// WithHint returns e with a hint set.
-func (e *Error) WithHint(h string) *Error { e.Hint = h; return e }
+// WithHint returns a copy of e with the hint h; e itself is unchanged, so a
+// shared error value never gains another caller's hint.
+func (e *Error) WithHint(h string) *Error {
+	c := *e
+	c.Hint = h
+	return &c
+}
 
 // CodeOf returns the code carried by err: OK for nil, Internal for an error
 // that is not a te error.
@@ -178,6 +198,10 @@ func CodeOf(err error) Code {
 	var e *Error
 	if errors.As(err, &e) {
 		return e.Code
+	}
+	var s Sentinel
+	if errors.As(err, &s) {
+		return Code(s)
 	}
 	return Internal
 }

@@ -39,3 +39,21 @@ func TestEveryCodeNamed(t *testing.T) {
 		t.Fatal("unknown code")
 	}
 }
+
+// TestValuesDoNotChange: WithHint copies, so an error value shared by many
+// callers (a sentinel's match, a cached refusal) never shows another
+// caller's hint; sentinels are constants and match by code alone.
+func TestValuesDoNotChange(t *testing.T) {
+	base := New(PeerUnreachable, "dial", "peer %s", "a")
+	hinted := base.WithHint("check the firewall")
+	if base.Hint != "" || hinted.Hint != "check the firewall" || hinted == base {
+		t.Fatalf("WithHint changed its receiver: %q / %q", base.Hint, hinted.Hint)
+	}
+	const s = ErrPeerUnreachable // compiles only because sentinels are constants
+	if !errors.Is(hinted, s) || !errors.Is(fmt.Errorf("x: %w", base), s) || CodeOf(s) != PeerUnreachable || s.Code() != PeerUnreachable {
+		t.Fatal("sentinel does not match its code")
+	}
+	if errors.Is(base, ErrTimeout) || s.Error() != "peer unreachable" {
+		t.Fatalf("sentinel %q", s.Error())
+	}
+}

@@ -257,7 +257,7 @@ func refused(op string, he *httpError) error {
 	}
 	e := errs.New(code, op, "sidecar answered %d: %s", he.status, he.body.Error)
 	if he.status == http.StatusUnauthorized {
-		e.WithHint("te-sidecar has a cluster secret: give this process the same one (" +
+		e = e.WithHint("te-sidecar has a cluster secret: give this process the same one (" +
 			authsecret.EnvSecretFile + " or " + authsecret.EnvSecret + ")")
 	}
 	return e

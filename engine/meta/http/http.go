@@ -198,7 +198,7 @@ func (s *Store) Get(ctx context.Context, key string) ([]byte, error) {
 func statusErr(method, base, key string, code int, body []byte) error {
 	e := errs.New(errs.Metadata, "http metadata", "%s %s key %q: HTTP %d: %.200s", method, base, key, code, body)
 	if code == http.StatusUnauthorized || code == http.StatusForbidden {
-		e.WithHint("give this process te-sidecar's cluster secret (" + authsecret.EnvSecretFile + " or " +
+		e = e.WithHint("give this process te-sidecar's cluster secret (" + authsecret.EnvSecretFile + " or " +
 			authsecret.EnvSecret + "), or set " + EnvToken + " to a Mooncake metadata server's token")
 	}
 	return e

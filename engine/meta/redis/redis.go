@@ -311,14 +311,14 @@ func (s *Store) fail(op, key string, err error) error {
 	msg := err.Error()
 	switch {
 	case strings.Contains(msg, "NOAUTH") || strings.Contains(msg, "WRONGPASS"):
-		e.WithHint("set " + EnvUsername + "/" + EnvPassword + " to the server's credentials")
+		e = e.WithHint("set " + EnvUsername + "/" + EnvPassword + " to the server's credentials")
 	case strings.Contains(msg, "NOPERM"):
-		e.WithHint("the redis user " + EnvUsername + " names may not run this command on te's keys: grant it ~mooncake/* and +@read +@write +@keyspace")
+		e = e.WithHint("the redis user " + EnvUsername + " names may not run this command on te's keys: grant it ~mooncake/* and +@read +@write +@keyspace")
 	case s.tls:
-		e.WithHint("check that redis is running and serves TLS, and " + EnvCACert + " (the CA that signed its certificate), " +
+		e = e.WithHint("check that redis is running and serves TLS, and " + EnvCACert + " (the CA that signed its certificate), " +
 			EnvCert + " and " + EnvKey + " (a client certificate it trusts)")
 	default:
-		e.WithHint("check that redis is running and reachable, and serves plaintext (rediss:// is TLS)")
+		e = e.WithHint("check that redis is running and reachable, and serves plaintext (rediss:// is TLS)")
 	}
 	return e
 }
