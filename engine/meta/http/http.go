@@ -279,19 +279,7 @@ func (s *Store) refreshOnce() {
 			s.owned.Lost()
 		}
 	}
-	for _, e := range s.owned.Pending() {
-		ctx, cancel := context.WithTimeout(s.ctx, s.timeout)
-		var err error
-		if e.Value == nil {
-			err = s.del(ctx, e.Key)
-		} else {
-			err = s.put(ctx, e.Key, e.Value)
-		}
-		cancel()
-		if err != nil {
-			return
-		}
-	}
+	s.owned.Replay(s.ctx, s.timeout, s.put, s.del)
 }
 
 // Close stops the refresher and closes idle connections. It does not delete

@@ -274,17 +274,7 @@ func (s *Store) refreshOnce() {
 			}
 		}
 	}
-	for _, e := range s.owned.Pending() {
-		var err error
-		if e.Value == nil {
-			err = s.del(ctx, e.Key)
-		} else {
-			err = s.put(ctx, e.Key, e.Value)
-		}
-		if err != nil {
-			return
-		}
-	}
+	s.owned.Replay(s.ctx, s.timeout, s.put, s.del)
 }
 
 // Close stops the refresher and closes the connections. It does not delete
