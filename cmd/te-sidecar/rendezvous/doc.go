@@ -87,7 +87,7 @@
 //
 // # Metrics
 //
-// te_handoff_transfers{state} (held now), te_handoff_transfers_total{mode,
+// te_handoff_transfers_held{state} (held now), te_handoff_transfers_total{mode,
 // state}, te_handoff_bytes_total{mode}, te_handoff_requests_total{mode},
 // te_handoff_failures_total{reason}, te_handoff_rejected_total{reason}
 // (every refusal, by reason), te_handoff_declaration_bytes,

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/tecache/te/cmd/te-sidecar/rendezvous"
+	"github.com/tecache/te/cmd/te-sidecar/sidecar"
+	"github.com/tecache/te/internal/authsecret"
 	"github.com/tecache/te/internal/errs"
 )
 
@@ -161,45 +163,59 @@ func TestByteBudgets(t *testing.T) {
 	}
 }
 
-// TestQuotaOverHTTP: the quota is kept per remote address without a
-// secret: a flooding client on 127.0.0.1 is refused with 429, counted in
-// /metrics, while a client on 127.0.0.2 declares and pairs.
+// TestQuotaOverHTTP: a quota is kept per identity the caller cannot
+// choose per request. A flood with the cluster token under rotating
+// X-Te-Client names, from 127.0.0.1 and 127.0.0.2, is one client (the local
+// host) and is refused with 429 past its quota, counted in /metrics; a
+// client with its own client token is another client and declares and
+// pairs; a client token presented for another name is refused (401).
 func TestQuotaOverHTTP(t *testing.T) {
-	s := start(t, rendezvous.Config{ClientTransfers: 50})
+	sec, err := authsecret.Parse("quota-test-cluster-secret-000001")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := startWith(t, sidecar.Config{Secret: sec, Handoff: rendezvous.Config{ClientTransfers: 50}})
+	bearer := func(tok string) []string { return []string{"Authorization", "Bearer " + tok} }
+	other := &http.Client{Transport: &http.Transport{DialContext: (&net.Dialer{
+		LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}, Timeout: 5 * time.Second}).DialContext}}
+	defer other.CloseIdleConnections()
+	hc := s.hc
 	var ok, refused int
 	for i := range 200 {
-		code, b := s.do("POST", "/handoff/expect", decl(t, fmt.Sprint("junk", i), []int{1}, proto.Push, 0))
+		s.hc = []*http.Client{hc, other}[i%2]
+		hdr := append(bearer(sec.Token()), proto.ClientHeader, fmt.Sprint("junk-", i))
+		code, b := s.do("POST", "/handoff/expect", decl(t, fmt.Sprint("junk", i), []int{1}, proto.Push, 0), hdr...)
 		switch code {
 		case 200:
 			ok++
 		case 429:
 			refused++
-			if !strings.Contains(string(b), `"code":24`) {
+			if !strings.Contains(string(b), `"code":24`) || !strings.Contains(string(b), "host:local") {
 				t.Fatalf("429 body %s", b)
 			}
 		default:
 			t.Fatalf("junk %d: %d %s", i, code, b)
 		}
 	}
+	s.hc = hc
 	if ok != 50 || refused != 150 {
 		t.Fatalf("%d accepted, %d refused", ok, refused)
 	}
-	other := &http.Client{Transport: &http.Transport{DialContext: (&net.Dialer{
-		LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}, Timeout: 5 * time.Second}).DialContext}}
-	defer other.CloseIdleConnections()
-	hc := s.hc
-	s.hc = other
-	d := s.ok("POST", "/handoff/expect", decl(t, "real", []int{1}, proto.Push, 0))
-	p := s.ok("POST", "/handoff/ready", decl(t, "real", []int{2}, "", 0))
-	s.hc = hc
+	dec := append(bearer(sec.ClientToken("decode-0")), proto.ClientHeader, "decode-0")
+	pre := append(bearer(sec.ClientToken("prefill-0")), proto.ClientHeader, "prefill-0")
+	d := s.ok("POST", "/handoff/expect", decl(t, "real", []int{1}, proto.Push, 0), dec...)
+	p := s.ok("POST", "/handoff/ready", decl(t, "real", []int{2}, "", 0), pre...)
 	if p.State != proto.Transferring || d.Capability == "" {
 		t.Fatalf("real transfer: %+v", p)
 	}
-	// The same client name from another address is another client too,
-	// and the name splits the quota of one address.
-	s.ok("POST", "/handoff/expect", decl(t, "named", []int{1}, proto.Push, 0), proto.ClientHeader, "engine-7")
+	// decode-0's token does not make another name.
+	forged := append(bearer(sec.ClientToken("decode-0")), proto.ClientHeader, "decode-1")
+	if code, b := s.do("POST", "/handoff/expect", decl(t, "forged", []int{1}, proto.Push, 0), forged...); code != 401 {
+		t.Fatalf("a client token under another name: %d %s", code, b)
+	}
 	_, m := s.do("GET", "/metrics", nil)
-	for _, want := range []string{`te_handoff_rejected_total{reason="client_quota"} 150`, `te_handoff_clients 3`} {
+	for _, want := range []string{`te_handoff_rejected_total{reason="client_quota"} 150`, `te_handoff_clients 3`,
+		`te_sidecar_refused_total{reason="unauthenticated"} 1`} {
 		if !strings.Contains(string(m), want) {
 			t.Errorf("metrics lack %q", want)
 		}
