@@ -3,10 +3,16 @@ package rendezvous_test
 import (
 	"github.com/tecache/te/kvcache/handoff/proto"
 
+	"bufio"
+	"bytes"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -251,5 +257,106 @@ func TestPairingIsNotEvicted(t *testing.T) {
 	}
 	if r, e := tb.Status("r2", r2.Capability, ""); e != nil || r.State != proto.Expired || errs.Code(r.Code) != errs.ResourceExhausted {
 		t.Fatalf("r2 should have made the room: %+v %+v", r, e)
+	}
+}
+
+// TestNameRotation: a holder of the cluster token declares 66,000 unpaired
+// transfers (8,000 under the race detector: still twice the quota), each
+// under a new X-Te-Client name, over 4 pipelined connections. The
+// names do not split its quota (it is the local host): 4096 are held, the
+// rest refused with 429. A legitimate decode and prefill with their client
+// tokens still declare and pair, and a legitimate client under its host
+// identity is refused only its own quota.
+func TestNameRotation(t *testing.T) {
+	if testing.Short() {
+		t.Skip("66,000 requests")
+	}
+	sec, err := authsecret.Parse("rotation-test-cluster-secret-001")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := startWith(t, sidecar.Config{Secret: sec})
+	const workers, batch = 4, 200
+	total := 66000
+	if raceEnabled {
+		total = 8000
+	}
+	// Long-lived declarations: none may expire while the flood runs.
+	body, err := json.Marshal(decl(t, "ID_PLACEHOLDER", []int{1}, proto.Push, 600000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := strings.TrimPrefix(s.base, "http://")
+	var ok, quota atomic.Int64
+	var wg sync.WaitGroup
+	errc := make(chan error, workers)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// Raw HTTP/1.1, pipelined in batches: the test measures the
+			// sidecar, not an HTTP client.
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				errc <- err
+				return
+			}
+			defer c.Close()
+			br := bufio.NewReader(c)
+			for first := w * batch; first < total; first += workers * batch {
+				var out bytes.Buffer
+				n := min(batch, total-first)
+				for i := first; i < first+n; i++ {
+					b := bytes.Replace(body, []byte("ID_PLACEHOLDER"), []byte(fmt.Sprint("junk-", i)), 1)
+					fmt.Fprintf(&out, "POST /handoff/expect HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n%s: rotating-%d\r\n"+
+						"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", sec.Token(), proto.ClientHeader, i, len(b), b)
+				}
+				c.SetDeadline(time.Now().Add(2 * time.Minute))
+				if _, err := c.Write(out.Bytes()); err != nil {
+					errc <- err
+					return
+				}
+				for range n {
+					resp, err := http.ReadResponse(br, nil)
+					if err != nil {
+						errc <- err
+						return
+					}
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					switch resp.StatusCode {
+					case 200:
+						ok.Add(1)
+					case 429:
+						quota.Add(1)
+					default:
+						errc <- fmt.Errorf("status %d", resp.StatusCode)
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		t.Fatal(err)
+	}
+	if ok.Load() != 4096 || quota.Load() != int64(total-4096) {
+		t.Fatalf("%d accepted, %d refused with 429; want 4096 and the rest", ok.Load(), quota.Load())
+	}
+	if u := s.svc.Usage(); u.Transfers != 4096 || u.Clients != 1 {
+		t.Fatalf("usage %+v", u)
+	}
+	dec := []string{"Authorization", "Bearer " + sec.ClientToken("decode-0"), proto.ClientHeader, "decode-0"}
+	pre := []string{"Authorization", "Bearer " + sec.ClientToken("prefill-0"), proto.ClientHeader, "prefill-0"}
+	d := s.ok("POST", "/handoff/expect", decl(t, "legit", []int{1, 2}, proto.Push, 0), dec...)
+	p := s.ok("POST", "/handoff/ready", decl(t, "legit", []int{3, 4}, "", 0), pre...)
+	if p.State != proto.Transferring || p.Peer == nil || d.Capability == "" {
+		t.Fatalf("legitimate transfer: %+v", p)
+	}
+	s.ok("POST", "/handoff/complete", proto.Complete{ID: "legit", OK: true, Bytes: 4096}, append(pre, cp(p.Capability)...)...)
+	if r := s.ok("GET", "/handoff/status?id=legit", nil, append(dec, cp(d.Capability)...)...); r.State != proto.Done || !r.Settled {
+		t.Fatalf("legitimate transfer after completion: %+v", r)
 	}
 }
