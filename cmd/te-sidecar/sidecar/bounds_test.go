@@ -35,6 +35,10 @@ var (
 	binDir  string // removed by TestMain
 )
 
+// testVersion is the version the test binary is linked with, as mk/meta.mk
+// links a release.
+const testVersion = "v0.0.0-test"
+
 // sidecarBinary builds cmd/te-sidecar once per test run.
 func sidecarBinary(t *testing.T) string {
 	t.Helper()
@@ -48,7 +52,8 @@ func sidecarBinary(t *testing.T) string {
 			return
 		}
 		binPath = filepath.Join(binDir, "te-sidecar")
-		out, err := exec.Command(gobin, "build", "-o", binPath, "github.com/tecache/te/cmd/te-sidecar").CombinedOutput()
+		out, err := exec.Command(gobin, "build", "-ldflags", "-X github.com/tecache/te/cmd/te-sidecar/sidecar.Version="+testVersion,
+			"-o", binPath, "github.com/tecache/te/cmd/te-sidecar").CombinedOutput()
 		if err != nil {
 			binErr = fmt.Errorf("go build ./cmd/te-sidecar: %v\n%s", err, out)
 		}

@@ -15,9 +15,9 @@ import (
 // no HELP, and call the cumulative process_io_* figures gauges). Families
 // they write that are not listed are left out: the runtime histograms
 // (written without _sum and _count), counters without the _total suffix
-// (go_cgo_calls_count, go_gc_forced_count) and go_info_ext.
+// (go_cgo_calls_count, go_gc_forced_count), go_cpu_count (a _count that is
+// not a histogram's) and go_info_ext.
 var procFamilies = map[string][2]string{
-	"go_cpu_count":                        {"gauge", "Logical CPUs usable by the process."},
 	"go_gc_cpu_seconds_total":             {"counter", "CPU time spent on garbage collection, in seconds."},
 	"go_gc_duration_seconds":              {"summary", "Pause durations of recent garbage collections, in seconds."},
 	"go_gc_mark_assist_cpu_seconds_total": {"counter", "CPU time goroutines spent assisting the garbage collector, in seconds."},
