@@ -29,7 +29,8 @@ import (
 func TestJunkCannotLockOut(t *testing.T) {
 	tb := rendezvous.NewTable(rendezvous.Config{}, nil)
 	defer tb.Close()
-	d := decl(t, "", []int{1}, proto.Push, 0)
+	// Long-lived: none may expire on a slow machine while the loop runs.
+	d := decl(t, "", []int{1}, proto.Push, 600000)
 	var ok, refused int
 	for i := range 1 << 16 {
 		d.ID = fmt.Sprint("junk-", i)

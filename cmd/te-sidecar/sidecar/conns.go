@@ -24,11 +24,15 @@ import (
 //     connections may hold at most MaxConns-ReservedConns slots in all and
 //     MaxPendingPerIP from one address, and each read on one (the request
 //     line and headers, a keep-alive wait) gets HeaderTimeout;
-//   - a newcomer that finds the pending slots of its address, or of all
-//     addresses, taken closes the oldest pending connection there: the one
-//     that has had the longest to authenticate. A newcomer that finds every
-//     slot taken closes the oldest pending connection, else it is answered
-//     503 and closed.
+//   - a newcomer that finds the pending slots of its address taken closes
+//     that address's oldest pending connection; one that finds the pending
+//     share of all addresses taken closes the oldest pending connection of
+//     the address holding the most (a flood loses its own first). Either
+//     only if the victim has had HeaderTimeout/20 to send a request; else
+//     the newcomer is admitted over the share, so that a client opening
+//     many connections at once does not close its own. A newcomer that
+//     finds every slot taken closes the heaviest address's oldest pending
+//     connection, else it is answered 503 and closed.
 //
 // So idle or slow connections, from any number of addresses, hold at most
 // the pending share for at most HeaderTimeout each, and a client that sends
@@ -134,7 +138,7 @@ func (g *gate) admit(c net.Conn) *gconn {
 	if l := g.byIP[gc.ip]; gc.hasIP && l != nil && l.Len() >= g.pendingPerIP {
 		victim, reason = l.Front().Value.(*gconn), "pending_per_ip"
 	} else if g.pending.Len() >= g.maxPending {
-		victim, reason = g.pending.Front().Value.(*gconn), "pending"
+		victim, reason = g.heaviest(), "pending"
 	}
 	if victim != nil && now.Sub(victim.at) < g.minAge() {
 		victim = nil
@@ -161,8 +165,8 @@ func (g *gate) admit(c net.Conn) *gconn {
 			if l := g.byIP[gc.ip]; l != nil && l.Len() > 0 {
 				victim = l.Front().Value.(*gconn)
 			}
-		} else if g.pending.Len() > 0 {
-			victim = g.pending.Front().Value.(*gconn)
+		} else {
+			victim = g.heaviest()
 		}
 		g.mu.Unlock()
 		if victim == nil || try > 0 {
@@ -195,6 +199,28 @@ func (g *gate) admit(c net.Conn) *gconn {
 	g.m.accepted.Inc()
 	g.m.open.Add(1, "pending")
 	return gc
+}
+
+// heaviest returns the oldest pending connection of the address holding
+// the most pending connections (the oldest of all when none has an
+// address), nil when none is pending: a flood loses its own connections
+// first, and a client with one pending connection keeps it. Callers hold
+// g.mu.
+func (g *gate) heaviest() *gconn {
+	var most *list.List
+	for _, l := range g.byIP {
+		if most == nil || l.Len() > most.Len() || (l.Len() == most.Len() &&
+			l.Front().Value.(*gconn).at.Before(most.Front().Value.(*gconn).at)) {
+			most = l
+		}
+	}
+	if most != nil && most.Len() > 0 {
+		return most.Front().Value.(*gconn)
+	}
+	if g.pending.Len() > 0 {
+		return g.pending.Front().Value.(*gconn)
+	}
+	return nil
 }
 
 // minAge is how long a pending connection is spared from eviction for the
@@ -322,13 +348,6 @@ func (c *gconn) Close() error {
 	}
 	c.release()
 	return err
-}
-
-// counts returns the pending and authenticated connections.
-func (g *gate) counts() (pending, authed int) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.pending.Len(), g.authed
 }
 
 // refuseConn answers 503 with a JSON body on a connection that gets no

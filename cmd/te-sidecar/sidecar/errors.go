@@ -1,6 +1,7 @@
 package sidecar
 
 import (
+	"bytes"
 	"encoding/json"
 
 	"github.com/valyala/fasthttp"
@@ -15,8 +16,11 @@ import (
 
 // errorJSON is the body of a refusal.
 func errorJSON(instance, msg string, code errs.Code, rec *proto.Record) []byte {
-	b, _ := json.Marshal(proto.ErrorBody{Instance: instance, Error: msg, Code: int32(code), Record: rec})
-	return b
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false) // "<token>" reads as it is written
+	enc.Encode(proto.ErrorBody{Instance: instance, Error: msg, Code: int32(code), Record: rec})
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n"))
 }
 
 // refuse answers status with a JSON error body.

@@ -434,29 +434,26 @@ func truncate(s string, n int) string {
 // undeclared returns why the request's query is refused: a parameter the
 // route does not declare, or one given twice.
 func undeclared(ctx *fasthttp.RequestCtx, r *api.Route) string {
-	var bad string
 	seen := map[string]bool{}
-	ctx.QueryArgs().VisitAll(func(k, _ []byte) {
+	for k := range ctx.QueryArgs().All() {
 		name := string(k)
 		switch {
-		case bad != "":
 		case !r.Declares(name):
-			bad = fmt.Sprintf("unknown query parameter %s", truncate(name, 64))
+			bad := fmt.Sprintf("unknown query parameter %s", truncate(name, 64))
 			if len(r.Query) == 0 {
-				bad += fmt.Sprintf(": %s %s takes none", r.Method, r.Path)
-			} else {
-				names := make([]string, len(r.Query))
-				for i, p := range r.Query {
-					names[i] = p.Name
-				}
-				bad += fmt.Sprintf(": %s %s takes %s", r.Method, r.Path, strings.Join(names, ", "))
+				return bad + fmt.Sprintf(": %s %s takes none", r.Method, r.Path)
 			}
+			names := make([]string, len(r.Query))
+			for i, p := range r.Query {
+				names[i] = p.Name
+			}
+			return bad + fmt.Sprintf(": %s %s takes %s", r.Method, r.Path, strings.Join(names, ", "))
 		case seen[name]:
-			bad = fmt.Sprintf("query parameter %q given twice", name)
+			return fmt.Sprintf("query parameter %q given twice", name)
 		}
 		seen[name] = true
-	})
-	return bad
+	}
+	return ""
 }
 
 // authorized checks the request's bearer token for access a. A client
