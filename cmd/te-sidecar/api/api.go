@@ -44,6 +44,9 @@ type Route struct {
 	Tag          string
 	Auth         Auth
 	Query        []Param
+	// Headers are the request headers the route reads (documentation
+	// only: the server does not refuse others).
+	Headers []Param
 	// Body is the Go type of the JSON request body (nil: none).
 	Body reflect.Type
 	// RawBody, when not empty, documents a body taken as it is (of this

@@ -84,6 +84,9 @@ func (g *gen) operation(r Route) map[string]any {
 	for _, p := range r.Query {
 		params = append(params, param("query", p))
 	}
+	for _, p := range r.Headers {
+		params = append(params, param("header", p))
+	}
 	if len(params) > 0 {
 		op["parameters"] = params
 	}

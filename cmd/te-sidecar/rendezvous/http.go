@@ -42,6 +42,11 @@ var (
 		Description: "Answer once the transfer's version exceeds this (0: at once if it changed since it was created)."}
 	timeoutParam = api.Param{Name: "timeout_ms", Type: "integer",
 		Description: "Longest wait in milliseconds (capped by the sidecar, 30s by default); then the record as it is."}
+	capHeader = api.Param{Name: proto.CapabilityHeader, Required: true,
+		Description: "The capability the side's declaration returned."}
+	clientHeader = api.Param{Name: proto.ClientHeader,
+		Description: "The client's name; its quotas are kept under it when the bearer token is the client token minted for it, " +
+			"else under the source host."}
 )
 
 // Routes returns the handoff routes, served by s:
@@ -82,10 +87,10 @@ func (s *Service) Routes() []api.Route {
 			}),
 		{Method: "GET", Path: "/handoff/status", Tag: "handoff", Summary: "Read a transfer's state",
 			Description: "The record; the mover also finds the other side's declaration in peer." + capNote,
-			Query:       []api.Param{idParam, roleParam}, Answer: rec, Refusals: []int{403, 404}, Handler: s.status},
+			Query:       []api.Param{idParam, roleParam}, Headers: []api.Param{capHeader}, Answer: rec, Refusals: []int{403, 404}, Handler: s.status},
 		{Method: "GET", Path: "/handoff/wait", Tag: "handoff", Summary: "Wait for a transfer to change",
 			Description: "A long poll: answers once the transfer's version exceeds since, after timeout_ms, or when the sidecar shuts down." + capNote,
-			Query:       []api.Param{idParam, sinceParam, timeoutParam, roleParam}, Answer: rec, Refusals: []int{403, 404}, Handler: s.wait},
+			Query:       []api.Param{idParam, sinceParam, timeoutParam, roleParam}, Headers: []api.Param{capHeader}, Answer: rec, Refusals: []int{403, 404}, Handler: s.wait},
 	}
 }
 
@@ -106,7 +111,11 @@ func Mount(mux Mux, reg Registry, cfg Config) *Service {
 // bodyRoute is a POST route whose JSON body decodes strictly into a T.
 func bodyRoute[T any](s *Service, path, summary, desc string, refusals []int,
 	do func(*fasthttp.RequestCtx, T) (proto.Record, *Refusal)) api.Route {
-	return api.Route{Method: "POST", Path: path, Tag: "handoff", Summary: summary, Description: desc,
+	hdr := []api.Param{capHeader}
+	if path == "/handoff/expect" || path == "/handoff/ready" {
+		hdr = []api.Param{clientHeader}
+	}
+	return api.Route{Method: "POST", Path: path, Tag: "handoff", Summary: summary, Description: desc, Headers: hdr,
 		Body: reflect.TypeFor[T](), Answer: reflect.TypeFor[proto.Record](), Refusals: refusals,
 		Handler: func(ctx *fasthttp.RequestCtx) {
 			var v T

@@ -79,9 +79,9 @@ func TestOpenAPI(t *testing.T) {
 	wait := doc.Paths.Find("/handoff/wait").Get
 	var names []string
 	for _, p := range wait.Parameters {
-		names = append(names, p.Value.Name)
+		names = append(names, p.Value.In+":"+p.Value.Name)
 	}
-	if !slices.Equal(names, []string{"id", "since", "timeout_ms", "role"}) {
+	if !slices.Equal(names, []string{"query:id", "query:since", "query:timeout_ms", "query:role", "header:X-Te-Capability"}) {
 		t.Errorf("GET /handoff/wait parameters %v", names)
 	}
 
@@ -93,6 +93,9 @@ func TestOpenAPI(t *testing.T) {
 			}
 			q := []string{}
 			for _, p := range op.Parameters {
+				if p.Value.In != "query" {
+					continue
+				}
 				v := "x"
 				if p.Value.Schema.Value.Type.Is("integer") {
 					v = "1"
