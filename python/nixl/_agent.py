@@ -56,8 +56,9 @@ _SUCCESS = int(nixl_status_t.NIXL_SUCCESS)
 _IN_PROG = int(nixl_status_t.NIXL_IN_PROG)
 
 # te errors after which a peer may have restarted: its metadata is checked.
+# (te's own list for refetching a descriptor.)
 _PEER_CHANGED = {te.PeerUnreachable.code, te.StaleDescriptor.code, te.AddressNotRegistered.code,
-                 te.SegmentNotFound.code}
+                 te.SegmentNotFound.code, te.AccessDenied.code}
 
 _fast = None
 
@@ -261,13 +262,14 @@ class _Xfer:
     Owns one te batch once posted; release() (or garbage collection) frees
     it, cancelling what is still in flight first."""
 
-    __slots__ = ("_agent", "op", "reqs", "remote", "gen", "notif", "notif_seg", "total", "count", "backend",
+    __slots__ = ("_agent", "op", "reqs", "remote", "gen", "seg_h", "notif", "notif_seg", "total", "count", "backend",
                  "batch", "state", "err", "err_msg", "start_us", "t0", "post_ns", "xfer_ns", "released",
                  "__weakref__")
 
     def __init__(self, agent, op, reqs, remote, notif, total, count, backend):
         self._agent = agent
         self.op, self.reqs, self.remote, self.gen = op, reqs, remote, remote.gen
+        self.seg_h = int(reqs["segment"][0])
         self.notif = notif
         self.notif_seg = remote.segment.encode()
         self.total, self.count, self.backend = total, count, backend
@@ -684,11 +686,21 @@ class nixlAgent:
                     r = _Remote(md.name, md.segment, md.instance, md.listener, next(self._gen))
                     self._remotes[md.name] = r
                     created = True
+                elif r.seg is not None:
+                    # The same peer with new registrations: te's cached
+                    # descriptor may lack them (te refetches a descriptor on
+                    # a missing address only every so often), so the handle
+                    # goes and the next use opens the segment afresh.
+                    seg, r.seg = r.seg, None
+                    _close(seg)
                 r.listener = md.listener
                 r.stale = False
             elif r is None or r.stale:
                 raise nixlNotFoundError(f"metadata of {md.name!r} without connection info, and no earlier metadata "
                                         f"with it: send it with inc_conn_info=True first")
+            elif r.seg is not None:
+                seg, r.seg = r.seg, None
+                _close(seg)
             r.load(md.sections, md.partial)
         if eager:
             try:
@@ -734,11 +746,7 @@ class nixlAgent:
             del self._remotes[r.name]
         r.gen = -1
         seg, r.seg = r.seg, None
-        if seg is not None:
-            try:
-                seg.close()
-            except te.TeError:
-                pass
+        _close(seg)
 
     def invalidateRemoteMD(self, name):
         self._live()
@@ -948,6 +956,11 @@ class nixlAgent:
             return self._fail(x, int(nixl_status_t.NIXL_ERR_NOT_FOUND),
                               f"metadata of agent {r.name!r} changed since the transfer was made (the peer restarted "
                               f"or was removed): make the transfer again")
+        if r is not self._self_remote and (r.seg is None or r.seg.handle != x.seg_h):
+            # New metadata of the same peer replaced the segment handle.
+            seg = self._open(r)
+            x.reqs["segment"] = seg.handle
+            x.seg_h = seg.handle
         if x.batch:
             rc = lib.te_batch_reset(x.batch)
         else:
@@ -1016,11 +1029,7 @@ class nixlAgent:
                 return
             r.stale = True
             seg, r.seg = r.seg, None
-        if seg is not None:
-            try:
-                seg.close()
-            except te.TeError:
-                pass
+        _close(seg)
         log.warning("nixl agent %s: %s restarted at %s (te instance %s -> %s): its metadata is stale", self.name,
                     r.name, r.segment, r.instance, inst)
         if r.listener and self._listening:
@@ -1075,6 +1084,14 @@ class nixlAgent:
 
     def estimateXferCost(self, x):
         raise nixlNotSupportedError("te has no transfer cost estimator")
+
+
+def _close(seg):
+    if seg is not None:
+        try:
+            seg.close()
+        except te.TeError:
+            pass
 
 
 def _indices(v, n, side):

@@ -389,7 +389,10 @@ class nixl_agent:
 
     def check_remote_metadata(self, agent, descs=None):
         if descs is not None and not isinstance(descs, (nixlBind.nixlXferDList, nixlBind.nixlRegDList)):
-            descs = self.get_xfer_descs(descs)
+            converted = self.get_xfer_descs(descs)
+            if converted is None:
+                raise nixlInvalidParamError("check_remote_metadata takes a descriptor list")
+            descs = converted
         return self.agent.checkRemoteMD(agent, descs)
 
     # -- te additions --------------------------------------------------------------------

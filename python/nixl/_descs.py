@@ -9,6 +9,7 @@ that carries no code, unlike pickle, so a list received from a peer cannot
 run anything.
 """
 
+import itertools
 import struct
 
 import numpy as np
@@ -42,16 +43,25 @@ def _rows(descs, width):
         raise ValueError(f"descriptors must be {width}-tuples; got lengths {sorted(widths)}")
     if width == 3:
         try:
-            arr = np.array(descs, dtype=_U64)
+            # fromiter over the flattened tuples: several times faster than
+            # np.array on a list of tuples (NIXL's desc_perf.py makes 1.5M).
+            # int64 first, so a negative number is caught rather than wrapped.
+            arr = np.fromiter(itertools.chain.from_iterable(descs), dtype=np.int64, count=3 * n)
         except (OverflowError, ValueError, TypeError) as e:
             raise ValueError(f"descriptors must be (address, length, device) integers: {e}") from None
-        return arr.reshape(n, 3), []
+        if arr.min() < 0:
+            raise ValueError("descriptors must be (address, length, device) integers, not negative")
+        return arr.view(_U64).reshape(n, 3), []
     cols = list(zip(*descs))
+    arr = np.empty((n, 3), dtype=np.int64)
     try:
-        arr = np.array(cols[:3], dtype=_U64).T
+        for i in range(3):
+            arr[:, i] = np.fromiter(cols[i], dtype=np.int64, count=n)
     except (OverflowError, ValueError, TypeError) as e:
         raise ValueError(f"descriptors must be (address, length, device, metadata): {e}") from None
-    return np.ascontiguousarray(arr), list(cols[3])
+    if arr.min() < 0:
+        raise ValueError("descriptors must be (address, length, device, metadata), not negative")
+    return arr.view(_U64), list(cols[3])
 
 
 def _from_numpy(a, reg):
