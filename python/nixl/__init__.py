@@ -57,9 +57,11 @@ What differs from NIXL:
   it; a reset connection ends it at once), never a hang. Releasing a
   transfer still in flight cancels it and returns once nothing touches its
   memory.
-* Registration: DRAM registers as te location "cpu", VRAM as
-  "cuda:<device id>". A descriptor registered twice needs two
-  deregistrations. Overlapping, non-identical ranges are refused (te).
+* Registration: DRAM registers at te location "*" (te asks the CUDA
+  driver, so a device pointer declared DRAM is still moved safely), VRAM at
+  "cuda:<device id>" (te checks the driver agrees). A descriptor registered
+  twice needs two deregistrations. Overlapping, non-identical ranges are
+  refused (te).
 * Telemetry: kept in process (capture_telemetry, or NIXL_TELEMETRY_ENABLE
   which wins when set); NIXL_TELEMETRY_DIR is ignored. Durations are
   microseconds, measured around te's submit and to the status check that saw

@@ -441,8 +441,9 @@ class nixlAgent:
 
     # -- memory --------------------------------------------------------------
     def registerMem(self, descs, backends=None, _pins=None):
-        """Register a nixlRegDList with te (DRAM as "cpu", VRAM as
-        "cuda:<device id>"), all or none. A descriptor registered again
+        """Register a nixlRegDList with te (DRAM at location "*", which te
+        resolves to host or device memory; VRAM as "cuda:<device id>"), all
+        or none. A descriptor registered again
         counts once more and needs one more deregistration."""
         self._live()
         if not isinstance(descs, nixlRegDList):
@@ -470,7 +471,11 @@ class nixlAgent:
                 regions = (_lib.Region * len(fresh))()
                 locs = []
                 for i, (_, addr, n, dev) in enumerate(fresh):
-                    locs.append(b"cpu" if mem == nixl_mem_t.DRAM_SEG else f"cuda:{dev}".encode())
+                    # DRAM as "*": te asks the CUDA driver (when there is
+                    # one), so device memory declared DRAM is still only
+                    # handed to transports that can move it. VRAM names its
+                    # device, which te checks against the driver.
+                    locs.append(b"*" if mem == nixl_mem_t.DRAM_SEG else f"cuda:{dev}".encode())
                     regions[i].addr, regions[i].length, regions[i].location, regions[i].remote = addr, n, locs[-1], 1
                 lib = _lib.load()
                 rc = lib.te_register_batch(self._engine.handle, regions, len(fresh))

@@ -195,16 +195,17 @@ class FakeCuda:
         return dst.raw
 
 
-def vram_target(conn, fake, name, blocks, block_len, seed):
-    """VRAM KV blocks on fake device 0, registered as VRAM; replies
-    (metadata, device address, te transports)."""
+def vram_target(conn, fake, name, blocks, block_len, seed, mem="VRAM"):
+    """VRAM KV blocks on fake device 0, registered as mem (VRAM, or DRAM
+    to play a caller that mislabels device memory); replies (metadata,
+    device address, te transports)."""
     from nixl._api import nixl_agent
 
     cu = FakeCuda(fake)
     n = blocks * block_len
     dptr = cu.alloc(n, pattern(seed, n))
     agent = nixl_agent(name)
-    descs = agent.register_memory([(dptr, n, 0, "")], "VRAM")
+    descs = agent.register_memory([(dptr, n, 0, "")], mem)
     conn.send((agent.get_agent_metadata(), dptr, agent.agent._engine.stats()["transports"]))
     while True:
         cmd = conn.recv()
@@ -223,7 +224,7 @@ def vram_target(conn, fake, name, blocks, block_len, seed):
             return
 
 
-def vram_reader(conn, fake, name, blocks, block_len, md, rptr, read_blocks):
+def vram_reader(conn, fake, name, blocks, block_len, md, rptr, read_blocks, rmem="VRAM"):
     """The decode side in VRAM: registers its device blocks, loads the
     target's metadata and READs read_blocks (block i of the target into
     block i here) with a notification; replies (state, bytes of each read
@@ -242,7 +243,7 @@ def vram_reader(conn, fake, name, blocks, block_len, md, rptr, read_blocks):
     local[:, 0] = dptr + np.arange(blocks, dtype=np.uint64) * block_len
     remote[:, 0] = rptr + np.arange(blocks, dtype=np.uint64) * block_len
     lh = agent.prep_xfer_dlist("NIXL_INIT_AGENT", local, "VRAM")
-    rh = agent.prep_xfer_dlist(peer, remote, "VRAM")
+    rh = agent.prep_xfer_dlist(peer, remote, rmem)
     x = agent.make_prepped_xfer("READ", lh, read_blocks, rh, read_blocks, b"vram-done")
     state = agent.transfer(x)
     deadline = time.monotonic() + 60
