@@ -44,6 +44,13 @@ INIT_AGENT = "NIXL_INIT_AGENT"
 NOTIF_PREFIX = "nixl/n/"
 CTRL_PREFIX = "nixl/md/"
 MAX_REMOTE_AGENTS = 65536
+# Bounds on what peers can make an agent hold beyond te's own: notification
+# bytes drained but not yet taken by get_new_notifs (past it the listener
+# stops draining, so te's budget and its refusals apply again), ranges of
+# one peer's metadata, and queued background sends.
+MAX_PENDING_NOTIF_BYTES = 64 << 20
+MAX_REMOTE_RANGES = 1 << 21
+MAX_TASKS = 4096
 LISTEN_POLL_S = 0.005
 
 # te_request_t, field for field (te.h); checked against te._lib.Request below.
@@ -216,11 +223,16 @@ class _Remote:
 
     def load(self, sections, partial):
         if partial:
+            tables = dict(self.tables)
             for mt, rows in sections.items():
-                old = self.tables.get(mt)
-                self.tables[mt] = _Table(_union(old.rows() if old else None, rows))
+                old = tables.get(mt)
+                tables[mt] = _Table(_union(old.rows() if old else None, rows))
         else:
-            self.tables = {mt: _Table(rows) for mt, rows in sections.items()}
+            tables = {mt: _Table(rows) for mt, rows in sections.items()}
+        n = sum(len(t.starts) for t in tables.values())
+        if n > MAX_REMOTE_RANGES:
+            raise nixlNotAllowedError(f"metadata of {self.name!r} would hold {n} ranges, over {MAX_REMOTE_RANGES}")
+        self.tables = tables
 
     def contains(self, mt, rows):
         t = self.tables.get(mt)
@@ -336,7 +348,8 @@ class nixlAgent:
         self._self_remote = None
         self._notifs = {}
         self._deferred = []  # te batches of transfer handles dropped without release
-        self._queue = queue.Queue()
+        self._queue = queue.Queue(maxsize=MAX_TASKS)
+        self._pending_bytes = 0
         self._stop = threading.Event()
         self._worker = None
         self._warned = set()
@@ -359,9 +372,13 @@ class nixlAgent:
                 self._finalizer.atexit = True
                 t.start()
 
-    def _post_task(self, fn):
+    def _post_task(self, fn, what="send"):
         self._start_worker()
-        self._queue.put(fn)
+        try:
+            self._queue.put_nowait(fn)
+        except queue.Full:
+            raise nixlBackendError(f"agent {self.name!r} has {MAX_TASKS} background sends queued; {what} refused") \
+                from None
 
     def close(self):
         """Stop the agent: its engine, listener and every transfer (te ends
@@ -551,21 +568,26 @@ class nixlAgent:
                 if k else None for r, k in zip(rows, ok)]
 
     # -- notifications and the listener ---------------------------------------
-    def _pump(self):
+    def _pump(self, taking=False):
         """Drain te's notifications: user ones into the pending map, control
-        ones handled. Cheap when there are none (one te call)."""
+        ones handled. Cheap when there are none (one te call). Unless the
+        caller is taking the pending ones (get_new_notifs), nothing is
+        drained while they hold MAX_PENDING_NOTIF_BYTES."""
         with self._lock:
+            if not taking and self._pending_bytes >= MAX_PENDING_NOTIF_BYTES:
+                return
             try:
                 items = self._engine.notifies()
             except te.TeError as e:
                 raise from_te(e, "notifications") from e
             for name, msg in items:
-                if name.startswith(NOTIF_PREFIX):
-                    self._notifs.setdefault(name[len(NOTIF_PREFIX):], []).append(msg)
-                elif name.startswith(CTRL_PREFIX):
+                if name.startswith(CTRL_PREFIX):
                     self._control(name[len(CTRL_PREFIX):], msg)
-                else:
-                    self._notifs.setdefault(name, []).append(msg)
+                    continue
+                if name.startswith(NOTIF_PREFIX):
+                    name = name[len(NOTIF_PREFIX):]
+                self._notifs.setdefault(name, []).append(msg)
+                self._pending_bytes += len(msg) + len(name)
 
     def _control(self, kind, msg):
         if not self._listening:
@@ -586,7 +608,7 @@ class nixlAgent:
                     return
                 # Made and sent by the worker: it probes te, which must not
                 # happen under the lock a drain holds.
-                self._post_task(lambda a, s=reply: a._send_ctrl(s, "put", a.getLocalMD()))
+                self._post_task(lambda a, s=reply: a._send_ctrl(s, "put", a.getLocalMD()), "metadata reply")
             elif kind == "inv":
                 req = _json(msg)
                 name, inst = req.get("name"), req.get("instance")
@@ -623,8 +645,8 @@ class nixlAgent:
         self._live()
         out = notif_map if notif_map is not None else {}
         with self._lock:
-            self._pump()
-            pending, self._notifs = self._notifs, {}
+            self._pump(taking=True)
+            pending, self._notifs, self._pending_bytes = self._notifs, {}, 0
         for k, v in pending.items():
             out.setdefault(k, []).extend(v)
         return out
@@ -680,34 +702,34 @@ class nixlAgent:
         created = False
         with self._lock:
             r = self._remotes.get(md.name)
-            if md.conn:
-                if r is None or r.instance != md.instance or r.segment != md.segment:
-                    if r is None and len(self._remotes) >= MAX_REMOTE_AGENTS:
-                        raise nixlNotAllowedError(f"agent {self.name!r} holds metadata of {MAX_REMOTE_AGENTS} agents")
-                    if r is not None:
-                        log.info("nixl agent %s: %s restarted or moved (te instance %s at %s -> %s at %s): metadata "
-                                 "refreshed", self.name, md.name, r.instance, r.segment, md.instance, md.segment)
-                        self._drop(r)
-                    r = _Remote(md.name, md.segment, md.instance, md.listener, next(self._gen))
-                    self._remotes[md.name] = r
-                    created = True
-                elif r.seg is not None:
+            if md.conn and (r is None or r.instance != md.instance or r.segment != md.segment):
+                if r is None and len(self._remotes) >= MAX_REMOTE_AGENTS:
+                    raise nixlNotAllowedError(f"agent {self.name!r} holds metadata of {MAX_REMOTE_AGENTS} agents")
+                fresh = _Remote(md.name, md.segment, md.instance, md.listener, next(self._gen))
+                fresh.load(md.sections, md.partial)  # may refuse: nothing changed then
+                if r is not None:
+                    log.info("nixl agent %s: %s restarted or moved (te instance %s at %s -> %s at %s): metadata "
+                             "refreshed", self.name, md.name, r.instance, r.segment, md.instance, md.segment)
+                    self._drop(r)
+                r = fresh
+                self._remotes[md.name] = r
+                created = True
+            elif r is None or (r.stale and not md.conn):
+                raise nixlNotFoundError(f"metadata of {md.name!r} without connection info, and no earlier metadata "
+                                        f"with it: send it with inc_conn_info=True first")
+            else:
+                r.load(md.sections, md.partial)
+                if r.seg is not None:
                     # The same peer with new registrations: te's cached
                     # descriptor may lack them (te refetches a descriptor on
                     # a missing address only every so often), so the handle
                     # goes and the next use opens the segment afresh.
                     seg, r.seg = r.seg, None
                     _close(seg)
+            if md.conn:
                 r.listener = md.listener
                 r.stale = False
-            elif r is None or r.stale:
-                raise nixlNotFoundError(f"metadata of {md.name!r} without connection info, and no earlier metadata "
-                                        f"with it: send it with inc_conn_info=True first")
-            elif r.seg is not None:
-                seg, r.seg = r.seg, None
-                _close(seg)
-            r.load(md.sections, md.partial)
-        if eager:
+        if eager and r.segment:
             try:
                 self._open(r)
             except Exception:
@@ -1015,7 +1037,10 @@ class nixlAgent:
         r = x.remote
         if code in _PEER_CHANGED and r is not self._self_remote and not r.checking and r.gen == x.gen:
             r.checking = True
-            self._post_task(lambda a, rr=r: a._check_peer(rr))
+            try:
+                self._post_task(lambda a, rr=r: a._check_peer(rr), "peer check")
+            except nixlBackendError:
+                r.checking = False
         return status
 
     def _check_peer(self, r):

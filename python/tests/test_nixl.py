@@ -572,6 +572,48 @@ class TensorTest(unittest.TestCase):
         self.assertIsNone(a.get_xfer_descs(mixed))  # one list, one memory type
 
 
+class BoundsTest(unittest.TestCase):
+    """What a peer can make an agent hold is bounded (the bounds are made
+    small here)."""
+
+    def setUp(self):
+        import nixl._agent as core
+
+        self.core = core
+        self.saved = (core.MAX_PENDING_NOTIF_BYTES, core.MAX_REMOTE_RANGES)
+        self.addCleanup(self.restore)
+
+    def restore(self):
+        self.core.MAX_PENDING_NOTIF_BYTES, self.core.MAX_REMOTE_RANGES = self.saved
+
+    def test_undelivered_notifications_stay_in_te(self):
+        self.core.MAX_PENDING_NOTIF_BYTES = 100
+        a = agent(self, "bound-a", enable_listen_thread=True, listen_port=0)
+        b = agent(self, "bound-b")
+        b.add_remote_agent(a.get_agent_metadata())
+        for i in range(3):
+            b.send_notif("bound-a", b"%02d" % i + b"x" * 48)
+        wait_until(lambda: a.agent._pending_bytes >= 100, what="the listener drained")
+        for i in range(3, 6):
+            b.send_notif("bound-a", b"%02d" % i + b"x" * 48)
+        a.agent._pump()  # what the listener does: nothing more is drained now
+        self.assertGreater(a.agent._engine.stats()["control"]["notify_bytes"], 0)
+        got = a.get_new_notifs()["bound-b"]  # the caller takes everything, in order
+        self.assertEqual([m[:2] for m in got], [b"%02d" % i for i in range(6)])
+        self.assertEqual(a.agent._pending_bytes, 0)
+
+    def test_remote_ranges(self):
+        self.core.MAX_REMOTE_RANGES = 4
+        a, b = agent(self, "ranges-a"), agent(self, "ranges-b")
+        x = buf(4096 * 5)
+        a.register_memory([(x.ctypes.data + i * 4096, 4096, 0, "") for i in range(4)], "DRAM")
+        b.add_remote_agent(a.get_agent_metadata())
+        a.register_memory([(x.ctypes.data + 4 * 4096, 4096, 0, "")], "DRAM")
+        with self.assertRaises(nb.nixlNotAllowedError):
+            b.add_remote_agent(a.get_agent_metadata())
+        self.assertTrue(b.check_remote_metadata("ranges-a", b.get_xfer_descs(rows(x.ctypes.data, 4, 4096), "DRAM")))
+
+
 class ListenerTest(unittest.TestCase):
     """Metadata over the listener (te's RPC listener at listen_port)."""
 
