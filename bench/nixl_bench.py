@@ -165,7 +165,8 @@ def run_transfers(side, transport, seconds, rounds):
             g = {k: v[0] / v[1] / 1e9 for k, v in acc.items()}
             out.append({"transport": transport, "op": op, "block": block, "batch": n,
                         **{f"{k}_gbps": round(v, 3) for k, v in g.items()},
-                        "ratio_poll": round(g["nixl"] / g["te_poll"], 3), "ratio_wait": round(g["nixl"] / g["te_wait"], 3)})
+                        "ratio_poll": round(g["nixl"] / g["te_poll"], 3),
+                        "ratio_wait": round(g["nixl"] / g["te_wait"], 3)})
     return out
 
 
@@ -253,8 +254,8 @@ def main():
           f"{'nixl/poll':>9} {'nixl/wait':>9}   (GB/s)")
     for r in results:
         blk = f"{r['block'] >> 10}KiB" if r["block"] < 1 << 20 else f"{r['block'] >> 20}MiB"
-        print(f"{r['transport']:9} {r['op']:5} {blk:>6} {r['batch']:>5} {r['nixl_gbps']:>6.2f} {r['te_poll_gbps']:>7.2f} "
-              f"{r['te_wait_gbps']:>7.2f} {r['ratio_poll']:>9.2f} {r['ratio_wait']:>9.2f}")
+        print(f"{r['transport']:9} {r['op']:5} {blk:>6} {r['batch']:>5} {r['nixl_gbps']:>6.2f} "
+              f"{r['te_poll_gbps']:>7.2f} {r['te_wait_gbps']:>7.2f} {r['ratio_poll']:>9.2f} {r['ratio_wait']:>9.2f}")
 
 
 if __name__ == "__main__":

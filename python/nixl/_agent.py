@@ -800,7 +800,8 @@ class nixlAgent:
 
     def _need_listener(self, what):
         if not self._listening:
-            raise nixlNotAllowedError(f"{what} needs the agent's listener: nixl_agent_config(enable_listen_thread=True)")
+            raise nixlNotAllowedError(f"{what} needs the agent's listener: "
+                                      f"nixl_agent_config(enable_listen_thread=True)")
 
     def sendLocalMD(self, ip_addr="", port=0):
         self._live()

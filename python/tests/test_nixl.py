@@ -498,7 +498,8 @@ class AgentTest(unittest.TestCase):
         a = agent(self, "short-lived")
         a.close()
         a.close()
-        for call in (a.get_agent_metadata, lambda: a.get_new_notifs(), lambda: a.register_memory([(1, 1, 0, "")], "DRAM")):
+        for call in (a.get_agent_metadata, lambda: a.get_new_notifs(),
+                     lambda: a.register_memory([(1, 1, 0, "")], "DRAM")):
             with self.assertRaises(nb.nixlBackendError):
                 call()
 
