@@ -14,9 +14,14 @@ same load:
            check_xfer_state() polled (20 µs pauses, --poll-us) to DONE;
   te poll  te.Engine's Python API: Batch.submit of (op, local, segment,
            remote, length) tuples, Batch.status() polled the same way,
-           Batch.reset: the same waiting, so the ratio is the APIs' cost;
-  te wait  the same with the blocking Batch.wait() (NIXL has no such call),
-           for reference.
+           Batch.reset: the same waiting, so nixl/poll is the APIs' cost;
+  nixl w   transfer() then nixl_agent.wait_xfer() (te's addition to the
+           API: a blocking wait);
+  te wait  te's Batch.submit with the blocking Batch.wait().
+
+GB/s are totals over the rounds; each ratio is the median of the rounds'
+own ratios (the ways take turns in short rounds, so a ratio compares runs
+that shared the machine's load).
 
 It also times preparation: prep_xfer_dlist (local and remote) plus
 make_prepped_xfer for 1,000 descriptors, transfer() of them, and te's
@@ -110,10 +115,12 @@ class Side:
         ids = self.np.arange(0, 2 * n, 2)
         return self.a.make_prepped_xfer(op, lh, ids, rh, ids)
 
-    def nixl_round(self, x, seconds):
+    def nixl_round(self, x, seconds, wait=False):
         a, moved, t0, pause = self.a, 0, time.perf_counter(), POLL_PAUSE
         while time.perf_counter() - t0 < seconds:
             st = a.transfer(x)
+            if wait:
+                st = a.wait_xfer(x)
             while st == "PROC":
                 if pause:
                     time.sleep(pause)
@@ -150,23 +157,34 @@ def run_transfers(side, transport, seconds, rounds):
             x = side.nixl_xfer(op, block, n)
             batch = side.eng.allocate_batch(n)
             ways = {"nixl": lambda d: side.nixl_round(x, d),
+                    "nixl_wait": lambda d: side.nixl_round(x, d, wait=True),
                     "te_poll": lambda d: side.te_round(op, block, n, batch, d, True),
                     "te_wait": lambda d: side.te_round(op, block, n, batch, d, False)}
             acc = {k: [0, 0.0] for k in ways}
+            per_round = {"poll": [], "wait": [], "nixl_wait": []}
             for fn in ways.values():  # warm every way
                 fn(seconds / rounds / 4)
-            for _ in range(rounds):
-                for way, fn in ways.items():
-                    m, t = fn(seconds / rounds)
+            for i in range(rounds):
+                got = {}
+                # Rotate the order, so no way always follows the same one.
+                for way in list(ways)[i % 4:] + list(ways)[:i % 4]:
+                    m, t = ways[way](seconds / rounds)
                     acc[way][0] += m
                     acc[way][1] += t
+                    got[way] = m / t
+                per_round["poll"].append(got["nixl"] / got["te_poll"])
+                per_round["wait"].append(got["nixl"] / got["te_wait"])
+                per_round["nixl_wait"].append(got["nixl_wait"] / got["te_wait"])
             side.a.release_xfer_handle(x)
             batch.free()
             g = {k: v[0] / v[1] / 1e9 for k, v in acc.items()}
+            # The ratio is the median of the rounds' ratios: neighbouring
+            # rounds share the machine's load, whole runs often do not.
             out.append({"transport": transport, "op": op, "block": block, "batch": n,
                         **{f"{k}_gbps": round(v, 3) for k, v in g.items()},
-                        "ratio_poll": round(g["nixl"] / g["te_poll"], 3),
-                        "ratio_wait": round(g["nixl"] / g["te_wait"], 3)})
+                        "ratio_poll": round(statistics.median(per_round["poll"]), 3),
+                        "ratio_wait": round(statistics.median(per_round["wait"]), 3),
+                        "ratio_nixl_wait": round(statistics.median(per_round["nixl_wait"]), 3)})
     return out
 
 
@@ -208,16 +226,53 @@ def prep_timing(side, iters=300):
             "nixl_post_us": round(statistics.median(post), 1), "te_submit_us": round(statistics.median(tsub), 1)}
 
 
+def set_timer_slack(ns):
+    """prctl(PR_SET_TIMERSLACK) for the calling thread (the one that polls)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(29, ctypes.c_ulong(ns), 0, 0, 0) != 0:
+        print(f"prctl(PR_SET_TIMERSLACK) failed: errno {ctypes.get_errno()}", file=sys.stderr)
+
+
+def nixl_scripts(nixl_dir):
+    """Run NIXL's descriptor timing scripts against this nixl package; their
+    timing lines by script (empty when the folder is not there)."""
+    import subprocess
+
+    test = os.path.join(nixl_dir, "test")
+    if not os.path.exists(os.path.join(test, "desc_perf.py")):
+        return {}
+    out = {}
+    env = dict(os.environ, NIXL_LOG_LEVEL="INFO")
+    for name, argv in (("desc_perf.py", []), ("prep_xfer_perf.py list", ["list"]),
+                       ("prep_xfer_perf.py array", ["array"])):
+        script = os.path.join(test, name.split()[0])
+        r = subprocess.run([sys.executable, script] + argv, env=env, capture_output=True, text=True, timeout=600)
+        lines = [ln.split(" ", 3)[-1].strip().replace("\t", " ") for ln in (r.stdout + r.stderr).splitlines()
+                 if ln.startswith("NIXL INFO") and ("sec" in ln or " us" in ln)]
+        out[name] = lines if r.returncode == 0 else [f"failed with exit code {r.returncode}"]
+    return out
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--seconds", type=float, default=2.0, help="measured time per configuration and way")
-    p.add_argument("--rounds", type=int, default=4, help="turns each way takes per configuration")
+    p.add_argument("--seconds", type=float, default=3.0, help="measured time per configuration and way")
+    p.add_argument("--rounds", type=int, default=12, help="turns each way takes per configuration")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.add_argument("--poll-us", type=float, default=20, help="pause between check_xfer_state polls (0: none)")
+    p.add_argument("--timer-slack-ns", type=int, default=0,
+                   help="this thread's timer slack (prctl), so a 20 µs pause is not Linux's default 50 µs "
+                        "longer; 0 leaves it")
     p.add_argument("--transports", default="shm,tcp")
+    p.add_argument("--nixl-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                                       "shared", "interop", "nixl"),
+                   help="NIXL's suite (its test/desc_perf.py and test/prep_xfer_perf.py are run too, when there)")
     args = p.parse_args()
     global POLL_PAUSE
     POLL_PAUSE = args.poll_us / 1e6
+    if args.timer_slack_ns:
+        set_timer_slack(args.timer_slack_ns)
 
     import numpy as np
 
@@ -239,23 +294,30 @@ def main():
         conn.send("exit")
         proc.join(30)
     machine["poll_us"] = args.poll_us
+    machine["timer_slack_ns"] = args.timer_slack_ns
+    scripts = nixl_scripts(args.nixl_dir)
     if args.json:
         print(json.dumps({"machine": machine}))
         print(json.dumps({"prep": timing}))
+        if scripts:
+            print(json.dumps({"nixl_scripts": scripts}))
         for r in results:
             print(json.dumps(r))
         return
     print(f"machine: {machine['cpu']}, {machine['cores']} cores; memcpy {machine['memcpy_gbps']} GB/s (one thread); "
-          f"nixl polls check_xfer_state every {args.poll_us:g} µs")
+          f"polls pause {args.poll_us:g} µs (timer slack {args.timer_slack_ns} ns)")
     print(f"1,000 descriptors: prep_xfer_dlist x2 + make_prepped_xfer {timing['prep_make_us']} µs "
           f"(p90 {timing['prep_make_p90_us']}); transfer() {timing['nixl_post_us']} µs; "
           f"te Batch.submit {timing['te_submit_us']} µs")
-    print(f"{'transport':9} {'op':5} {'block':>6} {'batch':>5} {'nixl':>6} {'te poll':>7} {'te wait':>7} "
-          f"{'nixl/poll':>9} {'nixl/wait':>9}   (GB/s)")
+    for name, lines in scripts.items():
+        print(f"NIXL's {name}: " + "; ".join(lines))
+    print(f"{'transport':9} {'op':5} {'block':>6} {'batch':>5} {'nixl':>6} {'te poll':>7} {'nixl w':>6} "
+          f"{'te wait':>7} {'nixl/poll':>9} {'nixl/wait':>9} {'nixl w/wait':>11}   (GB/s)")
     for r in results:
         blk = f"{r['block'] >> 10}KiB" if r["block"] < 1 << 20 else f"{r['block'] >> 20}MiB"
         print(f"{r['transport']:9} {r['op']:5} {blk:>6} {r['batch']:>5} {r['nixl_gbps']:>6.2f} "
-              f"{r['te_poll_gbps']:>7.2f} {r['te_wait_gbps']:>7.2f} {r['ratio_poll']:>9.2f} {r['ratio_wait']:>9.2f}")
+              f"{r['te_poll_gbps']:>7.2f} {r['nixl_wait_gbps']:>6.2f} {r['te_wait_gbps']:>7.2f} {r['ratio_poll']:>9.2f} "
+              f"{r['ratio_wait']:>9.2f} {r['ratio_nixl_wait']:>11.2f}")
 
 
 if __name__ == "__main__":

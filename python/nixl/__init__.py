@@ -71,7 +71,10 @@ What differs from NIXL:
   notifications every 5 ms. Every sync mode is thread-safe.
 * Not here: memory views (prep_mem_view), estimate_xfer_cost
   (nixlNotSupportedError), OBJ/BLK memory.
-* nixl_agent.close() (not in NIXL) stops an agent at once.
+* Not in NIXL: nixl_agent.close() stops an agent at once;
+  nixl_agent.wait_xfer(handle, timeout) blocks until a transfer is DONE or
+  ERR without spending CPU (NIXL callers poll check_xfer_state, which on a
+  busy machine takes CPU from te's own transfer threads).
 
 Namespace: like `mooncake`, this package extends its __path__
 (pkgutil.extend_path), so it can sit beside NVIDIA's nixl wheel; the folder

@@ -1077,6 +1077,19 @@ class nixlAgent:
             return int(nixl_status_t.NIXL_ERR_NOT_POSTED)
         return self._refresh(x)
 
+    def waitXferReq(self, x, timeout=None):
+        """Block until the transfer is no longer in progress or timeout
+        seconds passed (None: no limit; te's transfer timeout still ends
+        every transfer). Returns its status as getXferStatus does. Not in
+        NIXL: a caller that would otherwise poll check_xfer_state in a loop
+        spends no CPU while it waits."""
+        st = self.getXferStatus(x)
+        if st != _IN_PROG:
+            return st
+        ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        _lib.load().te_wait(x.batch, ms, None)  # the outcome is read by _refresh
+        return self._refresh(x)
+
     def getXferTelemetry(self, x):
         if not self._telemetry:
             raise nixlNoTelemetryError(f"telemetry is off for agent {self.name!r} (nixl_agent_config("

@@ -309,6 +309,12 @@ class nixl_agent:
     def check_xfer_state(self, handle):
         return _STATE.get(self.agent.getXferStatus(handle), "ERR")
 
+    def wait_xfer(self, handle, timeout=None):
+        """Wait (releasing the GIL, spending no CPU) until the transfer is
+        DONE or ERR, or timeout seconds passed; returns check_xfer_state's
+        string. Not in NIXL, whose callers poll check_xfer_state."""
+        return _STATE.get(self.agent.waitXferReq(handle, timeout), "ERR")
+
     def get_xfer_telemetry(self, handle):
         return self.agent.getXferTelemetry(handle)
 

@@ -303,7 +303,8 @@ class AgentTest(unittest.TestCase):
         ids = np.array([3, 0, 7])
         x = b.make_prepped_xfer("READ", lh, ids, rh, ids[::-1].copy(), b"n1")
         b.transfer(x)
-        self.assertEqual(wait_state(b, x), "DONE")
+        self.assertEqual(b.wait_xfer(x, 30), "DONE")  # te's blocking wait
+        self.assertEqual(b.wait_xfer(x), "DONE")
         for i, j in zip(ids, ids[::-1]):
             self.assertEqual(self.bbuf[i * B:(i + 1) * B].tobytes(), self.abuf[j * B:(j + 1) * B].tobytes())
         b.release_xfer_handle(x)
@@ -975,12 +976,12 @@ class KilledPeerTest(unittest.TestCase):
         x = d.make_prepped_xfer("READ", self.lh, ids[::-1], self.rh, ids, b"never")
         os.kill(self.pid, signal.SIGSTOP)
         self.assertEqual(d.transfer(x), "PROC")
-        time.sleep(0.2)
-        self.assertEqual(d.check_xfer_state(x), "PROC")  # a stopped peer cannot have answered
+        self.assertEqual(d.wait_xfer(x, 0.2), "PROC")  # a stopped peer cannot have answered
+        self.assertEqual(d.check_xfer_state(x), "PROC")
         with self.assertRaises(nb.nixlRepostActiveError):
             d.transfer(x)
         os.kill(self.pid, signal.SIGKILL)
-        self.assertEqual(wait_state(d, x, timeout=60), "ERR")
+        self.assertEqual(d.wait_xfer(x, 60), "ERR")
         d.release_xfer_handle(x)
         with self.assertRaises((nb.nixlRemoteDisconnectError, nb.nixlBackendError)):
             d.send_notif("victim", b"are you there")
