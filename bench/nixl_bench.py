@@ -316,8 +316,8 @@ def main():
     for r in results:
         blk = f"{r['block'] >> 10}KiB" if r["block"] < 1 << 20 else f"{r['block'] >> 20}MiB"
         print(f"{r['transport']:9} {r['op']:5} {blk:>6} {r['batch']:>5} {r['nixl_gbps']:>6.2f} "
-              f"{r['te_poll_gbps']:>7.2f} {r['nixl_wait_gbps']:>6.2f} {r['te_wait_gbps']:>7.2f} {r['ratio_poll']:>9.2f} "
-              f"{r['ratio_wait']:>9.2f} {r['ratio_nixl_wait']:>11.2f}")
+              f"{r['te_poll_gbps']:>7.2f} {r['nixl_wait_gbps']:>6.2f} {r['te_wait_gbps']:>7.2f} "
+              f"{r['ratio_poll']:>9.2f} {r['ratio_wait']:>9.2f} {r['ratio_nixl_wait']:>11.2f}")
 
 
 if __name__ == "__main__":

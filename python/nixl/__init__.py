@@ -39,7 +39,8 @@ What differs from NIXL:
   address), not every interface. TE_NIXL_HOST sets it (127.0.0.1 for one
   machine; 0.0.0.0 binds every interface as NIXL does).
   TE_NIXL_TRANSPORTS / TE_NIXL_FORCE_TRANSPORT choose te's transports
-  (e.g. TE_NIXL_FORCE_TRANSPORT=tcp).
+  (e.g. TE_NIXL_FORCE_TRANSPORT=tcp), TE_NIXL_PARAMS passes te transport
+  parameters (e.g. rdma.devices=mlx5_0).
 * Security: with a cluster secret (TE_AUTH_SECRET_FILE or TE_AUTH_SECRET,
   read when an agent is made) every peer proves it holds the secret before
   it learns or touches anything; an agent without it cannot load, reach or

@@ -1164,7 +1164,8 @@ def _engine_args(cfg, listening):
     choice, the first non-loopback IPv4 address; 0.0.0.0 binds every
     interface as NIXL's listener does). The listener port is listen_port
     when the listener is on, else a free port. TE_NIXL_TRANSPORTS and
-    TE_NIXL_FORCE_TRANSPORT pick te's transports. The cluster secret comes
+    TE_NIXL_FORCE_TRANSPORT pick te's transports, TE_NIXL_PARAMS passes
+    transport parameters ("rdma.devices=mlx5_0,tcp.conns=4"). The cluster secret comes
     from TE_AUTH_SECRET_FILE or TE_AUTH_SECRET, read when the agent is made.
     """
     host = os.environ.get("TE_NIXL_HOST", "").strip()
@@ -1178,6 +1179,8 @@ def _engine_args(cfg, listening):
         args["transports"] = os.environ["TE_NIXL_TRANSPORTS"]
     if os.environ.get("TE_NIXL_FORCE_TRANSPORT"):
         args["force_transport"] = os.environ["TE_NIXL_FORCE_TRANSPORT"]
+    if os.environ.get("TE_NIXL_PARAMS"):
+        args["params"] = os.environ["TE_NIXL_PARAMS"]
     if os.environ.get("TE_AUTH_SECRET_FILE"):
         args["auth_secret_file"] = os.environ["TE_AUTH_SECRET_FILE"]
     elif os.environ.get("TE_AUTH_SECRET"):

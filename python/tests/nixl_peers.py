@@ -159,6 +159,40 @@ def plain_target(conn, name, size, seed):
             return
 
 
+def rdma_pair(conn, size):
+    """Two agents in this process over te's rdma transport (forced, on the
+    fake verbs library the parent put in TE_IBV_LIBRARY): a WRITE and a READ
+    with notifications. Replies (transports, write ok, read ok, notifs)."""
+    from nixl._api import nixl_agent
+
+    a, b = nixl_agent("rdma-a"), nixl_agent("rdma-b")
+    src, dst, back = _buf(size, 21), _buf(size), _buf(size)
+    a.register_memory([(src.ctypes.data, size, 0, ""), (back.ctypes.data, size, 0, "")], "DRAM")
+    b.register_memory([(dst.ctypes.data, size, 0, "")], "DRAM")
+    a.add_remote_agent(b.get_agent_metadata())
+    half = size // 2
+    results = []
+    for op, local, note in (("WRITE", src, b"w"), ("READ", back, b"r")):
+        x = a.initialize_xfer(op, a.get_xfer_descs([(local.ctypes.data, half, 0), (local.ctypes.data + half, half, 0)],
+                                                   "DRAM"),
+                              a.get_xfer_descs([(dst.ctypes.data + half, half, 0), (dst.ctypes.data, half, 0)], "DRAM"),
+                              "rdma-b", note)
+        a.transfer(x)
+        results.append(a.wait_xfer(x, 60))
+        a.release_xfer_handle(x)
+    swapped = np.concatenate([src[half:], src[:half]])
+    deadline = time.monotonic() + 30
+    notifs = {}
+    while sum(map(len, notifs.values())) < 2 and time.monotonic() < deadline:
+        for k, v in b.get_new_notifs().items():
+            notifs.setdefault(k, []).extend(v)
+        time.sleep(0.002)
+    conn.send((a.agent._engine.stats()["transports"], results, bool((dst == swapped).all()),
+               bool((back == src).all()), notifs))
+    a.close()
+    b.close()
+
+
 # -- VRAM through a fake CUDA driver ---------------------------------------------
 
 class FakeCuda:

@@ -29,7 +29,8 @@ if np is not None:
     import nixl._bindings as nb
     import te
     from nixl._api import nixl_agent, nixl_agent_config, nixl_thread_sync_t
-    from nixl_peers import (kv_prefill, listener_target, plain_target, sglang_decode, vram_reader, vram_target)
+    from nixl_peers import (kv_prefill, listener_target, plain_target, rdma_pair, sglang_decode, vram_reader,
+                            vram_target)
     from peers import MB, pattern
 
 from util import HERE, Peer, wait_until
@@ -1057,6 +1058,40 @@ class VramFakeCudaTest(unittest.TestCase):
         # te registers DRAM at "*" and asks the driver: the device memory is
         # still moved by a transport that can (a CPU copy would fault).
         self.run_pair({}, mem="DRAM")
+
+
+def build_fake_verbs():
+    """The software libibverbs of te's Go tests (internal/sys/ibv/ibvtest),
+    built with the C compiler; None when the source, verbs.h or a compiler
+    is missing."""
+    src = os.path.join(HERE, "..", "..", "internal", "sys", "ibv", "ibvtest", "testdata", "fakeverbs.c")
+    if not os.path.exists(src) or not os.path.exists("/usr/include/infiniband/verbs.h"):
+        return None
+    out = os.path.join(tempfile.mkdtemp(prefix="te-nixl-fakeverbs-"), "libfakeverbs.so")
+    try:
+        subprocess.run([os.environ.get("CC", "cc"), "-O1", "-shared", "-fPIC", "-Wl,-Bsymbolic", "-o", out, src,
+                        "-lpthread"], check=True, capture_output=True, timeout=120)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out
+
+
+class RdmaFakeVerbsTest(unittest.TestCase):
+    """DRAM over te's rdma transport, on the software verbs library of te's
+    Go tests (its fabric joins the queue pairs of one process, so both
+    agents live in one child process)."""
+
+    def test_write_and_read(self):
+        fake = build_fake_verbs()
+        if fake is None:
+            self.skipTest("the fake libibverbs cannot be built here (no source tree, verbs.h or C compiler)")
+        p = Peer(rdma_pair, 1 * MB, env={"TE_IBV_LIBRARY": fake, "TE_NIXL_FORCE_TRANSPORT": "rdma"})
+        transports, states, wrote, read, notifs = p.recv()
+        p.close()
+        self.assertIn("rdma", transports)
+        self.assertEqual(states, ["DONE", "DONE"])
+        self.assertTrue(wrote and read)
+        self.assertEqual(sorted(notifs["rdma-a"]), [b"r", b"w"])
 
 
 class NamespaceTest(unittest.TestCase):
