@@ -86,4 +86,9 @@ from pkgutil import extend_path
 
 __path__ = extend_path(__path__, __name__)
 
+try:
+    import numpy  # noqa: F401,E402
+except ImportError as e:  # say so rather than fail deep inside an import
+    raise ImportError("te's nixl package needs numpy, as NIXL does: pip install numpy (or te[nixl])") from e
+
 from ._api import nixl_agent, nixl_agent_config, nixl_thread_sync_t  # noqa: E402,F401

@@ -75,6 +75,8 @@ def metadata():
         f"Version: {version()}\n"
         f"Summary: {SUMMARY}\n"
         "Requires-Python: >=3.8\n"
+        "Provides-Extra: nixl\n"
+        "Requires-Dist: numpy; extra == \"nixl\"\n"
         "Classifier: Programming Language :: Python :: 3\n"
         "Classifier: Operating System :: POSIX :: Linux\n"
         "Description-Content-Type: text/markdown\n"
