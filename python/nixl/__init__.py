@@ -70,6 +70,15 @@ What differs from NIXL:
 * Threads: te progresses transfers itself (enable_prog_thread and
   num_threads are accepted). With the listener on, a thread drains te's
   notifications every 5 ms. Every sync mode is thread-safe.
+* send_notif returns once the peer's te engine has queued the
+  notification (a peer that does not answer: an error after te's RPC
+  timeout, 5 s). A transfer's notification is sent after its last byte
+  landed, and the transfer is DONE only once it was delivered.
+* Bounds: what peers can make an agent hold is bounded beyond te's own
+  limits: 64 MiB of notifications drained but not yet taken by
+  get_new_notifs (the listener then leaves the rest in te, whose budget
+  refuses senders), metadata of 65,536 agents, 2M ranges per agent, 4,096
+  queued background sends.
 * Not here: memory views (prep_mem_view), estimate_xfer_cost
   (nixlNotSupportedError), OBJ/BLK memory.
 * Not in NIXL: nixl_agent.close() stops an agent at once;
