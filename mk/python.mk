@@ -52,7 +52,8 @@ test-pip-install:
 		'import te, mooncake.engine; te.load(); print("pip install . ->", te.library_path(), "ABI", te.abi_version())'
 
 # NIXL's suite runs from an empty temporary folder (its query test writes
-# files into the current one). te_nixl_harness fails the run if a test skips
+# files into the current one), once without and once with a cluster secret
+# (every agent then authenticates). te_nixl_harness fails the run if a test skips
 # for anything but a missing GPU; two_peers.py runs the example's target and
 # initiator as two processes and checks the initiator verified the bytes.
 test-nixl: $(WHEEL_STAMP)
@@ -62,6 +63,10 @@ test-nixl: $(WHEEL_STAMP)
 	$(NIXL_VENV)/bin/python -m pip install -q --no-index --no-deps $(WHEEL_DIR)/te-*.whl; \
 	suite=$$(cd $(NIXL_SUITE) && pwd); harness=$(abspath python/tests/nixl_suite); \
 	tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; cd "$$tmp"; \
-	env -u TE_LIBRARY PYTHONPATH=$$harness TE_NIXL_HOST=127.0.0.1 $(abspath $(NIXL_VENV))/bin/python -m pytest \
-		-p no:cacheprovider -p te_nixl_harness -rs -q --timeout 300 $$suite/test --backend UCX; \
+	for secret in "" "$$(head -c 24 /dev/urandom | base64)"; do \
+		if [ -n "$$secret" ]; then echo "test-nixl: with a cluster secret"; else echo "test-nixl: without one"; fi; \
+		env -u TE_LIBRARY -u TE_AUTH_SECRET_FILE PYTHONPATH=$$harness TE_NIXL_HOST=127.0.0.1 TE_AUTH_SECRET="$$secret" \
+			$(abspath $(NIXL_VENV))/bin/python -m pytest -p no:cacheprovider -p te_nixl_harness -rs -q \
+			--timeout 300 $$suite/test --backend UCX; \
+	done; \
 	env -u TE_LIBRARY -u PYTHONPATH $(abspath $(NIXL_VENV))/bin/python $$harness/two_peers.py $$suite
