@@ -33,6 +33,13 @@
 // a nil *Opener stand for a connection without a session (no secret): they
 // pass bytes through unchanged, so one framing serves both cases.
 //
+// Framing code calls, per connection: Seal (a header, a small body) and
+// WriteBody or WritePayload on the writing side; ReadRecord (a header),
+// ReadBody, DiscardBody, ReadPayload or DiscardPayload on the reading
+// side. A payload produced or consumed in pieces of other sizes (device
+// memory staged through host chunks) goes through StartPayload and
+// WritePiece or ReadPiece, which put exactly the same records on the wire.
+//
 // An Opener that fails once stays failed (the stream cannot be trusted any
 // more): every later call returns the same error, errs.Unauthenticated for
 // a record that does not open, errs.Protocol for a malformed one, and the

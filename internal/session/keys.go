@@ -95,6 +95,15 @@ type Session struct {
 	Recv *Opener
 }
 
+// Split returns the session's Sealer and Opener; nil and nil for a nil
+// Session (a connection without a session), which pass bytes through.
+func (s *Session) Split() (*Sealer, *Opener) {
+	if s == nil {
+		return nil, nil
+	}
+	return s.Send, s.Recv
+}
+
 // Labels of the key schedule (HKDF info strings).
 const (
 	labelPrefix = "te-session-v1 "

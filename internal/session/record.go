@@ -12,6 +12,7 @@ type Sealer struct {
 	err     error
 	scratch []byte // one sealed record, for streams (allocated on first use)
 	tag     [TagSize]byte
+	pay     payloadState
 }
 
 // Opener opens what one end receives. A nil *Opener passes bytes through.
@@ -21,6 +22,7 @@ type Opener struct {
 	d       direction
 	err     error
 	scratch []byte // one sealed record, for streams (allocated on first use)
+	pay     payloadState
 }
 
 // Mode returns the session's mode; 0 for a nil Sealer.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -268,6 +269,20 @@ func TestTamperedPayloadNeverLands(t *testing.T) {
 	if bytes.ContainsFunc(dst[session.RecordSize:], func(r rune) bool { return r != 0 }) {
 		t.Fatal("bytes of the tampered record reached the destination")
 	}
+	// The same read in pieces (a device payload's staging chunks).
+	_, srv = pairOf(t, params(session.Encryption, "land"))
+	clear(dst)
+	srv.Recv.StartPayload(uint64(n))
+	rd := bytes.NewReader(b)
+	err = nil
+	for off := 0; off < n && err == nil; off += 4096 {
+		err = srv.Recv.ReadPiece(rd, dst[off:off+4096], nil)
+	}
+	wantCode(t, "tampered payload read in pieces", err, errs.Unauthenticated)
+	if !bytes.Equal(dst[:session.RecordSize], pattern(n, 5)[:session.RecordSize]) ||
+		bytes.ContainsFunc(dst[session.RecordSize:], func(r rune) bool { return r != 0 }) {
+		t.Fatal("read in pieces: the tampered record reached the destination, or the intact one did not")
+	}
 }
 
 // TestNoCrossing: a record is bound to its direction, its connection (the
@@ -311,8 +326,7 @@ func TestNoCrossing(t *testing.T) {
 // TestNilPassesThrough: without a session the same calls move bytes
 // unchanged.
 func TestNilPassesThrough(t *testing.T) {
-	var s *session.Sealer
-	var o *session.Opener
+	s, o := (*session.Session)(nil).Split()
 	if s.Mode() != 0 || o.Size(100) != 100 || s.PayloadSize(100) != 100 || o.Err() != nil {
 		t.Fatal("nil sizes")
 	}
@@ -399,6 +413,21 @@ func TestZeroAllocs(t *testing.T) {
 			if err := srv.Recv.ReadPayload(rd, dst, nil); err != nil {
 				t.Fatal(err)
 			}
+			// And in pieces.
+			wire.Reset()
+			ini.Send.StartPayload(uint64(len(payload)))
+			srv.Recv.StartPayload(uint64(len(payload)))
+			for off := 0; off < len(payload); off += 5000 {
+				if err := ini.Send.WritePiece(&wire, payload[off:min(len(payload), off+5000)], nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+			rd.Reset(wire.Bytes())
+			for off := 0; off < len(dst); off += 7000 {
+				if err := srv.Recv.ReadPiece(rd, dst[off:min(len(dst), off+7000)], nil); err != nil {
+					t.Fatal(err)
+				}
+			}
 		}
 		round() // scratch buffers
 		if a := testing.AllocsPerRun(50, round); a != 0 {
@@ -413,4 +442,18 @@ func TestModesMatchWire(t *testing.T) {
 		session.KeyIDSize != wire.AuthKeyIDSize || session.RecordSize != wire.BodyChunk {
 		t.Fatal("session constants drifted from the wire's")
 	}
+}
+
+// TestCPUFeatures: the features are read from the CPU, and the hardware
+// AES answer agrees with them.
+func TestCPUFeatures(t *testing.T) {
+	f := session.CPUFeatures()
+	if f == "" {
+		t.Fatal("no answer")
+	}
+	hw := (strings.Contains(f, "AESNI") && strings.Contains(f, "CLMUL")) || (strings.Contains(f, "AESARM") && strings.Contains(f, "PMULL"))
+	if session.HardwareAES() != hw {
+		t.Fatalf("HardwareAES %v with features %s", session.HardwareAES(), f)
+	}
+	t.Logf("crypto features: %s", f)
 }

@@ -234,3 +234,138 @@ func writeChunks(w io.Writer, p []byte, beforeChunk func(size int)) error {
 	}
 	return nil
 }
+
+// payloadState is a payload streamed in pieces: the bytes of it not yet
+// handed over, and the record being filled (Sealer) or drained (Opener).
+type payloadState struct {
+	left    uint64 // payload bytes not yet written (Sealer) or read off the wire (Opener)
+	fill    int    // Sealer: bytes of the current record in the buffer
+	recSize int    // Sealer: size of the current record
+	avail   []byte // Opener: opened plaintext not yet copied out
+}
+
+// StartPayload begins a payload of n bytes to be written with WritePiece
+// in pieces of any size (a device payload staged through host chunks):
+// the bytes on the wire are exactly WritePayload's for the whole payload.
+func (s *Sealer) StartPayload(n uint64) {
+	if s != nil {
+		s.pay = payloadState{left: n}
+	}
+}
+
+// WritePiece writes the next piece of the payload begun with StartPayload.
+// In Encryption mode a record goes out each time one is complete (the last
+// one when the payload's last byte arrives); otherwise the piece goes out
+// as it is. Writing more than the payload's size is an error.
+func (s *Sealer) WritePiece(w io.Writer, p []byte, beforeChunk func(size int)) error {
+	if s.Mode() != Encryption {
+		if s != nil {
+			if s.err != nil {
+				return s.err
+			}
+			if uint64(len(p)) > s.pay.left {
+				return errs.New(errs.InvalidArgument, "session", "a piece of %d bytes where the payload has %d left", len(p), s.pay.left)
+			}
+			s.pay.left -= uint64(len(p))
+		}
+		return writeChunks(w, p, beforeChunk)
+	}
+	if s.err != nil {
+		return s.err
+	}
+	st := &s.pay
+	if uint64(len(p)) > st.left+uint64(st.recSize-st.fill) {
+		return errs.New(errs.InvalidArgument, "session", "a piece of %d bytes where the payload has %d left", len(p), st.left+uint64(st.recSize-st.fill))
+	}
+	sc := scratch(&s.scratch)
+	for len(p) > 0 {
+		if st.fill == 0 {
+			st.recSize = int(min(st.left, RecordSize))
+			st.left -= uint64(st.recSize)
+		}
+		k := copy(sc[st.fill:st.recSize], p)
+		st.fill += k
+		p = p[k:]
+		if st.fill < st.recSize {
+			break
+		}
+		// Sealed in place: the plaintext is exactly where the record goes.
+		rec, err := s.record(sc[:0], sc[:st.recSize])
+		if err != nil {
+			return err
+		}
+		st.fill, st.recSize = 0, 0
+		if beforeChunk != nil {
+			beforeChunk(len(rec))
+		}
+		if _, err := w.Write(rec); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// StartPayload begins a payload of n bytes to be read with ReadPiece in
+// pieces of any size, as the sender's WritePayload or WritePiece sent it.
+func (o *Opener) StartPayload(n uint64) {
+	if o != nil {
+		o.pay = payloadState{left: n}
+	}
+}
+
+// ReadPiece fills dst with the next bytes of the payload begun with
+// StartPayload. In Encryption mode it reads and opens records as it needs
+// them, and copies out only bytes of records that opened. Reading past the
+// payload's end is an error.
+func (o *Opener) ReadPiece(r io.Reader, dst []byte, beforeChunk func(size int)) error {
+	if o.Mode() != Encryption {
+		if o != nil {
+			if o.err != nil {
+				return o.err
+			}
+			if uint64(len(dst)) > o.pay.left {
+				return errs.New(errs.InvalidArgument, "session", "a piece of %d bytes where the payload has %d left", len(dst), o.pay.left)
+			}
+			o.pay.left -= uint64(len(dst))
+		}
+		for off := 0; off < len(dst); off += RecordSize {
+			end := min(len(dst), off+RecordSize)
+			if beforeChunk != nil {
+				beforeChunk(end - off)
+			}
+			if _, err := io.ReadFull(r, dst[off:end]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if o.err != nil {
+		return o.err
+	}
+	st := &o.pay
+	if uint64(len(dst)) > st.left+uint64(len(st.avail)) {
+		return errs.New(errs.InvalidArgument, "session", "a piece of %d bytes where the payload has %d left", len(dst), st.left+uint64(len(st.avail)))
+	}
+	sc := scratch(&o.scratch)
+	for len(dst) > 0 {
+		if len(st.avail) == 0 {
+			k := int(min(st.left, RecordSize))
+			if beforeChunk != nil {
+				beforeChunk(k + TagSize)
+			}
+			if _, err := io.ReadFull(r, sc[:k+TagSize]); err != nil {
+				return err
+			}
+			p, err := o.Open(sc[:k+TagSize])
+			if err != nil {
+				return err
+			}
+			st.left -= uint64(k)
+			st.avail = p
+		}
+		c := copy(dst, st.avail)
+		st.avail = st.avail[c:]
+		dst = dst[c:]
+	}
+	return nil
+}
