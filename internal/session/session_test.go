@@ -382,6 +382,10 @@ func TestReadRecordBounds(t *testing.T) {
 	if srv.Recv.Err() != nil {
 		t.Fatal("a caller's mistake broke the opener")
 	}
+	var none *session.Opener
+	if _, err := none.ReadRecord(bytes.NewReader(nil), make([]byte, 4), 10); errs.CodeOf(err) != errs.InvalidArgument {
+		t.Fatal(err)
+	}
 }
 
 // TestZeroAllocs: steady-state sealing and opening of headers, bodies and

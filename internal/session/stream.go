@@ -27,6 +27,9 @@ func scratch(b *[]byte) []byte {
 // buf. With a nil Opener it reads n bytes.
 func (o *Opener) ReadRecord(r io.Reader, buf []byte, n int) ([]byte, error) {
 	if o == nil {
+		if n <= 0 || len(buf) < n {
+			return nil, errs.New(errs.InvalidArgument, "session", "a header of %d bytes into a buffer of %d", n, len(buf))
+		}
 		if _, err := io.ReadFull(r, buf[:n]); err != nil {
 			return nil, err
 		}
@@ -247,6 +250,7 @@ type payloadState struct {
 // StartPayload begins a payload of n bytes to be written with WritePiece
 // in pieces of any size (a device payload staged through host chunks):
 // the bytes on the wire are exactly WritePayload's for the whole payload.
+// Until its last byte is written, nothing else is sealed.
 func (s *Sealer) StartPayload(n uint64) {
 	if s != nil {
 		s.pay = payloadState{left: n}
@@ -307,6 +311,7 @@ func (s *Sealer) WritePiece(w io.Writer, p []byte, beforeChunk func(size int)) e
 
 // StartPayload begins a payload of n bytes to be read with ReadPiece in
 // pieces of any size, as the sender's WritePayload or WritePiece sent it.
+// Until its last byte is read, nothing else is read through the Opener.
 func (o *Opener) StartPayload(n uint64) {
 	if o != nil {
 		o.pay = payloadState{left: n}
