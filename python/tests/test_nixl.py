@@ -31,8 +31,8 @@ if np is not None:
     from nixl._api import nixl_agent, nixl_agent_config, nixl_thread_sync_t
     from nixl_peers import (kv_prefill, listener_target, plain_target, rdma_pair, sglang_decode, vram_reader,
                             vram_target)
-    from peers import MB, pattern
 
+from peers import MB, pattern
 from util import HERE, Peer, wait_until
 
 SECRET = "nixl-test-cluster-secret-0123456789"
