@@ -1,12 +1,14 @@
 package engine
 
+import "github.com/tecache/te/engine/transport"
+
 // TransportStats returns, by transport name, the counters of the installed
 // transports that keep their own (for shm: attachments, probes the kernel
 // refused, revocations sent, acknowledged and cut off).
 func (e *Engine) TransportStats() map[string]map[string]uint64 {
 	out := map[string]map[string]uint64{}
 	for _, t := range e.transports {
-		if s, ok := t.(interface{ Stats() map[string]uint64 }); ok {
+		if s, ok := t.(transport.StatsReporter); ok {
 			out[t.Name()] = s.Stats()
 		}
 	}
@@ -18,7 +20,7 @@ func (e *Engine) TransportStats() map[string]map[string]uint64 {
 // and the others; nil when no installed transport places NICs (no rdma).
 func (e *Engine) Topology() map[string][2][]string {
 	for _, t := range e.transports {
-		if tp, ok := t.(interface{ Topology() map[string][2][]string }); ok {
+		if tp, ok := t.(transport.TopologyReporter); ok {
 			return tp.Topology()
 		}
 	}

@@ -9,9 +9,10 @@ DEMO_ARGS ?=
 
 .PHONY: demo
 # The binaries go to $(BUILD)/demo so that they never stand in for the
-# release builds of other rules.
+# release builds of other rules. te-sidecar carries the version of
+# mk/meta.mk (git describe), as the release build does.
 demo: deps
 	@mkdir -p $(BUILD)/demo
-	$(GO) build -o $(BUILD)/demo/te-sidecar ./cmd/te-sidecar
+	$(GO) build -ldflags "-X github.com/tecache/te/cmd/te-sidecar/sidecar.Version=$(SIDECAR_VERSION)" -o $(BUILD)/demo/te-sidecar ./cmd/te-sidecar
 	$(GO) build -o $(BUILD)/demo/te-demo ./cmd/te-demo
 	$(BUILD)/demo/te-demo -sidecar-bin $(BUILD)/demo/te-sidecar $(DEMO_ARGS)

@@ -47,7 +47,7 @@ if [ "$mode" = build ]; then
 	# Without cgo (purego loads libcuda and libibverbs itself) the test
 	# binaries need no particular glibc on the GPU machine; stripped and
 	# packed, everything travels in about 40 MB.
-	for p in cuda:./internal/sys/cuda cudaipc:./engine/transport/cuda tcp:./engine/transport/tcp rdma:./engine/transport/rdma; do
+	for p in cuda:./internal/sys/cuda cudaipc:./engine/transport/cudaipc tcp:./engine/transport/tcp rdma:./engine/transport/rdma; do
 		CGO_ENABLED=0 go test -c -trimpath -ldflags='-s -w' -o "$stage/${p%%:*}.test" "${p#*:}"
 	done
 	# libte.so needs cgo: it is linked against this machine's glibc.

@@ -117,6 +117,38 @@ type Caps struct {
 	// key (segment.Window) is honoured and revoking it is a fence. A
 	// transport without it is sent the buffer's own key instead.
 	Windows bool `json:"windows"`
+	// Rank orders the transports that can all serve a request: the lowest
+	// wins, equal ranks go by name. The standard transports rank by how
+	// directly they move bytes: local 0 (memcpy in one process), shm 10
+	// (one kernel copy), cudaipc 20 (the GPU's copy engines), rdma 30 (the
+	// NIC, no CPU), tcp 40 (sockets).
+	Rank int `json:"rank"`
+}
+
+// Optional abilities. A transport declares each by implementing its
+// interface; the engine asks for them by type, never by name.
+
+// DeviceMover is implemented by transports that can move GPU memory.
+// DeviceMemory reports whether the transport can serve a request whose local
+// range is (localDevice) or is not device memory, to buf of the segment d (a
+// device buffer or not). A transport that stages through host memory answers
+// true for every peer it reaches; one that needs a registration of the
+// buffer (an RDMA NIC's memory region) answers for that buffer.
+type DeviceMover interface {
+	DeviceMemory(d *segment.Desc, buf *segment.BufferDesc, localDevice bool) bool
+}
+
+// StatsReporter is implemented by transports that keep counters of their
+// own (attachments, rails, refusals); the engine reports them by transport.
+type StatsReporter interface {
+	Stats() map[string]uint64
+}
+
+// TopologyReporter is implemented by transports that place NICs near memory
+// (rdma): Topology is Mooncake's topology matrix, for every memory location
+// ("cpu:N", "cuda:N") the NICs near it and the others.
+type TopologyReporter interface {
+	Topology() map[string][2][]string
 }
 
 // WindowRevoker is implemented by transports whose peers reach memory without
@@ -173,9 +205,6 @@ type Transport interface {
 // Factory builds a transport.
 type Factory func() (Transport, error)
 
-// Preference orders transports when several can reach a peer.
-var Preference = []string{"local", "shm", "cudaipc", "rdma", "tcp"}
-
 var (
 	factoriesMu sync.Mutex
 	factories   = map[string]Factory{}
@@ -197,7 +226,7 @@ func Lookup(name string) (Factory, bool) {
 	return f, ok
 }
 
-// Names lists the registered transports in preference order.
+// Names lists the registered transports, by name.
 func Names() []string {
 	factoriesMu.Lock()
 	defer factoriesMu.Unlock()
@@ -205,16 +234,6 @@ func Names() []string {
 	for n := range factories {
 		out = append(out, n)
 	}
-	sort.Slice(out, func(i, j int) bool { return Rank(out[i]) < Rank(out[j]) })
+	sort.Strings(out)
 	return out
-}
-
-// Rank is a transport's position in Preference (lower is preferred).
-func Rank(name string) int {
-	for i, p := range Preference {
-		if p == name {
-			return i
-		}
-	}
-	return len(Preference)
 }

@@ -16,9 +16,9 @@ import (
 	"time"
 
 	"github.com/tecache/te/engine"
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/internal/authsecret"
-	proto "github.com/tecache/te/internal/sidecar/rendezvous"
+	"github.com/tecache/te/internal/errs"
+	"github.com/tecache/te/kvcache/handoff/proto"
 )
 
 // Mode says which side moves the bytes.
@@ -130,9 +130,20 @@ func New(e *engine.Engine, opts Options) (*Client, error) {
 		}
 		if sec != nil {
 			token = sec.Token()
+			// With the secret, the client's own token: te-sidecar then keeps
+			// this engine's quotas apart from other clients on its host.
+			if name := e.Name(); usableName(name) {
+				token = sec.ClientToken(name)
+			}
 		}
 	}
 	return &Client{e: e, base: base, hc: hc, opts: opts, token: token, notices: map[string]proto.Notice{}}, nil
+}
+
+// usableName reports whether te-sidecar takes name as a client name (at
+// most 256 bytes, no control characters).
+func usableName(name string) bool {
+	return name != "" && len(name) <= 256 && !strings.ContainsFunc(name, func(r rune) bool { return r < 0x20 || r == 0x7f })
 }
 
 // Close releases the client's idle sidecar connections. Transfers in
@@ -257,7 +268,7 @@ func refused(op string, he *httpError) error {
 	}
 	e := errs.New(code, op, "sidecar answered %d: %s", he.status, he.body.Error)
 	if he.status == http.StatusUnauthorized {
-		e.WithHint("te-sidecar has a cluster secret: give this process the same one (" +
+		e = e.WithHint("te-sidecar has a cluster secret: give this process the same one (" +
 			authsecret.EnvSecretFile + " or " + authsecret.EnvSecret + ")")
 	}
 	return e

@@ -6,8 +6,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/transport"
+	"github.com/tecache/te/internal/errs"
 )
 
 // Defaults and bounds of the transport's parameters.

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/errs"
 )
 
 func params(m map[string]string) func(string) (string, bool) {

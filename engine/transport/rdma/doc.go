@@ -16,7 +16,7 @@
 //     near NICs in the descriptor (ExtraNear).
 //   - Queue pairs are created per endpoint (a local NIC paired with a peer's
 //     NIC) and exchanged over the engine's control plane (message kind
-//     wire.KindRDMA; the payload is specified in engine/wire/spec.md).
+//     wire.KindRDMA; the payload is specified in internal/wire/spec.md).
 //   - A rail is a local NIC paired with a peer NIC. A request goes over the
 //     rails of its plan: tier 0 pairs the NICs near its local memory with
 //     those near the target buffer, tier 1 is the rest. It is cut into

@@ -3,8 +3,8 @@ package rdma
 import (
 	"golang.org/x/sys/unix"
 
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/segment"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/cuda"
 )
 

@@ -4,6 +4,7 @@ import (
 	"os"
 	"testing"
 
+	_ "github.com/tecache/te/engine/std" // the engines these tests build install every standard transport
 	"github.com/tecache/te/engine/transport/transporttest"
 )
 

@@ -6,7 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/errs"
 )
 
 // A rail is one path to one peer engine: a local NIC and one of the peer's

@@ -6,8 +6,8 @@ import (
 	"net"
 	"time"
 
-	"github.com/tecache/te/engine/wire"
 	"github.com/tecache/te/internal/sys/mem"
+	"github.com/tecache/te/internal/wire"
 )
 
 // ParamAcceptMooncake is the transport parameter that makes the data listener

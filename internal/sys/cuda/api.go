@@ -4,7 +4,7 @@ import (
 	"runtime"
 	"strings"
 
-	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/errs"
 )
 
 // Device is a CUdevice.

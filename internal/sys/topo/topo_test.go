@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/topo"
 	"github.com/tecache/te/internal/sys/topo/topotest"
 )

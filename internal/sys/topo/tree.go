@@ -9,7 +9,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/errs"
 )
 
 // A tree manifest describes a sysfs tree, one entry per line:
