@@ -407,8 +407,9 @@ int te_last_error(char *buf, size_t len);
  * locations the CUDA devices the driver reports (preferred: the NICs behind
  * the GPU's PCIe switch, else those on its NUMA node). It reads sysfs, or
  * the tree TE_SYSFS_ROOT names instead of /sys. The rdma transport spreads
- * each request over these preferred NICs. devices (NULL or "" for all) is a
- * comma-separated list of NIC names to consider. Without libibverbs or NICs
+ * each request over these preferred NICs. devices is a comma-separated list
+ * of NIC names to consider (NULL or "": those TE_RDMA_DEVICES or
+ * MC_TE_FILTERS allow, else all). Without libibverbs or NICs
  * the lists are empty; without a CUDA driver there are no cuda entries. It
  * needs no engine.
  * Blocks: briefly (reads sysfs; the first call loads libibverbs and the CUDA

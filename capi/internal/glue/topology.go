@@ -1,7 +1,9 @@
 package glue
 
 import (
+	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/tecache/te/internal/sys/topo"
 )
@@ -15,9 +17,18 @@ const SysRoot = "/"
 type Topology = topo.Matrix
 
 // LocalTopology describes this machine through package topo: every NUMA
-// node and GPU with the NICs libibverbs lists (those in filter, when it is
-// not empty), split into the ones near it and the others.
+// node and GPU with the NICs libibverbs lists (those in filter, else those
+// TE_RDMA_DEVICES or MC_TE_FILTERS allow, as the rdma transport does),
+// split into the ones near it and the others.
 func LocalTopology(root string, filter []string) Topology {
+	if len(filter) == 0 {
+		for _, env := range []string{"TE_RDMA_DEVICES", "MC_TE_FILTERS"} {
+			if v := os.Getenv(env); v != "" {
+				filter = strings.FieldsFunc(v, func(r rune) bool { return r == ',' || r == ' ' || r == ';' })
+				break
+			}
+		}
+	}
 	sys := topo.Root()
 	if root != SysRoot {
 		sys = filepath.Join(root, "sys")

@@ -31,9 +31,16 @@ func TestLocalTopology(t *testing.T) {
 	if string(b) != want {
 		t.Fatalf("got  %s\nwant %s", b, want)
 	}
+	const only1 = `{"cpu:0":[["mlx5_1"],[]],"cpu:1":[[],["mlx5_1"]],"cuda:0":[["mlx5_1"],[]],"cuda:1":[[],["mlx5_1"]]}`
 	b, _ = json.Marshal(LocalTopology(root, []string{"mlx5_1"}))
-	if string(b) != `{"cpu:0":[["mlx5_1"],[]],"cpu:1":[[],["mlx5_1"]],"cuda:0":[["mlx5_1"],[]],"cuda:1":[[],["mlx5_1"]]}` {
+	if string(b) != only1 {
 		t.Fatalf("filtered: %s", b)
+	}
+	// Without a filter, the rdma transport's allow-list from the environment.
+	t.Setenv("TE_RDMA_DEVICES", "mlx5_1")
+	b, _ = json.Marshal(LocalTopology(root, nil))
+	if string(b) != only1 {
+		t.Fatalf("TE_RDMA_DEVICES=mlx5_1: %s", b)
 	}
 }
 
