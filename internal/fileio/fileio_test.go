@@ -44,7 +44,7 @@ func modes(t *testing.T, body func(t *testing.T, x *Executor)) {
 
 // directDir is a directory on a file system that takes O_DIRECT: the test's
 // temp dir when it does (ext4, xfs), else the working directory's.
-func directDir(t *testing.T) string {
+func directDir(t testing.TB) string {
 	t.Helper()
 	for _, d := range []string{t.TempDir(), "."} {
 		p := filepath.Join(d, ".odirect-probe")

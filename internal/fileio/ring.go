@@ -225,6 +225,9 @@ func (w *ringWorker) loop() {
 				return
 			}
 		}
+		// Pushes made while the worker reaps (often by the Done it
+		// calls) need no eventfd write: take runs next and sees them.
+		w.armed.Store(true)
 		w.ring.Reap(w.complete)
 	}
 }
