@@ -397,8 +397,14 @@ func (e *Engine) target(st *segState, r *Request, region *segment.Region, last l
 	if err != nil {
 		return d, nil, nil, err
 	}
-	if t, err = e.routeDevice(d, buf, r, region, t); err != nil {
+	t, storage, err := e.routeFile(d, buf, r, region, t)
+	if err != nil {
 		return d, nil, nil, err
+	}
+	if !storage {
+		if t, err = e.routeDevice(d, buf, r, region, t); err != nil {
+			return d, nil, nil, err
+		}
 	}
 	return d, buf, t, nil
 }

@@ -117,6 +117,34 @@ type Caps struct {
 	// key (segment.Window) is honoured and revoking it is a fence. A
 	// transport without it is sent the buffer's own key instead.
 	Windows bool `json:"windows"`
+	// FileMemory: the transport moves bytes to and from storage regions
+	// (registered file ranges, segment.Region.Storage) without touching
+	// their addresses. Requests whose target is a storage buffer go only
+	// to such transports, and storage regions are registered only with them.
+	FileMemory bool `json:"file_memory"`
+	// StorageOnly: the transport moves bytes only between memory and
+	// storage regions (the file transport); memory-to-memory requests go
+	// elsewhere.
+	StorageOnly bool `json:"storage_only"`
+}
+
+// FileSpec is a file range to register as a storage region.
+type FileSpec struct {
+	Path string // opened by the engine; "" when FD is given
+	FD   int    // an open descriptor of the caller (duplicated), or -1
+	// Offset and Length are the range of the file; Length 0 means up to
+	// the file's current end.
+	Offset, Length uint64
+	// Create makes the file if missing and extends it to hold the range.
+	Create bool
+	// ReadOnly refuses writes; NoDirect keeps every I/O buffered.
+	ReadOnly, NoDirect bool
+}
+
+// FileOpener is implemented by the transport that opens storage regions for
+// the engine: OpenFile returns the storage and the range's length.
+type FileOpener interface {
+	OpenFile(spec FileSpec) (segment.Storage, uint64, error)
 }
 
 // WindowRevoker is implemented by transports whose peers reach memory without
@@ -174,7 +202,7 @@ type Transport interface {
 type Factory func() (Transport, error)
 
 // Preference orders transports when several can reach a peer.
-var Preference = []string{"local", "shm", "cudaipc", "rdma", "tcp"}
+var Preference = []string{"local", "file", "shm", "cudaipc", "rdma", "tcp"}
 
 var (
 	factoriesMu sync.Mutex

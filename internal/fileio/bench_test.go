@@ -2,7 +2,6 @@ package fileio
 
 import (
 	"encoding/json"
-	"fmt"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -120,8 +119,7 @@ func closedLoop(b *testing.B, x *Executor, f *File, buf []byte, write, random bo
 		return true
 	}
 	ops := make([]*Op, depth)
-	var onDone func(op *Op, err error)
-	onDone = func(op *Op, err error) {
+	onDone := func(op *Op, err error) {
 		mu.Lock()
 		ended++
 		if err != nil && firstErr == nil {
@@ -175,7 +173,7 @@ func runFio(b *testing.B, fio, path, rw string, bs uint64, depth int, total, siz
 	}
 	bw := r.Jobs[0].Read.BwBytes + r.Jobs[0].Write.BwBytes
 	if bw <= 0 {
-		b.Fatal(fmt.Sprintf("fio reported no bandwidth: %s", out))
+		b.Fatalf("fio reported no bandwidth: %s", out)
 	}
 	return bw
 }

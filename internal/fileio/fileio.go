@@ -586,3 +586,9 @@ func (f *File) Busy() bool {
 	}
 	return n > 0
 }
+
+// Executor is the executor the file is open on.
+func (f *File) Executor() *Executor { return f.x }
+
+// StageCount is the number of staging buffers.
+func (x *Executor) StageCount() int { return cap(x.stageFree) }

@@ -256,7 +256,8 @@ func (t *Transport) Name() string { return Name }
 
 // Caps declares the transport's reach and the memory it moves. GPU memory is staged through pinned host buffers.
 func (t *Transport) Caps() transport.Caps {
-	return transport.Caps{SameHost: true, CrossHost: true, HostMemory: true, GPUMemory: true, Windows: true}
+	return transport.Caps{SameHost: true, CrossHost: true, HostMemory: true, GPUMemory: true, Windows: true,
+		FileMemory: true} // a peer's files: the server reads and writes them (server_file.go)
 }
 
 // Options returns the options in effect (after Start).
