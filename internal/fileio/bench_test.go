@@ -164,8 +164,12 @@ func runFio(b *testing.B, fio, path, rw string, bs uint64, depth int, total, siz
 	}
 	var r struct {
 		Jobs []struct {
-			Read  struct{ BwBytes float64 `json:"bw_bytes"` } `json:"read"`
-			Write struct{ BwBytes float64 `json:"bw_bytes"` } `json:"write"`
+			Read struct {
+				BwBytes float64 `json:"bw_bytes"`
+			} `json:"read"`
+			Write struct {
+				BwBytes float64 `json:"bw_bytes"`
+			} `json:"write"`
 		} `json:"jobs"`
 	}
 	if err := json.Unmarshal(out, &r); err != nil || len(r.Jobs) != 1 {

@@ -406,7 +406,10 @@ func TestRemoteFileSegmentInProcess(t *testing.T) {
 		}
 	}
 	// A wrong secret learns and touches nothing.
-	bad := newEngine(t, nil, func(c *engine.Config) { c.Transports = []string{"tcp"}; c.AuthSecret = "another-secret-0123456789abcdef" })
+	bad := newEngine(t, nil, func(c *engine.Config) {
+		c.Transports = []string{"tcp"}
+		c.AuthSecret = "another-secret-0123456789abcdef"
+	})
 	if _, err := bad.OpenSegment(owner.Name()); errs.CodeOf(err) != errs.Unauthenticated {
 		t.Fatalf("wrong secret: %v", err)
 	}
