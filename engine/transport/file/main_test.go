@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/tecache/te/internal/sys/cuda/cudatest"
 )
 
 func TestMain(m *testing.M) {
@@ -12,5 +14,7 @@ func TestMain(m *testing.M) {
 		// A storage node for a test in the parent process.
 		os.Exit(m.Run())
 	}
+	// The real driver where TE_CUDA_REAL=1, else the fake one.
+	_, gpuSetupErr = cudatest.Setup()
 	goleak.VerifyTestMain(m)
 }
