@@ -273,8 +273,12 @@ func Fio(o FileOptions) (float64, error) {
 	}
 	var r struct {
 		Jobs []struct {
-			Read  struct{ BwBytes float64 `json:"bw_bytes"` } `json:"read"`
-			Write struct{ BwBytes float64 `json:"bw_bytes"` } `json:"write"`
+			Read struct {
+				BwBytes float64 `json:"bw_bytes"`
+			} `json:"read"`
+			Write struct {
+				BwBytes float64 `json:"bw_bytes"`
+			} `json:"write"`
 		} `json:"jobs"`
 	}
 	if err := json.Unmarshal(out, &r); err != nil || len(r.Jobs) != 1 {
