@@ -13,7 +13,7 @@ import (
 	"unsafe"
 
 	"github.com/tecache/te/engine"
-	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/errs"
 )
 
 //export tego_open_segment

@@ -21,9 +21,9 @@ import (
 	"runtime/debug"
 	"unsafe"
 
+	"github.com/tecache/te/capi/internal/glue"
 	"github.com/tecache/te/engine"
-	"github.com/tecache/te/engine/errs"
-	"github.com/tecache/te/internal/capihelp"
+	"github.com/tecache/te/internal/errs"
 )
 
 func main() {}
@@ -39,9 +39,9 @@ type batchEntry struct {
 }
 
 var (
-	engines  = capihelp.NewTable[*engine.Engine](capihelp.KindEngine)
-	segments = capihelp.NewTable[segEntry](capihelp.KindSegment)
-	batches  = capihelp.NewTable[batchEntry](capihelp.KindBatch)
+	engines  = glue.NewTable[*engine.Engine](glue.KindEngine)
+	segments = glue.NewTable[segEntry](glue.KindSegment)
+	batches  = glue.NewTable[batchEntry](glue.KindBatch)
 )
 
 // fail records err as the calling thread's last error and returns its code.
@@ -51,13 +51,13 @@ func fail(err error) C.int {
 	if err == nil {
 		return 0
 	}
-	msg := capihelp.CutMessage(err.Error(), C.TECAPI_MAX_MESSAGE-1)
+	msg := glue.CutMessage(err.Error(), C.TECAPI_MAX_MESSAGE-1)
 	if msg == "" {
 		C.tecapi_set_error(nil, 0)
 	} else {
 		C.tecapi_set_error((*C.char)(unsafe.Pointer(unsafe.StringData(msg))), C.size_t(len(msg)))
 	}
-	return C.int(capihelp.Code(err))
+	return C.int(glue.Code(err))
 }
 
 // enter starts every export as `defer enter(op, &rc)()`. A fault on a bad
@@ -67,7 +67,7 @@ func enter(op string, rc *C.int) func() {
 	debug.SetPanicOnFault(true)
 	return func() {
 		if v := recover(); v != nil {
-			*rc = fail(capihelp.FromPanic(op, v))
+			*rc = fail(glue.FromPanic(op, v))
 		}
 	}
 }
@@ -88,7 +88,7 @@ func putString(op string, buf *C.char, n C.size_t, s string) C.int {
 	if buf == nil || n == 0 {
 		return fail(errs.New(errs.InvalidArgument, op, "output buffer is NULL or empty"))
 	}
-	if capihelp.CopyString(cbuf(buf, n), s) {
+	if glue.CopyString(cbuf(buf, n), s) {
 		return fail(errs.New(errs.BufferTooSmall, op, "%d bytes needed, buffer holds %d", len(s)+1, int(n)))
 	}
 	return 0

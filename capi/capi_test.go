@@ -16,9 +16,9 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/tecache/te/capi/internal/glue"
 	"github.com/tecache/te/engine"
-	"github.com/tecache/te/engine/errs"
-	"github.com/tecache/te/internal/capihelp"
+	"github.com/tecache/te/internal/errs"
 )
 
 var (
@@ -196,12 +196,12 @@ func TestHeaderConstants(t *testing.T) {
 		"TE_TASK_COMPLETED":             int(engine.Completed),
 		"TE_TASK_TIMEOUT":               int(engine.Timeout),
 		"TE_TASK_FAILED":                int(engine.Failed),
-		"TE_LOG_DEFAULT":                capihelp.LogDefault,
-		"TE_LOG_DEBUG":                  capihelp.LogDebug,
-		"TE_LOG_INFO":                   capihelp.LogInfo,
-		"TE_LOG_WARN":                   capihelp.LogWarn,
-		"TE_LOG_ERROR":                  capihelp.LogError,
-		"TE_LOG_OFF":                    capihelp.LogOff,
+		"TE_LOG_DEFAULT":                glue.LogDefault,
+		"TE_LOG_DEBUG":                  glue.LogDebug,
+		"TE_LOG_INFO":                   glue.LogInfo,
+		"TE_LOG_WARN":                   glue.LogWarn,
+		"TE_LOG_ERROR":                  glue.LogError,
+		"TE_LOG_OFF":                    glue.LogOff,
 	}
 	got := defines(t, "TE_")
 	for name, v := range want {

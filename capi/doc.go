@@ -11,7 +11,7 @@
 // -extldflags=-Wl,--version-script=capi/libte.map.
 //
 // The Go exports only convert C arguments, look handles up in the tables of
-// internal/capihelp, call package engine, and turn the result into a return
+// capi/internal/glue, call package engine, and turn the result into a return
 // code. Every export recovers panics into TE_ERR_INTERNAL and records
 // failures as the calling thread's last error, in C thread-local storage
 // (entry.c), from the thread the call came in on. The cgo preamble includes

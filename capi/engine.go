@@ -8,21 +8,23 @@ typedef const te_config_t te_cconfig;
 import "C"
 
 import (
+	_ "github.com/tecache/te/engine/std"
+
 	"encoding/json"
 	"strings"
 	"unsafe"
 
+	"github.com/tecache/te/capi/internal/glue"
 	"github.com/tecache/te/engine"
-	"github.com/tecache/te/engine/errs"
-	"github.com/tecache/te/internal/capihelp"
+	"github.com/tecache/te/internal/errs"
 )
 
 // maxConfigSize bounds te_config_t.size: a larger value is a caller bug.
 const maxConfigSize = 1 << 16
 
 // readConfig copies the fields of cfg that lie within cfg.size.
-func readConfig(cfg *C.te_cconfig) (capihelp.Config, error) {
-	var c capihelp.Config
+func readConfig(cfg *C.te_cconfig) (glue.Config, error) {
+	var c glue.Config
 	if cfg == nil {
 		return c, nil
 	}
@@ -106,7 +108,7 @@ func tego_local_topology(devices *C.te_cchar, buf *C.char, n C.size_t) (rc C.int
 			filter = append(filter, d)
 		}
 	}
-	b, err := json.Marshal(capihelp.LocalTopology(capihelp.SysRoot, filter))
+	b, err := json.Marshal(glue.LocalTopology(glue.SysRoot, filter))
 	if err != nil {
 		return fail(errs.Wrap(errs.Internal, "local topology", err, "encoding"))
 	}

@@ -11,9 +11,9 @@ import (
 	"context"
 	"unsafe"
 
+	"github.com/tecache/te/capi/internal/glue"
 	"github.com/tecache/te/engine"
-	"github.com/tecache/te/engine/errs"
-	"github.com/tecache/te/internal/capihelp"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/kvcache/handoff"
 )
 
@@ -23,8 +23,8 @@ type handoffEntry struct {
 
 // Handoff clients are owned by their engine, transfers by their client.
 var (
-	handoffs  = capihelp.NewTable[handoffEntry](capihelp.KindHandoff)
-	transfers = capihelp.NewTable[*capihelp.Xfer](capihelp.KindTransfer)
+	handoffs  = glue.NewTable[handoffEntry](glue.KindHandoff)
+	transfers = glue.NewTable[*glue.Xfer](glue.KindTransfer)
 )
 
 // dropHandoffs releases the handoff clients of engine h (te_destroy): their
@@ -37,7 +37,7 @@ func dropHandoffs(h uint64) {
 }
 
 func destroyClient(h uint64, he handoffEntry) {
-	capihelp.ReleaseAll(transfers.DropOwner(h))
+	glue.ReleaseAll(transfers.DropOwner(h))
 	he.c.Close()
 }
 
@@ -109,11 +109,11 @@ func declare(op string, prefill bool, h C.te_handoff_t, id *C.te_cchar, lh C.te_
 	if err != nil {
 		return fail(err)
 	}
-	m, err := capihelp.ModeOf(op, int32(mode))
+	m, err := glue.ModeOf(op, int32(mode))
 	if err != nil {
 		return fail(err)
 	}
-	to, err := capihelp.DeclTimeout(op, int64(timeoutMS))
+	to, err := glue.DeclTimeout(op, int64(timeoutMS))
 	if err != nil {
 		return fail(err)
 	}
@@ -127,7 +127,7 @@ func declare(op string, prefill bool, h C.te_handoff_t, id *C.te_cchar, lh C.te_
 	if err != nil {
 		return fail(err)
 	}
-	*out = C.te_xfer_t(transfers.Put(uint64(h), capihelp.NewXfer(t)))
+	*out = C.te_xfer_t(transfers.Put(uint64(h), glue.NewXfer(t)))
 	return 0
 }
 
@@ -160,7 +160,7 @@ func putResult(op string, out *C.te_handoff_result_t, r handoff.Result) error {
 		return nil
 	}
 	v := C.te_handoff_result_t{
-		mode: C.int32_t(capihelp.ModeNumber(r.Mode)), bytes: C.uint64_t(r.Bytes),
+		mode: C.int32_t(glue.ModeNumber(r.Mode)), bytes: C.uint64_t(r.Bytes),
 		block_requests: C.uint64_t(r.BlockRequests), requests: C.uint64_t(r.Requests),
 		elapsed_ns: C.uint64_t(r.Elapsed.Nanoseconds()),
 	}
@@ -227,7 +227,7 @@ func tego_handoff_status(h C.te_xfer_t, out *C.te_handoff_status_t) (rc C.int) {
 		return fail(err)
 	}
 	v := C.te_handoff_status_t{
-		state: C.int32_t(capihelp.StateNumber(st.State)), mode: C.int32_t(capihelp.ModeNumber(st.Mode)),
+		state: C.int32_t(glue.StateNumber(st.State)), mode: C.int32_t(glue.ModeNumber(st.Mode)),
 		error: C.int32_t(-int32(st.Code)), bytes: C.uint64_t(st.Bytes),
 	}
 	if st.Settled {
@@ -244,6 +244,6 @@ func tego_handoff_free(h C.te_xfer_t) (rc C.int) {
 	if err != nil {
 		return fail(err)
 	}
-	x.Release(capihelp.AbortTimeout())
+	x.Release(glue.AbortTimeout())
 	return 0
 }

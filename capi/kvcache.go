@@ -11,16 +11,16 @@ import "C"
 import (
 	"unsafe"
 
+	"github.com/tecache/te/capi/internal/glue"
 	"github.com/tecache/te/engine"
-	"github.com/tecache/te/engine/errs"
-	"github.com/tecache/te/internal/capihelp"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/kvcache"
 )
 
 // Layouts and plans belong to no engine (owner 0): te_destroy leaves them.
 var (
-	layouts = capihelp.NewTable[*kvcache.Layout](capihelp.KindLayout)
-	plans   = capihelp.NewTable[*kvcache.Plan](capihelp.KindPlan)
+	layouts = glue.NewTable[*kvcache.Layout](glue.KindLayout)
+	plans   = glue.NewTable[*kvcache.Plan](glue.KindPlan)
 )
 
 // layoutJSON copies the caller's layout JSON, refusing oversized input
@@ -29,8 +29,8 @@ func layoutJSON(op string, p *C.te_cchar) (string, error) {
 	if p == nil {
 		return "", errs.New(errs.InvalidArgument, op, "json is NULL")
 	}
-	if n := C.strnlen((*C.char)(p), capihelp.MaxLayoutJSON+1); n > capihelp.MaxLayoutJSON {
-		return "", errs.New(errs.TooLarge, op, "layout JSON exceeds %d bytes", capihelp.MaxLayoutJSON)
+	if n := C.strnlen((*C.char)(p), glue.MaxLayoutJSON+1); n > glue.MaxLayoutJSON {
+		return "", errs.New(errs.TooLarge, op, "layout JSON exceeds %d bytes", glue.MaxLayoutJSON)
 	}
 	return cstr(p), nil
 }
@@ -40,10 +40,10 @@ func blockList(op, what string, p *C.te_cblock, n C.size_t) ([]int, error) {
 	if p == nil {
 		return nil, errs.New(errs.InvalidArgument, op, "%s blocks is NULL", what)
 	}
-	if n > capihelp.MaxBlocks {
-		return nil, errs.New(errs.TooLarge, op, "%d %s block ids exceed %d", n, what, capihelp.MaxBlocks)
+	if n > glue.MaxBlocks {
+		return nil, errs.New(errs.TooLarge, op, "%d %s block ids exceed %d", n, what, glue.MaxBlocks)
 	}
-	return capihelp.Blocks(op, what, unsafe.Slice((*int32)(unsafe.Pointer(p)), int(n)))
+	return glue.Blocks(op, what, unsafe.Slice((*int32)(unsafe.Pointer(p)), int(n)))
 }
 
 // putSized copies v into the caller's struct out, whose first field is its
@@ -70,7 +70,7 @@ func tego_layout_create(json *C.te_cchar, out *C.te_layout_t) (rc C.int) {
 	if err != nil {
 		return fail(err)
 	}
-	l, err := capihelp.ParseLayout("layout create", s)
+	l, err := glue.ParseLayout("layout create", s)
 	if err != nil {
 		return fail(err)
 	}
@@ -85,7 +85,7 @@ func tego_layout_bytes(json *C.te_cchar, block, layer *C.uint64_t) (rc C.int) {
 	if err != nil {
 		return fail(err)
 	}
-	b, l, err := capihelp.ParseShape("layout bytes", s)
+	b, l, err := glue.ParseShape("layout bytes", s)
 	if err != nil {
 		return fail(err)
 	}
@@ -108,7 +108,7 @@ func tego_layout_info(h C.te_layout_t, out *C.te_layout_info_t) (rc C.int) {
 	if out == nil {
 		return null("layout info", "out")
 	}
-	in, err := capihelp.InfoOf(l)
+	in, err := glue.InfoOf(l)
 	if err != nil {
 		return fail(err)
 	}
@@ -180,7 +180,7 @@ func tego_plan_create(src, dst C.te_layout_t, srcBlocks *C.te_cblock, nSrc C.siz
 	if err != nil {
 		return fail(err)
 	}
-	lr, err := capihelp.LayerRange(op, int32(layerBegin), int32(layerEnd))
+	lr, err := glue.LayerRange(op, int32(layerBegin), int32(layerEnd))
 	if err != nil {
 		return fail(err)
 	}

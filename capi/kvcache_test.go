@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tecache/te/internal/capihelp"
+	"github.com/tecache/te/capi/internal/glue"
 )
 
 // TestHeaderKVConstants checks te.h's handoff and plan numbers against the
@@ -15,15 +15,15 @@ import (
 func TestHeaderKVConstants(t *testing.T) {
 	want := map[string]int{
 		"TE_PLAN_ALL_LAYERS":      -1,
-		"TE_HANDOFF_MODE_DEFAULT": capihelp.ModeDefault,
-		"TE_HANDOFF_MODE_PUSH":    capihelp.ModePush,
-		"TE_HANDOFF_MODE_PULL":    capihelp.ModePull,
-		"TE_HANDOFF_WAITING":      int(capihelp.StateNumber("waiting")),
-		"TE_HANDOFF_TRANSFERRING": int(capihelp.StateNumber("transferring")),
-		"TE_HANDOFF_DONE":         int(capihelp.StateNumber("done")),
-		"TE_HANDOFF_FAILED":       int(capihelp.StateNumber("failed")),
-		"TE_HANDOFF_ABORTED":      int(capihelp.StateNumber("aborted")),
-		"TE_HANDOFF_EXPIRED":      int(capihelp.StateNumber("expired")),
+		"TE_HANDOFF_MODE_DEFAULT": glue.ModeDefault,
+		"TE_HANDOFF_MODE_PUSH":    glue.ModePush,
+		"TE_HANDOFF_MODE_PULL":    glue.ModePull,
+		"TE_HANDOFF_WAITING":      int(glue.StateNumber("waiting")),
+		"TE_HANDOFF_TRANSFERRING": int(glue.StateNumber("transferring")),
+		"TE_HANDOFF_DONE":         int(glue.StateNumber("done")),
+		"TE_HANDOFF_FAILED":       int(glue.StateNumber("failed")),
+		"TE_HANDOFF_ABORTED":      int(glue.StateNumber("aborted")),
+		"TE_HANDOFF_EXPIRED":      int(glue.StateNumber("expired")),
 	}
 	got := defines(t, "TE_")
 	for name, v := range want {

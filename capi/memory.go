@@ -12,7 +12,7 @@ import (
 	"unsafe"
 
 	"github.com/tecache/te/engine"
-	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/errs"
 )
 
 // maxBatchItems bounds the n of the batch calls before anything is read.

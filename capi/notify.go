@@ -11,8 +11,8 @@ import "C"
 import (
 	"unsafe"
 
-	"github.com/tecache/te/engine/errs"
-	"github.com/tecache/te/engine/wire"
+	"github.com/tecache/te/internal/errs"
+	"github.com/tecache/te/internal/wire"
 )
 
 // notifyLimits refuses oversized notifications before their bytes are copied.

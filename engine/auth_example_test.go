@@ -41,7 +41,7 @@ func ExampleConfig_authSecret() {
 }
 
 // Limits bound what peers can make an engine hold; zero fields take the
-// defaults (engine/wire/spec.md, "Resource bounds").
+// defaults (internal/wire/spec.md, "Resource bounds").
 func ExampleLimits() {
 	e, err := engine.New(engine.Config{
 		ListenAddr: "127.0.0.1:0",

@@ -5,9 +5,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
+	"github.com/tecache/te/internal/errs"
 )
 
 // Opcode is READ or WRITE.
@@ -393,18 +393,9 @@ func (e *Engine) target(st *segState, r *Request, region *segment.Region, last l
 			return d, nil, nil, err
 		}
 	}
-	t, err := e.choose(st, d, r.Transport)
+	t, err := e.pick(st, d, buf, region, r)
 	if err != nil {
 		return d, nil, nil, err
-	}
-	t, storage, err := e.routeFile(d, buf, r, region, t)
-	if err != nil {
-		return d, nil, nil, err
-	}
-	if !storage {
-		if t, err = e.routeDevice(d, buf, r, region, t); err != nil {
-			return d, nil, nil, err
-		}
 	}
 	return d, buf, t, nil
 }

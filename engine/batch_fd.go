@@ -3,7 +3,7 @@ package engine
 import (
 	"golang.org/x/sys/unix"
 
-	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/errs"
 )
 
 // EventFD returns an eventfd that becomes readable each time every submitted

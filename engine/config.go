@@ -5,9 +5,9 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/tecache/te/engine/errs"
-	"github.com/tecache/te/engine/wire"
 	"github.com/tecache/te/internal/connlimit"
+	"github.com/tecache/te/internal/errs"
+	"github.com/tecache/te/internal/wire"
 )
 
 // Config configures an engine. The zero value is usable: peer-to-peer
@@ -84,7 +84,7 @@ type Config struct {
 	Limits Limits
 }
 
-// Default limits (engine/wire/spec.md, "Resource bounds", has what each
+// Default limits (internal/wire/spec.md, "Resource bounds", has what each
 // bounds and how a peer over it is refused).
 const (
 	DefaultMaxConns             = 1024

@@ -13,10 +13,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/tecache/te/engine/errs"
-	"github.com/tecache/te/engine/wire"
 	"github.com/tecache/te/internal/connlimit"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/peerauth"
+	"github.com/tecache/te/internal/wire"
 )
 
 type handler func(ctx context.Context, body []byte) ([]byte, error)

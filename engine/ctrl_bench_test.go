@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tecache/te/engine/wire"
 	"github.com/tecache/te/internal/peerauth"
+	"github.com/tecache/te/internal/wire"
 )
 
 // BenchmarkControlCall measures control-plane round trips with and without a

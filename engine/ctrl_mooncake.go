@@ -7,8 +7,8 @@ import (
 	"net"
 	"time"
 
-	"github.com/tecache/te/engine/errs"
-	"github.com/tecache/te/engine/wire"
+	"github.com/tecache/te/internal/errs"
+	"github.com/tecache/te/internal/wire"
 )
 
 // mooncakeExchangeTimeout bounds one Mooncake handshake exchange on the

@@ -11,9 +11,16 @@
 // are fetched from the peer itself, so no server is needed. Stores such as
 // etcd register their schemes in package meta.
 //
-// Each request goes over the most preferred transport both sides have and
-// that reaches the peer (local > shm > rdma > tcp), unless the engine or the
-// request forces one. The memory owner checks every remote access against
+// Package engine names no transport or store: each registers itself from its
+// own package, and a program links the standard set with
+//
+//	import _ "github.com/tecache/te/engine/std"
+//
+// Each request goes over the best-ranked transport (transport.Caps.Rank:
+// local, shm, cudaipc, rdma, tcp) that both sides have, that moves the memory
+// at both ends (host or GPU) and that reaches the peer, unless the engine or
+// the request forces one; Stats().Routes says which one served each open
+// segment and why the others were passed over. The memory owner checks every remote access against
 // its registry, so a stale descriptor is refused rather than honoured.
 //
 // A terminal task state is a fence: a task is COMPLETED, FAILED, TIMEOUT or

@@ -1,24 +1,26 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/meta"
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
-	"github.com/tecache/te/engine/wire"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/peerauth"
+	"github.com/tecache/te/internal/wire"
 )
 
 // Engine is one te instance: it owns registered memory, publishes it as a
@@ -36,7 +38,7 @@ type Engine struct {
 	reg   *segment.Registry
 	regMu sync.Mutex // serialises register/unregister and publication
 
-	transports []transport.Transport // preference order
+	transports []transport.Transport // rank order: selection tries them so
 	byName     map[string]transport.Transport
 
 	ctrl    *ctrl
@@ -248,15 +250,21 @@ func (e *Engine) startTransports() error {
 		e.byName[n] = t
 	}
 	if len(e.transports) == 0 {
-		return errs.New(errs.TransportUnavailable, "new", "no transport could start")
-	}
-	// Keep preference order whatever order the caller listed them in.
-	ts := e.transports
-	for i := 1; i < len(ts); i++ {
-		for j := i; j > 0 && transport.Rank(ts[j].Name()) < transport.Rank(ts[j-1].Name()); j-- {
-			ts[j], ts[j-1] = ts[j-1], ts[j]
+		err := errs.New(errs.TransportUnavailable, "new", "no transport could start")
+		if len(transport.Names()) == 0 {
+			err = err.WithHint(`no transport is linked into this program: import _ "github.com/tecache/te/engine/std" ` +
+				"(or the transport packages it needs)")
 		}
+		return err
 	}
+	// Rank order (the transports' own Caps.Rank), whatever order the
+	// caller listed them in: selection tries them in this order.
+	slices.SortStableFunc(e.transports, func(a, b transport.Transport) int {
+		if c := cmp.Compare(a.Caps().Rank, b.Caps().Rank); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Name(), b.Name())
+	})
 	if f := e.cfg.ForceTransport; f != "" && e.byName[f] == nil {
 		e.closeTransports()
 		return errs.New(errs.TransportUnavailable, "new", "forced transport %q is not installed", f)
@@ -302,7 +310,7 @@ func (e *Engine) RPCPort() int { return e.ctrl.ln.Addr().(*net.TCPAddr).Port }
 // Instance returns the random identity of this engine start.
 func (e *Engine) Instance() string { return e.instance }
 
-// Transports lists the installed transports in preference order.
+// Transports lists the installed transports in rank order (Caps.Rank).
 func (e *Engine) Transports() []string {
 	out := make([]string, len(e.transports))
 	for i, t := range e.transports {
@@ -319,7 +327,7 @@ func (e *Engine) Descriptor() *segment.Desc { return e.desc.Load().Clone() }
 func (e *Engine) publish() error {
 	d := &segment.Desc{
 		Name:      e.name,
-		Protocol:  "tcp",
+		Protocol:  mooncakeTCP, // a transport's Describe may name another
 		Buffers:   []segment.BufferDesc{},
 		Timestamp: time.Now().UTC().Format(time.RFC3339Nano),
 		Version:   e.version.Add(1),
@@ -331,11 +339,7 @@ func (e *Engine) publish() error {
 		d.Transports = append(d.Transports, t.Name())
 		t.Describe(d)
 	}
-	if e.byName["rdma"] != nil && !e.mc.accept {
-		// A Mooncake initiator picks its transport by this field: an
-		// engine serving Mooncake peers says tcp, the one it serves them.
-		d.Protocol = "rdma"
-	}
+	e.mooncakeProtocol(d)
 	for _, r := range e.reg.Regions() {
 		if r.Remote && !r.Closing() {
 			d.Buffers = append(d.Buffers, r.Desc)

@@ -1,6 +1,6 @@
 package engine
 
-import "github.com/tecache/te/engine/errs"
+import "github.com/tecache/te/internal/errs"
 
 // Error is the error type of every engine operation; see package errs.
 type Error = errs.Error
@@ -8,8 +8,12 @@ type Error = errs.Error
 // Code is a stable error code; the C ABI returns it negated.
 type Code = errs.Code
 
+// Sentinel is the type of the Err* constants.
+type Sentinel = errs.Sentinel
+
 // Sentinel errors for errors.Is; every error the engine returns matches one.
-var (
+// They are constants: nothing can change what they match.
+const (
 	ErrInvalidArgument      = errs.ErrInvalidArgument
 	ErrAddressNotRegistered = errs.ErrAddressNotRegistered
 	ErrAddressOverlapped    = errs.ErrAddressOverlapped

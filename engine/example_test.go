@@ -54,7 +54,7 @@ func ExampleEngine_RegisterMemory() {
 	fmt.Println(e.RegisterMemory(mem.Addr(buf), 8192, "cpu:0", true))
 	fmt.Println(e.RegisterMemory(mem.Addr(buf), 8192, "cpu:0", true)) // identical: fine
 	err := e.RegisterMemory(mem.Addr(buf)+4096, 8192, "cpu:0", true)
-	fmt.Println(engine.CodeOf(err) == engine.ErrAddressOverlapped.Code)
+	fmt.Println(engine.CodeOf(err) == engine.ErrAddressOverlapped.Code())
 	// Output:
 	// <nil>
 	// <nil>
@@ -120,7 +120,7 @@ func ExampleEngine_GrantWindow() {
 	batch.Wait(5 * time.Second)
 	a, _ := batch.TaskStatus(0)
 	b, _ := batch.TaskStatus(1)
-	fmt.Println(a.State, b.State, engine.CodeOf(b.Err) == engine.ErrAccessDenied.Code)
+	fmt.Println(a.State, b.State, engine.CodeOf(b.Err) == engine.ErrAccessDenied.Code())
 	fmt.Println(decode.RevokeWindow(key))
 	// Output:
 	// COMPLETED FAILED true

@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/tecache/te/engine"
-	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/errs"
 )
 
 // TestZeroAllocSubmitWait: a reused batch moves 128 requests through the local

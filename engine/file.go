@@ -3,7 +3,7 @@ package engine
 import (
 	"strconv"
 
-	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
 	"github.com/tecache/te/internal/sys/mem"
@@ -145,51 +145,4 @@ func releaseStorage(rs []*segment.Region) error {
 		}
 	}
 	return first
-}
-
-// routeFile adjusts the transport chosen for a request to storage: a request
-// on a storage buffer goes to a transport that moves files (the file
-// transport in this process, tcp to a peer), and a request on memory never
-// goes to a storage-only transport. handled reports that the request touches
-// storage (device routing is then done here).
-func (e *Engine) routeFile(d *segment.Desc, buf *segment.BufferDesc, r *Request, local *segment.Region, t transport.Transport) (transport.Transport, bool, error) {
-	if local.Storage != nil {
-		return nil, true, errs.New(errs.NotSupported, "submit",
-			"local [%#x,+%d) is a registered file: the local side of a request must be memory", r.Local, r.Length)
-	}
-	localDev := local.Location.Kind == "cuda"
-	fits := func(u transport.Transport) bool {
-		if buf.Name != LocationFile {
-			return !u.Caps().StorageOnly
-		}
-		if !u.Caps().FileMemory {
-			return false
-		}
-		if localDev {
-			dt, ok := u.(DeviceTransport)
-			return ok && dt.DeviceMemory(d, buf, true)
-		}
-		return true
-	}
-	if buf.Name != LocationFile && !t.Caps().StorageOnly {
-		return t, false, nil
-	}
-	if fits(t) {
-		return t, buf.Name == LocationFile, nil
-	}
-	if r.Transport != "" || e.cfg.ForceTransport != "" {
-		return nil, true, errs.New(errs.NotSupported, "submit", "transport %s cannot move %s between %#x and %s buffer %#x of %q",
-			t.Name(), map[bool]string{true: "GPU memory", false: "bytes"}[localDev], r.Local, buf.Name, r.Remote, d.Name)
-	}
-	for _, u := range e.transports {
-		if fits(u) && d.HasTransport(u.Name()) && u.Reachable(d) == nil {
-			return u, buf.Name == LocationFile, nil
-		}
-	}
-	if buf.Name != LocationFile {
-		return nil, false, errs.New(errs.TransportUnavailable, "submit", "no transport for memory reaches segment %q", d.Name)
-	}
-	return nil, true, errs.New(errs.TransportUnavailable, "submit", "no installed transport moves %s to the file buffer %#x of segment %q",
-		map[bool]string{true: "GPU memory", false: "host memory"}[localDev], r.Remote, d.Name).
-		WithHint("files of this process need the file transport; a peer's files need tcp on both sides")
 }

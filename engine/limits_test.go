@@ -16,10 +16,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tecache/te/engine"
-	"github.com/tecache/te/engine/errs"
-	"github.com/tecache/te/engine/wire"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/peerauth"
 	"github.com/tecache/te/internal/sys/mem"
+	"github.com/tecache/te/internal/wire"
 )
 
 // sampler records the peak of the heap in use and of the goroutine count

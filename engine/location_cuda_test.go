@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/tecache/te/engine"
-	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/cuda"
 	"github.com/tecache/te/internal/sys/mem"
 )

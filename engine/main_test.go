@@ -1,15 +1,17 @@
 package engine_test
 
 import (
+	_ "github.com/tecache/te/engine/std" // the engines these tests build install every standard transport
+
 	"os"
 	"sync"
 	"testing"
 
 	"go.uber.org/goleak"
 
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
+	"github.com/tecache/te/internal/errs"
 )
 
 func TestMain(m *testing.M) {
@@ -40,7 +42,7 @@ func newHold() *hold { return &hold{arrived: make(chan struct{}, 1<<16)} }
 
 func (h *hold) Name() string { return "hold" }
 func (h *hold) Caps() transport.Caps {
-	return transport.Caps{SameProcess: true, HostMemory: true}
+	return transport.Caps{SameProcess: true, HostMemory: true, Rank: 100}
 }
 func (h *hold) Start(host transport.Host) error {
 	holdMu.Lock()

@@ -8,9 +8,9 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/segment"
-	"github.com/tecache/te/engine/wire"
+	"github.com/tecache/te/internal/errs"
+	"github.com/tecache/te/internal/wire"
 )
 
 // Interop with Mooncake Transfer Engine peers (spec.md, "Mooncake interop"):
@@ -87,6 +87,19 @@ func (m *mooncakeState) remember(addr string) {
 func (m *mooncakeState) forget(addr string) {
 	if _, ok := m.addrs.LoadAndDelete(addr); ok {
 		m.n.Add(-1)
+	}
+}
+
+// mooncakeTCP is the name Mooncake's descriptors give its tcp transport.
+const mooncakeTCP = "tcp"
+
+// mooncakeProtocol sets the descriptor's protocol, the field a Mooncake
+// initiator picks its transport by: what the transports' Describe said, but
+// tcp when this engine serves Mooncake initiators, since it serves them on
+// tcp alone.
+func (e *Engine) mooncakeProtocol(d *segment.Desc) {
+	if e.mc.accept {
+		d.Protocol = mooncakeTCP
 	}
 }
 

@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/tecache/te/engine"
-	"github.com/tecache/te/engine/wire"
 	"github.com/tecache/te/internal/sys/mem"
+	"github.com/tecache/te/internal/wire"
 )
 
 // mcExchange speaks one exchange of Mooncake's handshake to addr, as a

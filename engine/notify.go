@@ -4,8 +4,8 @@ import (
 	"context"
 	"sync"
 
-	"github.com/tecache/te/engine/errs"
-	"github.com/tecache/te/engine/wire"
+	"github.com/tecache/te/internal/errs"
+	"github.com/tecache/te/internal/wire"
 )
 
 // Notification is a (name, message) pair sent by a peer with SendNotify.

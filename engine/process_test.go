@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/tecache/te/engine"
-	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/errs"
 )
 
 // TestControlPlaneAcrossProcesses builds a helper binary and drives the

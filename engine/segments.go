@@ -6,10 +6,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/meta"
 	"github.com/tecache/te/engine/segment"
-	"github.com/tecache/te/engine/transport"
+	"github.com/tecache/te/internal/errs"
 )
 
 // segState is the cached state of one opened remote segment, shared by every
@@ -21,7 +20,10 @@ type segState struct {
 
 	desc  atomic.Pointer[segment.Desc]
 	stale atomic.Bool // set when a transfer says the descriptor is out of date
+	// pick caches the transport chosen for host memory under one
+	// descriptor; route is what served each memory class last (stats).
 	pick  atomic.Pointer[pickCache]
+	route [numMemClasses]atomic.Pointer[route]
 
 	// One refresh at a time per segment; callers wait on its channel, not
 	// on a lock, so a slow peer stalls only the submits that need it.
@@ -33,13 +35,6 @@ type segState struct {
 type refreshCall struct {
 	done chan struct{}
 	d    *segment.Desc
-	err  error
-}
-
-// pickCache remembers the transport chosen for one descriptor.
-type pickCache struct {
-	desc *segment.Desc
-	t    transport.Transport
 	err  error
 }
 
@@ -266,44 +261,4 @@ func (e *Engine) invalidate(st *segState, err error) {
 	case errs.StaleDescriptor, errs.AddressNotRegistered, errs.AccessDenied, errs.PeerUnreachable, errs.SegmentNotFound:
 		st.stale.Store(true)
 	}
-}
-
-// choose picks the transport for a request to the segment described by d:
-// the hint or forced transport if given, else the most preferred installed
-// transport that the peer also has and that can reach it.
-func (e *Engine) choose(st *segState, d *segment.Desc, hint string) (transport.Transport, error) {
-	if hint == "" {
-		hint = e.cfg.ForceTransport
-	}
-	if hint == "" {
-		if pc := st.pick.Load(); pc != nil && pc.desc == d {
-			return pc.t, pc.err
-		}
-	}
-	var why []string
-	for _, t := range e.transports {
-		if hint != "" && t.Name() != hint {
-			continue
-		}
-		if !d.HasTransport(t.Name()) {
-			why = append(why, t.Name()+": peer does not have it")
-			continue
-		}
-		if err := t.Reachable(d); err != nil {
-			why = append(why, t.Name()+": "+err.Error())
-			continue
-		}
-		if hint == "" {
-			st.pick.Store(&pickCache{desc: d, t: t})
-		}
-		return t, nil
-	}
-	if hint != "" && e.byName[hint] == nil {
-		return nil, errs.New(errs.TransportUnavailable, "submit", "transport %q is not installed", hint)
-	}
-	err := errs.New(errs.TransportUnavailable, "submit", "no transport reaches segment %q: %v", d.Name, why)
-	if hint == "" {
-		st.pick.Store(&pickCache{desc: d, err: err})
-	}
-	return nil, err
 }

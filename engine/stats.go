@@ -32,8 +32,11 @@ type Stats struct {
 	WindowsGranted    uint64 `json:"windows_granted"`
 	WindowsRevoked    uint64 `json:"windows_revoked"`
 	WindowsUnenforced uint64 `json:"windows_unenforced"`
+	// Routes says which transport served each open segment, per memory
+	// class, and why better-ranked ones were passed over.
+	Routes []Route `json:"routes,omitempty"`
 	// Control counts the control plane's connections and every refusal
-	// of a peer over a bound (engine/wire/spec.md, "Resource bounds").
+	// of a peer over a bound (internal/wire/spec.md, "Resource bounds").
 	Control ControlStats `json:"control"`
 }
 
@@ -109,6 +112,7 @@ func (e *Engine) Stats() Stats {
 		WindowsGranted:    e.stats.windowsGranted.Load(),
 		WindowsRevoked:    e.stats.windowsRevoked.Load(),
 		WindowsUnenforced: e.stats.windowsUnenforced.Load(),
+		Routes:            e.routes(),
 		Control:           e.controlStats(),
 	}
 }

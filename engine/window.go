@@ -1,9 +1,9 @@
 package engine
 
 import (
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
+	"github.com/tecache/te/internal/errs"
 )
 
 // Range is [Addr, Addr+Length) of registered memory.

@@ -1,6 +1,8 @@
 package kvcache_test
 
 import (
+	_ "github.com/tecache/te/engine/std"
+
 	"math/rand/v2"
 	"sync"
 	"testing"

@@ -8,7 +8,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/tecache/te/engine"
-	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/kvcache"
 )
 

@@ -3,7 +3,7 @@ package kvcache
 import (
 	"strings"
 
-	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/errs"
 )
 
 // DType is the element type of a KV cache. The zero value is invalid, so a

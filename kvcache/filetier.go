@@ -4,7 +4,7 @@ import (
 	"time"
 
 	"github.com/tecache/te/engine"
-	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/errs"
 )
 
 // FileLayout returns pool's layout as it lies in a file whose registered

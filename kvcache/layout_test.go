@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/kvcache"
 )
 

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"slices"
 
-	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/errs"
 )
 
 // Transfer is one contiguous copy: Length bytes from source address Src to
@@ -63,6 +63,55 @@ type Plan struct {
 	stats      Stats
 }
 
+// Compatible reports whether blocks of src can be copied to blocks of dst:
+// both layouts are valid and agree on format family, dtype, head_dim,
+// block_size and model, and their head ranges overlap. It is what NewPlan
+// checks before it looks at block ids and layers, at a fraction of the cost
+// of a plan, so a rendezvous can refuse a mismatched pair early.
+func Compatible(src, dst *Layout) error {
+	_, _, _, err := match(src, dst)
+	return err
+}
+
+// match compiles both layouts, checks that they fit together and returns
+// the per-block copy pattern over their common heads.
+func match(src, dst *Layout) (sg, dg *geom, pattern []Transfer, err error) {
+	if src == nil || dst == nil {
+		return nil, nil, nil, planErr("nil layout")
+	}
+	if sg, err = src.compile(); err != nil {
+		return nil, nil, nil, sideErr("source", err)
+	}
+	if dg, err = dst.compile(); err != nil {
+		return nil, nil, nil, sideErr("destination", err)
+	}
+	if (src.Format == MLA) != (dst.Format == MLA) {
+		return nil, nil, nil, planErr("source is %s and destination %s: an MLA cache only maps to an MLA cache", src.Format, dst.Format)
+	}
+	if src.DType != dst.DType {
+		return nil, nil, nil, planErr("dtype mismatch: source %s, destination %s", src.DType, dst.DType).
+			WithHint("te copies bytes; it does not convert between dtypes")
+	}
+	if src.HeadDim != dst.HeadDim {
+		return nil, nil, nil, planErr("head_dim mismatch: source %d, destination %d", src.HeadDim, dst.HeadDim)
+	}
+	if src.BlockSize != dst.BlockSize {
+		return nil, nil, nil, planErr("block_size mismatch: source %d tokens, destination %d", src.BlockSize, dst.BlockSize)
+	}
+	if src.TotalHeads > 0 && dst.TotalHeads > 0 && src.TotalHeads != dst.TotalHeads {
+		return nil, nil, nil, planErr("total_heads mismatch: source %d, destination %d (not the same model?)", src.TotalHeads, dst.TotalHeads)
+	}
+	lo, hi := max(sg.headStart, dg.headStart), min(sg.headStart+sg.heads, dg.headStart+dg.heads)
+	if lo >= hi {
+		return nil, nil, nil, planErr("source heads %d..%d and destination heads %d..%d do not overlap",
+			sg.headStart, sg.headStart+sg.heads-1, dg.headStart, dg.headStart+dg.heads-1)
+	}
+	if pattern, err = blockPattern(sg, dg, lo, hi); err != nil {
+		return nil, nil, nil, err
+	}
+	return sg, dg, pattern, nil
+}
+
 // NewPlan plans the copy of source blocks srcBlocks[i] to destination
 // blocks dstBlocks[i], for every layer in layers and both K and V, of the
 // KV heads the two layouts have in common.
@@ -79,39 +128,10 @@ type Plan struct {
 // Source block ids may repeat (one block fanned out to several); destination
 // ids may not.
 func NewPlan(src, dst *Layout, srcBlocks, dstBlocks []int, layers LayerRange) (*Plan, error) {
-	if src == nil || dst == nil {
-		return nil, planErr("nil layout")
-	}
-	sg, err := src.compile()
+	sg, dg, pattern, err := match(src, dst)
 	if err != nil {
-		return nil, sideErr("source", err)
+		return nil, err
 	}
-	dg, err := dst.compile()
-	if err != nil {
-		return nil, sideErr("destination", err)
-	}
-	if (src.Format == MLA) != (dst.Format == MLA) {
-		return nil, planErr("source is %s and destination %s: an MLA cache only maps to an MLA cache", src.Format, dst.Format)
-	}
-	if src.DType != dst.DType {
-		return nil, planErr("dtype mismatch: source %s, destination %s", src.DType, dst.DType).
-			WithHint("te copies bytes; it does not convert between dtypes")
-	}
-	if src.HeadDim != dst.HeadDim {
-		return nil, planErr("head_dim mismatch: source %d, destination %d", src.HeadDim, dst.HeadDim)
-	}
-	if src.BlockSize != dst.BlockSize {
-		return nil, planErr("block_size mismatch: source %d tokens, destination %d", src.BlockSize, dst.BlockSize)
-	}
-	if src.TotalHeads > 0 && dst.TotalHeads > 0 && src.TotalHeads != dst.TotalHeads {
-		return nil, planErr("total_heads mismatch: source %d, destination %d (not the same model?)", src.TotalHeads, dst.TotalHeads)
-	}
-	lo, hi := max(sg.headStart, dg.headStart), min(sg.headStart+sg.heads, dg.headStart+dg.heads)
-	if lo >= hi {
-		return nil, planErr("source heads %d..%d and destination heads %d..%d do not overlap",
-			sg.headStart, sg.headStart+sg.heads-1, dg.headStart, dg.headStart+dg.heads-1)
-	}
-
 	if len(srcBlocks) == 0 || len(dstBlocks) == 0 {
 		return nil, planErr("empty block list (%d source, %d destination ids)", len(srcBlocks), len(dstBlocks))
 	}
@@ -152,10 +172,6 @@ func NewPlan(src, dst *Layout, srcBlocks, dstBlocks []int, layers LayerRange) (*
 		}
 	}
 
-	pattern, err := blockPattern(sg, dg, lo, hi)
-	if err != nil {
-		return nil, err
-	}
 	nl := layers.End - layers.Start
 	total, ok := checkedMul(uint64(nl), uint64(sg.comps), uint64(len(srcBlocks)), uint64(len(pattern)))
 	if !ok || total > MaxTransfers {

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/kvcache"
 )
 
@@ -307,6 +307,14 @@ func TestPlanErrors(t *testing.T) {
 			p, err := kvcache.NewPlan(c.src, c.dst, c.sb, c.db, c.lr)
 			if err == nil || p != nil {
 				t.Fatalf("planned %v", p)
+			}
+			// Compatible refuses exactly the pairs of layouts that can
+			// never be planned, whatever the blocks and layers.
+			layoutsOnly := map[string]bool{"nil layout": true, "dtype": true, "fp8 encodings": true, "head dim": true,
+				"block size": true, "total heads": true, "disjoint heads": true, "mla to vllm": true,
+				"bad src layout": true, "bad dst layout": true}[c.name]
+			if cerr := kvcache.Compatible(c.src, c.dst); (cerr != nil) != layoutsOnly || (cerr != nil && errs.CodeOf(cerr) != c.code) {
+				t.Fatalf("Compatible: %v, want an error: %v", cerr, layoutsOnly)
 			}
 			var e *errs.Error
 			if !errors.As(err, &e) || e.Code != c.code || !errors.Is(err, errs.ErrInvalidArgument) {

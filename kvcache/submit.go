@@ -2,7 +2,7 @@ package kvcache
 
 import (
 	"github.com/tecache/te/engine"
-	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/errs"
 )
 
 // EngineRequests turns transfers into engine requests on segment seg, the

@@ -10,7 +10,7 @@ $(BUILD)/.te-sidecar.flags: FORCE
 # The Go sources come from $(BUILD)/te-sidecar.d, written by mk/godeps.sh.
 $(BUILD)/te-sidecar: go.mod go.sum $(BUILD)/.te-sidecar.flags
 	@mkdir -p $(BUILD)
-	$(GO) build -trimpath -tags '$(TAGS)' -ldflags "-X github.com/tecache/te/internal/sidecar.Version=$(SIDECAR_VERSION)" -o $@ ./cmd/te-sidecar
+	$(GO) build -trimpath -tags '$(TAGS)' -ldflags "-X github.com/tecache/te/cmd/te-sidecar/sidecar.Version=$(SIDECAR_VERSION)" -o $@ ./cmd/te-sidecar
 	@mk/godeps.sh $@ ./cmd/te-sidecar
 -include $(BUILD)/te-sidecar.d
 

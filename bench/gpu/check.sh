@@ -29,7 +29,7 @@ if [ "$mode" = build ]; then
 	# Without cgo (purego loads libcuda itself) the binaries need no
 	# particular glibc version on the GPU machine.
 	CGO_ENABLED=0 go test -c -o "$GPU_BUILD/cuda.test" ./internal/sys/cuda
-	CGO_ENABLED=0 go test -c -o "$GPU_BUILD/cudaipc.test" ./engine/transport/cuda
+	CGO_ENABLED=0 go test -c -o "$GPU_BUILD/cudaipc.test" ./engine/transport/cudaipc
 	CGO_ENABLED=0 go test -c -o "$GPU_BUILD/tcp.test" ./engine/transport/tcp
 	cp bench/gpu/check.sh "$GPU_BUILD/"
 	echo "built $GPU_BUILD; carry it and run: $GPU_BUILD/check.sh run"

@@ -1,6 +1,8 @@
 package tebench
 
 import (
+	_ "github.com/tecache/te/engine/std"
+
 	"context"
 	"encoding/json"
 	"fmt"
@@ -11,8 +13,8 @@ import (
 	"time"
 
 	"github.com/tecache/te/engine"
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/transport/tcp"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/mem"
 )
 

@@ -16,9 +16,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/transport/tcp"
 	"github.com/tecache/te/internal/authsecret"
+	"github.com/tecache/te/internal/errs"
 )
 
 const usage = `usage:

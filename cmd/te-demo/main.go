@@ -16,6 +16,8 @@
 package main
 
 import (
+	_ "github.com/tecache/te/engine/std"
+
 	"bufio"
 	"context"
 	crand "crypto/rand"
@@ -39,9 +41,9 @@ import (
 
 	"github.com/tecache/te/engine"
 	"github.com/tecache/te/internal/authsecret"
-	"github.com/tecache/te/internal/kvpattern"
 	"github.com/tecache/te/internal/sys/mem"
 	"github.com/tecache/te/kvcache/handoff"
+	"github.com/tecache/te/kvcache/kvtest"
 )
 
 type options struct {
@@ -94,7 +96,7 @@ func main() {
 
 // plan is what both roles derive from the shared options.
 type plan struct {
-	prefill, decode kvpattern.Shape
+	prefill, decode kvtest.Shape
 	src, dst        []int
 }
 
@@ -103,11 +105,11 @@ func makePlan(o options) (plan, error) {
 		return plan{}, errors.New("tokens and layers must be positive")
 	}
 	n := (o.tokens + 15) / 16
-	p := plan{prefill: kvpattern.Llama3_8B(n + n/4 + 1), decode: kvpattern.Llama3_8B(2*n + 1)}
+	p := plan{prefill: kvtest.Llama3_8B(n + n/4 + 1), decode: kvtest.Llama3_8B(2*n + 1)}
 	p.prefill.Layers, p.decode.Layers = o.layers, o.layers
 	r := rand.New(rand.NewPCG(o.seed, 7))
-	p.src = kvpattern.Blocks(n, p.prefill.Blocks, r)
-	p.dst = kvpattern.Blocks(n, p.decode.Blocks, r)
+	p.src = kvtest.Blocks(n, p.prefill.Blocks, r)
+	p.dst = kvtest.Blocks(n, p.decode.Blocks, r)
 	if len(p.src) != n || len(p.dst) != n {
 		return plan{}, errors.New("not enough blocks")
 	}
@@ -141,7 +143,7 @@ func newEngine(o options) (*engine.Engine, error) {
 type role struct {
 	p     plan
 	e     *engine.Engine
-	c     *kvpattern.Cache
+	c     *kvtest.Cache
 	cl    *handoff.Client
 	close func()
 }
@@ -159,7 +161,7 @@ func setup(o options, decode bool) (*role, error) {
 	if decode {
 		shape = p.decode
 	}
-	c, err := kvpattern.New(shape)
+	c, err := kvtest.New(shape)
 	if err != nil {
 		e.Close()
 		return nil, err

@@ -4,7 +4,7 @@
 // TE_AUTH_SECRET_FILE or TE_AUTH_SECRET) every other route needs the token
 // derived from it; without one it listens on loopback only unless -insecure
 // is given. Run te-sidecar -h for its flags and environment variables; the
-// logic is in internal/sidecar.
+// logic is in cmd/te-sidecar/sidecar.
 package main
 
 import (
@@ -13,7 +13,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/tecache/te/internal/sidecar"
+	"github.com/tecache/te/cmd/te-sidecar/sidecar"
 )
 
 func main() {

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/errs"
 )
 
 // P2PHandshake is the default connection string: no metadata server; a segment

@@ -5,7 +5,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/errs"
 )
 
 // MaxDescSize bounds an encoded descriptor; decoders refuse larger input before

@@ -6,7 +6,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/errs"
 )
 
 func TestDescJSONNames(t *testing.T) {

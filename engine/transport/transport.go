@@ -117,13 +117,21 @@ type Caps struct {
 	// key (segment.Window) is honoured and revoking it is a fence. A
 	// transport without it is sent the buffer's own key instead.
 	Windows bool `json:"windows"`
-	// FileMemory: the transport moves bytes to and from storage regions
+	// Rank orders the transports that can all serve a request: the lowest
+	// wins, equal ranks go by name. The standard transports rank by how
+	// directly they move bytes: local 0 (memcpy in one process), file 5
+	// (this process's files: the kernel's I/O), shm 10 (one kernel copy),
+	// cudaipc 20 (the GPU's copy engines), rdma 30 (the NIC, no CPU), tcp
+	// 40 (sockets).
+	Rank int `json:"rank"`
+	// FileMemory: the transport moves bytes to and from storage buffers
 	// (registered file ranges, segment.Region.Storage) without touching
 	// their addresses. Requests whose target is a storage buffer go only
-	// to such transports, and storage regions are registered only with them.
+	// to such transports, and storage regions are registered only with
+	// them.
 	FileMemory bool `json:"file_memory"`
 	// StorageOnly: the transport moves bytes only between memory and
-	// storage regions (the file transport); memory-to-memory requests go
+	// storage buffers (the file transport); memory-to-memory requests go
 	// elsewhere.
 	StorageOnly bool `json:"storage_only"`
 }
@@ -142,9 +150,29 @@ type FileSpec struct {
 }
 
 // FileOpener is implemented by the transport that opens storage regions for
-// the engine: OpenFile returns the storage and the range's length.
+// the engine (an optional ability): OpenFile returns the storage and the
+// range's length.
 type FileOpener interface {
 	OpenFile(spec FileSpec) (segment.Storage, uint64, error)
+}
+
+// Optional abilities. A transport declares each by implementing its
+// interface; the engine asks for them by type, never by name.
+
+// DeviceMover is implemented by transports that can move GPU memory.
+// DeviceMemory reports whether the transport can serve a request whose local
+// range is (localDevice) or is not device memory, to buf of the segment d (a
+// device buffer or not). A transport that stages through host memory answers
+// true for every peer it reaches; one that needs a registration of the
+// buffer (an RDMA NIC's memory region) answers for that buffer.
+type DeviceMover interface {
+	DeviceMemory(d *segment.Desc, buf *segment.BufferDesc, localDevice bool) bool
+}
+
+// StatsReporter is implemented by transports that keep counters of their
+// own (attachments, rails, refusals); the engine reports them by transport.
+type StatsReporter interface {
+	Stats() map[string]uint64
 }
 
 // WindowRevoker is implemented by transports whose peers reach memory without
@@ -201,9 +229,6 @@ type Transport interface {
 // Factory builds a transport.
 type Factory func() (Transport, error)
 
-// Preference orders transports when several can reach a peer.
-var Preference = []string{"local", "file", "shm", "cudaipc", "rdma", "tcp"}
-
 var (
 	factoriesMu sync.Mutex
 	factories   = map[string]Factory{}
@@ -225,7 +250,7 @@ func Lookup(name string) (Factory, bool) {
 	return f, ok
 }
 
-// Names lists the registered transports in preference order.
+// Names lists the registered transports, by name.
 func Names() []string {
 	factoriesMu.Lock()
 	defer factoriesMu.Unlock()
@@ -233,16 +258,6 @@ func Names() []string {
 	for n := range factories {
 		out = append(out, n)
 	}
-	sort.Slice(out, func(i, j int) bool { return Rank(out[i]) < Rank(out[j]) })
+	sort.Strings(out)
 	return out
-}
-
-// Rank is a transport's position in Preference (lower is preferred).
-func Rank(name string) int {
-	for i, p := range Preference {
-		if p == name {
-			return i
-		}
-	}
-	return len(Preference)
 }

@@ -9,7 +9,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/errs"
 )
 
 // Environment variables, read when no value or file is given.

@@ -9,8 +9,8 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/internal/authsecret"
+	"github.com/tecache/te/internal/errs"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

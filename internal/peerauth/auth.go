@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tecache/te/engine/errs"
-	"github.com/tecache/te/engine/wire"
+	"github.com/tecache/te/internal/errs"
+	"github.com/tecache/te/internal/wire"
 )
 
 // Conn is what the exchange needs of a connection. A net.Conn is one; a

@@ -13,9 +13,9 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/tecache/te/engine/errs"
-	"github.com/tecache/te/engine/wire"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/peerauth"
+	"github.com/tecache/te/internal/wire"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -1,5 +1,5 @@
 // Package peerauth proves, on one connection, that both ends hold the
-// cluster secret: the mutual challenge-response of engine/wire/spec.md
+// cluster secret: the mutual challenge-response of internal/wire/spec.md
 // ("Peer authentication"), HMAC-SHA256 over both sides' fresh nonces and
 // instance ids, run before any other byte of the connection is trusted.
 //

@@ -7,9 +7,9 @@ import (
 	"os"
 	"strings"
 
-	"github.com/tecache/te/engine/errs"
-	"github.com/tecache/te/engine/wire"
 	"github.com/tecache/te/internal/authsecret"
+	"github.com/tecache/te/internal/errs"
+	"github.com/tecache/te/internal/wire"
 )
 
 // MinSecretLen is the shortest secret accepted: 128 bits if the bytes are

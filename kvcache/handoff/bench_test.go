@@ -1,6 +1,8 @@
 package handoff_test
 
 import (
+	_ "github.com/tecache/te/engine/std"
+
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -10,9 +12,9 @@ import (
 	"time"
 
 	"github.com/tecache/te/engine"
-	"github.com/tecache/te/internal/kvpattern"
 	"github.com/tecache/te/kvcache"
 	"github.com/tecache/te/kvcache/handoff"
+	"github.com/tecache/te/kvcache/kvtest"
 )
 
 // BenchmarkHandoff measures the end-to-end handoff of a Llama-3-8B-shaped
@@ -41,10 +43,10 @@ func BenchmarkHandoff(b *testing.B) {
 		tokens = v
 	}
 	n := (tokens + 15) / 16
-	pre, dec := kvpattern.Llama3_8B(n+n/4+1), kvpattern.Llama3_8B(2*n+1)
+	pre, dec := kvtest.Llama3_8B(n+n/4+1), kvtest.Llama3_8B(2*n+1)
 	r := rand.New(rand.NewPCG(1, 2))
-	src := kvpattern.Blocks(n, pre.Blocks, r)
-	dst := kvpattern.Blocks(n, dec.Blocks, r)
+	src := kvtest.Blocks(n, pre.Blocks, r)
+	dst := kvtest.Blocks(n, dec.Blocks, r)
 	ctx := context.Background()
 	for _, tr := range []string{"shm", "tcp"} {
 		b.Run(tr, func(b *testing.B) {
@@ -176,7 +178,7 @@ func rawBatch(b *testing.B, e *engine.Engine, rs []engine.Request) time.Duration
 
 // contiguous returns requests of 4 MiB moving n bytes between the two
 // caches' layer tensors, in address order on both sides.
-func contiguous(c *kvpattern.Cache, peer *kvcache.Layout, seg *engine.Segment, op engine.Opcode, n uint64) []engine.Request {
+func contiguous(c *kvtest.Cache, peer *kvcache.Layout, seg *engine.Segment, op engine.Opcode, n uint64) []engine.Request {
 	const chunk = 4 << 20
 	var rs []engine.Request
 	pl := peer.Bases

@@ -16,9 +16,9 @@ import (
 	"time"
 
 	"github.com/tecache/te/engine"
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/internal/authsecret"
-	proto "github.com/tecache/te/internal/sidecar/rendezvous"
+	"github.com/tecache/te/internal/errs"
+	"github.com/tecache/te/kvcache/handoff/proto"
 )
 
 // Mode says which side moves the bytes.
@@ -257,7 +257,7 @@ func refused(op string, he *httpError) error {
 	}
 	e := errs.New(code, op, "sidecar answered %d: %s", he.status, he.body.Error)
 	if he.status == http.StatusUnauthorized {
-		e.WithHint("te-sidecar has a cluster secret: give this process the same one (" +
+		e = e.WithHint("te-sidecar has a cluster secret: give this process the same one (" +
 			authsecret.EnvSecretFile + " or " + authsecret.EnvSecret + ")")
 	}
 	return e

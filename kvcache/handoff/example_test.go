@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"net"
 
+	"github.com/tecache/te/cmd/te-sidecar/sidecar"
 	"github.com/tecache/te/engine"
-	"github.com/tecache/te/internal/sidecar"
 	"github.com/tecache/te/internal/sys/mem"
 	"github.com/tecache/te/kvcache"
 	"github.com/tecache/te/kvcache/handoff"

@@ -6,16 +6,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tecache/te/engine/errs"
-	"github.com/tecache/te/internal/kvpattern"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/mem"
 	"github.com/tecache/te/kvcache"
 	"github.com/tecache/te/kvcache/handoff"
+	"github.com/tecache/te/kvcache/kvtest"
 )
 
 // Caches big enough that a transfer is still on the wire when the test
 // stops the sender: 8 layers of 256 blocks of 32 KiB per K and V.
-var bigShape = kvpattern.Shape{Layers: 8, Blocks: 256, BlockSize: 16, Heads: 8, HeadDim: 128, DType: kvcache.BF16}
+var bigShape = kvtest.Shape{Layers: 8, Blocks: 256, BlockSize: 16, Heads: 8, HeadDim: 128, DType: kvcache.BF16}
 
 func blockSpans(t *testing.T, l *kvcache.Layout, blocks []int) [][]byte {
 	t.Helper()

@@ -8,19 +8,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tecache/te/cmd/te-sidecar/sidecar"
 	"github.com/tecache/te/engine"
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/internal/authsecret"
-	"github.com/tecache/te/internal/kvpattern"
-	"github.com/tecache/te/internal/sidecar"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/kvcache"
 	"github.com/tecache/te/kvcache/handoff"
+	"github.com/tecache/te/kvcache/kvtest"
 )
 
 // Small caches with the vLLM shape: 4 layers, 4 KiB blocks.
 var (
-	prefillShape = kvpattern.Shape{Layers: 4, Blocks: 64, BlockSize: 16, Heads: 2, HeadDim: 64, DType: kvcache.BF16}
-	decodeShape  = kvpattern.Shape{Layers: 4, Blocks: 80, BlockSize: 16, Heads: 2, HeadDim: 64, DType: kvcache.BF16}
+	prefillShape = kvtest.Shape{Layers: 4, Blocks: 64, BlockSize: 16, Heads: 2, HeadDim: 64, DType: kvcache.BF16}
+	decodeShape  = kvtest.Shape{Layers: 4, Blocks: 80, BlockSize: 16, Heads: 2, HeadDim: 64, DType: kvcache.BF16}
 	// Non-contiguous on both sides, with some runs that coalesce.
 	srcBlocks = []int{5, 6, 7, 8, 20, 21, 3, 40, 41, 42, 43, 63}
 	dstBlocks = []int{0, 1, 2, 30, 31, 9, 10, 11, 50, 51, 52, 79}

@@ -16,12 +16,12 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/tecache/te/cmd/te-sidecar/sidecar"
 	"github.com/tecache/te/engine"
-	"github.com/tecache/te/engine/errs"
-	"github.com/tecache/te/internal/kvpattern"
-	"github.com/tecache/te/internal/sidecar"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/kvcache"
 	"github.com/tecache/te/kvcache/handoff"
+	"github.com/tecache/te/kvcache/kvtest"
 )
 
 // The test binary re-executed with envPeer set is the other process of a
@@ -78,18 +78,18 @@ type answer struct {
 // side is one end of a handoff: an engine, its cache and a client.
 type side struct {
 	e     *engine.Engine
-	cache *kvpattern.Cache
+	cache *kvtest.Cache
 	c     *handoff.Client
 }
 
-func newSide(sidecarAddr, transport string, shape kvpattern.Shape, lostGrace time.Duration) (*side, error) {
+func newSide(sidecarAddr, transport string, shape kvtest.Shape, lostGrace time.Duration) (*side, error) {
 	e, err := engine.New(engine.Config{ListenAddr: "127.0.0.1:0", Hostname: "127.0.0.1",
 		Transports: []string{"shm", "tcp"}, ForceTransport: transport, TransferTimeout: 20 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		return nil, err
 	}
-	cache, err := kvpattern.New(shape)
+	cache, err := kvtest.New(shape)
 	if err != nil {
 		e.Close()
 		return nil, err
@@ -115,7 +115,7 @@ func (s *side) close() {
 }
 
 func runPeer() int {
-	var shape kvpattern.Shape
+	var shape kvtest.Shape
 	if err := json.Unmarshal([]byte(os.Getenv(envShape)), &shape); err != nil {
 		fmt.Fprintln(os.Stderr, "peer: shape:", err)
 		return 2
@@ -228,7 +228,7 @@ type child struct {
 	done    chan struct{}
 }
 
-func startChild(t testing.TB, sidecarAddr, transport string, shape kvpattern.Shape, lostGrace time.Duration) *child {
+func startChild(t testing.TB, sidecarAddr, transport string, shape kvtest.Shape, lostGrace time.Duration) *child {
 	t.Helper()
 	sh, _ := json.Marshal(shape)
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
@@ -383,7 +383,7 @@ func (s *sidecarProc) restart() {
 }
 
 // newLocal starts this process's side and closes it at the end of the test.
-func newLocal(t testing.TB, sc *sidecarProc, transport string, shape kvpattern.Shape, lostGrace time.Duration) *side {
+func newLocal(t testing.TB, sc *sidecarProc, transport string, shape kvtest.Shape, lostGrace time.Duration) *side {
 	t.Helper()
 	s, err := newSide(sc.addr, transport, shape, lostGrace)
 	if err != nil {

@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/tecache/te/engine"
-	"github.com/tecache/te/engine/errs"
-	proto "github.com/tecache/te/internal/sidecar/rendezvous"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/kvcache"
+	"github.com/tecache/te/kvcache/handoff/proto"
 )
 
 // Request declares one side of a transfer.

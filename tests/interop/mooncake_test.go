@@ -1,6 +1,8 @@
 package interop_test
 
 import (
+	_ "github.com/tecache/te/engine/std"
+
 	"bufio"
 	"bytes"
 	"context"
@@ -21,18 +23,18 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/tecache/te/cmd/te-sidecar/sidecar"
 	"github.com/tecache/te/engine"
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
 	"github.com/tecache/te/engine/transport/tcp"
-	"github.com/tecache/te/internal/sidecar"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/mem"
 )
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m,
-		// te-sidecar's fasthttp housekeeping (see internal/sidecar's tests).
+		// te-sidecar's fasthttp housekeeping (see cmd/te-sidecar/sidecar's tests).
 		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*workerPool).Start.func2"),
 		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.updateServerDate.func1"))
 }

@@ -5,6 +5,8 @@
 package main
 
 import (
+	_ "github.com/tecache/te/engine/std"
+
 	"bufio"
 	"fmt"
 	"os"

@@ -19,9 +19,9 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/meta"
 	"github.com/tecache/te/engine/meta/internal/metautil"
+	"github.com/tecache/te/internal/errs"
 )
 
 // Schemes of this store: plaintext, and TLS.
@@ -357,22 +357,7 @@ func (s *Store) lost(id clientv3.LeaseID) {
 func (s *Store) flush() {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
-	for _, e := range s.owned.Pending() {
-		if s.ctx.Err() != nil {
-			return
-		}
-		ctx, cancel := context.WithTimeout(s.ctx, s.timeout)
-		var err error
-		if e.Value == nil {
-			err = s.del(ctx, e.Key)
-		} else {
-			err = s.put(ctx, e.Key, e.Value)
-		}
-		cancel()
-		if err != nil {
-			return // etcd still away: the next round tries again
-		}
-	}
+	s.owned.Replay(s.ctx, s.timeout, s.put, s.del)
 }
 
 // Watch calls fn for every change under prefix until ctx ends (see

@@ -12,10 +12,10 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/meta"
 	"github.com/tecache/te/engine/meta/etcd"
 	"github.com/tecache/te/engine/meta/internal/storetest"
+	"github.com/tecache/te/internal/errs"
 )
 
 func TestMain(m *testing.M) { storetest.Main(m) }

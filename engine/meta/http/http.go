@@ -13,11 +13,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/meta"
 	"github.com/tecache/te/engine/meta/internal/metautil"
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/internal/authsecret"
+	"github.com/tecache/te/internal/errs"
 )
 
 // EnvToken is Mooncake's variable for the metadata server's bearer token.
@@ -198,7 +198,7 @@ func (s *Store) Get(ctx context.Context, key string) ([]byte, error) {
 func statusErr(method, base, key string, code int, body []byte) error {
 	e := errs.New(errs.Metadata, "http metadata", "%s %s key %q: HTTP %d: %.200s", method, base, key, code, body)
 	if code == http.StatusUnauthorized || code == http.StatusForbidden {
-		e.WithHint("give this process te-sidecar's cluster secret (" + authsecret.EnvSecretFile + " or " +
+		e = e.WithHint("give this process te-sidecar's cluster secret (" + authsecret.EnvSecretFile + " or " +
 			authsecret.EnvSecret + "), or set " + EnvToken + " to a Mooncake metadata server's token")
 	}
 	return e
@@ -279,19 +279,7 @@ func (s *Store) refreshOnce() {
 			s.owned.Lost()
 		}
 	}
-	for _, e := range s.owned.Pending() {
-		ctx, cancel := context.WithTimeout(s.ctx, s.timeout)
-		var err error
-		if e.Value == nil {
-			err = s.del(ctx, e.Key)
-		} else {
-			err = s.put(ctx, e.Key, e.Value)
-		}
-		cancel()
-		if err != nil {
-			return
-		}
-	}
+	s.owned.Replay(s.ctx, s.timeout, s.put, s.del)
 }
 
 // Close stops the refresher and closes idle connections. It does not delete

@@ -1,6 +1,8 @@
 package httpmeta_test
 
 import (
+	_ "github.com/tecache/te/engine/std"
+
 	"context"
 	"fmt"
 	"io"
@@ -16,13 +18,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tecache/te/cmd/te-sidecar/sidecar"
 	"github.com/tecache/te/engine"
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/meta"
 	httpmeta "github.com/tecache/te/engine/meta/http"
 	"github.com/tecache/te/engine/meta/internal/storetest"
 	"github.com/tecache/te/internal/authsecret"
-	"github.com/tecache/te/internal/sidecar"
+	"github.com/tecache/te/internal/errs"
 )
 
 // envSidecar makes the re-executed test binary run te-sidecar, exactly as

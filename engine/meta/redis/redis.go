@@ -14,9 +14,9 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/meta"
 	"github.com/tecache/te/engine/meta/internal/metautil"
+	"github.com/tecache/te/internal/errs"
 )
 
 // Mooncake's environment variables for the connection.
@@ -274,17 +274,7 @@ func (s *Store) refreshOnce() {
 			}
 		}
 	}
-	for _, e := range s.owned.Pending() {
-		var err error
-		if e.Value == nil {
-			err = s.del(ctx, e.Key)
-		} else {
-			err = s.put(ctx, e.Key, e.Value)
-		}
-		if err != nil {
-			return
-		}
-	}
+	s.owned.Replay(s.ctx, s.timeout, s.put, s.del)
 }
 
 // Close stops the refresher and closes the connections. It does not delete
@@ -311,14 +301,14 @@ func (s *Store) fail(op, key string, err error) error {
 	msg := err.Error()
 	switch {
 	case strings.Contains(msg, "NOAUTH") || strings.Contains(msg, "WRONGPASS"):
-		e.WithHint("set " + EnvUsername + "/" + EnvPassword + " to the server's credentials")
+		e = e.WithHint("set " + EnvUsername + "/" + EnvPassword + " to the server's credentials")
 	case strings.Contains(msg, "NOPERM"):
-		e.WithHint("the redis user " + EnvUsername + " names may not run this command on te's keys: grant it ~mooncake/* and +@read +@write +@keyspace")
+		e = e.WithHint("the redis user " + EnvUsername + " names may not run this command on te's keys: grant it ~mooncake/* and +@read +@write +@keyspace")
 	case s.tls:
-		e.WithHint("check that redis is running and serves TLS, and " + EnvCACert + " (the CA that signed its certificate), " +
+		e = e.WithHint("check that redis is running and serves TLS, and " + EnvCACert + " (the CA that signed its certificate), " +
 			EnvCert + " and " + EnvKey + " (a client certificate it trusts)")
 	default:
-		e.WithHint("check that redis is running and reachable, and serves plaintext (rediss:// is TLS)")
+		e = e.WithHint("check that redis is running and reachable, and serves plaintext (rediss:// is TLS)")
 	}
 	return e
 }

@@ -8,10 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/meta"
 	"github.com/tecache/te/engine/meta/internal/storetest"
 	"github.com/tecache/te/engine/meta/redis"
+	"github.com/tecache/te/internal/errs"
 )
 
 func TestMain(m *testing.M) { storetest.Main(m) }

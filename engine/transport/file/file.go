@@ -7,7 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
 	"github.com/tecache/te/internal/fileio"
@@ -58,7 +58,7 @@ func (t *Transport) Name() string { return Name }
 // process, from host memory (and GPU memory, staged, when CUDA loads).
 func (t *Transport) Caps() transport.Caps {
 	return transport.Caps{SameProcess: true, HostMemory: true, GPUMemory: t.gpu.available(), FileMemory: true, StorageOnly: true,
-		Windows: true}
+		Windows: true, Rank: 5}
 }
 
 // Start reads the parameters; the executor starts on first use, so an engine

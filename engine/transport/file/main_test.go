@@ -1,6 +1,8 @@
 package file_test
 
 import (
+	_ "github.com/tecache/te/engine/std" // the engines of these tests install every standard transport
+
 	"os"
 	"testing"
 

@@ -5,9 +5,9 @@ package local
 import (
 	"sync"
 
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/mem"
 )
 
@@ -49,7 +49,7 @@ func (t *Transport) Name() string { return Name }
 
 // Caps declares the transport's reach and the memory it moves.
 func (t *Transport) Caps() transport.Caps {
-	return transport.Caps{SameProcess: true, HostMemory: true, Windows: true}
+	return transport.Caps{SameProcess: true, HostMemory: true, Windows: true, Rank: 0}
 }
 
 // Start records the engine's registry so other engines of this process can

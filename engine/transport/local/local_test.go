@@ -1,6 +1,8 @@
 package local_test
 
 import (
+	_ "github.com/tecache/te/engine/std"
+
 	"testing"
 
 	"github.com/tecache/te/engine/transport/transporttest"

@@ -1,9 +1,9 @@
 package rdma
 
 import (
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
+	"github.com/tecache/te/internal/errs"
 )
 
 var (

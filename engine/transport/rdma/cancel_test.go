@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/transport"
+	"github.com/tecache/te/internal/errs"
 )
 
 func (f *fabric) counts(name string) (posts, posted, cqes int) {

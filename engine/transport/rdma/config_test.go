@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/errs"
 )
 
 func params(m map[string]string) func(string) (string, bool) {

@@ -3,8 +3,8 @@ package rdma
 import (
 	"sync/atomic"
 
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/transport"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/ibv"
 )
 

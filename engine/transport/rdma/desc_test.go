@@ -6,8 +6,8 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/segment"
+	"github.com/tecache/te/internal/errs"
 )
 
 // A descriptor as this transport publishes it survives the JSON codec with

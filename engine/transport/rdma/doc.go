@@ -10,7 +10,7 @@
 //     and registered on all NICs in parallel.
 //   - Queue pairs are created per endpoint (a local NIC paired with a peer's
 //     NIC) and exchanged over the engine's control plane (message kind
-//     wire.KindRDMA; the payload is specified in engine/wire/spec.md).
+//     wire.KindRDMA; the payload is specified in internal/wire/spec.md).
 //   - A request is cut into slices (64 KiB by default, rdma.slice) spread
 //     over the NIC pairs; each slice is one work request with the local
 //     triple (addr, length, lkey) in its SGE and the remote pair

@@ -7,10 +7,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/transport"
-	"github.com/tecache/te/engine/wire"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/ibv"
+	"github.com/tecache/te/internal/wire"
 )
 
 // epKey names an endpoint: a peer engine instance, a local NIC, the peer's

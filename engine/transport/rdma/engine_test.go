@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/tecache/te/engine"
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/transport/rdma"
 	"github.com/tecache/te/engine/transport/transporttest"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/ibv/ibvtest"
 	"github.com/tecache/te/internal/sys/mem"
 )

@@ -4,8 +4,8 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/transport/rdma"
+	"github.com/tecache/te/internal/errs"
 )
 
 // Probe says whether this machine can run the rdma transport, and if not,

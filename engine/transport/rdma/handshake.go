@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"strings"
 
-	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/ibv"
 )
 
@@ -19,7 +19,7 @@ const MaxQPsPerEndpoint = 64
 // handshake is the payload of a wire.KindRDMA call and of its reply: one
 // side's queue pairs of an endpoint and how to reach them. The field names
 // are Mooncake's (HandShakeDesc) where the concept is the same; see
-// engine/wire/spec.md, "rdma handshake".
+// internal/wire/spec.md, "rdma handshake".
 type handshake struct {
 	// LocalNICPath is the sender's "segment@device".
 	LocalNICPath string `json:"local_nic_path"`

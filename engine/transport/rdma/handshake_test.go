@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/errs"
 )
 
 func sampleHandshake() handshake {

@@ -3,8 +3,8 @@ package rdma
 import (
 	"sync/atomic"
 
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/segment"
+	"github.com/tecache/te/internal/errs"
 )
 
 // peerInfo is what the transport derives from one peer descriptor: its NICs,

@@ -9,11 +9,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
-	"github.com/tecache/te/engine/wire"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/ibv"
+	"github.com/tecache/te/internal/wire"
 )
 
 // Name is the transport's name.
@@ -115,7 +115,7 @@ func (t *Transport) Name() string { return Name }
 
 // Caps declares the transport's reach and the memory it moves. GPU memory needs GPUDirect (nvidia-peermem) on the NIC.
 func (t *Transport) Caps() transport.Caps {
-	return transport.Caps{SameHost: true, CrossHost: true, HostMemory: true, GPUMemory: true}
+	return transport.Caps{SameHost: true, CrossHost: true, HostMemory: true, GPUMemory: true, Rank: 30}
 }
 
 // Start loads libibverbs, opens every allowed NIC that has an active port
@@ -189,6 +189,10 @@ func (t *Transport) Describe(d *segment.Desc) {
 		d.Endpoints = map[string]string{}
 	}
 	d.Endpoints[Name] = endpointString(t.local)
+	// Mooncake's descriptor names the one transport its peers should use:
+	// an engine with NICs says rdma (the engine says tcp instead when it
+	// serves Mooncake initiators, which te serves over tcp only).
+	d.Protocol = Name
 }
 
 func (t *Transport) registrars() []registrar {

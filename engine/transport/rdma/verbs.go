@@ -3,7 +3,7 @@ package rdma
 import (
 	"golang.org/x/sys/unix"
 
-	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/ibv"
 )
 

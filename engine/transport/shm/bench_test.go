@@ -1,6 +1,8 @@
 package shm_test
 
 import (
+	_ "github.com/tecache/te/engine/std"
+
 	"fmt"
 	"math/rand"
 	"sync"

@@ -105,5 +105,5 @@
 // 8 MiB; larger requests are cut and spread over the workers).
 //
 // The control messages (attach, validate, revoke, detach) are wire.KindShm
-// calls; their layout is in engine/wire/spec.md.
+// calls; their layout is in internal/wire/spec.md.
 package shm

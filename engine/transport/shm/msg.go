@@ -3,12 +3,12 @@ package shm
 import (
 	"encoding/binary"
 
-	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/errs"
 )
 
 // Control messages of the shm transport travel as wire.KindShm calls. Each
 // payload (request and reply) starts with an op byte; the layouts are in
-// engine/wire/spec.md, section "shm control messages".
+// internal/wire/spec.md, section "shm control messages".
 const (
 	opAttach   uint8 = 1 // peer -> owner: start a session, learn the probe
 	opValidate uint8 = 2 // peer -> owner: check buffer keys, renew the lease

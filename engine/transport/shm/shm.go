@@ -11,11 +11,11 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
-	"github.com/tecache/te/engine/wire"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/mem"
+	"github.com/tecache/te/internal/wire"
 )
 
 // Name is the transport's name.
@@ -150,7 +150,7 @@ func (t *Transport) Name() string { return Name }
 
 // Caps declares the transport's reach and the memory it moves.
 func (t *Transport) Caps() transport.Caps {
-	return transport.Caps{SameHost: true, HostMemory: true, Windows: true}
+	return transport.Caps{SameHost: true, HostMemory: true, Windows: true, Rank: 10}
 }
 
 // Options returns the options in force (after Start, the engine's params).

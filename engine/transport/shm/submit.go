@@ -3,9 +3,9 @@ package shm
 import (
 	"sync/atomic"
 
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
+	"github.com/tecache/te/internal/errs"
 )
 
 // reqState tracks one request cut into spans, possibly over several jobs. It

@@ -22,7 +22,7 @@
 // registered, remote-accessible buffer; capability key equal to the buffer's
 // current key, or a window's) before it touches memory, drains the payload
 // of a refused WRITE, and acknowledges a WRITE only once its bytes are in
-// memory. The frames are specified in engine/wire/spec.md.
+// memory. The frames are specified in internal/wire/spec.md.
 //
 // Nothing a peer does holds the target's resources without a bound: the
 // listener admits Limits.MaxConns connections, MaxConnsPerHost per address;
@@ -50,7 +50,7 @@
 // connection's reader or writer meets device memory, returned when it
 // exits and freed by Close; a target that cannot load CUDA refuses a cuda
 // region with NotSupported without touching it. The engine routes GPU
-// requests here (engine.DeviceTransport) when cudaipc cannot reach the
+// requests here (transport.DeviceMover) when cudaipc cannot reach the
 // peer or tcp is forced.
 //
 // Mooncake Transfer Engine peers are spoken to in their own tcp framing
@@ -60,7 +60,7 @@
 // request ids). The data listener tells a Mooncake initiator's first bytes
 // from te's preface and, when the engine accepts Mooncake peers, serves it
 // with the same owner-side checks and in-flight accounting, key aside
-// (mooncake_server.go); see "Mooncake interop" in engine/wire/spec.md.
+// (mooncake_server.go); see "Mooncake interop" in internal/wire/spec.md.
 //
 // Parameters (engine.Config.Params):
 //

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/tecache/te/engine"
-	"github.com/tecache/te/engine/wire"
 	"github.com/tecache/te/internal/sys/mem"
+	"github.com/tecache/te/internal/wire"
 )
 
 // fenceTarget is an engine (tcp only) with a 1 MiB remote-accessible buffer

@@ -6,8 +6,8 @@ import (
 	"net"
 	"sync"
 
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/segment"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/cuda"
 )
 
@@ -118,7 +118,7 @@ func (t *Transport) closeGPU() {
 	}
 }
 
-// DeviceMemory implements engine.DeviceTransport: tcp moves GPU memory for
+// DeviceMemory implements transport.DeviceMover: tcp moves GPU memory for
 // every peer it reaches, staging its own side through host memory; local
 // device memory needs CUDA here. A target without CUDA cannot hold device
 // buffers (registration refuses them), and refuses them if asked.

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/tecache/te/engine/segment"
-	"github.com/tecache/te/engine/wire"
 	"github.com/tecache/te/internal/sys/mem"
+	"github.com/tecache/te/internal/wire"
 )
 
 // ParamAcceptMooncake is the transport parameter that makes the data listener

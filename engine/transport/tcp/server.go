@@ -9,11 +9,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/segment"
-	"github.com/tecache/te/engine/wire"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/peerauth"
 	"github.com/tecache/te/internal/sys/mem"
+	"github.com/tecache/te/internal/wire"
 )
 
 const (

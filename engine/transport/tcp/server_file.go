@@ -5,9 +5,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/engine/segment"
-	"github.com/tecache/te/engine/wire"
+	"github.com/tecache/te/internal/wire"
 	"github.com/tecache/te/internal/sys/mem"
 )
 

@@ -12,12 +12,12 @@ import (
 
 	"github.com/klauspost/cpuid/v2"
 
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
-	"github.com/tecache/te/engine/wire"
 	"github.com/tecache/te/internal/connlimit"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/peerauth"
+	"github.com/tecache/te/internal/wire"
 )
 
 // Name is the transport's name.
@@ -256,8 +256,10 @@ func (t *Transport) Name() string { return Name }
 
 // Caps declares the transport's reach and the memory it moves. GPU memory is staged through pinned host buffers.
 func (t *Transport) Caps() transport.Caps {
-	return transport.Caps{SameHost: true, CrossHost: true, HostMemory: true, GPUMemory: true, Windows: true,
-		FileMemory: true} // a peer's files: the server reads and writes them (server_file.go)
+	// FileMemory: a peer's files, which the server reads and writes
+	// (server_file.go).
+	return transport.Caps{SameHost: true, CrossHost: true, HostMemory: true, GPUMemory: true, Windows: true, Rank: 40,
+		FileMemory: true}
 }
 
 // Options returns the options in effect (after Start).

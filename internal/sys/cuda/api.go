@@ -3,7 +3,7 @@ package cuda
 import (
 	"runtime"
 
-	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/errs"
 )
 
 // Device is a CUdevice.

@@ -4,7 +4,7 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/ibv/ibvtest"
 	"github.com/tecache/te/internal/sys/mem"
 )

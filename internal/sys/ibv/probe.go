@@ -1,6 +1,6 @@
 package ibv
 
-import "github.com/tecache/te/engine/errs"
+import "github.com/tecache/te/internal/errs"
 
 // Probe loads libibverbs and lists the RDMA devices. It returns a
 // NotSupported error saying why verbs cannot be used here: the library is

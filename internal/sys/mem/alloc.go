@@ -3,7 +3,7 @@ package mem
 import (
 	"golang.org/x/sys/unix"
 
-	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/errs"
 )
 
 // Alloc maps n bytes of anonymous memory outside the Go heap: registered

@@ -15,7 +15,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/errs"
 )
 
 // EnvClusterID is Mooncake's variable for a cluster namespace: keys
@@ -228,6 +228,31 @@ func (o *Owned) Pending() []Entry {
 		out = append(out, Entry{Key: k})
 	}
 	return out
+}
+
+// Replay writes the unconfirmed puts and deletes through put and del, each
+// call bounded by timeout, and stops at the first failure (the store is
+// still away: the next round tries again) or when ctx ends. The stores
+// confirm what went through themselves, in put and del.
+func (o *Owned) Replay(ctx context.Context, timeout time.Duration,
+	put func(ctx context.Context, key string, value []byte) error, del func(ctx context.Context, key string) error) error {
+	for _, e := range o.Pending() {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		c, cancel := context.WithTimeout(ctx, timeout)
+		var err error
+		if e.Value == nil {
+			err = del(c, e.Key)
+		} else {
+			err = put(c, e.Key, e.Value)
+		}
+		cancel()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // All returns every owned key and value.

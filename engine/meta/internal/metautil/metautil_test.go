@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tecache/te/engine/errs"
+	"github.com/tecache/te/internal/errs"
 )
 
 func TestParse(t *testing.T) {
@@ -110,5 +110,49 @@ func TestRetry(t *testing.T) {
 	}
 	if Sleep(ctx, time.Hour) {
 		t.Fatal("Sleep outlived its context")
+	}
+}
+
+// TestReplay: the pending writes go out through put and del until one fails;
+// what went through is confirmed by the store's own calls, the rest stays
+// pending for the next round.
+func TestReplay(t *testing.T) {
+	o := NewOwned()
+	o.Put("a", []byte("1"))
+	o.Put("b", []byte("2"))
+	o.Delete("c")
+	fail := errors.New("store away")
+	var calls int
+	put := func(_ context.Context, k string, v []byte) error {
+		calls++
+		if calls > 1 {
+			return fail
+		}
+		o.Confirm(k, v)
+		return nil
+	}
+	del := func(_ context.Context, k string) error {
+		calls++
+		if calls > 1 {
+			return fail
+		}
+		o.Confirm(k, nil)
+		return nil
+	}
+	if err := o.Replay(context.Background(), time.Second, put, del); err != fail || calls != 2 {
+		t.Fatalf("replay = %v after %d calls, want the failure after 2", err, calls)
+	}
+	if n := len(o.Pending()); n != 2 {
+		t.Fatalf("%d pending after one write went through, want 2", n)
+	}
+	calls = -10 // every call succeeds now
+	if err := o.Replay(context.Background(), time.Second, put, del); err != nil || len(o.Pending()) != 0 {
+		t.Fatalf("second replay: %v, %d pending", err, len(o.Pending()))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	o.Put("d", []byte("4"))
+	if err := o.Replay(ctx, time.Second, put, del); err != context.Canceled {
+		t.Fatalf("replay with an ended context = %v", err)
 	}
 }

@@ -1,6 +1,8 @@
 package storetest
 
 import (
+	_ "github.com/tecache/te/engine/std"
+
 	"bufio"
 	"bytes"
 	"context"
@@ -17,9 +19,9 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/tecache/te/engine"
-	"github.com/tecache/te/engine/errs"
 	"github.com/tecache/te/engine/meta"
 	"github.com/tecache/te/engine/segment"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/mem"
 )
 

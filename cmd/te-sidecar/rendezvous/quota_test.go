@@ -1,0 +1,239 @@
+package rendezvous_test
+
+import (
+	"github.com/tecache/te/kvcache/handoff/proto"
+
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tecache/te/cmd/te-sidecar/rendezvous"
+	"github.com/tecache/te/internal/errs"
+)
+
+// TestJunkCannotLockOut: 65,536 declarations that never pair, from one
+// client, with the default bounds: that client is refused once over its
+// quota (429, ResourceExhausted), the table is never full for the others,
+// and a real transfer from another client pairs.
+func TestJunkCannotLockOut(t *testing.T) {
+	tb := rendezvous.NewTable(rendezvous.Config{}, nil)
+	defer tb.Close()
+	d := decl(t, "", []int{1}, proto.Push, 0)
+	var ok, refused int
+	for i := range 1 << 16 {
+		d.ID = fmt.Sprint("junk-", i)
+		_, e := tb.Declare(proto.Decode, d, "10.0.0.9")
+		switch {
+		case e == nil:
+			ok++
+		case e.Status == http.StatusTooManyRequests && e.Code == errs.ResourceExhausted:
+			refused++
+		default:
+			t.Fatalf("junk %d: %+v", i, e)
+		}
+	}
+	if ok != 4096 || refused != 1<<16-4096 {
+		t.Fatalf("junk: %d accepted, %d refused; want 4096 and the rest", ok, refused)
+	}
+	d.ID = "real"
+	r, e := tb.Declare(proto.Decode, d, "10.0.0.7")
+	if e != nil {
+		t.Fatalf("a real expect from another client: %+v", e)
+	}
+	p, e := tb.Declare(proto.Prefill, decl(t, "real", []int{3}, "", 0), "10.0.0.8")
+	if e != nil || p.State != proto.Transferring || r.Capability == "" {
+		t.Fatalf("pairing: %+v %+v", p, e)
+	}
+	if u := tb.Usage(); u.Transfers != 4097 || u.Clients != 3 {
+		t.Fatalf("usage %+v", u)
+	}
+}
+
+// TestFullTableEvictsTheHeaviest: when the table is full, a client under
+// its share gets room by evicting the oldest unpaired transfer of the
+// client holding the most; the evicted transfer expires, settled, with
+// ResourceExhausted. Nothing is evicted for the heaviest client itself.
+func TestFullTableEvictsTheHeaviest(t *testing.T) {
+	tb := rendezvous.NewTable(rendezvous.Config{MaxTransfers: 10, ClientTransfers: 6}, nil)
+	defer tb.Close()
+	d := decl(t, "", []int{1}, proto.Push, 0)
+	declare := func(id, client string) (proto.Record, *rendezvous.Refusal) {
+		d.ID = id
+		return tb.Declare(proto.Decode, d, client)
+	}
+	var first proto.Record
+	for i := range 6 {
+		r, e := declare(fmt.Sprint("a", i), "a")
+		if e != nil {
+			t.Fatal(e)
+		}
+		if i == 0 {
+			first = r
+		}
+	}
+	for i := range 4 {
+		if _, e := declare(fmt.Sprint("b", i), "b"); e != nil {
+			t.Fatal(e)
+		}
+	}
+	// Full: "a" (6 unpaired) is refused its quota anyway, "b" (4) gets no
+	// room from "a" for itself only when it would hold more than "a".
+	if _, e := declare("a6", "a"); e == nil || e.Status != 429 {
+		t.Fatalf("a over its quota: %+v", e)
+	}
+	if _, e := declare("b4", "b"); e != nil {
+		t.Fatalf("b under a's holding: %+v", e)
+	}
+	// "c" holds nothing: room is made at a's expense again.
+	if _, e := declare("c0", "c"); e != nil {
+		t.Fatalf("c: %+v", e)
+	}
+	// The table was full by count: the evicted transfers are gone, and
+	// their sides learn it (404: the client reports TransferLost).
+	if _, e := tb.Status("a0", first.Capability, ""); e == nil || e.Status != 404 {
+		t.Fatalf("evicted transfer: %+v", e)
+	}
+	if u := tb.Usage(); u.Transfers != 10 {
+		t.Fatalf("usage %+v", u)
+	}
+	// Paired transfers are never evicted: a table full of live transfers
+	// refuses with 503.
+	tb2 := rendezvous.NewTable(rendezvous.Config{MaxTransfers: 2}, nil)
+	defer tb2.Close()
+	for _, id := range []string{"p0", "p1"} {
+		tb2.Declare(proto.Decode, decl(t, id, []int{1}, proto.Push, 0), "x")
+		tb2.Declare(proto.Prefill, decl(t, id, []int{1}, "", 0), "y")
+	}
+	if _, e := tb2.Declare(proto.Decode, decl(t, "p2", []int{1}, proto.Push, 0), "z"); e == nil || e.Status != 503 || e.Code != errs.ResourceExhausted {
+		t.Fatalf("full of live transfers: %+v", e)
+	}
+}
+
+// TestByteBudgets: declarations are charged by size, per client and in
+// total, and released when their transfer ends.
+func TestByteBudgets(t *testing.T) {
+	blocks := make([]int, 1000)
+	for i := range blocks {
+		blocks[i] = i
+	}
+	one := decl(t, "", blocks, proto.Push, 0)
+	one.Layout = layout(t, 1000, 1<<30)
+	one.ID = "xx" // every id below has two bytes
+	cost := rendezvous.Cost(&one)
+	tb := rendezvous.NewTable(rendezvous.Config{ClientBytes: 3*cost + 10, MaxBytes: 4*cost + 10}, nil)
+	defer tb.Close()
+	var a0 proto.Record
+	for i := range 4 {
+		one.ID = fmt.Sprint("a", i)
+		r, e := tb.Declare(proto.Decode, one, "a")
+		if i == 0 {
+			a0 = r
+		}
+		if (i < 3) != (e == nil) || e != nil && e.Status != 429 {
+			t.Fatalf("a%d: %+v", i, e)
+		}
+	}
+	one.ID = "b0"
+	b0, e := tb.Declare(proto.Decode, one, "b")
+	if e != nil {
+		t.Fatal(e)
+	}
+	one.ID = "b1"
+	if _, e := tb.Declare(proto.Decode, one, "b"); e != nil {
+		t.Fatalf("b1 evicts from a: %+v", e)
+	}
+	// Evicted for bytes, the transfer stays queryable: its side learns why.
+	r, e := tb.Status("a0", a0.Capability, "")
+	if e != nil || r.State != proto.Expired || !r.Settled || errs.Code(r.Code) != errs.ResourceExhausted || !strings.Contains(r.Reason, "evicted") {
+		t.Fatalf("evicted transfer: %+v %+v", r, e)
+	}
+	if u := tb.Usage(); u.Bytes != 4*cost {
+		t.Fatalf("held %d bytes, want %d", u.Bytes, 4*cost)
+	}
+	if _, e := tb.Abort(proto.Abort{ID: "b0"}, b0.Capability); e != nil {
+		t.Fatal(e)
+	}
+	if u := tb.Usage(); u.Bytes != 3*cost {
+		t.Fatalf("after an abort: held %d bytes, want %d", u.Bytes, 3*cost)
+	}
+}
+
+// TestQuotaOverHTTP: the quota is kept per remote address without a
+// secret: a flooding client on 127.0.0.1 is refused with 429, counted in
+// /metrics, while a client on 127.0.0.2 declares and pairs.
+func TestQuotaOverHTTP(t *testing.T) {
+	s := start(t, rendezvous.Config{ClientTransfers: 50})
+	var ok, refused int
+	for i := range 200 {
+		code, b := s.do("POST", "/handoff/expect", decl(t, fmt.Sprint("junk", i), []int{1}, proto.Push, 0))
+		switch code {
+		case 200:
+			ok++
+		case 429:
+			refused++
+			if !strings.Contains(string(b), `"code":24`) {
+				t.Fatalf("429 body %s", b)
+			}
+		default:
+			t.Fatalf("junk %d: %d %s", i, code, b)
+		}
+	}
+	if ok != 50 || refused != 150 {
+		t.Fatalf("%d accepted, %d refused", ok, refused)
+	}
+	other := &http.Client{Transport: &http.Transport{DialContext: (&net.Dialer{
+		LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}, Timeout: 5 * time.Second}).DialContext}}
+	defer other.CloseIdleConnections()
+	hc := s.hc
+	s.hc = other
+	d := s.ok("POST", "/handoff/expect", decl(t, "real", []int{1}, proto.Push, 0))
+	p := s.ok("POST", "/handoff/ready", decl(t, "real", []int{2}, "", 0))
+	s.hc = hc
+	if p.State != proto.Transferring || d.Capability == "" {
+		t.Fatalf("real transfer: %+v", p)
+	}
+	// The same client name from another address is another client too,
+	// and the name splits the quota of one address.
+	s.ok("POST", "/handoff/expect", decl(t, "named", []int{1}, proto.Push, 0), proto.ClientHeader, "engine-7")
+	_, m := s.do("GET", "/metrics", nil)
+	for _, want := range []string{`te_handoff_rejected_total{reason="client_quota"} 150`, `te_handoff_clients 3`} {
+		if !strings.Contains(string(m), want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+}
+
+// TestPairingIsNotEvicted: room made for a pairing declaration never comes
+// from the transfer it pairs.
+func TestPairingIsNotEvicted(t *testing.T) {
+	d := decl(t, "r1", []int{1}, proto.Push, 0)
+	cost := rendezvous.Cost(&d)
+	tb := rendezvous.NewTable(rendezvous.Config{MaxBytes: 3*cost + 10}, nil)
+	defer tb.Close()
+	r1, e := tb.Declare(proto.Decode, d, "a")
+	if e != nil {
+		t.Fatal(e)
+	}
+	d.ID = "r2"
+	r2, e := tb.Declare(proto.Decode, d, "a")
+	if e != nil {
+		t.Fatal(e)
+	}
+	d.ID = "r3"
+	if _, e := tb.Declare(proto.Decode, d, "b"); e != nil {
+		t.Fatal(e)
+	}
+	p, e := tb.Declare(proto.Prefill, decl(t, "r1", []int{2}, "", 0), "c")
+	if e != nil || p.State != proto.Transferring {
+		t.Fatalf("pairing r1: %+v %+v", p, e)
+	}
+	if r, e := tb.Status("r1", r1.Capability, ""); e != nil || r.State != proto.Transferring {
+		t.Fatalf("r1: %+v %+v", r, e)
+	}
+	if r, e := tb.Status("r2", r2.Capability, ""); e != nil || r.State != proto.Expired || errs.Code(r.Code) != errs.ResourceExhausted {
+		t.Fatalf("r2 should have made the room: %+v %+v", r, e)
+	}
+}

@@ -1,0 +1,258 @@
+package sidecar
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.uber.org/automaxprocs/maxprocs"
+
+	"github.com/tecache/te/cmd/te-sidecar/rendezvous"
+	"github.com/tecache/te/internal/authsecret"
+)
+
+// Options are te-sidecar's settings. Each has a flag and an environment
+// variable; a flag given on the command line wins over the variable, which
+// wins over the default.
+type Options struct {
+	Addr            string        // -addr, TE_SIDECAR_ADDR ("" picks by secret: :8080 with one, 127.0.0.1:8080 without)
+	LogLevel        string        // -log-level, TE_SIDECAR_LOG_LEVEL: debug, info, warn, error
+	LogFormat       string        // -log-format, TE_SIDECAR_LOG_FORMAT: json or text
+	AuthSecretFile  string        // -auth-secret-file, TE_AUTH_SECRET_FILE (else the value in TE_AUTH_SECRET)
+	Insecure        bool          // -insecure, TE_SIDECAR_INSECURE: serve a non-loopback address without a secret
+	Token           string        // -metadata-token, MC_METADATA_HTTP_TOKEN
+	MaxValue        int           // -max-value, TE_SIDECAR_MAX_VALUE (bytes)
+	MaxKeys         int           // -max-keys, TE_SIDECAR_MAX_KEYS
+	MaxMetaBytes    int           // -max-metadata-bytes, TE_SIDECAR_MAX_METADATA_BYTES
+	MaxConns        int           // -max-conns, TE_SIDECAR_MAX_CONNS
+	MaxBodyInFlight int           // -max-body-in-flight, TE_SIDECAR_MAX_BODY_IN_FLIGHT (bytes)
+	ShutdownTimeout time.Duration // -shutdown-timeout, TE_SIDECAR_SHUTDOWN_TIMEOUT
+
+	HandoffMaxBody         int // -handoff-max-body, TE_SIDECAR_HANDOFF_MAX_BODY (bytes)
+	HandoffMaxTransfers    int // -handoff-max-transfers, TE_SIDECAR_HANDOFF_MAX_TRANSFERS
+	HandoffMaxBytes        int // -handoff-max-bytes, TE_SIDECAR_HANDOFF_MAX_BYTES
+	HandoffClientTransfers int // -handoff-client-transfers, TE_SIDECAR_HANDOFF_CLIENT_TRANSFERS
+	HandoffClientBytes     int // -handoff-client-bytes, TE_SIDECAR_HANDOFF_CLIENT_BYTES
+
+	secret *authsecret.Secrets
+}
+
+// ParseOptions reads args and the environment (through getenv).
+func ParseOptions(args []string, getenv func(string) string, out io.Writer) (Options, error) {
+	var o Options
+	fs := flag.NewFlagSet("te-sidecar", flag.ContinueOnError)
+	fs.SetOutput(out)
+	env := func(name, def string) string {
+		if v := getenv(name); v != "" {
+			return v
+		}
+		return def
+	}
+	var bad []string
+	envInt := func(name string, def int) int {
+		v := getenv(name)
+		if v == "" {
+			return def
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			bad = append(bad, name+"="+v)
+			return def
+		}
+		return n
+	}
+	envDur := func(name string, def time.Duration) time.Duration {
+		v := getenv(name)
+		if v == "" {
+			return def
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			bad = append(bad, name+"="+v)
+			return def
+		}
+		return d
+	}
+	envBool := func(name string) bool {
+		switch v := getenv(name); v {
+		case "", "0", "false":
+			return false
+		case "1", "true":
+			return true
+		default:
+			bad = append(bad, name+"="+v)
+			return false
+		}
+	}
+	fs.StringVar(&o.Addr, "addr", getenv("TE_SIDECAR_ADDR"),
+		"listen address (env TE_SIDECAR_ADDR; default :8080 with a secret, 127.0.0.1:8080 without)")
+	fs.StringVar(&o.LogLevel, "log-level", env("TE_SIDECAR_LOG_LEVEL", "info"), "debug, info, warn or error (env TE_SIDECAR_LOG_LEVEL)")
+	fs.StringVar(&o.LogFormat, "log-format", env("TE_SIDECAR_LOG_FORMAT", "json"), "json or text (env TE_SIDECAR_LOG_FORMAT)")
+	fs.StringVar(&o.AuthSecretFile, "auth-secret-file", getenv(authsecret.EnvSecretFile),
+		"file with the cluster secret, optionally a second line with the previous one (env "+authsecret.EnvSecretFile+
+			"; else the secret itself in "+authsecret.EnvSecret+"). Every route but /healthz and /metrics then needs "+
+			"Authorization: Bearer hex(HMAC-SHA256(secret, \""+authsecret.TokenMessage+"\"))")
+	fs.BoolVar(&o.Insecure, "insecure", envBool("TE_SIDECAR_INSECURE"),
+		"serve a non-loopback address without a secret: anyone who reaches it can use every route (env TE_SIDECAR_INSECURE=1)")
+	fs.StringVar(&o.Token, "metadata-token", getenv("MC_METADATA_HTTP_TOKEN"),
+		"bearer token also accepted on /metadata, as Mooncake's metadata server (env MC_METADATA_HTTP_TOKEN)")
+	fs.IntVar(&o.MaxValue, "max-value", envInt("TE_SIDECAR_MAX_VALUE", 16<<20), "largest metadata value in bytes (env TE_SIDECAR_MAX_VALUE)")
+	fs.IntVar(&o.MaxKeys, "max-keys", envInt("TE_SIDECAR_MAX_KEYS", 1<<20), "most metadata keys held (env TE_SIDECAR_MAX_KEYS)")
+	fs.IntVar(&o.MaxMetaBytes, "max-metadata-bytes", envInt("TE_SIDECAR_MAX_METADATA_BYTES", 256<<20),
+		"bytes of metadata keys and values held (env TE_SIDECAR_MAX_METADATA_BYTES)")
+	fs.IntVar(&o.MaxConns, "max-conns", envInt("TE_SIDECAR_MAX_CONNS", 4096), "most connections served at once (env TE_SIDECAR_MAX_CONNS)")
+	fs.IntVar(&o.MaxBodyInFlight, "max-body-in-flight", envInt("TE_SIDECAR_MAX_BODY_IN_FLIGHT", 32<<20),
+		"bytes of request bodies read at once; past it requests get 503 (env TE_SIDECAR_MAX_BODY_IN_FLIGHT)")
+	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", envDur("TE_SIDECAR_SHUTDOWN_TIMEOUT", 10*time.Second), "time requests in flight get at shutdown (env TE_SIDECAR_SHUTDOWN_TIMEOUT)")
+	fs.IntVar(&o.HandoffMaxBody, "handoff-max-body", envInt("TE_SIDECAR_HANDOFF_MAX_BODY", rendezvous.DefaultMaxBody),
+		"largest body of a handoff request in bytes; larger ones get 413 (env TE_SIDECAR_HANDOFF_MAX_BODY)")
+	fs.IntVar(&o.HandoffMaxTransfers, "handoff-max-transfers", envInt("TE_SIDECAR_HANDOFF_MAX_TRANSFERS", 1<<16),
+		"handoff transfers held, finished ones included (env TE_SIDECAR_HANDOFF_MAX_TRANSFERS)")
+	fs.IntVar(&o.HandoffMaxBytes, "handoff-max-bytes", envInt("TE_SIDECAR_HANDOFF_MAX_BYTES", 128<<20),
+		"memory held by the declarations of live handoff transfers, in bytes (env TE_SIDECAR_HANDOFF_MAX_BYTES)")
+	fs.IntVar(&o.HandoffClientTransfers, "handoff-client-transfers", envInt("TE_SIDECAR_HANDOFF_CLIENT_TRANSFERS", 4096),
+		"unpaired handoff transfers one client may hold; past it, 429 (env TE_SIDECAR_HANDOFF_CLIENT_TRANSFERS)")
+	fs.IntVar(&o.HandoffClientBytes, "handoff-client-bytes", envInt("TE_SIDECAR_HANDOFF_CLIENT_BYTES", 32<<20),
+		"declaration bytes of one client's live handoff transfers; past it, 429 (env TE_SIDECAR_HANDOFF_CLIENT_BYTES)")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if len(bad) > 0 {
+		return o, fmt.Errorf("invalid environment: %s", strings.Join(bad, ", "))
+	}
+	if _, err := parseLevel(o.LogLevel); err != nil {
+		return o, err
+	}
+	if o.LogFormat != "json" && o.LogFormat != "text" {
+		return o, fmt.Errorf("log format %q is not json or text", o.LogFormat)
+	}
+	if o.MaxValue <= 0 || o.MaxKeys <= 0 || o.ShutdownTimeout <= 0 || o.MaxConns <= 0 || o.MaxBodyInFlight <= 0 || o.MaxMetaBytes <= 0 ||
+		o.HandoffMaxBody <= 0 || o.HandoffMaxTransfers <= 0 || o.HandoffMaxBytes <= 0 ||
+		o.HandoffClientTransfers <= 0 || o.HandoffClientBytes <= 0 {
+		return o, errors.New("sizes, counts and the shutdown timeout must be positive")
+	}
+	sec, err := authsecret.Load("", o.AuthSecretFile, getenv)
+	if err != nil {
+		return o, err
+	}
+	o.secret = sec
+	if o.Addr == "" {
+		o.Addr = "127.0.0.1:8080"
+		if sec != nil {
+			o.Addr = ":8080"
+		}
+	}
+	if sec == nil && !o.Insecure && !Loopback(o.Addr) {
+		return o, fmt.Errorf("refusing to serve %s without a cluster secret: set %s (or %s), listen on 127.0.0.1, "+
+			"or pass -insecure to trust the network", o.Addr, authsecret.EnvSecretFile, authsecret.EnvSecret)
+	}
+	return o, nil
+}
+
+// Loopback reports whether addr (host:port) listens on loopback only.
+func Loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return 0, fmt.Errorf("log level %q is not debug, info, warn or error", s)
+	}
+	return l, nil
+}
+
+// Version is te-sidecar's version, set at link time
+// (-ldflags "-X github.com/tecache/te/cmd/te-sidecar/sidecar.Version=...").
+var Version = "dev"
+
+// Main runs te-sidecar until ctx ends (cmd/te-sidecar cancels it on SIGTERM
+// or SIGINT), then shuts down gracefully. Logs go to logOut. It returns the
+// process exit code: 0 after a clean shutdown, 1 when serving failed, 2 for
+// bad flags or environment.
+func Main(ctx context.Context, args []string, getenv func(string) string, logOut io.Writer) int {
+	o, err := ParseOptions(args, getenv, logOut)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintln(logOut, "te-sidecar:", err)
+		return 2
+	}
+	level, _ := parseLevel(o.LogLevel)
+	hopts := &slog.HandlerOptions{Level: level}
+	var h slog.Handler = slog.NewJSONHandler(logOut, hopts)
+	if o.LogFormat == "text" {
+		h = slog.NewTextHandler(logOut, hopts)
+	}
+	log := slog.New(h).With("service", "te-sidecar")
+
+	// Not undone at exit: the process ends with Main.
+	if _, err := maxprocs.Set(maxprocs.Logger(func(format string, args ...any) {
+		log.Info(fmt.Sprintf(format, args...))
+	})); err != nil {
+		log.Warn("GOMAXPROCS from cgroup", "err", err)
+	}
+
+	ln, err := net.Listen("tcp", o.Addr)
+	if err != nil {
+		log.Error("listen", "addr", o.Addr, "err", err)
+		return 1
+	}
+	s := New(Config{Secret: o.secret, Token: o.Token, MaxValue: o.MaxValue, MaxKeys: o.MaxKeys, MaxMetadataBytes: o.MaxMetaBytes, MaxConns: o.MaxConns,
+		MaxBodyInFlight: int64(o.MaxBodyInFlight), Logger: log, Version: Version,
+		Handoff: rendezvous.Config{MaxBody: o.HandoffMaxBody, MaxTransfers: o.HandoffMaxTransfers,
+			MaxBytes: int64(o.HandoffMaxBytes), ClientTransfers: o.HandoffClientTransfers, ClientBytes: int64(o.HandoffClientBytes)}})
+	errc := make(chan error, 1)
+	go func() { errc <- s.Serve(ln) }()
+	switch {
+	case o.secret != nil:
+		log.Info("authentication on: every route but /healthz and /metrics needs the cluster secret's token",
+			"rotation", o.secret.Previous != nil, "metadata_token", o.Token != "")
+	case !Loopback(o.Addr):
+		log.Warn("no cluster secret and -insecure: te-sidecar trusts the network, anyone who reaches it can use every route",
+			"addr", o.Addr)
+	default:
+		log.Warn("no cluster secret: serving loopback only, every local process can use every route", "metadata_token", o.Token != "")
+	}
+	log.Info("serving", "addr", ln.Addr().String(), "version", Version, "auth", o.secret != nil, "metadata_auth", o.Token != "" || o.secret != nil)
+
+	select {
+	case err := <-errc:
+		log.Error("serving stopped", "err", err)
+		return 1
+	case <-ctx.Done():
+	}
+	log.Info("shutting down", "timeout", o.ShutdownTimeout)
+	sctx, cancel := context.WithTimeout(context.Background(), o.ShutdownTimeout)
+	defer cancel()
+	code := 0
+	if err := s.Shutdown(sctx); err != nil {
+		log.Warn("shutdown cut requests short", "err", err)
+		code = 1
+	}
+	if err := <-errc; err != nil {
+		log.Error("serving stopped", "err", err)
+		code = 1
+	}
+	log.Info("stopped")
+	return code
+}

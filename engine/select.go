@@ -1,0 +1,199 @@
+package engine
+
+import (
+	"strings"
+
+	"github.com/tecache/te/engine/segment"
+	"github.com/tecache/te/engine/transport"
+	"github.com/tecache/te/internal/errs"
+)
+
+// Transport selection: one function, pick, chooses the transport of every
+// request from what the installed transports declare (transport.Caps, the
+// optional abilities of package transport) and from what the peer's
+// descriptor offers. The engine names no transport: a new one takes part by
+// declaring its rank, the memory it moves and its reach.
+
+// memClass is the memory a request touches: host memory at both ends, GPU
+// memory at one end or both, or a storage buffer (a registered file) at the
+// target, from host or GPU memory.
+type memClass uint8
+
+const (
+	hostMem memClass = iota
+	deviceMem
+	storageMem
+	numMemClasses
+)
+
+func (c memClass) String() string {
+	switch c {
+	case deviceMem:
+		return "gpu"
+	case storageMem:
+		return "file"
+	}
+	return "host"
+}
+
+// pickCache remembers the transport chosen for host memory under one
+// descriptor, so that the common case costs one atomic load per request.
+type pickCache struct {
+	desc *segment.Desc
+	t    transport.Transport
+	err  error
+}
+
+// route is what served one memory class of a segment last, and why the
+// transports ranked before it did not.
+type route struct {
+	transport string
+	why       []string
+}
+
+// isDevice reports whether a published buffer name is a GPU location.
+func isDevice(name string) bool { return strings.HasPrefix(name, "cuda") }
+
+// pick chooses the transport for request r from local to buf of the segment
+// described by d: the lowest-ranked installed transport that the peer also
+// has, that moves the memory at both ends and that reaches the peer. The
+// request's Transport or Config.ForceTransport narrows the choice to one
+// transport, which must then qualify.
+func (e *Engine) pick(st *segState, d *segment.Desc, buf *segment.BufferDesc, local *segment.Region, r *Request) (transport.Transport, error) {
+	localDev := local.Location.Kind == "cuda"
+	class := hostMem
+	switch {
+	case local.Storage != nil:
+		return nil, errs.New(errs.NotSupported, "submit",
+			"local [%#x,+%d) is a registered file: the local side of a request must be memory", r.Local, r.Length)
+	case buf.Name == LocationFile:
+		class = storageMem
+	case localDev || isDevice(buf.Name):
+		class = deviceMem
+	}
+	hint := r.Transport
+	if hint == "" {
+		hint = e.cfg.ForceTransport
+	}
+	if class == hostMem && hint == "" {
+		if pc := st.pick.Load(); pc != nil && pc.desc == d {
+			return pc.t, pc.err
+		}
+	}
+	var why []string
+	for _, t := range e.transports {
+		if hint != "" && t.Name() != hint {
+			continue
+		}
+		if reason := qualifies(t, d, buf, class, localDev); reason != "" {
+			why = append(why, t.Name()+": "+reason)
+			continue
+		}
+		if class == hostMem && hint == "" {
+			st.pick.Store(&pickCache{desc: d, t: t})
+		}
+		e.noteRoute(st, class, t.Name(), why)
+		return t, nil
+	}
+	var err *errs.Error
+	switch {
+	case hint != "" && e.byName[hint] == nil:
+		return nil, errs.New(errs.TransportUnavailable, "submit", "transport %q is not installed", hint)
+	case hint != "" && class == storageMem:
+		err = errs.New(errs.NotSupported, "submit", "transport %s cannot move bytes to the file buffer %#x of %q: %s",
+			hint, r.Remote, d.Name, strings.Join(why, "; "))
+	case class == storageMem:
+		err = errs.New(errs.TransportUnavailable, "submit", "no installed transport moves %s memory to the file buffer %#x of segment %q: %s",
+			map[bool]string{true: "GPU", false: "host"}[localDev], r.Remote, d.Name, strings.Join(why, "; ")).
+			WithHint("this process's files need the file transport; a peer's files need tcp on both sides")
+	case hint != "" && class == deviceMem:
+		err = errs.New(errs.NotSupported, "submit", "transport %s cannot move GPU memory (local %#x, remote %s at %#x): %s",
+			hint, r.Local, buf.Name, r.Remote, strings.Join(why, "; "))
+	case class == deviceMem:
+		err = errs.New(errs.NotSupported, "submit",
+			"no installed transport moves GPU memory between this engine and segment %q (local %#x, remote %s): %s",
+			d.Name, r.Local, buf.Name, strings.Join(why, "; ")).
+			WithHint("GPU memory moves through CUDA IPC between engines of one host, through NICs that registered " +
+				"the buffer, or staged through pinned host memory when CUDA loads on both sides; Stats().Caps says what " +
+				"each installed transport moves")
+	default:
+		err = errs.New(errs.TransportUnavailable, "submit", "no transport reaches segment %q: %s", d.Name, strings.Join(why, "; "))
+	}
+	if class == hostMem && hint == "" {
+		st.pick.Store(&pickCache{desc: d, err: err})
+	}
+	return nil, err
+}
+
+// qualifies says why t cannot serve a request of class to buf of d, or ""
+// when it can.
+func qualifies(t transport.Transport, d *segment.Desc, buf *segment.BufferDesc, class memClass, localDev bool) string {
+	if !d.HasTransport(t.Name()) {
+		return "the peer does not have it"
+	}
+	caps := t.Caps()
+	switch class {
+	case hostMem:
+		if !caps.HostMemory || caps.StorageOnly {
+			return "it does not move host memory"
+		}
+	case storageMem:
+		if !caps.FileMemory {
+			return "it does not move files"
+		}
+		if localDev {
+			dm, ok := t.(transport.DeviceMover)
+			if !caps.GPUMemory || !ok || !dm.DeviceMemory(d, buf, true) {
+				return "it cannot move GPU memory to a file"
+			}
+		}
+	case deviceMem:
+		dm, ok := t.(transport.DeviceMover)
+		if !caps.GPUMemory || !ok || caps.StorageOnly {
+			return "it does not move GPU memory"
+		}
+		if !dm.DeviceMemory(d, buf, localDev) {
+			return "it cannot move this GPU buffer (not registered with it, or the peer lacks CUDA)"
+		}
+	}
+	if err := t.Reachable(d); err != nil {
+		return err.Error()
+	}
+	return ""
+}
+
+// noteRoute records what served class for st and logs it at debug level
+// when it changed, with the reasons the better-ranked transports were
+// passed over.
+func (e *Engine) noteRoute(st *segState, class memClass, name string, why []string) {
+	if old := st.route[class].Load(); old != nil && old.transport == name {
+		return
+	}
+	st.route[class].Store(&route{transport: name, why: why})
+	e.cfg.Logger.Debug("te: transport chosen", "segment", st.name, "memory", class.String(), "transport", name,
+		"passed_over", why)
+}
+
+// Route is the transport that served one memory class of an open segment
+// last, and why the transports ranked before it did not.
+type Route struct {
+	Segment   string   `json:"segment"`
+	Memory    string   `json:"memory"` // "host" or "gpu"
+	Transport string   `json:"transport"`
+	Why       []string `json:"why,omitempty"`
+}
+
+// routes lists the routes of the open segments.
+func (e *Engine) routes() []Route {
+	e.segMu.Lock()
+	defer e.segMu.Unlock()
+	var out []Route
+	for _, st := range e.segs {
+		for c := range numMemClasses {
+			if r := st.route[c].Load(); r != nil {
+				out = append(out, Route{Segment: st.name, Memory: c.String(), Transport: r.transport, Why: r.why})
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,767 @@
+package cudaipc
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/tecache/te/engine/segment"
+	"github.com/tecache/te/engine/transport"
+	"github.com/tecache/te/internal/errs"
+	cu "github.com/tecache/te/internal/sys/cuda"
+	"github.com/tecache/te/internal/wire"
+)
+
+// Name is the transport's name.
+const Name = "cudaipc"
+
+func init() {
+	transport.RegisterFactory(Name, func() (transport.Transport, error) { return New(), nil })
+}
+
+// Options are the transport's parameters, read from the engine's Params
+// ("cudaipc.close_timeout", "cudaipc.call_timeout") in Start.
+type Options struct {
+	// CloseTimeout bounds how long Unregister waits for a peer to confirm
+	// that it closed its mapping of the buffer.
+	CloseTimeout time.Duration
+	// CallTimeout bounds the peer's open and release calls to an owner.
+	CallTimeout time.Duration
+}
+
+// DefaultOptions returns 5 s for both.
+func DefaultOptions() Options {
+	return Options{CloseTimeout: 5 * time.Second, CallTimeout: 5 * time.Second}
+}
+
+// span is one copy of n bytes from src to dst (either may be host or device
+// memory: unified addressing tells them apart).
+type span struct{ dst, src, n uint64 }
+
+// driver is the part of the CUDA driver the transport uses; tests replace it
+// to check the bookkeeping without a GPU.
+type driver interface {
+	devices() int
+	uuid(dev int) string
+	export(dev int, addr, length uint64) (export, error)
+	open(dev int, h cu.IPCMemHandle) (uint64, error)
+	close(dev int, base uint64) error
+	// copies enqueues the spans on one stream of dev and waits for them
+	// once; errs[i] says how span i ended.
+	copies(dev int, spans []span) []error
+	release()
+}
+
+// Transport is the same-host GPU transport. It is safe for concurrent use.
+type Transport struct {
+	opt  Options
+	h    transport.Host
+	drv  driver
+	self segment.HostID
+	rpc  atomic.Pointer[string]
+
+	// call reaches another engine's control plane (replaced in tests).
+	call func(ctx context.Context, rpc string, body []byte) ([]byte, error)
+
+	// Owner side: buffers exported, by capability key, and who opened them.
+	omu     sync.Mutex
+	exports map[uint64]*exported
+
+	// Peer side: buffers this engine maps, and the handles behind them.
+	// Several registered buffers may share one allocation, so one handle;
+	// the driver maps a handle once per context, hence the count.
+	imu     sync.Mutex
+	imports map[importKey]*mapping
+	hmu     sync.Mutex // serialises opening and closing handles
+	handles map[handleKey]*opened
+
+	// Goroutines the transport starts (per Submit, closing stale
+	// mappings) are counted under lmu, against closed, so none starts
+	// once Close waits for them.
+	lmu    sync.Mutex
+	wg     sync.WaitGroup
+	closed atomic.Bool
+	st     Stats
+}
+
+// Stats counts the transport's protocol events.
+type Stats struct {
+	Opened, Closed, CloseRequests, PeersGone, PeersSilent atomic.Uint64
+}
+
+type exported struct {
+	addr, length uint64
+	openers      map[string]opener // by peer instance
+}
+
+type opener struct {
+	rpc string
+	pid int
+}
+
+type importKey struct {
+	owner string // owner instance
+	key   uint64
+	dev   int
+}
+
+type handleKey struct {
+	owner string
+	h     cu.IPCMemHandle
+	dev   int
+}
+
+type opened struct {
+	base  uint64
+	users int // buffers using this mapping
+}
+
+// mapping is one buffer of an owner mapped on the peer side.
+type mapping struct {
+	hk       handleKey
+	ownerRPC string
+	ready    chan struct{} // closed once the open finished (err says how)
+	err      error
+	base     uint64 // local address of the owner's allocation
+	refs     int    // copies in flight (guarded by imu)
+	closing  bool   // no new copies; being closed
+}
+
+// New returns a transport with default options; the engine starts it.
+func New() *Transport {
+	return &Transport{opt: DefaultOptions(), exports: map[uint64]*exported{}, imports: map[importKey]*mapping{},
+		handles: map[handleKey]*opened{}}
+}
+
+// Name returns "cudaipc".
+func (t *Transport) Name() string { return Name }
+
+// Caps declares the transport's reach and the memory it moves. Only GPU memory, between engines on one host.
+func (t *Transport) Caps() transport.Caps {
+	return transport.Caps{SameProcess: true, SameHost: true, GPUMemory: true, Rank: 20}
+}
+
+// Stats returns the protocol counters.
+func (t *Transport) Stats() *Stats { return &t.st }
+
+// Start loads the CUDA driver; without one (or without a GPU) it fails with
+// TransportUnavailable and the reason, and the engine runs without cudaipc.
+func (t *Transport) Start(h transport.Host) error {
+	for k, p := range map[string]*time.Duration{"cudaipc.close_timeout": &t.opt.CloseTimeout, "cudaipc.call_timeout": &t.opt.CallTimeout} {
+		if v, ok := h.Param(k); ok {
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 || d > time.Hour {
+				return errs.New(errs.InvalidArgument, "cudaipc", "%s=%q is not a duration in (0, 1h]", k, v)
+			}
+			*p = d
+		}
+	}
+	self, err := hostID()
+	if err != nil {
+		return err
+	}
+	if t.drv == nil {
+		l, err := cu.Load()
+		if err != nil {
+			return errs.Wrap(errs.TransportUnavailable, "cudaipc", err, "CUDA is not available")
+		}
+		d, err := newCUDADriver(l)
+		if err != nil {
+			return errs.Wrap(errs.TransportUnavailable, "cudaipc", err, "CUDA is not usable")
+		}
+		t.drv = d
+	}
+	t.h, t.self = h, self
+	if t.call == nil {
+		t.call = func(ctx context.Context, rpc string, body []byte) ([]byte, error) {
+			return h.Control().Call(ctx, rpc, wire.KindCUDA, body)
+		}
+	}
+	h.Control().Handle(wire.KindCUDA, t.handle)
+	return nil
+}
+
+func hostID() (segment.HostID, error) {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return segment.HostID{}, errs.Wrap(errs.TransportUnavailable, "cudaipc", err, "read the boot id")
+	}
+	ns, err := os.Readlink("/proc/self/ns/pid")
+	if err != nil {
+		return segment.HostID{}, errs.Wrap(errs.TransportUnavailable, "cudaipc", err, "read the pid namespace")
+	}
+	return segment.HostID{BootID: strings.TrimSpace(string(b)), PidNS: ns, Pid: os.Getpid()}, nil
+}
+
+// Describe publishes the host identity (as shm does) and learns this
+// engine's control address, which peers call back on.
+func (t *Transport) Describe(d *segment.Desc) {
+	if d.Host == nil {
+		h := t.self
+		d.Host = &h
+	}
+	if d.RPC != "" {
+		rpc := d.RPC
+		t.rpc.Store(&rpc)
+	}
+}
+
+// Register exports a remote-accessible GPU buffer: it puts the IPC handle of
+// the allocation that holds it into the buffer's descriptor. Host memory
+// needs nothing. GPU memory that cannot be exported (VMM allocations, a
+// range spanning two allocations) is logged and left to other transports,
+// rather than failing the registration.
+func (t *Transport) Register(r *segment.Region) error {
+	if !r.Remote || r.Location.Kind != "cuda" {
+		return nil
+	}
+	e, err := t.drv.export(r.Location.Index, r.Addr, r.Length)
+	if err != nil {
+		t.h.Logf("te: cudaipc: buffer [%#x,+%d) on %s is not exported: %v", r.Addr, r.Length, r.Location, err)
+		return nil
+	}
+	setExport(&r.Desc, e)
+	t.omu.Lock()
+	t.exports[r.Desc.Key] = &exported{addr: r.Addr, length: r.Length, openers: map[string]opener{}}
+	t.omu.Unlock()
+	return nil
+}
+
+// Unregister follows the design's unregister order for memory peers write
+// without the owner checking: it tells every peer that opened the buffer's
+// handle to close it and waits until each has confirmed (its copies into the
+// buffer have ended and the mapping is gone) or has exited. A peer that is
+// alive but does not confirm within CloseTimeout makes Unregister fail with
+// Timeout: the caller must not reuse the memory yet.
+func (t *Transport) Unregister(r *segment.Region) error {
+	t.omu.Lock()
+	ex := t.exports[r.Desc.Key]
+	delete(t.exports, r.Desc.Key)
+	t.omu.Unlock()
+	if ex == nil {
+		return nil
+	}
+	return t.revoke(r.Desc.Key, ex)
+}
+
+// revoke runs the close protocol with every opener of ex, in parallel.
+func (t *Transport) revoke(key uint64, ex *exported) error {
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errl []error
+	)
+	body := (&msg{Op: opClose, Key: key, Instance: t.h.Instance()}).encode()
+	for inst, o := range ex.openers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t.st.CloseRequests.Add(1)
+			ctx, cancel := context.WithTimeout(context.Background(), t.opt.CloseTimeout)
+			rep, err := t.call(ctx, o.rpc, body)
+			cancel()
+			if err == nil {
+				_, err = checkAck(rep, opClose)
+			}
+			if err == nil {
+				return
+			}
+			if gone(o.pid) {
+				t.st.PeersGone.Add(1) // its mappings died with it
+				return
+			}
+			t.st.PeersSilent.Add(1)
+			mu.Lock()
+			errl = append(errl, errs.Wrap(errs.Timeout, "cudaipc", err,
+				"peer %s (pid %d) did not confirm closing its mapping of [%#x,+%d)", inst, o.pid, ex.addr, ex.length).
+				WithHint("the peer may still write into this memory: do not free or reuse it yet"))
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errl...)
+}
+
+// gone reports whether process pid has exited (same pid namespace).
+func gone(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
+}
+
+// Reachable says yes for this engine itself and for engines on this host in
+// this pid namespace (their descriptor lists cudaipc only if they have CUDA).
+func (t *Transport) Reachable(d *segment.Desc) error {
+	if d.Instance != "" && d.Instance == t.h.Instance() {
+		return nil
+	}
+	h := d.Host
+	switch {
+	case h == nil:
+		return errs.New(errs.TransportUnavailable, "cudaipc", "segment %q publishes no host identity", d.Name)
+	case h.BootID != t.self.BootID:
+		return errs.New(errs.TransportUnavailable, "cudaipc", "segment %q runs on another host (boot id differs)", d.Name)
+	case h.PidNS != t.self.PidNS:
+		return errs.New(errs.TransportUnavailable, "cudaipc", "segment %q runs in another pid namespace", d.Name)
+	case d.RPC == "" || d.Instance == "":
+		return errs.New(errs.TransportUnavailable, "cudaipc", "segment %q publishes no control address or instance", d.Name)
+	}
+	return nil
+}
+
+// DeviceMemory reports whether cudaipc can serve a request to buf of d: in
+// this engine any memory (cuMemcpy with unified addressing), in another
+// process only a buffer whose owner exported its handle.
+func (t *Transport) DeviceMemory(d *segment.Desc, buf *segment.BufferDesc, localDevice bool) bool {
+	if d.Instance != "" && d.Instance == t.h.Instance() {
+		return true
+	}
+	_, ok := buf.Extra[ExtraHandle]
+	return ok
+}
+
+// Submit copies the requests on the GPU: one goroutine per call enqueues
+// every copy of the call on a stream per device and waits once, so a batch
+// of small KV blocks costs one synchronisation, not one per block.
+func (t *Transport) Submit(in []transport.Request) {
+	states := make([]reqState, len(in)) // one allocation for the call
+	reqs := make([]*transport.Request, len(in))
+	for i := range in {
+		in[i].Priv = &states[i]
+		reqs[i] = &in[i]
+	}
+	if !t.spawn(func() { t.run(reqs) }) {
+		for _, r := range reqs {
+			r.Complete(errs.New(errs.Closed, "cudaipc", "transport closed"))
+		}
+	}
+}
+
+// spawn runs f on a goroutine Close waits for, unless Close has begun.
+func (t *Transport) spawn(f func()) bool {
+	t.lmu.Lock()
+	if t.closed.Load() {
+		t.lmu.Unlock()
+		return false
+	}
+	t.wg.Add(1)
+	t.lmu.Unlock()
+	go func() {
+		defer t.wg.Done()
+		f()
+	}()
+	return true
+}
+
+// prepared is a request ready to copy: its span, the device that copies it
+// and what to release once the copy ended.
+type prepared struct {
+	r       *transport.Request
+	dev     int
+	sp      span
+	release func()
+}
+
+func (t *Transport) run(reqs []*transport.Request) {
+	byDev := map[int][]prepared{}
+	for _, r := range reqs {
+		if !r.Priv.(*reqState).claim() {
+			continue // canceled before anything touched it
+		}
+		p, err := t.prepare(r)
+		if err != nil {
+			r.Complete(err)
+			continue
+		}
+		byDev[p.dev] = append(byDev[p.dev], p)
+	}
+	for dev, ps := range byDev {
+		spans := make([]span, len(ps))
+		for i, p := range ps {
+			spans[i] = p.sp
+		}
+		errl := t.drv.copies(dev, spans)
+		for i, p := range ps {
+			// Release before Complete: the copy has ended, and an Unregister
+			// waiting on the mapping need not wait for the caller.
+			p.release()
+			p.r.Complete(errl[i])
+		}
+	}
+}
+
+// prepare resolves a request's addresses: the target in this engine, or in
+// the owner's allocation mapped here (opening its handle on first use).
+func (t *Transport) prepare(r *transport.Request) (prepared, error) {
+	if t.closed.Load() {
+		return prepared{}, errs.New(errs.Closed, "cudaipc", "transport closed")
+	}
+	dev := -1
+	if r.Region != nil && r.Region.Location.Kind == "cuda" {
+		dev = r.Region.Location.Index
+	}
+	var remote uint64
+	var release func()
+	if r.Peer.Instance == t.h.Instance() {
+		// This engine: the target address is ours; count the access so
+		// Unregister waits for it.
+		reg, err := t.h.Registry().Acquire(r.Remote, r.Length, r.Key, true)
+		if err != nil {
+			return prepared{}, err
+		}
+		remote, release = r.Remote, reg.Release
+		if dev < 0 && reg.Location.Kind == "cuda" {
+			dev = reg.Location.Index
+		}
+	} else {
+		e, ok, err := exportOf(r.Buffer)
+		if err != nil {
+			return prepared{}, err
+		}
+		if !ok {
+			return prepared{}, errs.New(errs.NotSupported, "cudaipc", "buffer %s at %#x of %q has no IPC handle", r.Buffer.Name, r.Buffer.Addr, r.Peer.Name)
+		}
+		if dev < 0 {
+			dev = t.deviceFor(e.UUID)
+		}
+		if dev < 0 {
+			dev = 0
+		}
+		m, err := t.acquire(r.Peer, r.Buffer, e, dev)
+		if err != nil {
+			return prepared{}, err
+		}
+		remote, release = m.base+e.Offset+(r.Remote-r.Buffer.Addr), func() { t.releaseMapping(m) }
+	}
+	if dev < 0 {
+		dev = 0
+	}
+	sp := span{dst: remote, src: r.Local, n: r.Length}
+	if r.Op == transport.Read {
+		sp = span{dst: r.Local, src: remote, n: r.Length}
+	}
+	return prepared{r: r, dev: dev, sp: sp, release: release}, nil
+}
+
+// deviceFor finds the local ordinal of the GPU with uuid, or -1.
+func (t *Transport) deviceFor(uuid string) int {
+	if uuid == "" {
+		return -1
+	}
+	for i := 0; i < t.drv.devices(); i++ {
+		if t.drv.uuid(i) == uuid {
+			return i
+		}
+	}
+	return -1
+}
+
+// acquire returns the mapping of the owner's buffer on device dev, opening
+// the handle on first use, and counts a copy in flight on it. The owner is
+// told before the handle is opened, so its Unregister always knows whom to
+// ask; a close request that arrives meanwhile waits for the open to finish.
+func (t *Transport) acquire(d *segment.Desc, buf *segment.BufferDesc, e export, dev int) (*mapping, error) {
+	k := importKey{owner: d.Instance, key: buf.Key, dev: dev}
+	t.imu.Lock()
+	m := t.imports[k]
+	fresh := m == nil
+	var stale []importKey
+	if fresh {
+		m = &mapping{ownerRPC: d.RPC, ready: make(chan struct{})}
+		t.imports[k] = m
+		// Mappings of an earlier instance of the engine at this address: it
+		// restarted, and its memory stays allocated while we map it.
+		for ok, om := range t.imports {
+			if om.ownerRPC == d.RPC && ok.owner != d.Instance {
+				stale = append(stale, ok)
+			}
+		}
+	}
+	t.imu.Unlock()
+	for _, sk := range stale {
+		// After Close began, Close closes every mapping itself.
+		t.spawn(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), t.opt.CloseTimeout)
+			defer cancel()
+			t.closeMappings(ctx, sk.owner, sk.key)
+		})
+	}
+	if fresh {
+		t.open(k, m, buf, e)
+	}
+	<-m.ready
+	t.imu.Lock()
+	defer t.imu.Unlock()
+	switch {
+	case m.err != nil:
+		return nil, m.err
+	case m.closing:
+		return nil, errs.New(errs.StaleDescriptor, "cudaipc", "buffer at %#x of %q is being unregistered", buf.Addr, d.Name)
+	}
+	m.refs++
+	return m, nil
+}
+
+func (t *Transport) open(k importKey, m *mapping, buf *segment.BufferDesc, e export) {
+	defer close(m.ready)
+	fail := func(err error) {
+		t.imu.Lock()
+		m.err = err
+		if t.imports[k] == m {
+			delete(t.imports, k) // a later request tries again
+		}
+		t.imu.Unlock()
+	}
+	rpc := t.rpc.Load()
+	if rpc == nil {
+		fail(errs.New(errs.Internal, "cudaipc", "this engine's control address is not known yet"))
+		return
+	}
+	req := msg{Op: opOpen, Key: buf.Key, Addr: buf.Addr, Length: buf.Length, Pid: uint32(t.self.Pid), Instance: t.h.Instance(), RPC: *rpc}
+	ctx, cancel := context.WithTimeout(context.Background(), t.opt.CallTimeout)
+	rep, err := t.call(ctx, m.ownerRPC, req.encode())
+	cancel()
+	if err == nil {
+		_, err = checkAck(rep, opOpen)
+	}
+	if err != nil {
+		fail(errs.Wrap(errs.CodeOf(err), "cudaipc", err, "owner refused access to buffer at %#x", buf.Addr))
+		return
+	}
+	hk := handleKey{owner: k.owner, h: e.Handle, dev: k.dev}
+	base, err := t.openHandle(hk)
+	if err != nil {
+		t.releaseOwner(m.ownerRPC, k.key)
+		fail(err)
+		return
+	}
+	t.imu.Lock()
+	m.base, m.hk = base, hk
+	t.imu.Unlock()
+}
+
+// openHandle maps a handle, or counts one more user of its mapping.
+func (t *Transport) openHandle(hk handleKey) (uint64, error) {
+	t.hmu.Lock()
+	defer t.hmu.Unlock()
+	if o := t.handles[hk]; o != nil {
+		o.users++
+		return o.base, nil
+	}
+	base, err := t.drv.open(hk.dev, hk.h)
+	if err != nil {
+		return 0, err
+	}
+	t.st.Opened.Add(1)
+	t.handles[hk] = &opened{base: base, users: 1}
+	return base, nil
+}
+
+// closeHandle drops one user of a mapping and unmaps it after the last.
+func (t *Transport) closeHandle(hk handleKey) error {
+	t.hmu.Lock()
+	defer t.hmu.Unlock()
+	o := t.handles[hk]
+	if o == nil {
+		return nil
+	}
+	if o.users--; o.users > 0 {
+		return nil
+	}
+	delete(t.handles, hk)
+	t.st.Closed.Add(1)
+	return t.drv.close(hk.dev, o.base)
+}
+
+func (t *Transport) releaseMapping(m *mapping) {
+	t.imu.Lock()
+	m.refs--
+	t.imu.Unlock()
+}
+
+// releaseOwner tells an owner, best effort, that this engine no longer maps
+// the buffer.
+func (t *Transport) releaseOwner(rpc string, key uint64) {
+	ctx, cancel := context.WithTimeout(context.Background(), t.opt.CallTimeout)
+	defer cancel()
+	t.call(ctx, rpc, (&msg{Op: opRelease, Key: key, Instance: t.h.Instance()}).encode())
+}
+
+// handle serves kind wire.KindCUDA.
+func (t *Transport) handle(ctx context.Context, body []byte) ([]byte, error) {
+	m, err := decode(body)
+	if err != nil {
+		return nil, err
+	}
+	switch m.Op {
+	case opOpen:
+		return t.handleOpen(m)
+	case opClose:
+		n, err := t.closeMappings(ctx, m.Instance, m.Key)
+		if err != nil {
+			return nil, err
+		}
+		return ack(opClose, uint32(n)), nil
+	default: // opRelease
+		t.omu.Lock()
+		if ex := t.exports[m.Key]; ex != nil {
+			delete(ex.openers, m.Instance)
+		}
+		t.omu.Unlock()
+		return ack(opRelease, 0), nil
+	}
+}
+
+// handleOpen records a peer that is about to open a buffer's handle, after
+// checking the buffer is still registered under the key the peer holds.
+func (t *Transport) handleOpen(m *msg) ([]byte, error) {
+	if m.Instance == "" || m.RPC == "" {
+		return nil, errs.New(errs.InvalidArgument, "cudaipc", "open without an instance or a control address")
+	}
+	if m.Instance == t.h.Instance() {
+		return nil, errs.New(errs.InvalidArgument, "cudaipc", "an engine does not open its own handles")
+	}
+	// Checking the export under omu orders this against Unregister, which
+	// removes the export under omu before it collects the openers.
+	t.omu.Lock()
+	defer t.omu.Unlock()
+	ex := t.exports[m.Key]
+	if ex == nil || ex.addr != m.Addr || ex.length != m.Length {
+		return nil, errs.New(errs.StaleDescriptor, "cudaipc", "no exported buffer [%#x,+%d) under this key", m.Addr, m.Length)
+	}
+	ex.openers[m.Instance] = opener{rpc: m.RPC, pid: int(m.Pid)}
+	return ack(opOpen, 0), nil
+}
+
+// closeMappings closes this engine's mappings of owner's buffer key (on
+// every device): new copies are refused at once, copies in flight finish,
+// then each handle is closed. It returns how many it closed.
+func (t *Transport) closeMappings(ctx context.Context, owner string, key uint64) (int, error) {
+	var ms []*mapping
+	var ks []importKey
+	t.imu.Lock()
+	for k, m := range t.imports {
+		if k.owner == owner && k.key == key {
+			m.closing = true
+			ms = append(ms, m)
+			ks = append(ks, k)
+		}
+	}
+	t.imu.Unlock()
+	n := 0
+	var first error
+	for i, m := range ms {
+		select {
+		case <-m.ready:
+		case <-ctx.Done():
+			return n, errs.Wrap(errs.Timeout, "cudaipc", ctx.Err(), "a handle is still being opened")
+		}
+		for d := time.Microsecond; ; {
+			t.imu.Lock()
+			busy := m.refs > 0
+			t.imu.Unlock()
+			if !busy {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return n, errs.Wrap(errs.Timeout, "cudaipc", ctx.Err(), "copies on a mapping are still in flight")
+			case <-time.After(d):
+			}
+			if d < time.Millisecond {
+				d *= 2
+			}
+		}
+		t.imu.Lock()
+		if t.imports[ks[i]] == m {
+			delete(t.imports, ks[i])
+		}
+		t.imu.Unlock()
+		if m.err == nil && m.base != 0 {
+			if err := t.closeHandle(m.hk); err != nil && first == nil {
+				first = err
+			}
+			n++
+		}
+	}
+	return n, first
+}
+
+// Close fails new requests, waits for the copies in flight, closes every
+// handle this engine opened (telling their owners) and runs the close
+// protocol for every buffer it exported, so no peer keeps a mapping of
+// memory the application may free after Close.
+func (t *Transport) Close() error {
+	if t.drv == nil {
+		return nil
+	}
+	t.lmu.Lock()
+	if t.closed.Load() {
+		t.lmu.Unlock()
+		return nil
+	}
+	t.closed.Store(true)
+	t.lmu.Unlock()
+	// Requests not yet enqueued fail (Closed); copies enqueued end when
+	// their stream synchronises.
+	t.wg.Wait()
+	type own struct {
+		owner, rpc string
+		key        uint64
+	}
+	seen := map[own]bool{}
+	t.imu.Lock()
+	for k, m := range t.imports {
+		seen[own{k.owner, m.ownerRPC, k.key}] = true
+	}
+	t.imu.Unlock()
+	// Owners and peers are told in parallel: each call is bounded by a
+	// timeout, and Close must not add them up.
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+	)
+	keep := func(err error) {
+		mu.Lock()
+		if err != nil && first == nil {
+			first = err
+		}
+		mu.Unlock()
+	}
+	for o := range seen {
+		ctx, cancel := context.WithTimeout(context.Background(), t.opt.CloseTimeout)
+		_, err := t.closeMappings(ctx, o.owner, o.key)
+		cancel()
+		keep(err)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t.releaseOwner(o.rpc, o.key)
+		}()
+	}
+	t.omu.Lock()
+	exports := t.exports
+	t.exports = map[uint64]*exported{}
+	t.omu.Unlock()
+	for key, ex := range exports {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			keep(t.revoke(key, ex))
+		}()
+	}
+	wg.Wait()
+	t.drv.release()
+	return first
+}
+
+// uuidHex formats a device UUID for ExtraUUID.
+func uuidHex(u cu.UUID) string { return hex.EncodeToString(u.Bytes[:]) }

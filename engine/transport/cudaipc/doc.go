@@ -1,0 +1,34 @@
+// Package cuda is te's same-host GPU transport, "cudaipc".
+//
+// An engine exports each remote-accessible GPU buffer it registers: the CUDA
+// IPC handle of the allocation that holds it goes into the buffer's
+// descriptor (BufferDesc.Extra: cuda_ipc, cuda_ipc_off, cuda_uuid). A peer
+// engine on the same host (same boot id and pid namespace) opens each handle
+// once, on first use, keeps the mapping in a cache, and copies device to
+// device (or host to device) with the driver; the owner's CPU is not
+// involved in the data path.
+//
+// Because the owner cannot check those copies, unregistering follows the
+// design's rule for such transports: before the handle is opened the peer
+// tells the owner (control kind wire.KindCUDA, op open); the owner's
+// Unregister asks every peer that opened the buffer to close its mapping (op
+// close) and returns only when each has confirmed (its copies into the
+// buffer have ended and the handle is closed) or has exited. See
+// internal/wire/spec.md, "cuda control messages".
+//
+// Cancel ends a request whose copy has not been enqueued yet at once. A copy
+// on a stream cannot be withdrawn or torn mid-way, so its request completes,
+// with its real outcome, once the stream has synchronised, and never
+// earlier. Quiesce has nothing to cut: the close protocol Unregister runs is
+// the fence for peers' mappings. Close fails what is not enqueued and waits
+// for every stream synchronisation in flight.
+//
+// Requests inside one engine (source and target registered with the same
+// engine) are copied with cuMemcpy directly: a process cannot open its own
+// IPC handles.
+//
+// The transport starts only when the CUDA driver loads and sees a device;
+// otherwise Start fails with TransportUnavailable and the reason, and the
+// engine runs without it. The engine sends it only requests that touch GPU
+// memory (see transport.DeviceMover).
+package cudaipc

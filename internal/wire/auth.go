@@ -1,0 +1,183 @@
+package wire
+
+import (
+	"encoding/binary"
+
+	"github.com/tecache/te/internal/errs"
+)
+
+// Authentication messages (spec.md, "Peer authentication"): the bodies of
+// the frames of kind KindAuth that open every connection.
+const (
+	AuthVersion = 1
+	// MaxAuthBody bounds the body of an authentication frame.
+	MaxAuthBody = 256
+	// AuthNonceSize is the size of each side's nonce.
+	AuthNonceSize = 32
+	// AuthKeyIDSize is the size of a key id.
+	AuthKeyIDSize = 8
+	// AuthMACSize is the size of an HMAC-SHA256.
+	AuthMACSize = 32
+	// MaxAuthKeys is how many key ids an initiator may offer.
+	MaxAuthKeys = 2
+	// MaxAuthInstance bounds an instance id.
+	MaxAuthInstance = 128
+
+	AuthMsgHello     uint8 = 1
+	AuthMsgChallenge uint8 = 2
+	AuthMsgProof     uint8 = 3
+	AuthMsgResult    uint8 = 4
+)
+
+// AuthStatus is the status byte of a CHALLENGE or RESULT.
+type AuthStatus uint8
+
+// Statuses (spec.md has what an initiator does with each).
+const (
+	AuthProceed        AuthStatus = 0 // CHALLENGE: send PROOF; RESULT: accepted
+	AuthNoAuth         AuthStatus = 1 // the server has no secret
+	AuthSecretRequired AuthStatus = 2 // the initiator offered no key; the server requires one
+	AuthUnknownKey     AuthStatus = 3 // the server holds none of the offered keys
+	AuthBusy           AuthStatus = 4 // the server is at its connection limit
+	AuthBadProof       AuthStatus = 5 // RESULT: the proof is wrong
+	AuthBadVersion     AuthStatus = 6 // the server does not speak this version
+)
+
+// Hello is the initiator's first message.
+type Hello struct {
+	Version  uint8
+	Nonce    [AuthNonceSize]byte
+	KeyIDs   [][AuthKeyIDSize]byte
+	Instance string
+}
+
+// Challenge is the server's answer to Hello.
+type Challenge struct {
+	Version  uint8
+	Status   AuthStatus
+	Nonce    [AuthNonceSize]byte
+	KeyIndex uint8
+	Instance string
+}
+
+// Result is the server's answer to the initiator's proof.
+type Result struct {
+	Status AuthStatus
+	MAC    [AuthMACSize]byte
+}
+
+func authErr(format string, args ...any) error {
+	return errs.New(errs.Protocol, "auth", format, args...)
+}
+
+// AppendHello appends a HELLO body.
+func AppendHello(dst []byte, h *Hello) []byte {
+	dst = append(dst, AuthMsgHello, h.Version, uint8(len(h.KeyIDs)))
+	dst = append(dst, h.Nonce[:]...)
+	for _, id := range h.KeyIDs {
+		dst = append(dst, id[:]...)
+	}
+	dst = append(dst, uint8(len(h.Instance)))
+	return append(dst, h.Instance...)
+}
+
+// DecodeHello decodes a HELLO body. The version is not checked here: a
+// server answers an unknown one with AuthBadVersion.
+func DecodeHello(b []byte) (*Hello, error) {
+	if len(b) < 3+AuthNonceSize+1 || b[0] != AuthMsgHello {
+		return nil, authErr("not a HELLO (%d bytes)", len(b))
+	}
+	h := &Hello{Version: b[1]}
+	k := int(b[2])
+	if k > MaxAuthKeys {
+		return nil, authErr("HELLO offers %d keys, at most %d", k, MaxAuthKeys)
+	}
+	copy(h.Nonce[:], b[3:])
+	p := b[3+AuthNonceSize:]
+	if len(p) < k*AuthKeyIDSize+1 {
+		return nil, authErr("short HELLO")
+	}
+	for i := 0; i < k; i++ {
+		var id [AuthKeyIDSize]byte
+		copy(id[:], p[i*AuthKeyIDSize:])
+		h.KeyIDs = append(h.KeyIDs, id)
+	}
+	p = p[k*AuthKeyIDSize:]
+	n := int(p[0])
+	if n == 0 || n > MaxAuthInstance || len(p) != 1+n {
+		return nil, authErr("HELLO instance of %d bytes in %d", n, len(p)-1)
+	}
+	h.Instance = string(p[1:])
+	return h, nil
+}
+
+// AppendChallenge appends a CHALLENGE body.
+func AppendChallenge(dst []byte, c *Challenge) []byte {
+	dst = append(dst, AuthMsgChallenge, c.Version, uint8(c.Status))
+	dst = append(dst, c.Nonce[:]...)
+	dst = append(dst, c.KeyIndex, uint8(len(c.Instance)))
+	return append(dst, c.Instance...)
+}
+
+// DecodeChallenge decodes a CHALLENGE body.
+func DecodeChallenge(b []byte) (*Challenge, error) {
+	const fixed = 3 + AuthNonceSize + 2
+	if len(b) < fixed || b[0] != AuthMsgChallenge {
+		return nil, authErr("not a CHALLENGE (%d bytes)", len(b))
+	}
+	c := &Challenge{Version: b[1], Status: AuthStatus(b[2]), KeyIndex: b[3+AuthNonceSize]}
+	copy(c.Nonce[:], b[3:])
+	n := int(b[fixed-1])
+	if n > MaxAuthInstance || len(b) != fixed+n {
+		return nil, authErr("CHALLENGE instance of %d bytes in %d", n, len(b)-fixed)
+	}
+	if c.Status > AuthBadVersion || c.Status == AuthBadProof {
+		return nil, authErr("CHALLENGE status %d", c.Status)
+	}
+	c.Instance = string(b[fixed:])
+	return c, nil
+}
+
+// AppendProof appends a PROOF body.
+func AppendProof(dst []byte, mac *[AuthMACSize]byte) []byte {
+	dst = append(dst, AuthMsgProof)
+	return append(dst, mac[:]...)
+}
+
+// DecodeProof decodes a PROOF body.
+func DecodeProof(b []byte) ([AuthMACSize]byte, error) {
+	var mac [AuthMACSize]byte
+	if len(b) != 1+AuthMACSize || b[0] != AuthMsgProof {
+		return mac, authErr("not a PROOF (%d bytes)", len(b))
+	}
+	copy(mac[:], b[1:])
+	return mac, nil
+}
+
+// AppendResult appends a RESULT body.
+func AppendResult(dst []byte, r *Result) []byte {
+	dst = append(dst, AuthMsgResult, uint8(r.Status))
+	return append(dst, r.MAC[:]...)
+}
+
+// DecodeResult decodes a RESULT body.
+func DecodeResult(b []byte) (*Result, error) {
+	if len(b) != 2+AuthMACSize || b[0] != AuthMsgResult {
+		return nil, authErr("not a RESULT (%d bytes)", len(b))
+	}
+	r := &Result{Status: AuthStatus(b[1])}
+	if r.Status != AuthProceed && r.Status != AuthBadProof {
+		return nil, authErr("RESULT status %d", r.Status)
+	}
+	copy(r.MAC[:], b[2:])
+	return r, nil
+}
+
+// AppendTranscript appends T, what both MACs cover: each of the HELLO and
+// CHALLENGE bodies, as sent, after its u16 length.
+func AppendTranscript(dst, hello, challenge []byte) []byte {
+	dst = binary.LittleEndian.AppendUint16(dst, uint16(len(hello)))
+	dst = append(dst, hello...)
+	dst = binary.LittleEndian.AppendUint16(dst, uint16(len(challenge)))
+	return append(dst, challenge...)
+}
