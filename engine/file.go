@@ -3,9 +3,9 @@ package engine
 import (
 	"strconv"
 
-	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/mem"
 )
 

@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/tecache/te/engine"
-	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/engine/transport/tcp"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/mem"
 )
 

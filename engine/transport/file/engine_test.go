@@ -18,8 +18,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tecache/te/engine"
-	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/engine/segment"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/mem"
 )
 

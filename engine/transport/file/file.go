@@ -7,9 +7,9 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/fileio"
 )
 

@@ -4,9 +4,9 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/cuda"
 	"github.com/tecache/te/internal/sys/mem"
 )

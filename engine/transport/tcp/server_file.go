@@ -5,10 +5,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/engine/segment"
-	"github.com/tecache/te/internal/wire"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/mem"
+	"github.com/tecache/te/internal/wire"
 )
 
 // Storage regions (registered files) on the target side. Their addresses are
