@@ -21,7 +21,7 @@ const (
 	DefaultChunk   = 1 << 20
 	MinChunk       = 4 << 10
 	MaxChunk       = 64 << 20
-	DefaultStaging = 8 << 20
+	DefaultStaging = 32 << 20
 	MaxWorkers     = 64
 	// unknownAlign is the direct-I/O alignment assumed when the kernel
 	// does not say (statx without STATX_DIOALIGN, before Linux 6.1): the

@@ -26,11 +26,13 @@
 // (cuda.Stager) when CUDA loads: a device-to-file write copies a chunk to
 // the host and writes it; a file-to-device read reads a chunk and copies it
 // up. NVIDIA GPUDirect Storage (cuFile), which would skip the host copy, is
-// not used yet: internal/sys/cufile loads libcufile at run time and reports
-// whether it is there, so a later version can route device requests to it.
+// not used yet: internal/sys/cufile loads libcufile at run time (purego) and
+// the transport's stats say whether it loaded (gds_available), so a later
+// version can route device requests to it. No machine te is tested on has
+// GDS: that binding is untested beyond its clean refusal.
 //
 // Parameters (Config.Params): file.workers (rings or threads), file.depth
 // (I/Os in flight per ring, default 64), file.chunk (largest single I/O,
-// default 1 MiB), file.staging (staging memory for servers, default 8 MiB),
+// default 1 MiB), file.staging (staging memory for servers, default 32 MiB),
 // file.pool (1: pread/pwrite threads instead of io_uring).
 package file

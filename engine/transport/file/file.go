@@ -11,6 +11,7 @@ import (
 	"github.com/tecache/te/engine/transport"
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/fileio"
+	"github.com/tecache/te/internal/sys/cufile"
 )
 
 // Name is the transport's name.
@@ -178,6 +179,9 @@ func (t *Transport) Stats() map[string]uint64 {
 		"canceled": s.Canceled, "io_uring": 0}
 	if s.Mode == "io_uring" {
 		m["io_uring"] = 1
+	}
+	if _, err := cufile.Load(); err == nil {
+		m["gds_available"] = 1 // loaded, not used yet (package doc)
 	}
 	return m
 }
