@@ -111,6 +111,13 @@ type Executor struct {
 
 	stage     []byte // staging buffers, one mapping (registered with the rings)
 	stageFree chan uint64
+	// stageMu guards lent and the release of stage: buffers lent to a
+	// server (tcp) may come back after Close, so the mapping goes with
+	// the last of them.
+	stageMu   sync.Mutex
+	lent      int
+	stageBase uint64 // where stage was mapped (kept after it is unmapped)
+	stageLen  uint64
 	closeOnce sync.Once
 	closed    atomic.Bool
 }
@@ -128,7 +135,7 @@ func New(cfg Config) (*Executor, error) {
 		if err != nil {
 			return nil, err
 		}
-		x.stage = b
+		x.stage, x.stageBase, x.stageLen = b, mem.Addr(b), uint64(len(b))
 		x.stageFree = make(chan uint64, n)
 		for i := uint64(0); i < n; i++ {
 			x.stageFree <- mem.Addr(b) + i*cfg.Chunk
@@ -178,9 +185,12 @@ func (x *Executor) Close() error {
 	x.closeOnce.Do(func() {
 		x.closed.Store(true)
 		x.be.close()
-		if x.stage != nil {
+		x.stageMu.Lock()
+		if x.stage != nil && x.lent == 0 {
 			mem.Free(x.stage)
+			x.stage = nil
 		}
+		x.stageMu.Unlock()
 	})
 	return nil
 }
@@ -193,29 +203,41 @@ func (x *Executor) TakeStage(abort <-chan struct{}) (addr uint64, ok bool) {
 	if x.stageFree == nil || x.closed.Load() {
 		return 0, false
 	}
+	var a uint64
 	select {
-	case a := <-x.stageFree:
-		return a, true
+	case a = <-x.stageFree:
 	default:
+		select {
+		case a = <-x.stageFree:
+		case <-abort:
+			return 0, false
+		}
 	}
-	select {
-	case a := <-x.stageFree:
-		return a, true
-	case <-abort:
+	x.stageMu.Lock()
+	defer x.stageMu.Unlock()
+	if x.stage == nil { // closed meanwhile, and the mapping is gone
 		return 0, false
+	}
+	x.lent++
+	return a, true
+}
+
+// PutStage returns a staging buffer once no I/O uses it. After Close the
+// last one returned unmaps the staging memory.
+func (x *Executor) PutStage(addr uint64) {
+	x.stageMu.Lock()
+	defer x.stageMu.Unlock()
+	x.lent--
+	x.stageFree <- addr
+	if x.closed.Load() && x.lent == 0 && x.stage != nil {
+		mem.Free(x.stage)
+		x.stage = nil
 	}
 }
 
-// PutStage returns a staging buffer once no I/O uses it.
-func (x *Executor) PutStage(addr uint64) { x.stageFree <- addr }
-
 // inStage reports whether [addr, addr+n) lies in the staging memory.
 func (x *Executor) inStage(addr, n uint64) bool {
-	if x.stage == nil {
-		return false
-	}
-	b := mem.Addr(x.stage)
-	return addr >= b && addr+n <= b+uint64(len(x.stage))
+	return x.stageLen > 0 && addr >= x.stageBase && addr+n <= x.stageBase+x.stageLen
 }
 
 // Op is one read or write between memory and a File's range.

@@ -581,3 +581,41 @@ func childFileSizeLimit(t *testing.T) {
 	})
 	fmt.Println("limit checked")
 }
+
+// Staging buffers lent to a server may come back after the executor
+// closed: the memory stays mapped until the last one does.
+func TestStagingOutlivesClose(t *testing.T) {
+	modes(t, func(t *testing.T, x *Executor) {
+		if x.StageCount() == 0 {
+			t.Fatal("no staging buffers")
+		}
+		a, ok := x.TakeStage(nil)
+		if !ok {
+			t.Fatal("no staging buffer")
+		}
+		b := mem.Bytes(a, x.Chunk())
+		x.Close()
+		for i := range b {
+			b[i] = byte(i) // still mapped: a server may be reading into it
+		}
+		if _, ok := x.TakeStage(nil); ok {
+			t.Fatal("a staging buffer lent after Close")
+		}
+		x.PutStage(a)
+		x.stageMu.Lock()
+		gone := x.stage == nil
+		x.stageMu.Unlock()
+		if !gone {
+			t.Fatal("staging memory kept after the last buffer came back")
+		}
+		// Without a pool: none to lend, at once.
+		y, err := New(Config{Staging: -1, ForcePool: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer y.Close()
+		if _, ok := y.TakeStage(make(chan struct{})); ok || y.StageCount() != 0 {
+			t.Fatal("lent a staging buffer without a pool")
+		}
+	})
+}

@@ -10,7 +10,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tecache/te/internal/errs"
-	"github.com/tecache/te/internal/sys/mem"
 	"github.com/tecache/te/internal/sys/uring"
 )
 
@@ -193,10 +192,10 @@ func (w *ringWorker) run(ready chan<- error) {
 	for i := range w.free {
 		w.free[i] = int(depth) - 1 - i
 	}
-	if x.stage != nil {
+	if x.stageLen > 0 {
 		// Registration pins the staging pages; without it (RLIMIT_MEMLOCK)
 		// staged I/O is plain.
-		w.fixed = r.RegisterBuffers([]uint64{mem.Addr(x.stage)}, []uint64{uint64(len(x.stage))}) == nil
+		w.fixed = r.RegisterBuffers([]uint64{x.stageBase}, []uint64{x.stageLen}) == nil
 	}
 	ready <- nil
 	w.loop()
