@@ -510,3 +510,73 @@ func storageNode(t *testing.T) {
 		}
 	}
 }
+
+// TestRemoteNoSpaceAndUnregister: over tcp, a full disk fails only the task
+// that hit it, with NoSpace (the completion's status); and the owner
+// unregistering its file while a peer reads it returns once no read of it
+// runs, the peer's tasks ending COMPLETED or FAILED, never hanging.
+func TestRemoteNoSpaceAndUnregister(t *testing.T) {
+	owner := newEngine(t, nil)
+	peer := newEngine(t, nil, func(c *engine.Config) { c.Transports = []string{"tcp"} })
+	const n = 4 << 20
+	buf := alloc(t, n)
+	fill(buf, 8)
+	peer.RegisterMemory(mem.Addr(buf), n, "cpu", false)
+
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=2m"); err == nil {
+		defer unix.Unmount(dir, unix.MNT_DETACH)
+		fa, err := owner.RegisterFile(filepath.Join(dir, "full"), 0, 8<<20, engine.FileOptions{Remote: true, Create: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		seg, err := peer.OpenSegment(owner.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := transfer(t, peer, seg, engine.Write, mem.Addr(buf), fa, 1<<20, 1<<20); st.State != engine.Completed {
+			t.Fatalf("first MiB: %+v", st)
+		}
+		b, _ := peer.AllocateBatch(2)
+		b.Submit(engine.Request{Op: engine.Write, Local: mem.Addr(buf), Segment: seg, Remote: fa, Length: 1 << 20},
+			engine.Request{Op: engine.Write, Local: mem.Addr(buf), Segment: seg, Remote: fa + 4<<20, Length: 3 << 20})
+		b.Wait(30 * time.Second)
+		s0, _ := b.TaskStatus(0)
+		s1, _ := b.TaskStatus(1)
+		b.Free()
+		if s0.State != engine.Completed || s1.State != engine.Failed || errs.CodeOf(s1.Err) != errs.NoSpace {
+			t.Fatalf("over tcp to a full disk: %+v %+v", s0, s1)
+		}
+		if err := owner.UnregisterMemory(fa); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		t.Logf("no tmpfs here (%v): the full-disk half is skipped", err)
+	}
+
+	fa, err := owner.RegisterFile(filepath.Join(directDir(t), "unreg"), 0, n, engine.FileOptions{Remote: true, Create: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seg, err := peer.OpenSegment(owner.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const k = 64
+	b, _ := peer.AllocateBatch(k)
+	defer b.Free()
+	for i := 0; i < k; i++ {
+		b.Submit(engine.Request{Op: engine.Read, Local: mem.Addr(buf) + uint64(i%4)<<20, Segment: seg, Remote: fa + uint64(i%4)<<20, Length: 1 << 20})
+	}
+	if err := owner.UnregisterMemory(fa); err != nil {
+		t.Fatal(err)
+	}
+	st, err := b.Wait(60 * time.Second)
+	if err != nil {
+		t.Fatalf("peer's reads did not end: %v", err)
+	}
+	if st.Completed+st.Failed != k {
+		t.Fatalf("status %+v", st)
+	}
+	t.Logf("after unregister: %d completed, %d failed", st.Completed, st.Failed)
+}
