@@ -497,7 +497,8 @@ int te_unregister(te_engine_t engine, void *addr);
  * descriptor open for reading (and writing), which the library duplicates:
  * the caller may close it on return. Aligned I/O goes O_DIRECT where the file
  * system takes it, misaligned I/O through the page cache (counted in
- * te_stats_json's transport stats). te_unregister(engine, *addr) waits for
+ * te_stats_json: transport_stats.file.buffered_ios; transport_stats.file
+ * .io_uring is 0 where the pread/pwrite fallback runs). te_unregister(engine, *addr) waits for
  * the I/O in flight, closes the library's descriptors and releases the
  * address.
  * Blocks: yes (opening the file, publishing) | Thread-safe: yes | Errors:

@@ -142,7 +142,9 @@ def file_node(conn, path, size, secret):
     conn.send((e.name, addr))
     while True:
         cmd = conn.recv()
-        if cmd == "exit":
+        if cmd == "stats":
+            conn.send(e.stats().get("transport_stats", {}).get("file", {}))
+        elif cmd == "exit":
             e.unregister(addr)
             e.close()
             conn.send("bye")

@@ -98,6 +98,14 @@ class LocalFileTest(unittest.TestCase):
         self.assertIn("shorter than its registered range", str(cm.exception))
         self.e.unregister(fa)
 
+    def test_stats_say_io_uring_or_pool(self):
+        fa = self.e.register_file(os.path.join(self.dir, "st"), length=MB, create=True)
+        self.e.write(self.seg, self.src.addr, fa, MB)
+        st = self.e.stats()["transport_stats"]["file"]
+        self.assertIn(st["io_uring"], (0, 1))
+        self.assertGreater(st["ops"], 0)
+        self.e.unregister(fa)
+
     def test_errors(self):
         with self.assertRaises(te.InvalidArgument):
             self.e.register_file()
@@ -109,8 +117,10 @@ class LocalFileTest(unittest.TestCase):
 
 class RemoteFileTest(unittest.TestCase):
     def test_peer_file_over_tcp(self):
+        # The node's file I/O runs on the pread/pwrite fallback, as where
+        # io_uring is switched off (TE_FILE_POOL=1); local tests use io_uring.
         d = direct_dir()
-        node = Peer(file_node, os.path.join(d, "node"), SIZE, SECRET)
+        node = Peer(file_node, os.path.join(d, "node"), SIZE, SECRET, env={"TE_FILE_POOL": "1"})
         try:
             name, fa = node.recv()
             e = engine()
@@ -134,6 +144,9 @@ class RemoteFileTest(unittest.TestCase):
                     bad.open_segment(name)
             finally:
                 bad.close()
+            st = node.ask("stats")
+            self.assertEqual(st.get("io_uring"), 0, st)
+            self.assertGreater(st.get("ops", 0), 0, st)
             self.assertEqual(node.ask("exit"), "bye")
         finally:
             node.close()
