@@ -580,3 +580,55 @@ func TestRemoteNoSpaceAndUnregister(t *testing.T) {
 	}
 	t.Logf("after unregister: %d completed, %d failed", st.Completed, st.Failed)
 }
+
+// TestWindowOverAFile: a window the owner grants over part of its file
+// admits requests inside it (locally and over tcp) and, once revoked,
+// refuses them; requests outside it are refused all along.
+func TestWindowOverAFile(t *testing.T) {
+	owner := newEngine(t, nil)
+	fa, err := owner.RegisterFile(filepath.Join(directDir(t), "win"), 0, 4<<20, engine.FileOptions{Remote: true, Create: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := owner.GrantWindow([]engine.Range{{Addr: fa + 1<<20, Length: 1 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := alloc(t, 1<<20)
+	fill(buf, 4)
+	peer := newEngine(t, nil, func(c *engine.Config) { c.Transports = []string{"tcp"} })
+	peer.RegisterMemory(mem.Addr(buf), 1<<20, "cpu", false)
+	owner.RegisterMemory(mem.Addr(buf), 1<<20, "cpu", false)
+	for _, e := range []*engine.Engine{owner, peer} {
+		seg, err := e.OpenSegment(owner.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		run := func(remote uint64) engine.TaskStatus {
+			b, _ := e.AllocateBatch(1)
+			defer b.Free()
+			if err := b.Submit(engine.Request{Op: engine.Write, Local: mem.Addr(buf), Segment: seg, Remote: remote, Length: 64 << 10, Window: key}); err != nil {
+				return engine.TaskStatus{State: engine.Failed, Err: err}
+			}
+			b.Wait(30 * time.Second)
+			s, _ := b.TaskStatus(0)
+			return s
+		}
+		if s := run(fa + 1<<20); s.State != engine.Completed {
+			t.Fatalf("%s: inside the window: %+v", e.Name(), s)
+		}
+		if s := run(fa); s.State == engine.Completed {
+			t.Fatalf("%s: outside the window: completed", e.Name())
+		}
+	}
+	if err := owner.RevokeWindow(key); err != nil {
+		t.Fatal(err)
+	}
+	seg, _ := peer.OpenSegment(owner.Name())
+	b, _ := peer.AllocateBatch(1)
+	defer b.Free()
+	b.Submit(engine.Request{Op: engine.Write, Local: mem.Addr(buf), Segment: seg, Remote: fa + 1<<20, Length: 4096, Window: key})
+	if st, _ := b.Wait(30 * time.Second); st.State == engine.Completed {
+		t.Fatal("a revoked window over a file still admitted a write")
+	}
+}
