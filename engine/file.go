@@ -19,8 +19,10 @@ const LocationFile = "file"
 
 // FileOptions tune RegisterFile.
 type FileOptions struct {
-	// Remote publishes the range in the descriptor, so requests (local
-	// ones included: they go through the segment) can reach it.
+	// Remote publishes the range in the descriptor. It is required:
+	// requests (this engine's own included) reach a file through the
+	// segment, since a file is never a request's local side. Peers reach
+	// it only with the cluster secret and the buffer's key.
 	Remote bool
 	// Create makes the file (mode 0600) if it does not exist and extends
 	// it to hold the range.
@@ -58,6 +60,12 @@ func (e *Engine) RegisterFileFD(fd int, offset, length uint64, o FileOptions) (u
 func (e *Engine) registerFile(spec transport.FileSpec, remote bool) (uint64, error) {
 	if err := e.live("register file"); err != nil {
 		return 0, err
+	}
+	if !remote {
+		// Requests reach a file through the segment's descriptor, even
+		// this engine's own; a file can never be a request's local side.
+		return 0, errs.New(errs.InvalidArgument, "register file", "a file buffer must be published (FileOptions.Remote, TE_FILE_REMOTE)").
+			WithHint("requests address files through the segment; peers still need the cluster secret and the buffer's key")
 	}
 	var opener transport.FileOpener
 	for _, t := range e.transports {

@@ -111,6 +111,8 @@ class LocalFileTest(unittest.TestCase):
             self.e.register_file()
         with self.assertRaises(te.InvalidArgument):
             self.e.register_file("x", fd=3)
+        with self.assertRaises(te.InvalidArgument):
+            self.e.register_file(os.path.join(self.dir, "x"), length=4096, create=True, remote=False)
         with self.assertRaises(te.NotFound):
             self.e.register_file(os.path.join(self.dir, "absent"), length=4096)
 

@@ -127,8 +127,9 @@ static void local(const char *dir, unsigned char *src, unsigned char *dst) {
     CHECK(fa == NULL);
     CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_register_file(e, NULL, -1, 0, SIZE, 0, &fa));
     CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_register_file(e, path, -1, 0, SIZE, 0x100, &fa));
+    CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_register_file(e, path, -1, 0, SIZE, TE_FILE_CREATE, &fa)); /* not published */
     CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_register_file(e, path, -1, 0, SIZE, 0, NULL));
-    CHECK_RC(TE_ERR_NOT_FOUND, te_register_file(e, path, -1, 0, SIZE, 0, &fa));
+    CHECK_RC(TE_ERR_NOT_FOUND, te_register_file(e, path, -1, 0, SIZE, TE_FILE_REMOTE, &fa));
     CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_register_file(0, path, -1, 0, SIZE, 0, &fa));
 
     te_segment_t seg;

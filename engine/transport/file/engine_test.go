@@ -219,6 +219,10 @@ func TestMisalignedRequests(t *testing.T) {
 	if e.TransportStats()["file"]["buffered_ios"] == 0 {
 		t.Fatal("misaligned I/O not counted as buffered")
 	}
+	// An unpublished file buffer could not be reached: refused.
+	if _, err := e.RegisterFile(filepath.Join(t.TempDir(), "private"), 0, 4096, engine.FileOptions{Create: true}); errs.CodeOf(err) != errs.InvalidArgument {
+		t.Fatalf("file without Remote: %v", err)
+	}
 	// Out of the file's range: refused at submit, nothing moved.
 	err = b.Reset()
 	if err == nil {
