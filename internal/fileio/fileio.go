@@ -100,6 +100,7 @@ type backend interface {
 	submit(ops []*Op)
 	cancel(ops []*Op)
 	close()
+	setFixed(ranges []fixedRange) error
 }
 
 // Executor runs file I/O. It is safe for concurrent use.
@@ -233,11 +234,6 @@ func (x *Executor) PutStage(addr uint64) {
 		mem.Free(x.stage)
 		x.stage = nil
 	}
-}
-
-// inStage reports whether [addr, addr+n) lies in the staging memory.
-func (x *Executor) inStage(addr, n uint64) bool {
-	return x.stageLen > 0 && addr >= x.stageBase && addr+n <= x.stageBase+x.stageLen
 }
 
 // Op is one read or write between memory and a File's range.
@@ -614,3 +610,25 @@ func (f *File) Executor() *Executor { return f.x }
 
 // StageCount is the number of staging buffers.
 func (x *Executor) StageCount() int { return cap(x.stageFree) }
+
+// SetFixed makes ranges of memory (C or mmap memory that stays mapped until
+// a later SetFixed drops it) the rings' registered buffers, beside the
+// staging memory: I/O into them skips pinning the pages on every request.
+// Registration pins the ranges' pages at once (the whole range is faulted
+// in) and counts against RLIMIT_MEMLOCK without CAP_IPC_LOCK. It returns
+// once every ring uses the new set; I/O on a range dropped from the set has
+// ended by then. On the pool back end it does nothing. An error (the kernel
+// refused) leaves I/O plain, as before, and correct.
+func (x *Executor) SetFixed(ranges [][2]uint64) error {
+	rs := make([]fixedRange, 0, len(ranges))
+	for _, r := range ranges {
+		if r[1] == 0 || r[0]+r[1] < r[0] {
+			return errs.New(errs.InvalidArgument, "fileio", "range [%#x,+%d)", r[0], r[1])
+		}
+		rs = append(rs, fixedRange{r[0], r[1]})
+	}
+	if x.closed.Load() {
+		return errs.New(errs.Closed, "fileio", "executor closed")
+	}
+	return x.be.setFixed(rs)
+}

@@ -40,6 +40,7 @@ type ringWorker struct {
 	mu      sync.Mutex
 	queue   []*Op // submitted, not yet taken by the worker
 	cancels []*Op
+	update  *fixedUpdate // a new set of fixed buffers to register
 	closing bool
 	armed   atomic.Bool // an eventfd write is pending: later submitters need not write
 	exited  chan struct{}
@@ -49,14 +50,18 @@ type ringWorker struct {
 	pending  []*Op // taken, with bytes not yet handed to I/Os
 	slots    []slot
 	free     []int
-	busy     int   // slots in the kernel (or waiting in resubmit)
-	resubmit []int // slots whose I/O goes again (short transfer, EAGAIN)
-	fixed    bool
+	busy     int          // slots in the kernel (or waiting in resubmit)
+	resubmit []int        // slots whose I/O goes again (short transfer, EAGAIN)
+	fixed    bool         // the ring has a fixed-buffer table
+	tab      []fixedRange // the table: staging first, then SetFixed's ranges
+	pendingF *fixedUpdate // waits for fixedIn to reach 0
+	fixedIn  int          // I/Os in the kernel on fixed buffers
 	polling  bool
 }
 
 // slot is one I/O in the kernel.
 type slot struct {
+	fixed   bool // its I/O in the kernel uses a fixed buffer
 	op      *Op
 	addr    uint64
 	off     uint64 // offset in the File's range
@@ -192,11 +197,7 @@ func (w *ringWorker) run(ready chan<- error) {
 	for i := range w.free {
 		w.free[i] = int(depth) - 1 - i
 	}
-	if x.stageLen > 0 {
-		// Registration pins the staging pages; without it (RLIMIT_MEMLOCK)
-		// staged I/O is plain.
-		w.fixed = r.RegisterBuffers([]uint64{x.stageBase}, []uint64{x.stageLen}) == nil
-	}
+	w.setTable(nil)
 	ready <- nil
 	w.loop()
 }
@@ -210,6 +211,11 @@ func (w *ringWorker) loop() {
 			}
 		}
 		closing := w.take()
+		if u := w.pendingF; u != nil && w.fixedIn == 0 {
+			// No I/O uses the old table: swap it without waiting.
+			w.pendingF = nil
+			u.done <- w.setTable(u.ranges)
+		}
 		w.fill()
 		if closing && w.busy == 0 && len(w.pending) == 0 {
 			return
@@ -237,6 +243,12 @@ func (w *ringWorker) take() (closing bool) {
 	w.mu.Lock()
 	q, cs := w.queue, w.cancels
 	w.queue, w.cancels = nil, nil
+	if w.update != nil {
+		if w.pendingF != nil {
+			w.pendingF.done <- nil // overtaken by a newer set
+		}
+		w.pendingF, w.update = w.update, nil
+	}
 	closing = w.closing
 	w.mu.Unlock()
 	w.pending = append(w.pending, q...)
@@ -353,9 +365,11 @@ func (w *ringWorker) prep(i int) {
 	fd, direct := f.fdFor(s.addr, s.off, s.n)
 	sqe := w.ring.SQE()
 	st := &w.x.st
-	if w.fixed && w.x.inStage(s.addr, s.n) {
-		sqe.PrepFixed(s.op.Write, fd, s.addr, uint32(s.n), f.base+s.off, 0, uint64(i+slotBase))
+	if idx, ok := w.lookup(s.addr, s.n); ok {
+		sqe.PrepFixed(s.op.Write, fd, s.addr, uint32(s.n), f.base+s.off, idx, uint64(i+slotBase))
 		st.fixed.Add(1)
+		s.fixed = true
+		w.fixedIn++
 	} else {
 		op := uring.OpRead
 		if s.op.Write {
@@ -385,6 +399,10 @@ func (w *ringWorker) complete(c uring.CQE) {
 		return
 	}
 	s := &w.slots[i]
+	if s.fixed { // out of the kernel (a resubmission counts again)
+		s.fixed = false
+		w.fixedIn--
+	}
 	op := s.op
 	switch {
 	case c.Res < 0:
@@ -479,4 +497,114 @@ func (w *ringWorker) failAll(err error) {
 		op.err = e
 		w.x.finish(op)
 	}
+}
+
+// fixedRange is one registered (fixed) buffer.
+type fixedRange struct{ addr, n uint64 }
+
+// fixedUpdate asks a ring to register a new set of memory ranges.
+type fixedUpdate struct {
+	ranges []fixedRange
+	done   chan error
+}
+
+// maxFixedBuffers bounds a ring's table (the kernel's limit is 16384).
+const maxFixedBuffers = 1 << 14
+
+// setTable registers the staging memory and ranges (cut into pieces of at
+// most 1 GiB) as the ring's fixed buffers, replacing the table it had; no
+// I/O may be using the old one. When the kernel refuses (RLIMIT_MEMLOCK
+// without CAP_IPC_LOCK, too many buffers) the ring keeps the staging
+// memory alone, or nothing, and the error says why.
+func (w *ringWorker) setTable(ranges []fixedRange) error {
+	if w.fixed {
+		w.ring.UnregisterBuffers()
+		w.fixed, w.tab = false, nil
+	}
+	var tab []fixedRange
+	if w.x.stageLen > 0 {
+		tab = append(tab, fixedRange{w.x.stageBase, w.x.stageLen})
+	}
+	for _, r := range ranges {
+		for a, end := r.addr, r.addr+r.n; a < end; a += 1 << 30 {
+			tab = append(tab, fixedRange{a, min(1<<30, end-a)})
+		}
+	}
+	if len(tab) == 0 {
+		return nil
+	}
+	var err error
+	if len(tab) > maxFixedBuffers {
+		err = errs.New(errs.TooLarge, "fileio", "%d fixed buffers, more than %d", len(tab), maxFixedBuffers)
+	} else {
+		err = w.register(tab)
+	}
+	if err != nil && len(ranges) > 0 {
+		w.setTable(nil) // the staging memory alone
+		return err
+	}
+	return err
+}
+
+func (w *ringWorker) register(tab []fixedRange) error {
+	addrs, lens := make([]uint64, len(tab)), make([]uint64, len(tab))
+	for i, r := range tab {
+		addrs[i], lens[i] = r.addr, r.n
+	}
+	if err := w.ring.RegisterBuffers(addrs, lens); err != nil {
+		return err
+	}
+	// buf_index is the position in the registration: lookup scans the
+	// table in that order (a handful of entries: KV pools are few).
+	w.fixed, w.tab = true, tab
+	return nil
+}
+
+// lookup returns the fixed buffer holding [addr, addr+n), if any; none
+// while a new table waits to be registered (its I/O stays off the table).
+func (w *ringWorker) lookup(addr, n uint64) (uint16, bool) {
+	if !w.fixed || w.pendingF != nil {
+		return 0, false
+	}
+	for i, r := range w.tab {
+		if addr >= r.addr && addr+n <= r.addr+r.n {
+			return uint16(i), true
+		}
+	}
+	return 0, false
+}
+
+// setFixed sends ranges to every ring and waits until each registered them
+// (once its I/O on the old table ended).
+func (rb *rings) setFixed(ranges []fixedRange) error {
+	var first error
+	dones := make([]chan error, len(rb.ws))
+	for i, w := range rb.ws {
+		dones[i] = make(chan error, 2)
+		w.mu.Lock()
+		if w.closing {
+			w.mu.Unlock()
+			dones[i] <- errs.New(errs.Closed, "fileio", "executor closed")
+			continue
+		}
+		if w.update != nil {
+			w.update.done <- nil // overtaken
+		}
+		w.update = &fixedUpdate{ranges: ranges, done: dones[i]}
+		w.mu.Unlock()
+		w.wake()
+	}
+	for i, w := range rb.ws {
+		select {
+		case err := <-dones[i]:
+			if err != nil && first == nil {
+				first = err
+			}
+		case <-w.exited:
+			if first == nil {
+				first = errs.New(errs.Closed, "fileio", "executor closed")
+			}
+		}
+	}
+	return first
 }

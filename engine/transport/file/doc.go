@@ -34,5 +34,10 @@
 // Parameters (Config.Params): file.workers (rings or threads), file.depth
 // (I/Os in flight per ring, default 64), file.chunk (largest single I/O,
 // default 1 MiB), file.staging (staging memory for servers, default 32 MiB),
-// file.pool (1: pread/pwrite threads instead of io_uring).
+// file.pool (1: pread/pwrite threads instead of io_uring), file.fixed (1:
+// the host memory registered with the engine becomes the rings' registered
+// buffers, so reads and writes into it skip pinning its pages per I/O; off
+// by default, since registering pins, and so faults in, whole KV pools and
+// counts against RLIMIT_MEMLOCK without CAP_IPC_LOCK; the staging buffers
+// the tcp server uses are registered always).
 package file

@@ -636,3 +636,40 @@ func TestWindowOverAFile(t *testing.T) {
 		t.Fatal("a revoked window over a file still admitted a write")
 	}
 }
+
+// TestFixedBuffers: with file.fixed=1 registered host memory becomes the
+// rings' registered buffers (fixed_ios counted), every byte still right,
+// and unregistering the memory drops it from them.
+func TestFixedBuffers(t *testing.T) {
+	e := newEngine(t, map[string]string{"file.fixed": "1"})
+	const n = 4 << 20
+	src, dst := alloc(t, n), alloc(t, n)
+	fill(src, 13)
+	e.RegisterMemory(mem.Addr(src), n, "cpu", false)
+	fa, err := e.RegisterFile(filepath.Join(directDir(t), "fixed"), 0, n, engine.FileOptions{Remote: true, Create: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.RegisterMemory(mem.Addr(dst), n, "cpu", false) // after the executor started
+	seg, _ := e.OpenSegment(e.Name())
+	if st := transfer(t, e, seg, engine.Write, mem.Addr(src), fa, n, 1<<20); st.State != engine.Completed {
+		t.Fatal(st)
+	}
+	if st := transfer(t, e, seg, engine.Read, mem.Addr(dst), fa, n, 64<<10); st.State != engine.Completed {
+		t.Fatal(st)
+	}
+	if !bytes.Equal(src, dst) {
+		t.Fatal("read back differs")
+	}
+	fs := e.TransportStats()["file"]
+	if fs["io_uring"] == 1 && fs["fixed_ios"] == 0 {
+		t.Fatalf("no fixed I/O: %v", fs)
+	}
+	if err := e.UnregisterMemory(mem.Addr(dst)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := engine.New(engine.Config{Hostname: "127.0.0.1", Params: map[string]string{"file.fixed": "maybe"},
+		Transports: []string{"file"}, Logger: quiet}); errs.CodeOf(err) != errs.TransportUnavailable && errs.CodeOf(err) != errs.InvalidArgument {
+		t.Fatalf("file.fixed=maybe: %v", err)
+	}
+}

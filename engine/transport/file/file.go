@@ -43,6 +43,15 @@ type Transport struct {
 	xmu sync.Mutex
 	x   *fileio.Executor // started on first use
 	xer error
+	// fresh: the executor just started, and the regions registered
+	// before it still have to become its fixed buffers.
+	fresh bool
+
+	// fixed (file.fixed=1): host memory regions registered with the
+	// engine become the rings' registered buffers.
+	fixed  bool
+	fmu    sync.Mutex // serialises set changes; held across SetFixed
+	fixSet map[*segment.Region]struct{}
 
 	closed atomic.Bool
 	gpu    gpuPool
@@ -70,6 +79,15 @@ func (t *Transport) Start(h transport.Host) error {
 		return err
 	}
 	t.h, t.reg, t.instance, t.cfg = h, h.Registry(), h.Instance(), cfg
+	if v, ok := h.Param("file.fixed"); ok {
+		switch strings.TrimSpace(v) {
+		case "1", "true":
+			t.fixed, t.fixSet = true, map[*segment.Region]struct{}{}
+		case "0", "false":
+		default:
+			return errs.New(errs.InvalidArgument, "file", "parameter file.fixed=%q: want 0 or 1", v)
+		}
+	}
 	omu.Lock()
 	owners[t.instance] = t
 	omu.Unlock()
@@ -154,8 +172,29 @@ func (t *Transport) executor() (*fileio.Executor, error) {
 	}
 	if t.x == nil && t.xer == nil {
 		t.x, t.xer = fileio.New(t.cfg)
+		t.fresh = t.xer == nil
 	}
 	return t.x, t.xer
+}
+
+// applyFixed hands the current set of regions to the executor (if it runs).
+// A refusal is logged: I/O stays plain and correct.
+func (t *Transport) applyFixed() {
+	t.fmu.Lock()
+	defer t.fmu.Unlock()
+	t.xmu.Lock()
+	x := t.x
+	t.xmu.Unlock()
+	if x == nil || t.closed.Load() {
+		return
+	}
+	set := make([][2]uint64, 0, len(t.fixSet))
+	for r := range t.fixSet {
+		set = append(set, [2]uint64{r.Addr, r.Length})
+	}
+	if err := x.SetFixed(set); err != nil && errs.CodeOf(err) != errs.Closed {
+		t.h.Logf("te: file: registered memory is not used as io_uring fixed buffers: %v", err)
+	}
 }
 
 // ExecStats returns the executor's counters (zero before the first file).
@@ -192,6 +231,13 @@ func (t *Transport) OpenFile(spec transport.FileSpec) (segment.Storage, uint64, 
 	if err != nil {
 		return nil, 0, err
 	}
+	t.xmu.Lock()
+	fresh := t.fresh
+	t.fresh = false
+	t.xmu.Unlock()
+	if fresh && t.fixed {
+		t.applyFixed()
+	}
 	o := fileio.OpenOptions{Create: spec.Create, ReadOnly: spec.ReadOnly, NoDirect: spec.NoDirect}
 	var f *fileio.File
 	if spec.Path != "" {
@@ -208,11 +254,34 @@ func (t *Transport) OpenFile(spec transport.FileSpec) (segment.Storage, uint64, 
 // Describe adds nothing: the instance id identifies the engine.
 func (t *Transport) Describe(*segment.Desc) {}
 
-// Register needs no per-transport state (the storage was opened by OpenFile).
-func (t *Transport) Register(*segment.Region) error { return nil }
+// Register needs no per-transport state for a file (opened by OpenFile).
+// With file.fixed=1 host memory becomes the rings' registered buffers.
+func (t *Transport) Register(r *segment.Region) error {
+	if !t.fixed || r.Storage != nil || r.Location.Kind != "cpu" {
+		return nil
+	}
+	t.fmu.Lock()
+	t.fixSet[r] = struct{}{}
+	t.fmu.Unlock()
+	t.applyFixed()
+	return nil
+}
 
-// Unregister needs none either: the engine closes the storage.
-func (t *Transport) Unregister(*segment.Region) error { return nil }
+// Unregister drops host memory from the rings' registered buffers (and
+// returns once no ring holds it); a file is closed by the engine.
+func (t *Transport) Unregister(r *segment.Region) error {
+	if !t.fixed || r.Storage != nil {
+		return nil
+	}
+	t.fmu.Lock()
+	_, ok := t.fixSet[r]
+	delete(t.fixSet, r)
+	t.fmu.Unlock()
+	if ok {
+		t.applyFixed()
+	}
+	return nil
+}
 
 // Reachable reports whether the peer is an engine of this process.
 func (t *Transport) Reachable(d *segment.Desc) error {
