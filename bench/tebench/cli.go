@@ -31,7 +31,7 @@ const usage = `usage:
       its memory and then to the file, over the same transport)
   te-bench target ... --file PATH        (serve a file too: remote file target)
   te-bench file --path PATH [--size SIZE] [--op read,write] [--block 4KiB,1MiB]
-      [--depth 32] [--pattern seq,rand] [--direct on,off] [--fio] [--pool]
+      [--depth 32] [--pattern seq,rand] [--direct on,off] [--fio] [--pool] [--fixed]
       [--duration D] [--json]    (a local file through the engine; --fio runs
       fio on the same file with the same workload and reports the ratio)
 

@@ -57,6 +57,7 @@ type FileResult struct {
 	// BufferedIOs counts I/Os that could not go O_DIRECT (misaligned, or
 	// a file system without it).
 	BufferedIOs uint64  `json:"buffered_ios"`
+	FixedIOs    uint64  `json:"fixed_ios"` // on registered (fixed) buffers
 	FioGBps     float64 `json:"fio_gbps,omitempty"`
 	RatioFio    float64 `json:"ratio_fio,omitempty"`
 	Machine     Machine `json:"machine"`
@@ -203,7 +204,8 @@ func RunFile(ctx context.Context, o FileOptions) (FileResult, error) {
 	}
 	r := FileResult{Op: o.Op, Pattern: pat, Block: o.Block, Depth: o.Depth, Direct: o.Direct, Mode: mode, Path: o.Path,
 		Size: o.Size, DurationS: el.Seconds(), Requests: requests, Bytes: requests * o.Block, BufferedIOs: fs["buffered_ios"],
-		Machine: ThisMachine()}
+		FixedIOs: fs["fixed_ios"],
+		Machine:  ThisMachine()}
 	r.GBps = float64(r.Bytes) / el.Seconds() / 1e9
 	r.IOPS = float64(requests) / el.Seconds()
 	sort.Slice(lats, func(i, j int) bool { return lats[i] < lats[j] })
@@ -298,7 +300,7 @@ func mainFile(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		o                        = FileOptions{Size: 1 << 30, Duration: 5 * time.Second}
 		ops, blocks, depths, pat string
 		direct                   string
-		json, pool               bool
+		json, pool, fixed        bool
 	)
 	fs.StringVar(&o.Path, "path", "", "the file (created and extended to --size if needed)")
 	fs.Var(sizeFlag{&o.Size}, "size", "bytes of the file range")
@@ -310,6 +312,7 @@ func mainFile(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.Var(durFlag{&o.Duration}, "duration", "measured time per run")
 	fs.BoolVar(&o.Fio, "fio", false, "also run fio on the same file with the same workload and report the ratio")
 	fs.BoolVar(&pool, "pool", false, "pread/pwrite threads instead of io_uring (file.pool=1)")
+	fs.BoolVar(&fixed, "fixed", false, "register the memory with the rings as fixed buffers (file.fixed=1)")
 	fs.BoolVar(&json, "json", false, "print one JSON object per run")
 	if err := fs.Parse(args); err != nil {
 		return errs.Wrap(errs.InvalidArgument, "te-bench", err, "flags")
@@ -317,8 +320,12 @@ func mainFile(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if o.Path == "" {
 		return errs.New(errs.InvalidArgument, "te-bench file", "--path is required")
 	}
+	o.Params = map[string]string{}
 	if pool {
-		o.Params = map[string]string{"file.pool": "1"}
+		o.Params["file.pool"] = "1"
+	}
+	if fixed {
+		o.Params["file.fixed"] = "1"
 	}
 	if !json {
 		fmt.Fprintf(stdout, "machine: %s\n", ThisMachine())
