@@ -38,6 +38,10 @@ type Stats struct {
 	// Control counts the control plane's connections and every refusal
 	// of a peer over a bound (internal/wire/spec.md, "Resource bounds").
 	Control ControlStats `json:"control"`
+	// Transport holds the counters of the transports that keep their own
+	// (TransportStats): for file, io_uring (1) or the pread/pwrite pool
+	// (0), and buffered_ios, the I/Os that could not go O_DIRECT.
+	Transport map[string]map[string]uint64 `json:"transport_stats,omitempty"`
 }
 
 // ControlStats are the control plane's counters: its connections, and each
@@ -114,5 +118,6 @@ func (e *Engine) Stats() Stats {
 		WindowsUnenforced: e.stats.windowsUnenforced.Load(),
 		Routes:            e.routes(),
 		Control:           e.controlStats(),
+		Transport:         e.TransportStats(),
 	}
 }
