@@ -142,6 +142,12 @@ int te_unregister(te_engine_t engine, void *addr) {
     return tego_unregister(engine, addr);
 }
 
+int te_register_file(te_engine_t engine, const char *path, int32_t fd, uint64_t offset, uint64_t length,
+                     uint32_t flags, void **addr) {
+    if (tecapi_child(__func__)) return TE_ERR_FORKED;
+    return tego_register_file(engine, path, fd, offset, length, flags, addr);
+}
+
 int te_register_batch(te_engine_t engine, const te_region_t *regions, size_t n) {
     if (tecapi_child(__func__)) return TE_ERR_FORKED;
     return tego_register_batch(engine, regions, n);

@@ -17,8 +17,9 @@
 //	import _ "github.com/tecache/te/engine/std"
 //
 // Each request goes over the best-ranked transport (transport.Caps.Rank:
-// local, shm, cudaipc, rdma, tcp) that both sides have, that moves the memory
-// at both ends (host or GPU) and that reaches the peer, unless the engine or
+// local, file, shm, cudaipc, rdma, tcp) that both sides have, that moves the
+// memory at both ends (host, GPU, or a registered file: RegisterFile, moved
+// by transports with Caps.FileMemory) and that reaches the peer, unless the engine or
 // the request forces one; Stats().Routes says which one served each open
 // segment and why the others were passed over. The memory owner checks every remote access against
 // its registry, so a stale descriptor is refused rather than honoured.

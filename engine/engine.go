@@ -493,6 +493,9 @@ func (e *Engine) UnregisterMemoryBatch(addrs []uint64) error {
 	var first error
 	for _, r := range rs {
 		for _, t := range e.transports {
+			if !registeredWith(t, r) {
+				continue
+			}
 			if err := t.Unregister(r); err != nil && first == nil {
 				first = errs.Wrap(errs.CodeOf(err), "unregister", err, "transport %s on [%#x,+%d)", t.Name(), r.Addr, r.Length)
 			}
@@ -502,6 +505,9 @@ func (e *Engine) UnregisterMemoryBatch(addrs []uint64) error {
 		return first // still registered, still refusing: a retry tries again
 	}
 	e.reg.Drop(rs...)
+	if err := releaseStorage(rs); err != nil {
+		e.cfg.Logger.Warn("te: closing a registered file", "err", err)
+	}
 	if !e.closed.Load() {
 		if err := e.publish(); err != nil {
 			e.cfg.Logger.Warn("te: publishing descriptor", "err", err)
@@ -591,6 +597,8 @@ func (e *Engine) Close() error {
 		// Transports complete what they hold before they return; then
 		// nothing can complete late.
 		e.closeTransports()
+		// Files still registered: their I/O ended with the transports.
+		releaseStorage(e.reg.Regions())
 		e.ctrl.close()
 		e.batchMu.Lock()
 		bs := make([]*Batch, 0, len(e.batches))

@@ -14,19 +14,24 @@ import (
 // descriptor offers. The engine names no transport: a new one takes part by
 // declaring its rank, the memory it moves and its reach.
 
-// memClass is the memory a request touches: host memory at both ends, or
-// GPU memory at one end or both.
+// memClass is the memory a request touches: host memory at both ends, GPU
+// memory at one end or both, or a storage buffer (a registered file) at the
+// target, from host or GPU memory.
 type memClass uint8
 
 const (
 	hostMem memClass = iota
 	deviceMem
+	storageMem
 	numMemClasses
 )
 
 func (c memClass) String() string {
-	if c == deviceMem {
+	switch c {
+	case deviceMem:
 		return "gpu"
+	case storageMem:
+		return "file"
 	}
 	return "host"
 }
@@ -57,7 +62,13 @@ func isDevice(name string) bool { return strings.HasPrefix(name, "cuda") }
 func (e *Engine) pick(st *segState, d *segment.Desc, buf *segment.BufferDesc, local *segment.Region, r *Request) (transport.Transport, error) {
 	localDev := local.Location.Kind == "cuda"
 	class := hostMem
-	if localDev || isDevice(buf.Name) {
+	switch {
+	case local.Storage != nil:
+		return nil, errs.New(errs.NotSupported, "submit",
+			"local [%#x,+%d) is a registered file: the local side of a request must be memory", r.Local, r.Length)
+	case buf.Name == LocationFile:
+		class = storageMem
+	case localDev || isDevice(buf.Name):
 		class = deviceMem
 	}
 	hint := r.Transport
@@ -88,6 +99,13 @@ func (e *Engine) pick(st *segState, d *segment.Desc, buf *segment.BufferDesc, lo
 	switch {
 	case hint != "" && e.byName[hint] == nil:
 		return nil, errs.New(errs.TransportUnavailable, "submit", "transport %q is not installed", hint)
+	case hint != "" && class == storageMem:
+		err = errs.New(errs.NotSupported, "submit", "transport %s cannot move bytes to the file buffer %#x of %q: %s",
+			hint, r.Remote, d.Name, strings.Join(why, "; "))
+	case class == storageMem:
+		err = errs.New(errs.TransportUnavailable, "submit", "no installed transport moves %s memory to the file buffer %#x of segment %q: %s",
+			map[bool]string{true: "GPU", false: "host"}[localDev], r.Remote, d.Name, strings.Join(why, "; ")).
+			WithHint("this process's files need the file transport; a peer's files need tcp on both sides")
 	case hint != "" && class == deviceMem:
 		err = errs.New(errs.NotSupported, "submit", "transport %s cannot move GPU memory (local %#x, remote %s at %#x): %s",
 			hint, r.Local, buf.Name, r.Remote, strings.Join(why, "; "))
@@ -116,12 +134,22 @@ func qualifies(t transport.Transport, d *segment.Desc, buf *segment.BufferDesc, 
 	caps := t.Caps()
 	switch class {
 	case hostMem:
-		if !caps.HostMemory {
+		if !caps.HostMemory || caps.StorageOnly {
 			return "it does not move host memory"
+		}
+	case storageMem:
+		if !caps.FileMemory {
+			return "it does not move files"
+		}
+		if localDev {
+			dm, ok := t.(transport.DeviceMover)
+			if !caps.GPUMemory || !ok || !dm.DeviceMemory(d, buf, true) {
+				return "it cannot move GPU memory to a file"
+			}
 		}
 	case deviceMem:
 		dm, ok := t.(transport.DeviceMover)
-		if !caps.GPUMemory || !ok {
+		if !caps.GPUMemory || !ok || caps.StorageOnly {
 			return "it does not move GPU memory"
 		}
 		if !dm.DeviceMemory(d, buf, localDev) {

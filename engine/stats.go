@@ -38,10 +38,12 @@ type Stats struct {
 	// Control counts the control plane's connections and every refusal
 	// of a peer over a bound (internal/wire/spec.md, "Resource bounds").
 	Control ControlStats `json:"control"`
-	// TransportCounters are the counters transports keep themselves
-	// (TransportStats): for rdma, bytes, errors, retries and cooldowns per
-	// rail and NIC, and how GPU memory was registered.
-	TransportCounters map[string]map[string]uint64 `json:"transport_stats,omitempty"`
+	// Transport holds the counters of the transports that keep their own
+	// (TransportStats): for file, io_uring (1) or the pread/pwrite pool
+	// (0), and buffered_ios, the I/Os that could not go O_DIRECT; for rdma,
+	// bytes, errors, retries and cooldowns per rail and NIC, and how GPU
+	// memory was registered.
+	Transport map[string]map[string]uint64 `json:"transport_stats,omitempty"`
 	// Topology is the NICs near each memory location, as the rdma
 	// transport uses them (Topology); absent without it.
 	Topology map[string][2][]string `json:"topology,omitempty"`
@@ -121,7 +123,7 @@ func (e *Engine) Stats() Stats {
 		WindowsUnenforced: e.stats.windowsUnenforced.Load(),
 		Routes:            e.routes(),
 		Control:           e.controlStats(),
-		TransportCounters: e.TransportStats(),
+		Transport:         e.TransportStats(),
 		Topology:          e.Topology(),
 	}
 }

@@ -67,9 +67,11 @@ extern "C" {
  * this header. The CMake and pkg-config packages carry it as their version
  * (MAJOR.MINOR.0). 1.2 added the TE_ERR_AUTH, _FORKED and
  * _RESOURCE_EXHAUSTED codes, the te_config_t fields after max_notifies and
- * te_local_topology, and renamed some struct tags (the _t names stay). */
+ * te_local_topology, and renamed some struct tags (the _t names stay). 1.3
+ * added storage buffers (te_register_file, TE_FILE_* flags) and the
+ * TE_ERR_IO and TE_ERR_NO_SPACE codes. */
 #define TE_ABI_VERSION_MAJOR 1
-#define TE_ABI_VERSION_MINOR 2
+#define TE_ABI_VERSION_MINOR 3
 #define TE_ABI_VERSION ((TE_ABI_VERSION_MAJOR << 16) | TE_ABI_VERSION_MINOR)
 
 /* Error codes: stable, never renumbered. Functions return them negated. */
@@ -99,6 +101,8 @@ extern "C" {
 #define TE_ERR_AUTH (-22)               /* a peer failed (or refused) cluster-secret authentication */
 #define TE_ERR_FORKED (-23)             /* called in a child forked after the library was used */
 #define TE_ERR_RESOURCE_EXHAUSTED (-24) /* over a bound (connections, calls, notification bytes) */
+#define TE_ERR_IO (-25)                 /* storage failed a read or write (EIO, a truncated file) */
+#define TE_ERR_NO_SPACE (-26)           /* storage is full (ENOSPC, EDQUOT, the file size limit) */
 
 /* Opcodes, numbered as in Mooncake. */
 #define TE_READ 0  /* copy from the target segment into local memory */
@@ -479,6 +483,41 @@ int te_register(te_engine_t engine, void *addr, uint64_t length, const char *loc
  * Blocks: yes (in-flight transfers, metadata) | Thread-safe: yes | Errors:
  * TE_ERR_ADDRESS_NOT_REGISTERED (addr does not start a registered range). */
 int te_unregister(te_engine_t engine, void *addr);
+
+/* Flags of te_register_file. */
+#define TE_FILE_REMOTE 1u    /* publish the buffer (required): requests reach it through the segment */
+#define TE_FILE_CREATE 2u    /* create the file (mode 0600) if missing, extend it to hold the range */
+#define TE_FILE_READ_ONLY 4u /* refuse writes into the file */
+#define TE_FILE_NO_DIRECT 8u /* keep every I/O in the page cache, even where O_DIRECT works */
+
+/* te_register_file registers [offset, offset+length) of a file as a storage
+ * buffer of the segment and stores in *addr the address the range starts at:
+ * requests address byte k of the range as addr + k, like memory (a READ
+ * copies from the file into local memory, a WRITE from local memory into the
+ * file), with the same batches, statuses, timeouts, cancel and fences; a task
+ * ends only once the kernel no longer touches its memory. The address is
+ * reserved, never mapped: never dereference it, and never use it as a
+ * request's local side. length 0 means up to the file's current end.
+ * TE_FILE_REMOTE is required in this version: the buffer is published
+ * (location "file", with its direct-I/O alignment) and requests, this
+ * engine's own included, reach it through the segment; peers reach it over
+ * tcp, behind the cluster secret and the buffer's key.
+ * path names the file (the library opens it); with path NULL, fd is a file
+ * descriptor open for reading (and writing), which the library duplicates:
+ * the caller may close it on return. Aligned I/O goes O_DIRECT where the file
+ * system takes it, misaligned I/O through the page cache (counted in
+ * te_stats_json: transport_stats.file.buffered_ios; transport_stats.file
+ * .io_uring is 0 where the pread/pwrite fallback runs). te_unregister(engine, *addr) waits for
+ * the I/O in flight, closes the library's descriptors and releases the
+ * address.
+ * Blocks: yes (opening the file, publishing) | Thread-safe: yes | Errors:
+ * TE_ERR_INVALID_ARGUMENT (NULL addr, both or neither of path and fd, a
+ * range past the end of a file opened without TE_FILE_CREATE, not a regular
+ * file or block device, unknown flags, no TE_FILE_REMOTE), TE_ERR_NOT_FOUND (no such file),
+ * TE_ERR_ACCESS_DENIED, TE_ERR_NO_SPACE (extending it),
+ * TE_ERR_TRANSPORT_UNAVAILABLE (the file transport is not installed). */
+int te_register_file(te_engine_t engine, const char *path, int32_t fd, uint64_t offset, uint64_t length,
+                     uint32_t flags, void **addr);
 
 /* te_register_batch registers n ranges, all or none, publishing once.
  * Blocks: yes, like te_register | Thread-safe: yes | Errors: as te_register,

@@ -26,6 +26,9 @@ type TargetInfo struct {
 	Addr    uint64 `json:"addr"`
 	Length  uint64 `json:"length"`
 	Ref     string `json:"ref"`
+	// FileAddr and FileLength are the target's file buffer (--file), if any.
+	FileAddr   uint64 `json:"file_addr,omitempty"`
+	FileLength uint64 `json:"file_length,omitempty"`
 }
 
 // TargetOptions configure a target.
@@ -38,6 +41,10 @@ type TargetOptions struct {
 	// AcceptMooncake serves Mooncake Transfer Engine initiators too
 	// (their transfer_engine_bench, say).
 	AcceptMooncake bool
+	// File, if set, is registered too (created, Buffer bytes): a storage
+	// buffer initiators reach over tcp. FileNoDirect keeps its I/O buffered.
+	File         string
+	FileNoDirect bool
 }
 
 // Target is a running target: an engine with one registered buffer, plus the
@@ -77,6 +84,14 @@ func StartTarget(o TargetOptions) (*Target, error) {
 		return nil, err
 	}
 	t.Info = TargetInfo{Segment: e.Name(), Addr: mem.Addr(t.buf), Length: o.Buffer, Ref: t.ref.Addr()}
+	if o.File != "" {
+		fa, err := e.RegisterFile(o.File, 0, o.Buffer, engine.FileOptions{Remote: true, Create: true, NoDirect: o.FileNoDirect})
+		if err != nil {
+			t.Close()
+			return nil, err
+		}
+		t.Info.FileAddr, t.Info.FileLength = fa, o.Buffer
+	}
 	return t, nil
 }
 
@@ -109,6 +124,8 @@ type Options struct {
 	// RefDuration is how long each reference is measured (default: half of
 	// Duration, at most 1s).
 	RefDuration time.Duration
+	// File runs against the target's file buffer instead of its memory.
+	File bool
 }
 
 // Result is one run's numbers; Ratio* are te's throughput over the reference.
@@ -159,6 +176,11 @@ type Result struct {
 	// (block / RefMemcpyGBps): the figure to hold against local's.
 	FakeNICusPerReq      float64 `json:"fake_nic_us_per_req,omitempty"`
 	CPUusPerReqNICMemcpy float64 `json:"cpu_us_per_req_nic_as_memcpy,omitempty"`
+	// Target is the target's buffer: "memory", or "file" (a storage
+	// buffer: the target's tcp server reads and writes a file). For a file
+	// run RatioMemory is its GB/s over the same run's memory GB/s.
+	Target      string  `json:"target"`
+	RatioMemory float64 `json:"ratio_memory,omitempty"`
 }
 
 // cpuTime is the process's CPU time so far.
@@ -185,6 +207,9 @@ func (r Result) String() string {
 	auth := ""
 	if r.Secret {
 		auth = " secret"
+	}
+	if r.Target == "file" {
+		auth += fmt.Sprintf(" file (%.3fx memory)", r.RatioMemory)
 	}
 	db := ""
 	if r.DoorbellsPerSubmit > 0 {
@@ -242,6 +267,8 @@ type Initiator struct {
 	seg   *engine.Segment
 	rbase uint64
 	rlen  uint64
+	fbase uint64 // the target's file buffer (0: none)
+	flen  uint64
 	local []byte
 	conns int
 	slice uint64
@@ -286,7 +313,11 @@ func NewInitiatorWith(segment, metadata, transport string, params map[string]str
 		in.peer = "mooncake"
 	}
 	for _, b := range d.Buffers {
-		if b.Length > in.rlen {
+		if b.Name == engine.LocationFile {
+			if b.Length > in.flen {
+				in.fbase, in.flen = b.Addr, b.Length
+			}
+		} else if b.Length > in.rlen {
 			in.rbase, in.rlen = b.Addr, b.Length
 		}
 	}
@@ -328,8 +359,15 @@ func (in *Initiator) Run(ctx context.Context, o Options) (Result, error) {
 	if err := o.check(); err != nil {
 		return Result{}, err
 	}
-	if o.Block > in.rlen || o.Block > maxLocal {
-		return Result{}, errs.New(errs.InvalidArgument, "te-bench", "block %d exceeds the buffers (%d remote, %d local)", o.Block, in.rlen, maxLocal)
+	rbase, rlen, target := in.rbase, in.rlen, "memory"
+	if o.File {
+		rbase, rlen, target = in.fbase, in.flen, "file"
+		if rlen == 0 {
+			return Result{}, errs.New(errs.InvalidArgument, "te-bench", "the target has no file buffer (te-bench target --file)")
+		}
+	}
+	if o.Block > rlen || o.Block > maxLocal {
+		return Result{}, errs.New(errs.InvalidArgument, "te-bench", "block %d exceeds the buffers (%d remote, %d local)", o.Block, rlen, maxLocal)
 	}
 	op := engine.Read
 	if o.Op == "write" {
@@ -338,7 +376,7 @@ func (in *Initiator) Run(ctx context.Context, o Options) (Result, error) {
 	// Request k of thread th goes to slot th*batch+k of the buffers,
 	// wrapping where they are too small; span is the memory a run touches
 	// on each side, and the raw reference touches as much.
-	lslots, rslots := uint64(maxLocal)/o.Block, in.rlen/o.Block
+	lslots, rslots := uint64(maxLocal)/o.Block, rlen/o.Block
 	span := min(uint64(o.Threads*o.Batch), lslots, rslots) * o.Block
 	reqs := make([][]engine.Request, o.Threads)
 	for th := range reqs {
@@ -346,7 +384,7 @@ func (in *Initiator) Run(ctx context.Context, o Options) (Result, error) {
 		for k := range reqs[th] {
 			slot := uint64(th*o.Batch + k)
 			reqs[th][k] = engine.Request{Op: op, Local: mem.Addr(in.local) + (slot%lslots)*o.Block, Segment: in.seg,
-				Remote: in.rbase + (slot%rslots)*o.Block, Length: o.Block}
+				Remote: rbase + (slot%rslots)*o.Block, Length: o.Block}
 		}
 	}
 	// Every batch once, untimed: connections are set up and every page of
@@ -439,7 +477,7 @@ func (in *Initiator) Run(ctx context.Context, o Options) (Result, error) {
 	r := Result{
 		Transport: tr, Op: o.Op, Block: o.Block, Batch: o.Batch, Threads: o.Threads,
 		Conns: in.conns, Slice: in.slice, DurationS: teTime.Seconds(), Requests: requests, Bytes: requests * o.Block,
-		Machine: ThisMachine(), Peer: in.peer,
+		Machine: ThisMachine(), Peer: in.peer, Target: target,
 	}
 	r.GBps = float64(r.Bytes) / teTime.Seconds() / 1e9
 	r.ReqPerS = float64(requests) / teTime.Seconds()

@@ -6,6 +6,9 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -105,6 +108,48 @@ func TestLocal(t *testing.T) {
 	rs := results(t, out)
 	if len(rs) != 1 || rs[0]["transport"] != "local" || rs[0]["gbps"].(float64) <= 0 {
 		t.Fatalf("%v", rs)
+	}
+}
+
+// TestFile runs the local file mode (with fio beside it when installed) and a
+// loopback whose target also serves a file: each run is reported for the
+// target's memory and for its file, with the ratio.
+func TestFile(t *testing.T) {
+	dir := t.TempDir()
+	args := []string{"file", "--path", filepath.Join(dir, "f"), "--size", "8MiB", "--op", "write,read", "--block", "4KiB,1MiB",
+		"--depth", "4", "--pattern", "seq,rand", "--direct", "on,off", "--duration", "100ms", "--json"}
+	if _, err := exec.LookPath("fio"); err == nil {
+		args = append(args, "--fio")
+	}
+	out, errOut, code := run(t, args...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	rs := results(t, out)
+	if len(rs) != 16 {
+		t.Fatalf("%d results, want 16:\n%s", len(rs), out)
+	}
+	for _, r := range rs {
+		if r["gbps"].(float64) <= 0 || r["iops"].(float64) <= 0 || r["mode"] == "" {
+			t.Errorf("%v", r)
+		}
+		if slices.Contains(args, "--fio") && r["ratio_fio"].(float64) <= 0 {
+			t.Errorf("no fio ratio: %v", r)
+		}
+	}
+
+	t.Setenv(envTarget, "1")
+	out, errOut, code = run(t, "loopback", "--op", "write,read", "--block", "1MiB", "--batch", "4", "--duration", "200ms",
+		"--json", "--buffer", "16MiB", "--file", filepath.Join(dir, "remote"))
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	rs = results(t, out)
+	if len(rs) != 4 || rs[0]["target"] != "memory" || rs[1]["target"] != "file" || rs[1]["ratio_memory"].(float64) <= 0 {
+		t.Fatalf("%d results:\n%s", len(rs), out)
+	}
+	if _, _, code := run(t, "file"); code != 2 {
+		t.Errorf("file without --path: exit %d", code)
 	}
 }
 

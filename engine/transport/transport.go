@@ -119,10 +119,41 @@ type Caps struct {
 	Windows bool `json:"windows"`
 	// Rank orders the transports that can all serve a request: the lowest
 	// wins, equal ranks go by name. The standard transports rank by how
-	// directly they move bytes: local 0 (memcpy in one process), shm 10
-	// (one kernel copy), cudaipc 20 (the GPU's copy engines), rdma 30 (the
-	// NIC, no CPU), tcp 40 (sockets).
+	// directly they move bytes: local 0 (memcpy in one process), file 5
+	// (this process's files: the kernel's I/O), shm 10 (one kernel copy),
+	// cudaipc 20 (the GPU's copy engines), rdma 30 (the NIC, no CPU), tcp
+	// 40 (sockets).
 	Rank int `json:"rank"`
+	// FileMemory: the transport moves bytes to and from storage buffers
+	// (registered file ranges, segment.Region.Storage) without touching
+	// their addresses. Requests whose target is a storage buffer go only
+	// to such transports, and storage regions are registered only with
+	// them.
+	FileMemory bool `json:"file_memory"`
+	// StorageOnly: the transport moves bytes only between memory and
+	// storage buffers (the file transport); memory-to-memory requests go
+	// elsewhere.
+	StorageOnly bool `json:"storage_only"`
+}
+
+// FileSpec is a file range to register as a storage region.
+type FileSpec struct {
+	Path string // opened by the engine; "" when FD is given
+	FD   int    // an open descriptor of the caller (duplicated), or -1
+	// Offset and Length are the range of the file; Length 0 means up to
+	// the file's current end.
+	Offset, Length uint64
+	// Create makes the file if missing and extends it to hold the range.
+	Create bool
+	// ReadOnly refuses writes; NoDirect keeps every I/O buffered.
+	ReadOnly, NoDirect bool
+}
+
+// FileOpener is implemented by the transport that opens storage regions for
+// the engine (an optional ability): OpenFile returns the storage and the
+// range's length.
+type FileOpener interface {
+	OpenFile(spec FileSpec) (segment.Storage, uint64, error)
 }
 
 // Optional abilities. A transport declares each by implementing its

@@ -53,6 +53,13 @@ const (
 	// (connections, calls in flight, notification bytes, declarations)
 	// was reached; the refusal is for this peer, the others carry on.
 	ResourceExhausted Code = 24
+	// IO means storage failed a read or write (EIO, a file shorter than
+	// its registration because it was truncated or removed): the task's
+	// bytes are not (all) there; other tasks carry on.
+	IO Code = 25
+	// NoSpace means the storage is full (ENOSPC, EDQUOT, or the file size
+	// limit: EFBIG): nothing but the task that hit it failed.
+	NoSpace Code = 26
 )
 
 var names = map[Code]string{
@@ -81,6 +88,8 @@ var names = map[Code]string{
 	Unauthenticated:      "unauthenticated",
 	Forked:               "forked",
 	ResourceExhausted:    "resource exhausted",
+	IO:                   "i/o error",
+	NoSpace:              "no space left",
 }
 
 // String names the code.
@@ -169,6 +178,8 @@ const (
 	ErrUnauthenticated      = Sentinel(Unauthenticated)
 	ErrForked               = Sentinel(Forked)
 	ErrResourceExhausted    = Sentinel(ResourceExhausted)
+	ErrIO                   = Sentinel(IO)
+	ErrNoSpace              = Sentinel(NoSpace)
 )
 
 // New builds an *Error.

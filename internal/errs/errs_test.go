@@ -30,7 +30,7 @@ func TestIsAndCodeOf(t *testing.T) {
 }
 
 func TestEveryCodeNamed(t *testing.T) {
-	for c := OK; c <= ResourceExhausted; c++ {
+	for c := OK; c <= NoSpace; c++ {
 		if strings.HasPrefix(c.String(), "code(") {
 			t.Errorf("code %d has no name", c)
 		}

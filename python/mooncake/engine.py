@@ -35,6 +35,11 @@ Differences a caller may notice:
   get_engine_ptr() returns 0 for the same reason, which mooncake.pg and
   mooncake.ep read as "no engine to share".
 * transfer_*_on_cuda (CUDA-stream-triggered transfers) are not provided.
+* Files: Mooncake's TransferEngine binding has no call that registers a
+  file (its nvmeof/GDS/io_uring backends are reached through Mooncake Store
+  and segment configuration, not this API), so there is nothing to mirror;
+  te's storage buffers are reached through te.Engine.register_file, and a
+  segment that holds one is read and written here like any other.
 * transport_hint is accepted and ignored, as in Mooncake builds without TENT.
 * allocate_managed_buffer pools like Mooncake: sizes up to 256 MiB come
   from power-of-two classes (8 KiB and up) carved from 2 GiB mappings

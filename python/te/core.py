@@ -424,6 +424,25 @@ class Engine:
         with self._pins_lock:
             self._pins.pop(addr, None)
 
+    def register_file(self, path=None, fd=None, offset=0, length=0, remote=True, create=False, read_only=False,
+                      direct=True):
+        """Register [offset, offset+length) of a file as a storage buffer and
+        return the address the range starts at (ABI 1.3): requests address
+        byte k of the range as that address + k, like memory, and unregister
+        releases it. Give path (the library opens the file) or fd (an open
+        descriptor, duplicated: close yours when you like). length 0: up to
+        the file's end. create makes the file and extends it to hold the
+        range; direct=False keeps every I/O in the page cache. The address is
+        reserved, never mapped: never read or write it from Python."""
+        if (path is None) == (fd is None):
+            raise InvalidArgument("give a path or an fd, not both or neither")
+        flags = (1 if remote else 0) | (2 if create else 0) | (4 if read_only else 0) | (0 if direct else 8)
+        out = c_void_p()
+        lib = _lib.load()
+        check(lib.te_register_file(self.handle, None if path is None else _b(os.fspath(path)),
+                                   -1 if fd is None else int(fd), offset, length, flags, byref(out)), lib)
+        return out.value
+
     def register_batch(self, buffers, location=None, remote=True):
         """Register several buffers (objects or (object or address, length)
         pairs), all or none; returns their addresses. location as in

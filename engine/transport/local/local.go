@@ -195,6 +195,12 @@ func (c *cache) do(r *transport.Request) error {
 		return err
 	}
 	c.last = region
+	if segment.StorageOf(region) != nil {
+		// A file's addresses are reserved, never mapped: the file
+		// transport moves its bytes.
+		region.Release()
+		return errs.New(errs.NotSupported, "local", "[%#x,+%d) is a registered file, not memory", r.Remote, r.Length)
+	}
 	if r.Op == transport.Write {
 		mem.Copy(r.Remote, r.Local, r.Length)
 	} else {

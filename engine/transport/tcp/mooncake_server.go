@@ -6,6 +6,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/internal/sys/mem"
 	"github.com/tecache/te/internal/wire"
 )
@@ -66,7 +67,7 @@ func (s *serverConn) serveMooncake(br *bufio.Reader, first []byte) {
 			s.refuseMooncake(br, wire.MooncakeAddrRejected)
 			return
 		}
-		if isDevice(region) {
+		if isDevice(region) || segment.StorageOf(region) != nil {
 			region.Release()
 			s.refuseMooncake(br, wire.MooncakeNotServed)
 			return

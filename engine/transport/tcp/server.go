@@ -89,6 +89,7 @@ type response struct {
 	comp   wire.Completion
 	addr   uint64
 	region *segment.Region
+	stg    *staged // file I/O of a storage region's request (server_file.go)
 }
 
 // serverConn is the target side of one data connection: the reader executes
@@ -135,10 +136,8 @@ func (s *serverConn) serve() {
 	rest := s.queue
 	s.queue = nil
 	s.mu.Unlock()
-	for _, r := range rest {
-		if r.region != nil {
-			r.region.Release()
-		}
+	for i := range rest {
+		rest[i].drop()
 	}
 	s.t.mu.Lock()
 	delete(s.t.served, s)
@@ -170,9 +169,7 @@ func (s *serverConn) push(r response) bool {
 		select {
 		case <-s.space:
 		case <-s.done:
-			if r.region != nil {
-				r.region.Release()
-			}
+			r.drop()
 			return false
 		}
 	}
@@ -257,6 +254,12 @@ func (s *serverConn) readLoop() {
 					region, status = nil, errs.NotSupported
 				}
 			}
+		}
+		if status == errs.OK && segment.StorageOf(region) != nil {
+			if !s.serveStorage(br, req, region) { // a registered file
+				return
+			}
+			continue
 		}
 		if req.Kind == wire.DataWrite {
 			if status != errs.OK {
@@ -419,8 +422,15 @@ func (s *serverConn) writeLoop() {
 		start := 0
 		for i := range batch {
 			off := i * wire.CompHeaderSize
+			batch[i].settleStaged()
 			wire.PutCompletion(hdrs[off:], batch[i].comp)
-			if g := batch[i].region; isDevice(g) {
+			if stg := batch[i].stg; stg != nil {
+				bufs = append(bufs, hdrs[start:off+wire.CompHeaderSize])
+				if batch[i].comp.Status == errs.OK && batch[i].comp.Length > 0 {
+					bufs = stg.payload(bufs)
+				}
+				start = off + wire.CompHeaderSize
+			} else if g := batch[i].region; isDevice(g) {
 				bufs = append(bufs, hdrs[start:off+wire.CompHeaderSize])
 				devs = append(devs, devPiece{at: len(bufs), dev: g.Location.Index, addr: batch[i].addr, n: batch[i].comp.Length})
 				start = off + wire.CompHeaderSize
@@ -441,9 +451,7 @@ func (s *serverConn) writeLoop() {
 			s.t.cut(err)
 		}
 		for i := range batch {
-			if batch[i].region != nil {
-				batch[i].region.Release()
-			}
+			batch[i].drop()
 		}
 		s.mu.Lock()
 		s.writing = nil
