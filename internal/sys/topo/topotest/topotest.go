@@ -24,10 +24,27 @@ var NearNIC = []string{"mlx5_1", "mlx5_0", "mlx5_3", "mlx5_2", "mlx5_5", "mlx5_4
 var BusIDs = []string{"0000:13:00.0", "0000:33:00.0", "0000:53:00.0", "0000:73:00.0",
 	"0000:93:00.0", "0000:b3:00.0", "0000:d3:00.0", "0000:f3:00.0"}
 
-// Manifest returns the path of a tree's manifest.
+// Manifest returns the path of a tree's manifest: beside this package's
+// source, or (in a binary built with -trimpath, run from inside the
+// repository) found from the working directory up.
 func Manifest(name string) string {
+	rel := filepath.Join("internal", "sys", "topo", "testdata", name+".tree")
 	_, here, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(here), "..", "testdata", name+".tree")
+	p := filepath.Join(filepath.Dir(here), "..", "testdata", name+".tree")
+	if _, err := os.Stat(p); err == nil {
+		return p
+	}
+	if dir, err := os.Getwd(); err == nil {
+		for ; ; dir = filepath.Dir(dir) {
+			if _, err := os.Stat(filepath.Join(dir, rel)); err == nil {
+				return filepath.Join(dir, rel)
+			}
+			if dir == filepath.Dir(dir) {
+				break
+			}
+		}
+	}
+	return p
 }
 
 // Tree builds the named tree in a temporary directory of t and returns its
