@@ -104,6 +104,8 @@ type task struct {
 	length uint64
 	t      transport.Transport
 	st     *segState
+	start  int64 // monoNow at submit (metrics.go)
+	peer   uint8 // peer class of the target (metrics.go)
 }
 
 // lastFound is a descriptor and one of its buffers.
@@ -131,6 +133,7 @@ type Batch struct {
 
 	smu  sync.Mutex // serialises Submit, Reset and Free (slot owners)
 	last lastFound  // target buffer of the previous request (under smu)
+	now  int64      // monoNow of the submit in progress (under smu)
 
 	// pending counts submitted tasks not ended, plus a batch notify being
 	// sent. Only the completion that brings it to zero takes mu.
@@ -236,6 +239,7 @@ func (b *Batch) submit(n *batchNotify, reqs []Request) error {
 	b.smu.Lock()
 	defer b.smu.Unlock()
 	b.last = lastFound{}
+	b.now = monoNow()
 	b.mu.Lock()
 	lo, freed := b.n, b.freed
 	b.mu.Unlock()
@@ -371,6 +375,7 @@ func (e *Engine) prepare(b *Batch, i, k int, r *Request, region *segment.Region)
 		}
 	}
 	tk.length, tk.t, tk.st = r.Length, t, st
+	tk.start, tk.peer = b.now, e.peerClass(st, d)
 	tk.err = nil
 	tk.why.Store(whyNone)
 	tk.state.Store(int32(Pending))
@@ -434,6 +439,7 @@ func (b *Batch) complete(i int, err error) {
 	} else {
 		b.nDone.Add(1)
 		b.bytes.Add(t.length)
+		b.e.observeCompleted(t)
 	}
 	if b.pending.Add(-1) == 0 {
 		b.settle()
@@ -483,6 +489,7 @@ func (b *Batch) settle() {
 	}
 	b.settled = true
 	b.flushStats()
+	b.logBatch()
 	if b.done != nil {
 		close(b.done)
 		b.done = nil
