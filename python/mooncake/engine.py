@@ -42,7 +42,20 @@ Differences a caller may notice:
   free_managed_buffer of an address it did not hand out returns 0 (as
   Mooncake) and logs a warning; a freed address is never handed out twice.
 * MC_TRANSFER_TIMEOUT (seconds, at least 5) bounds each transfer, as in
-  Mooncake; sync calls block until their transfers end.
+  Mooncake; sync calls block until their transfers end. A value that is not
+  a whole number of seconds, or an MC_FORCE_TCP that is not 1/0 (true/false,
+  yes/no, on/off), makes initialize return TE_ERR_INVALID_ARGUMENT (-1) and
+  log the variable, rather than be ignored.
+* Every te engine setting has an environment variable (README.md,
+  "Environment"): TE_ALLOW_MOONCAKE_WITH_SECRET=1, TE_TCP_LISTEN=host:port
+  (pins the tcp data port), TE_PARAM_tcp_conns=8, TE_MAX_CONNS, TE_LOG_LEVEL
+  (also the level of this module's Python logger), TE_METRICS_ADDR, ...
+  initialize refuses (TE_ERR_INVALID_ARGUMENT, logged) a value that does
+  not parse, naming the variable. local_hostname's port, when given, pins
+  the RPC port; without one TE_LISTEN_ADDR may.
+* Calls before initialize (get_rpc_port, register_memory, transfers...)
+  return TE_ERR_INVALID_ARGUMENT (-1), or 0 where Mooncake's sentinel is 0,
+  and log "initialize first"; Mooncake's binding crashes there.
 
 GPU memory: as in Mooncake, register_memory(tensor.data_ptr(), tensor.nbytes)
 and batch_register_memory(ptrs, sizes) register with location "*", so te
@@ -271,11 +284,39 @@ class _Pool:
         self._free = [[] for _ in _CLASS_BYTES]
 
 
+class _NotInitialized:
+    """TransferEngine's engine before initialize: every use raises
+    te.InvalidArgument, which the methods turn into their failure value."""
+
+    def __bool__(self):
+        return False
+
+    def __getattr__(self, name):
+        raise te.InvalidArgument("TransferEngine is not initialized: call initialize() first")
+
+
+_NOT_INITIALIZED = _NotInitialized()
+
+_BOOL_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False,
+               "off": False}
+
+
+def _env_bool(name):
+    """The value of a yes/no variable (False when unset); ValueError names
+    the variable when it says neither."""
+    v = os.environ.get(name, "").strip().lower()
+    if v == "":
+        return False
+    if v not in _BOOL_WORDS:
+        raise ValueError(f"{name}={os.environ[name]!r}: want 1 or 0 (also true/false, yes/no, on/off)")
+    return _BOOL_WORDS[v]
+
+
 class TransferEngine:
     TransferOpcode = TransferOpcode
 
     def __init__(self):
-        self._engine = None
+        self._engine = _NOT_INITIALIZED
         self._segments = {}
         self._seg_lock = threading.Lock()
         self._pool = _Pool(self)
@@ -294,7 +335,7 @@ class TransferEngine:
         return self.initialize_ext(local_hostname, metadata_server, protocol, device_name, "etcd")
 
     def initialize_ext(self, local_hostname, metadata_server, protocol, device_name, metadata_type):
-        if self._engine is not None:
+        if self._engine:
             log.warning("TransferEngine.initialize called twice; keeping the first engine")
             return 0
         proto = (protocol or "").lower()
@@ -313,17 +354,26 @@ class TransferEngine:
                         npu, host, port)
             local_hostname = f"{host}:{port}"
         # ":port" binds the host the engine advertises (local_hostname),
-        # not every interface.
-        kw = {"metadata": conn, "hostname": host or None, "listen_addr": f":{port}"}
+        # not every interface. Without a port the engine picks one, or
+        # TE_LISTEN_ADDR does.
+        kw = {"metadata": conn, "hostname": host or None}
+        if port:
+            kw["listen_addr"] = f":{port}"
         if conn != P2PHANDSHAKE:
             kw["segment_name"] = local_hostname
-        t = os.environ.get("MC_TRANSFER_TIMEOUT")
+        t = os.environ.get("MC_TRANSFER_TIMEOUT", "").strip()
         if t:
             try:
                 kw["transfer_timeout"] = max(5, int(t))
             except ValueError:
-                log.warning("ignoring MC_TRANSFER_TIMEOUT=%r", t)
-        if os.environ.get("MC_FORCE_TCP", "").lower() in ("1", "true", "yes", "on"):
+                log.error("initialize: MC_TRANSFER_TIMEOUT=%r: want a whole number of seconds", t)
+                return -te.InvalidArgument.code
+        try:
+            force_tcp = _env_bool("MC_FORCE_TCP")
+        except ValueError as e:
+            log.error("initialize: %s", e)
+            return -te.InvalidArgument.code
+        if force_tcp:
             kw["force_transport"] = "tcp"
         if device_name:
             # Mooncake's device filter: the RDMA NICs to use.
@@ -342,12 +392,20 @@ class TransferEngine:
         return 0
 
     def get_rpc_port(self):
-        return self._engine.rpc_port
+        """The RPC port peers reach this engine at; before initialize,
+        TE_ERR_INVALID_ARGUMENT (-1) with an error logged (Mooncake's binding
+        dereferences a null engine there)."""
+        try:
+            return self._engine.rpc_port
+        except te.TeError as e:
+            log.error("get_rpc_port: %s", e)
+            return _rc(e)
 
     def get_engine(self):
-        """The underlying te.Engine. Mooncake returns its C++ engine here, which
-        mooncake.store can share; te's cannot be shared with it."""
-        return self._engine
+        """The underlying te.Engine (None before initialize). Mooncake returns
+        its C++ engine here, which mooncake.store can share; te's cannot be
+        shared with it."""
+        return self._engine or None
 
     def get_engine_ptr(self):
         """0: te has no Mooncake C++ engine whose address native Mooncake code
@@ -587,7 +645,7 @@ class TransferEngine:
         256 MiB) carved from 2 GiB mappings registered once, as in Mooncake;
         larger buffers are mapped and registered on their own."""
         length = int(length)
-        if self._engine is None:
+        if not self._engine:
             log.error("allocate_managed_buffer(%d): initialize first", length)
             return 0
         if length <= 0:
@@ -633,7 +691,7 @@ class TransferEngine:
                 s.close()
             except te.TeError:
                 pass
-        if self._engine is not None:
+        if self._engine:
             self._engine.close()
         with self._managed_lock:
             self._pool.close()

@@ -387,6 +387,24 @@ class Engine:
         check(lib.te_stats_json(self.handle, buf, len(buf)), lib)
         return json.loads(buf.value.decode())
 
+    def metrics(self):
+        """The engine's metrics in Prometheus's text exposition format (te_metrics):
+        tasks by state, bytes, control-plane refusals, per-transport counters,
+        routes and a submit-to-completion latency histogram per transport and
+        peer class. Serve it from your own /metrics, or set TE_METRICS_ADDR
+        and let the engine serve it."""
+        lib = _lib.load()
+        need = c_size_t()
+        size = 1 << 16
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            rc = lib.te_metrics(self.handle, buf, size, byref(need))
+            if rc == -BufferTooSmall.code and need.value > size:
+                size = need.value + 4096  # it may grow meanwhile
+                continue
+            check(rc, lib)
+            return buf.value.decode()
+
     # -- memory ---------------------------------------------------------
     def register(self, buf, length=None, location=None, remote=True):
         """Register memory (see address_of for what buf may be); returns its
