@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/tecache/te/engine/segment"
@@ -328,21 +329,40 @@ func (e *Engine) writeHistograms(m *metricsWriter) {
 }
 
 // metricsListenAddr applies the binding rule of MetricsAddr: an empty host
-// is loopback.
-func metricsListenAddr(addr string) (string, error) {
+// is loopback. The port may be a range ("0.0.0.0:9464-9471"), for several
+// engines on one host (the ranks of a serving pod): each binds the first
+// free port of the range.
+func metricsListenAddr(addr string) (host string, lo, hi int, err error) {
+	bad := func(cause error) error {
+		return errs.Wrap(errs.InvalidArgument, "new", cause,
+			"metrics address %q (Config.MetricsAddr, %s) is not host:port or host:port-port", addr, EnvMetricsAddr)
+	}
 	h, p, err := net.SplitHostPort(addr)
 	if err != nil {
-		return "", errs.Wrap(errs.InvalidArgument, "new", err, "metrics address %q (Config.MetricsAddr, %s) is not host:port",
-			addr, EnvMetricsAddr)
+		return "", 0, 0, bad(err)
 	}
 	if h == "" {
 		h = "127.0.0.1"
 	}
-	return net.JoinHostPort(h, p), nil
+	a, b, isRange := strings.Cut(p, "-")
+	lo, err = strconv.Atoi(a)
+	hi = lo
+	if err == nil && isRange {
+		hi, err = strconv.Atoi(b)
+	}
+	if err == nil && (lo < 0 || hi > 65535 || hi < lo || hi-lo > 255 || (isRange && lo == 0)) {
+		err = errors.New("ports outside 0..65535, or a range that is empty, starts at 0 or spans over 256 ports")
+	}
+	if err != nil {
+		return "", 0, 0, bad(err)
+	}
+	return h, lo, hi, nil
 }
 
 // startMetrics learns this host's identity for the peer classes and, with
-// MetricsAddr, serves /metrics.
+// MetricsAddr, serves /metrics. An address whose every port is taken (by
+// another engine) is not an error: the engine runs without a listener and
+// says so.
 func (e *Engine) startMetrics() error {
 	liveInstances.Store(e.instance, struct{}{})
 	if b, err := os.ReadFile("/proc/sys/kernel/random/boot_id"); err == nil {
@@ -354,13 +374,24 @@ func (e *Engine) startMetrics() error {
 	if e.cfg.MetricsAddr == "" {
 		return nil
 	}
-	addr, err := metricsListenAddr(e.cfg.MetricsAddr)
+	host, lo, hi, err := metricsListenAddr(e.cfg.MetricsAddr)
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", addr)
+	var ln net.Listener
+	for p := lo; p <= hi; p++ {
+		ln, err = net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(p)))
+		if err == nil || !errors.Is(err, syscall.EADDRINUSE) {
+			break
+		}
+	}
 	if err != nil {
-		return errs.Wrap(errs.InvalidArgument, "new", err, "metrics listener on %s", addr)
+		if errors.Is(err, syscall.EADDRINUSE) {
+			e.cfg.Logger.Warn("te: no metrics listener: every port of the metrics address is in use (another engine?); "+
+				"give each engine its own address, or a range such as 0.0.0.0:9464-9471", "addr", e.cfg.MetricsAddr)
+			return nil
+		}
+		return errs.Wrap(errs.InvalidArgument, "new", err, "metrics listener on %s (%s)", e.cfg.MetricsAddr, EnvMetricsAddr)
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {

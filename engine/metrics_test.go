@@ -2,7 +2,10 @@ package engine_test
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
 	"io"
+	"net"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -11,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tecache/te/engine"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/promcheck"
 	"github.com/tecache/te/internal/sys/mem"
 )
@@ -148,4 +152,33 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// TestMetricsPortRange: engines sharing a port range (the ranks of a pod)
+// each take a free port of it; one finding every port taken runs without a
+// listener rather than fail.
+func TestMetricsPortRange(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	port := ln.Addr().(*net.TCPAddr).Port // taken: the range starts at a busy port
+	if port > 65533 {
+		t.Skip("no room for a range above the port the kernel gave")
+	}
+	rng := fmt.Sprintf("127.0.0.1:%d-%d", port, port+1)
+	a := newEngine(t, func(c *engine.Config) { c.MetricsAddr = rng })
+	if a.MetricsAddr() != fmt.Sprintf("127.0.0.1:%d", port+1) {
+		t.Skipf("port %d was busy too: %q", port+1, a.MetricsAddr())
+	}
+	b := newEngine(t, func(c *engine.Config) { c.MetricsAddr = rng })
+	if b.MetricsAddr() != "" {
+		t.Fatalf("a third user of a two-port range got %q", b.MetricsAddr())
+	}
+	for _, bad := range []string{"127.0.0.1:9-8", "127.0.0.1:0-5", "127.0.0.1:1000-2000", "127.0.0.1:x"} {
+		if _, err := engine.New(engine.Config{ListenAddr: "127.0.0.1:0", Transports: []string{"local"}, MetricsAddr: bad}); !errors.Is(err, errs.ErrInvalidArgument) {
+			t.Errorf("%s: %v", bad, err)
+		}
+	}
 }
