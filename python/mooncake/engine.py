@@ -12,8 +12,7 @@ test "!= 0" or "< 0" see no difference.
 Authentication: the engine reads $TE_AUTH_SECRET_FILE or $TE_AUTH_SECRET
 (the cluster secret) and $TE_ACCEPT_MOONCAKE_PEERS=1 (let real Mooncake
 peers in over tcp) itself; set them in the environment of every process,
-before its first te call: libte takes the environment when it is loaded, and
-os.environ changes made after that do not reach it.
+before initialize: the engine reads te's variables when it is created.
 
 Differences a caller may notice:
 

@@ -86,6 +86,26 @@ class EnvTest(unittest.TestCase):
             self.assertIn("refused:", out.stdout, out.stderr)
             self.assertIn(name, out.stdout)
 
+    def test_env_read_at_engine_creation(self):
+        # Set after the library loaded (here: after a first engine), a
+        # variable still reaches the next engine.
+        code = """
+            import os, te
+            te.Engine(listen_addr="127.0.0.1:0").close()
+            os.environ["TE_MAX_CONNS"] = "lots"
+            try:
+                te.Engine(listen_addr="127.0.0.1:0")
+                print("accepted")
+            except te.InvalidArgument as e:
+                print("refused:", e)
+            del os.environ["TE_MAX_CONNS"]
+            te.Engine(listen_addr="127.0.0.1:0").close()
+            print("ok")
+        """
+        out = run_python(code, {})
+        self.assertIn('refused: new: invalid argument: TE_MAX_CONNS="lots"', out.stdout, out.stderr)
+        self.assertIn("ok", out.stdout, out.stderr)
+
     def test_dropin_refuses_by_name(self):
         code = """
             import logging

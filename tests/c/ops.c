@@ -2,8 +2,10 @@
  * the build stamped (argv[1], when given: the Makefile's TE_VERSION) and
  * start with te.h's ABI version; te_metrics must size, fill and cut the
  * caller's buffer as te.h says, and hold an exposition with HELP and TYPE
- * lines that counts a transfer. */
+ * lines that counts a transfer; te_create must read the environment as it
+ * is when called. */
 #include <stdint.h>
+#include <stdlib.h>
 #include <sys/mman.h>
 
 #include "testutil.h"
@@ -77,8 +79,23 @@ static void test_metrics(void) {
     munmap(a, 2 * N);
 }
 
+/* te_create reads te's variables as the process has them then, not as they
+ * were when the library loaded (Go keeps its own copy of the environment). */
+static void test_env(void) {
+    te_config_t cfg = TE_CONFIG_INIT;
+    cfg.listen_addr = "127.0.0.1:0";
+    te_engine_t e = 0;
+    setenv("TE_MAX_CONNS", "lots", 1);
+    CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_create(&cfg, &e));
+    CHECK(strstr(tu_last(), "TE_MAX_CONNS=\"lots\"") != NULL);
+    unsetenv("TE_MAX_CONNS");
+    CHECK_OK(te_create(&cfg, &e));
+    if (e != 0) CHECK_OK(te_destroy(e));
+}
+
 int main(int argc, char **argv) {
     test_version(argc > 1 ? argv[1] : NULL);
+    test_env();
     test_metrics();
     return tu_done("ops");
 }
