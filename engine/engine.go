@@ -92,11 +92,12 @@ func (e *Engine) goTracked(f func()) bool {
 // New starts an engine: it loads the cluster secret, binds the RPC listener
 // (on the advertised host unless ListenAddr says otherwise), starts the
 // transports and publishes an empty segment.
-func New(cfg Config) (*Engine, error) {
-	envParams, err := cfg.applyEnv(os.Getenv, os.Environ())
+func New(cfg Config) (_ *Engine, err error) {
+	envParams, fromEnv, err := cfg.applyEnv(os.Getenv, os.Environ())
 	if err != nil {
 		return nil, err
 	}
+	defer func() { err = blameEnv(err, fromEnv) }()
 	if err := envLogger(&cfg, os.Getenv); err != nil {
 		return nil, err
 	}

@@ -141,10 +141,13 @@ func envParam(name string) (string, bool) {
 // applyEnv fills the fields of c the caller left unset from the
 // environment (getenv), and records in envParams which variable set each
 // transport parameter.
-func (c *Config) applyEnv(getenv func(string) string, environ []string) (envParams map[string]string, err error) {
+func (c *Config) applyEnv(getenv func(string) string, environ []string) (envParams map[string]string, fromEnv []envValue, err error) {
 	str := func(name string, dst *string) {
 		if *dst == "" {
 			*dst = strings.TrimSpace(getenv(name))
+			if *dst != "" {
+				fromEnv = append(fromEnv, envValue{name: name, value: *dst})
+			}
 		}
 	}
 	str(EnvSegmentName, &c.SegmentName)
@@ -155,6 +158,7 @@ func (c *Config) applyEnv(getenv func(string) string, environ []string) (envPara
 	c.ForceTransport = strings.ToLower(c.ForceTransport)
 	str(EnvMetricsAddr, &c.MetricsAddr)
 	if v := getenv(EnvTransports); v != "" && len(c.Transports) == 0 {
+		fromEnv = append(fromEnv, envValue{name: EnvTransports, value: v})
 		for _, t := range strings.Split(v, ",") {
 			if t = strings.TrimSpace(t); t != "" {
 				c.Transports = append(c.Transports, t)
@@ -173,7 +177,7 @@ func (c *Config) applyEnv(getenv func(string) string, environ []string) (envPara
 		if v := getenv(b.name); v != "" {
 			on, err := parseBool(b.name, v)
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			*b.dst = *b.dst || on
 		}
@@ -197,7 +201,7 @@ func (c *Config) applyEnv(getenv func(string) string, environ []string) (envPara
 		if v := getenv(d.name); v != "" {
 			x, err := parseDuration(d.name, v, d.never)
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			if *d.dst == 0 {
 				*d.dst = x
@@ -219,7 +223,7 @@ func (c *Config) applyEnv(getenv func(string) string, environ []string) (envPara
 		if v := getenv(n.name); v != "" {
 			x, err := parseCount(n.name, v, n.limit)
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			if *n.dst == 0 {
 				*n.dst = x
@@ -238,7 +242,7 @@ func (c *Config) applyEnv(getenv func(string) string, environ []string) (envPara
 		if v := getenv(s.name); v != "" {
 			x, err := parseBytes(s.name, v)
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			if *s.dst == 0 && (s.dst != &l.MaxFrame || c.MaxFrame == 0) {
 				*s.dst = x
@@ -272,7 +276,7 @@ func (c *Config) applyEnv(getenv func(string) string, environ []string) (envPara
 	}
 	if v := getenv(EnvTCPListen); v != "" {
 		if err := set(EnvTCPListen, "tcp.listen", v); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	names := []string{}
@@ -286,17 +290,47 @@ func (c *Config) applyEnv(getenv func(string) string, environ []string) (envPara
 	for _, name := range names {
 		key, ok := envParam(name)
 		if !ok {
-			return nil, errs.New(errs.InvalidArgument, "new", "%s: want %s<transport>_<parameter>, e.g. TE_PARAM_tcp_conns=4",
+			return nil, nil, errs.New(errs.InvalidArgument, "new", "%s: want %s<transport>_<parameter>, e.g. TE_PARAM_tcp_conns=4",
 				name, EnvParamPrefix)
 		}
 		if key == "tcp.listen" && envParams[key] != "" {
-			return nil, errs.New(errs.InvalidArgument, "new", "%s and %s both set tcp.listen", EnvTCPListen, name)
+			return nil, nil, errs.New(errs.InvalidArgument, "new", "%s and %s both set tcp.listen", EnvTCPListen, name)
 		}
 		if err := set(name, key, getenv(name)); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
-	return envParams, nil
+	return envParams, fromEnv, nil
+}
+
+// envValue is a string field the environment set; op, when set, is the
+// operation whose errors are about it whatever they quote.
+type envValue struct{ name, value, op string }
+
+// blameEnv names the variable behind a failure of New whose message shows
+// a value the environment set (TE_METADATA=gopher://x: unknown scheme).
+func blameEnv(err error, fromEnv []envValue) error {
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	te, _ := err.(*errs.Error)
+	for _, v := range fromEnv {
+		if v.name == EnvMetadata {
+			v.op = "metadata" // the stores' errors quote the scheme or the host alone
+		}
+		about := strings.Contains(msg, v.value) || (te != nil && v.op != "" && te.Op == v.op)
+		if about && !strings.Contains(msg, v.name) {
+			if te != nil {
+				hint := "set by " + v.name + "=" + v.value
+				if te.Hint != "" {
+					hint = te.Hint + "; " + hint
+				}
+				return te.WithHint(hint)
+			}
+		}
+	}
+	return err
 }
 
 func maps(m map[string]string) map[string]string {

@@ -31,7 +31,7 @@ func TestApplyEnvEveryField(t *testing.T) {
 		"TE_PARAM_shm_job_bytes": "1MiB",
 	})
 	var c Config
-	params, err := c.applyEnv(getenv, environ)
+	params, _, err := c.applyEnv(getenv, environ)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +63,7 @@ func TestApplyEnvCallerWins(t *testing.T) {
 		"TE_PARAM_tcp_conns": "4", "TE_PARAM_tcp_slice": "1MiB"})
 	mine := map[string]string{"tcp.conns": "2"}
 	c := Config{SegmentName: "mine", Limits: Limits{MaxConns: 1}, RPCTimeout: time.Second, Params: mine}
-	if _, err := c.applyEnv(getenv, environ); err != nil {
+	if _, _, err := c.applyEnv(getenv, environ); err != nil {
 		t.Fatal(err)
 	}
 	if c.SegmentName != "mine" || c.Limits.MaxConns != 1 || c.RPCTimeout != time.Second || c.Params["tcp.conns"] != "2" ||
@@ -88,7 +88,7 @@ func TestApplyEnvRefuses(t *testing.T) {
 	} {
 		getenv, environ := mapEnv(map[string]string{name: v})
 		var c Config
-		_, err := c.applyEnv(getenv, environ)
+		_, _, err := c.applyEnv(getenv, environ)
 		if !errors.Is(err, errs.ErrInvalidArgument) || !strings.Contains(err.Error(), name) {
 			t.Errorf("%s=%q: %v", name, v, err)
 		}
