@@ -33,7 +33,7 @@ export GO TAGS TE_VERSION
 TEST_TARGETS :=
 ALL_TARGETS :=
 
-.PHONY: all deps test test-suites test-go lint demo clean fmt install list-suites version FORCE
+.PHONY: all deps test test-suites test-go lint demo clean fmt install list-suites version docs FORCE
 
 all: build-all
 
@@ -98,3 +98,8 @@ list-suites:
 
 version:
 	@echo $(TE_VERSION)
+
+# docs/c-api.md and docs/python-api.md from te.h and the docstrings
+# (tests/docs checks they are current).
+docs:
+	$(PYTHON) docs/gen.py

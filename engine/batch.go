@@ -360,7 +360,7 @@ func (e *Engine) prepare(b *Batch, i, k int, r *Request, region *segment.Region)
 		}
 	}
 	if err != nil {
-		return fail(errs.CodeOf(err), "%v", err)
+		return errs.Wrap(errs.CodeOf(err), "submit", err, "request %d", i) // the cause's code is not said twice
 	}
 	b.last = lastFound{d, buf}
 	key := buf.Key

@@ -120,6 +120,8 @@ def __getattr__(name):
 
 
 class TransferOpcode(enum.IntEnum):
+    """Read or Write (also READ, WRITE), numbered as Mooncake's opcodes."""
+
     Read = 0
     Write = 1
     READ = 0
@@ -312,6 +314,10 @@ def _env_bool(name):
 
 
 class TransferEngine:
+    """Mooncake's TransferEngine on te: create it, initialize() it, then
+    register memory and transfer as with Mooncake's binding (the module
+    docstring says what differs)."""
+
     TransferOpcode = TransferOpcode
 
     def __init__(self):
@@ -334,6 +340,8 @@ class TransferEngine:
         return self.initialize_ext(local_hostname, metadata_server, protocol, device_name, "etcd")
 
     def initialize_ext(self, local_hostname, metadata_server, protocol, device_name, metadata_type):
+        """initialize with the metadata type given apart ("etcd", "http", "redis"; "" with
+        P2PHANDSHAKE); 0 on success, a negative te error code on failure (logged)."""
         if self._engine:
             log.warning("TransferEngine.initialize called twice; keeping the first engine")
             return 0
@@ -431,6 +439,8 @@ class TransferEngine:
 
     # -- memory -----------------------------------------------------------
     def register_memory(self, buffer_addr, capacity=None, location="*"):
+        """Register [buffer_addr, +capacity) (or a tensor) for transfers and for peers; 0 or a
+        negative code."""
         try:
             if te.tensors.is_tensor(buffer_addr):
                 self._engine.register(buffer_addr, capacity, location=location)
@@ -442,6 +452,7 @@ class TransferEngine:
             return _rc(e)
 
     def unregister_memory(self, buffer_addr):
+        """Unregister the range registered at buffer_addr (or the tensor); 0 or a negative code."""
         try:
             self._engine.unregister(buffer_addr if te.tensors.is_tensor(buffer_addr) else int(buffer_addr))
             return 0
@@ -450,6 +461,7 @@ class TransferEngine:
             return _rc(e)
 
     def batch_register_memory(self, buffer_addresses, capacities, location="*"):
+        """Register several ranges (or tensors) at once, all or none; 0 or a negative code."""
         if len(buffer_addresses) != len(capacities):
             log.error("batch_register_memory: %d addresses, %d capacities", len(buffer_addresses), len(capacities))
             return -te.InvalidArgument.code
@@ -463,6 +475,7 @@ class TransferEngine:
             return _rc(e)
 
     def batch_unregister_memory(self, buffer_addresses):
+        """Unregister several ranges at once; 0 or a negative code."""
         try:
             self._engine.unregister_batch([a if te.tensors.is_tensor(a) else int(a) for a in buffer_addresses])
             return 0
@@ -492,6 +505,7 @@ class TransferEngine:
                     pass
 
     def get_first_buffer_address(self, segment_name):
+        """The address of the first buffer the segment publishes, 0 on failure."""
         try:
             bufs = self._segment(segment_name).buffers()
         except te.TeError as e:
@@ -521,29 +535,40 @@ class TransferEngine:
             return _rc(e)
 
     def transfer_sync_write(self, target_hostname, buffer, peer_buffer_address, length, transport_hint=""):
+        """Write length bytes at buffer to peer_buffer_address of target_hostname and wait; 0 or a
+        negative code."""
         return self._sync("transfer_sync_write", target_hostname, [buffer], [peer_buffer_address], [length],
                           TransferOpcode.Write, None)
 
     def transfer_sync_read(self, target_hostname, buffer, peer_buffer_address, length, transport_hint=""):
+        """Read length bytes at peer_buffer_address of target_hostname into buffer and wait; 0 or a
+        negative code."""
         return self._sync("transfer_sync_read", target_hostname, [buffer], [peer_buffer_address], [length],
                           TransferOpcode.Read, None)
 
     def transfer_sync(self, target_hostname, buffer, peer_buffer_address, length, opcode, notify=None,
                       transport_hint=""):
+        """One transfer of opcode (TransferOpcode.Read or .Write), with an optional TransferNotify
+        sent on success, waited for; 0 or a negative code."""
         return self._sync("transfer_sync", target_hostname, [buffer], [peer_buffer_address], [length], opcode,
                           notify)
 
     def batch_transfer_sync_write(self, target_hostname, buffers, peer_buffer_addresses, lengths,
                                   transport_hint=""):
+        """Write buffers[i] to peer_buffer_addresses[i] (lengths[i] bytes) in one batch and wait; 0
+        or a negative code."""
         return self._sync("batch_transfer_sync_write", target_hostname, buffers, peer_buffer_addresses, lengths,
                           TransferOpcode.Write, None)
 
     def batch_transfer_sync_read(self, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint=""):
+        """Read peer_buffer_addresses[i] into buffers[i] in one batch and wait; 0 or a negative code."""
         return self._sync("batch_transfer_sync_read", target_hostname, buffers, peer_buffer_addresses, lengths,
                           TransferOpcode.Read, None)
 
     def batch_transfer_sync(self, target_hostname, buffers, peer_buffer_addresses, lengths, opcode, notify=None,
                             transport_hint=""):
+        """One batch of opcode, with an optional TransferNotify sent once every transfer completed,
+        waited for; 0 or a negative code."""
         return self._sync("batch_transfer_sync", target_hostname, buffers, peer_buffer_addresses, lengths, opcode,
                           notify)
 
@@ -567,10 +592,12 @@ class TransferEngine:
 
     def batch_transfer_async_write(self, target_hostname, buffers, peer_buffer_addresses, lengths,
                                    transport_hint=""):
+        """batch_transfer_async with TransferOpcode.Write: a batch id, 0 on failure."""
         return self.batch_transfer_async(target_hostname, buffers, peer_buffer_addresses, lengths,
                                          TransferOpcode.Write)
 
     def batch_transfer_async_read(self, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint=""):
+        """batch_transfer_async with TransferOpcode.Read: a batch id, 0 on failure."""
         return self.batch_transfer_async(target_hostname, buffers, peer_buffer_addresses, lengths,
                                          TransferOpcode.Read)
 
@@ -622,6 +649,8 @@ class TransferEngine:
 
     # -- notifications and probes -----------------------------------------
     def get_notifies(self):
+        """The notifications received since the last call, as TransferNotify objects (an empty list
+        on failure)."""
         try:
             return [TransferNotify(n, m.decode("utf-8", "surrogateescape")) for n, m in self._engine.notifies()]
         except te.TeError as e:
@@ -679,10 +708,13 @@ class TransferEngine:
 
     @staticmethod
     def read_bytes_from_buffer(source_address, length):
+        """length bytes at source_address, as bytes."""
         return ctypes.string_at(int(source_address), int(length))
 
     # -- lifetime (not in Mooncake's API; useful in tests) ----------------------
     def close(self):
+        """Stop the engine and unmap the managed buffers (not in Mooncake's API; tests and short
+        programs use it)."""
         with self._seg_lock:
             segs, self._segments = list(self._segments.values()), {}
         for s in segs:

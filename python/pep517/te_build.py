@@ -113,6 +113,7 @@ def metadata():
         f"Version: {version()}\n"
         f"Summary: {SUMMARY}\n"
         "Requires-Python: >=3.8\n"
+        "License: Apache-2.0\n"
         "Classifier: Programming Language :: Python :: 3\n"
         "Classifier: Operating System :: POSIX :: Linux\n"
         "Description-Content-Type: text/markdown\n"
@@ -253,6 +254,8 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
             w.add(f"{dist_info()}/METADATA", metadata().encode())
             w.add(f"{dist_info()}/WHEEL", wheel_file().encode())
             w.add(f"{dist_info()}/top_level.txt", ("\n".join(PACKAGES) + "\n").encode())
+            if (ROOT / "LICENSE").exists():
+                w.add(f"{dist_info()}/LICENSE", (ROOT / "LICENSE").read_bytes())
         finally:
             w.close()
         shutil.move(str(partial), target)
