@@ -292,6 +292,11 @@ def python_reference():
     for name in mc_classes:
         _class(body, f"mooncake.engine.{name}", getattr(mc, name), contents)
 
+    body.append("## nixl\n")
+    contents.append((2, "nixl"))
+    body.append("`python/nixl` is NVIDIA NIXL's Python API on te (`nixl._api.nixl_agent`, `nixl._bindings`, "
+                "`nixl._utils`, `nixl.logging`): NIXL's own documentation is its reference, and the docstring of "
+                "`python/nixl/__init__.py` lists what differs on te. It needs numpy, so it is not imported here.\n")
     toc = ["## Contents\n"] + [("  " if lvl == 3 else "") + f"- [{t}](#{_anchor(t)})" for lvl, t in contents]
     return _tidy(out[0] + out[1] + "\n".join(toc) + "\n\n" + "\n".join(body))
 

@@ -76,10 +76,13 @@ type Config struct {
 	// turned on by TE_ACCEPT_MOONCAKE_PEERS=1. With a cluster secret it is
 	// refused (New fails) unless AllowMooncakeWithSecret is set too. Mooncake
 	// peers' handshake (descriptor, notify, probe) is answered without it,
-	// but not with a cluster secret unless AllowMooncakeWithSecret.
+	// but with a cluster secret only when both are set.
 	AcceptMooncakePeers bool
 	// AllowMooncakeWithSecret accepts Mooncake peers even though a cluster
 	// secret is set: they bypass the secret, so this trusts the network.
+	// It also lets this engine reach segments whose descriptor (from the
+	// metadata store) is a Mooncake engine's. Even so, with a secret, a peer
+	// that closes te's handshake is never retried Mooncake's way.
 	AllowMooncakeWithSecret bool
 	// UnregisterGrace is how long UnregisterMemory and Close let remote
 	// accesses in flight finish before cutting the connections or queue

@@ -46,7 +46,8 @@
 //
 // Mooncake Transfer Engine peers interoperate over tcp: the RPC listener
 // answers Mooncake's handshake (Metadata, Notify, Probe), peer-to-peer
-// opens fall back to it when a peer turns out to be Mooncake's, and a
+// opens fall back to it when a peer turns out to be Mooncake's (never with
+// a cluster secret: no downgrade to an unauthenticated exchange), and a
 // Mooncake peer's memory is reached in its own data framing. Serving
 // Mooncake initiators' data requests, which carry no key and cannot
 // authenticate, is opt-in (Config.AcceptMooncakePeers,

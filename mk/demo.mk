@@ -9,7 +9,8 @@ DEMO_ARGS ?=
 
 .PHONY: demo
 # The binaries go to $(BUILD)/demo so that they never stand in for the
-# release builds of other rules.
+# release builds of other rules. te-sidecar carries the version of
+# mk/meta.mk (git describe), as the release build does.
 demo: deps
 	@mkdir -p $(BUILD)/demo
 	@echo "demo: building te-sidecar and te-demo $(TE_VERSION) (go build -v: a line per package compiled; minutes on a fresh machine)"

@@ -2,10 +2,10 @@
 
 `pip install .` and `pip wheel .` at the repository root call it: it builds
 libte.so with the Go toolchain (the only compiler needed) and writes a
-platform wheel holding python/te (with libte.so inside), python/mooncake and
-the dist-info files (METADATA, WHEEL, RECORD). It uses only the standard
-library, so it works offline, with or without build isolation, on machines
-whose setuptools has no `wheel` module.
+platform wheel holding python/te (with libte.so inside), python/mooncake,
+python/nixl and the dist-info files (METADATA, WHEEL, RECORD). It uses only
+the standard library, so it works offline, with or without build isolation,
+on machines whose setuptools has no `wheel` module.
 
 Environment:
     TE_WHEEL_LIBTE  a libte.so built already (the Makefile passes the one
@@ -44,8 +44,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "te"
-SUMMARY = "te: KV-cache transfer engine (libte) with a drop-in for Mooncake's Python TransferEngine"
-PACKAGES = ("te", "mooncake")
+SUMMARY = "te: KV-cache transfer engine (libte) with drop-ins for Mooncake's TransferEngine and NIXL's Python API"
+PACKAGES = ("te", "mooncake", "nixl")
 SONAME = "libte.so.1"
 # Zip entries get a fixed time so that the same inputs give the same wheel.
 EPOCH = (1980, 1, 1, 0, 0, 0)
@@ -114,6 +114,8 @@ def metadata():
         f"Summary: {SUMMARY}\n"
         "Requires-Python: >=3.8\n"
         "License: Apache-2.0\n"
+        "Provides-Extra: nixl\n"
+        "Requires-Dist: numpy; extra == \"nixl\"\n"
         "Classifier: Programming Language :: Python :: 3\n"
         "Classifier: Operating System :: POSIX :: Linux\n"
         "Description-Content-Type: text/markdown\n"

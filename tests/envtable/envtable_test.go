@@ -77,11 +77,11 @@ var (
 	// A Go call whose function name says env (os.Getenv, getenv, envInt,
 	// LookupEnv) with a te variable as its first argument, and constants
 	// named Env... holding one.
-	goCall  = regexp.MustCompile(`(?i)\b[a-z_.]*env[a-z_]*\(\s*"((?:TE|MC)_[A-Z0-9_]*)"`)
-	goConst = regexp.MustCompile(`(?m)^\s*(?:const\s+)?[Ee]nv\w*\s*=\s*"((?:TE|MC)_[A-Z0-9_]*)"`)
+	goCall  = regexp.MustCompile(`(?i)\b[a-z_.]*env[a-z_]*\(\s*"((?:TE|MC|NIXL)_[A-Z0-9_]*)"`)
+	goConst = regexp.MustCompile(`(?m)^\s*(?:const\s+)?[Ee]nv\w*\s*=\s*"((?:TE|MC|NIXL)_[A-Z0-9_]*)"`)
 	// Python: os.environ.get("X"), os.environ["X"], os.getenv("X"), and
 	// the drop-in's _env_bool("X").
-	pyRead = regexp.MustCompile(`(?:environ(?:\.get)?[\[(]|getenv\(|_env_bool\()\s*["']((?:TE|MC)_[A-Z0-9_]*)["']`)
+	pyRead = regexp.MustCompile(`(?:environ(?:\.get)?[\[(]|getenv\(|_env_bool\()\s*["']((?:TE|MC|NIXL)_[A-Z0-9_]*)["']`)
 	// Shell: ${TE_X...} or $TE_X.
 	shRead = regexp.MustCompile(`\$\{?((?:TE|MC)_[A-Z0-9_]+)`)
 )
