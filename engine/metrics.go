@@ -27,7 +27,7 @@ import (
 // Metrics in Prometheus's text format (WriteMetrics, te_metrics, the
 // MetricsAddr listener): the Stats counters, the control plane's refusals,
 // the transports' own counters, the routes, and a histogram of the time from
-// submit to COMPLETED per transport and peer class.
+// submit to its batch's completion per transport and peer class.
 
 // Peer classes of the latency histograms: where the target segment's engine
 // runs, as its descriptor says.
