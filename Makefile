@@ -18,7 +18,9 @@ SHELL := /bin/bash
 GO ?= go
 BUILD ?= build
 PREFIX ?= /usr/local
-PYTHON ?= python3
+# Debian's python3 (/usr/bin) is the one with python3-numpy and python3-torch;
+# another python3 may come first on PATH.
+PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || echo python3)
 TAGS ?=
 STRIP ?= 1
 export CGO_ENABLED ?= 1

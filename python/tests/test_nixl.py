@@ -31,9 +31,9 @@ if np is not None:
     from nixl._api import nixl_agent, nixl_agent_config, nixl_thread_sync_t
     from nixl_peers import (kv_prefill, listener_target, plain_target, rdma_pair, sglang_decode, vram_reader,
                             vram_target)
-    from peers import MB, pattern
 
-from util import HERE, Peer, wait_until
+from peers import MB, pattern
+from util import HERE, Peer, stop, wait_until
 
 SECRET = "nixl-test-cluster-secret-0123456789"
 _log = logging.getLogger("nixl")
@@ -975,7 +975,7 @@ class KilledPeerTest(unittest.TestCase):
         d = self.d
         ids = list(range(16))
         x = d.make_prepped_xfer("READ", self.lh, ids[::-1], self.rh, ids, b"never")
-        os.kill(self.pid, signal.SIGSTOP)
+        stop(self.pid)
         self.assertEqual(d.transfer(x), "PROC")
         self.assertEqual(d.wait_xfer(x, 0.2), "PROC")  # a stopped peer cannot have answered
         self.assertEqual(d.check_xfer_state(x), "PROC")
@@ -990,7 +990,7 @@ class KilledPeerTest(unittest.TestCase):
     def test_release_in_flight(self):
         d = self.d
         x = d.make_prepped_xfer("READ", self.lh, list(range(16)), self.rh, list(range(16)))
-        os.kill(self.pid, signal.SIGSTOP)
+        stop(self.pid)
         self.assertEqual(d.transfer(x), "PROC")
         t0 = time.monotonic()
         d.release_xfer_handle(x)  # cancels, and returns once nothing touches the buffer

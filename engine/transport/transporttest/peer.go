@@ -17,6 +17,7 @@ import (
 
 	"github.com/tecache/te/engine"
 	"github.com/tecache/te/internal/sys/mem"
+	"github.com/tecache/te/internal/sys/proc"
 )
 
 // envPeer makes a re-executed test binary act as the target peer.
@@ -246,9 +247,10 @@ func (c *child) Revoke(key uint64) error {
 	return err
 }
 
-// Pause stops the peer process (SIGSTOP): its sockets stay open but nothing
-// answers, like a peer that hangs.
-func (c *child) Pause() error { return c.cmd.Process.Signal(syscall.SIGSTOP) }
+// Pause stops the peer process (SIGSTOP) and returns once all its threads
+// are stopped: its sockets stay open but nothing answers, like a peer that
+// hangs.
+func (c *child) Pause() error { return proc.Stop(c.cmd.Process.Pid, 10*time.Second) }
 
 // Resume continues a paused peer.
 func (c *child) Resume() error { return c.cmd.Process.Signal(syscall.SIGCONT) }
