@@ -122,6 +122,7 @@ func tego_create(cfg *C.te_cconfig, out *C.te_engine_t) (rc C.int) {
 		return null("create", "out")
 	}
 	*out = 0
+	syncEnv() // the engine reads TE_* as the host has them now (ops.go)
 	c, err := readConfig(cfg)
 	if err != nil {
 		return fail(err)

@@ -132,6 +132,16 @@ int te_stats_json(te_engine_t engine, char *buf, size_t len) {
     return tego_stats_json(engine, buf, len);
 }
 
+int te_metrics(te_engine_t engine, char *buf, size_t len, size_t *needed) {
+    if (tecapi_child(__func__)) return TE_ERR_FORKED;
+    return tego_metrics(engine, buf, len, needed);
+}
+
+int te_version(char *buf, size_t len) {
+    if (tecapi_child(__func__)) return TE_ERR_FORKED;
+    return tego_version(buf, len);
+}
+
 int te_register(te_engine_t engine, void *addr, uint64_t length, const char *location, int32_t remote) {
     if (tecapi_child(__func__)) return TE_ERR_FORKED;
     return tego_register(engine, addr, length, location, remote);

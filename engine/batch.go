@@ -104,6 +104,8 @@ type task struct {
 	length uint64
 	t      transport.Transport
 	st     *segState
+	start  int64 // monoNow at submit (metrics.go)
+	peer   uint8 // peer class of the target (metrics.go)
 }
 
 // lastFound is a descriptor and one of its buffers.
@@ -129,8 +131,12 @@ type Batch struct {
 	tasks    []task
 	reqs     []transport.Request // reqs[i] is task i's request
 
-	smu  sync.Mutex // serialises Submit, Reset and Free (slot owners)
-	last lastFound  // target buffer of the previous request (under smu)
+	smu      sync.Mutex    // serialises Submit, Reset and Free (slot owners)
+	last     lastFound     // target buffer of the previous request (under smu)
+	now      time.Time     // the submit in progress started (under smu)
+	peerOf   *segment.Desc // the descriptor peerCls was computed for (under smu)
+	peerCls  uint8
+	histFrom int // first task not yet in the latency histograms (under mu)
 
 	// pending counts submitted tasks not ended, plus a batch notify being
 	// sent. Only the completion that brings it to zero takes mu.
@@ -236,6 +242,9 @@ func (b *Batch) submit(n *batchNotify, reqs []Request) error {
 	b.smu.Lock()
 	defer b.smu.Unlock()
 	b.last = lastFound{}
+	// One clock read per submit, for the tasks' start (metrics.go) and the
+	// reaper's deadline.
+	b.now = time.Now()
 	b.mu.Lock()
 	lo, freed := b.n, b.freed
 	b.mu.Unlock()
@@ -286,7 +295,7 @@ func (b *Batch) submit(n *batchNotify, reqs []Request) error {
 		i = j
 	}
 	if e.cfg.TransferTimeout > 0 {
-		e.reaper.add(b, gen, lo, lo+len(reqs), e.cfg.TransferTimeout)
+		e.reaper.add(b, gen, lo, lo+len(reqs), b.now.Add(e.cfg.TransferTimeout))
 	}
 	return nil
 }
@@ -356,7 +365,7 @@ func (e *Engine) prepare(b *Batch, i, k int, r *Request, region *segment.Region)
 		}
 	}
 	if err != nil {
-		return fail(errs.CodeOf(err), "%v", err)
+		return errs.Wrap(errs.CodeOf(err), "submit", err, "request %d", i) // the cause's code is not said twice
 	}
 	b.last = lastFound{d, buf}
 	key := buf.Key
@@ -371,6 +380,10 @@ func (e *Engine) prepare(b *Batch, i, k int, r *Request, region *segment.Region)
 		}
 	}
 	tk.length, tk.t, tk.st = r.Length, t, st
+	if d != b.peerOf {
+		b.peerOf, b.peerCls = d, e.peerClass(st, d)
+	}
+	tk.start, tk.peer = int64(b.now.Sub(epoch)), b.peerCls
 	tk.err = nil
 	tk.why.Store(whyNone)
 	tk.state.Store(int32(Pending))
@@ -483,6 +496,8 @@ func (b *Batch) settle() {
 	}
 	b.settled = true
 	b.flushStats()
+	b.flushHistograms()
+	b.logBatch()
 	if b.done != nil {
 		close(b.done)
 		b.done = nil
@@ -733,6 +748,7 @@ func (b *Batch) Reset() error {
 	b.nFail.Store(0)
 	b.bytes.Store(0)
 	b.flushDone, b.flushFail, b.flushB = 0, 0, 0
+	b.histFrom, b.peerOf = 0, nil
 	b.worst, b.firstErr, b.notify, b.notifyErr = 0, nil, nil, nil
 	return nil
 }

@@ -54,6 +54,18 @@
 // authenticate, is opt-in (Config.AcceptMooncakePeers,
 // TE_ACCEPT_MOONCAKE_PEERS=1) and trusts the network.
 //
+// Every Config field has an environment variable (TE_MAX_CONNS,
+// TE_PARAM_tcp_conns, ...: the Env constants), which New reads for the
+// fields the caller left unset, so users of the C library and the Python
+// drop-ins reach every setting; a value that does not parse makes New fail,
+// naming the variable.
+//
+// WriteMetrics writes the engine's counters in Prometheus's text format
+// (Config.MetricsAddr serves them at /metrics), and Version names the build.
+// The engine logs through Config.Logger, else through te's slog handler when
+// TE_LOG_LEVEL or TE_LOG_FORMAT is set, else through slog.Default(); at
+// debug level it logs each segment opened and each batch's outcome.
+//
 // Every error is an *Error with a stable Code; errors.Is matches the
 // sentinels (ErrTimeout, ...). No method panics on bad input or blocks
 // without a bound.

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -60,6 +61,10 @@ type Engine struct {
 	reaper reaper
 	mc     *mooncakeState // Mooncake interop (mooncake.go)
 
+	envParams   map[string]string // transport parameter -> the variable that set it (env.go)
+	paramsAsked sync.Map          // parameters a transport asked for
+	metrics     metricsState      // histograms and the /metrics listener (metrics.go)
+
 	closed    atomic.Bool
 	closeOnce sync.Once
 	lifeMu    sync.Mutex // orders wg.Add against Close's wg.Wait
@@ -87,7 +92,15 @@ func (e *Engine) goTracked(f func()) bool {
 // New starts an engine: it loads the cluster secret, binds the RPC listener
 // (on the advertised host unless ListenAddr says otherwise), starts the
 // transports and publishes an empty segment.
-func New(cfg Config) (*Engine, error) {
+func New(cfg Config) (_ *Engine, err error) {
+	envParams, fromEnv, err := cfg.applyEnv(os.Getenv, os.Environ())
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = blameEnv(err, fromEnv) }()
+	if err := envLogger(&cfg, os.Getenv); err != nil {
+		return nil, err
+	}
 	cfg.fill()
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -103,7 +116,7 @@ func New(cfg Config) (*Engine, error) {
 	e := &Engine{mc: mc,
 		cfg: cfg, reg: segment.NewRegistry(), byName: map[string]transport.Transport{},
 		segs: map[string]*segState{}, batches: map[*Batch]struct{}{}, done: make(chan struct{}),
-		p2p: meta.IsP2P(cfg.Metadata), secret: secret,
+		p2p: meta.IsP2P(cfg.Metadata), secret: secret, envParams: envParams,
 	}
 	var inst [16]byte
 	rand.Read(inst[:])
@@ -158,7 +171,13 @@ func New(cfg Config) (*Engine, error) {
 	e.ctrl.Handle(wire.KindProbe, e.handleProbe)
 	e.installMooncake()
 
-	if err := e.startTransports(); err != nil {
+	err = e.startTransports()
+	if err == nil {
+		if err = e.checkEnvParams(); err != nil {
+			e.closeTransports()
+		}
+	}
+	if err != nil {
 		e.ctrl.close()
 		if store != nil {
 			store.Close()
@@ -175,6 +194,10 @@ func New(cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	e.startMetaSync()
+	if err := e.startMetrics(); err != nil {
+		e.Close()
+		return nil, err
+	}
 	return e, nil
 }
 
@@ -239,6 +262,10 @@ func (e *Engine) startTransports() error {
 			err = t.Start(host{e})
 		}
 		if err != nil {
+			if name := e.envParamRefused(n, err); name != "" {
+				e.closeTransports()
+				return errs.Wrap(errs.InvalidArgument, "new", err, "%s", name)
+			}
 			if explicit {
 				e.closeTransports()
 				return errs.Wrap(errs.TransportUnavailable, "new", err, "transport %s", n)
@@ -289,6 +316,9 @@ func (h host) Registry() *segment.Registry     { return h.e.reg }
 func (h host) Control() transport.Control      { return h.e.ctrl }
 func (h host) Logf(format string, args ...any) { h.e.cfg.Logger.Info(fmt.Sprintf(format, args...)) }
 func (h host) Param(key string) (string, bool) {
+	if _, ok := h.e.envParams[key]; ok {
+		h.e.paramsAsked.Store(key, true)
+	}
 	if v, ok := h.e.mooncakeParam(key); ok {
 		return v, true
 	}
@@ -594,6 +624,7 @@ func (e *Engine) Close() error {
 		e.closed.Store(true)
 		e.lifeMu.Unlock()
 		close(e.done)
+		e.stopMetrics()
 		// Transports complete what they hold before they return; then
 		// nothing can complete late.
 		e.closeTransports()

@@ -3,8 +3,6 @@ package engine
 import (
 	"context"
 	"encoding/json"
-	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -19,7 +17,7 @@ import (
 // sends it a notification. The data path is the tcp transport's.
 
 // EnvAcceptMooncakePeers turns Config.AcceptMooncakePeers on for every entry
-// point (Go, C, Python) when set to 1.
+// point (Go, C, Python) when set to 1 (env.go reads it).
 const EnvAcceptMooncakePeers = "TE_ACCEPT_MOONCAKE_PEERS"
 
 // paramAcceptMooncake is the transport parameter the engine answers from its
@@ -28,15 +26,6 @@ const paramAcceptMooncake = "mooncake.accept"
 
 // maxMooncakeAddrs bounds the remembered Mooncake peer addresses.
 const maxMooncakeAddrs = 4096
-
-// envOn reports whether the environment variable name says yes.
-func envOn(name string) bool {
-	switch strings.ToLower(strings.TrimSpace(os.Getenv(name))) {
-	case "1", "true", "yes", "on":
-		return true
-	}
-	return false
-}
 
 // mooncakeState is an engine's Mooncake interop state.
 type mooncakeState struct {
@@ -67,7 +56,7 @@ type mooncakeState struct {
 // the engine loaded a cluster secret.
 func newMooncakeState(cfg *Config, secret bool) (*mooncakeState, error) {
 	m := &mooncakeState{
-		accept: cfg.AcceptMooncakePeers || envOn(EnvAcceptMooncakePeers),
+		accept: cfg.AcceptMooncakePeers, // env.go applied TE_ACCEPT_MOONCAKE_PEERS
 		call:   !secret || cfg.AllowMooncakeWithSecret,
 		guess:  !secret,
 	}
@@ -75,7 +64,9 @@ func newMooncakeState(cfg *Config, secret bool) (*mooncakeState, error) {
 	if m.accept && !m.call {
 		return nil, errs.New(errs.InvalidArgument, "new",
 			"Mooncake peers are to be accepted, but a cluster secret is set and Mooncake peers cannot authenticate").
-			WithHint("set Config.AllowMooncakeWithSecret to accept them anyway (they bypass the secret: the network is trusted), or do not accept Mooncake peers")
+			WithHint("to accept them anyway (they bypass the secret: the network is trusted) set " + EnvAllowMooncakeWithSecret +
+				"=1 (Config.AllowMooncakeWithSecret, te_config_t.allow_mooncake_with_secret, te.Engine(allow_mooncake_with_secret=True)); " +
+				"or do not accept Mooncake peers")
 	}
 	if m.accept {
 		cfg.Logger.Warn("te: accepting Mooncake peers: their tcp requests carry no key and are not authenticated; the network is trusted")

@@ -1,8 +1,11 @@
 /*
  * te.h - the C interface of te, a KV-cache transfer engine.
  *
- * Link with -lte (CMake: find_package(te 1.2) and target te::te; pkg-config:
- * te). The package version is this header's ABI version.
+ * Link with -lte (CMake: find_package(te 1.3) and target te::te; pkg-config:
+ * te). The package version is this header's ABI version. A program linked
+ * with -lte finds libte.so.1 through the loader's path: install it where the
+ * loader looks (ldconfig), link with an rpath (-Wl,-rpath,<libdir>; CMake's
+ * te::te does this in the build tree), or set LD_LIBRARY_PATH.
  * This header is written by hand and versioned; the one cgo generates while
  * building libte.so is not part of the interface.
  *
@@ -69,7 +72,7 @@ extern "C" {
  * _RESOURCE_EXHAUSTED codes, the te_config_t fields after max_notifies and
  * te_local_topology, and renamed some struct tags (the _t names stay). 1.3
  * added storage buffers (te_register_file, TE_FILE_* flags) and the
- * TE_ERR_IO and TE_ERR_NO_SPACE codes. */
+ * TE_ERR_IO and TE_ERR_NO_SPACE codes, te_version and te_metrics. */
 #define TE_ABI_VERSION_MAJOR 1
 #define TE_ABI_VERSION_MINOR 3
 #define TE_ABI_VERSION ((TE_ABI_VERSION_MAJOR << 16) | TE_ABI_VERSION_MINOR)
@@ -404,6 +407,15 @@ int te_abi_version(void);
  * (the message was cut to fit), TE_ERR_INVALID_ARGUMENT (buf NULL or len 0). */
 int te_last_error(char *buf, size_t len);
 
+/* te_version writes the library's version into buf (len bytes,
+ * NUL-terminated): te.h's ABI version as MAJOR.MINOR.0, then, for a build
+ * of an untagged commit, "+g" and the commit (e.g. "1.3.0+g1a2b3c4d5e6f"),
+ * or "+dev" for a build that did not record one. te.__version__ and
+ * `te-bench -version` of the same build print the same string. (ABI 1.3)
+ * Blocks: no | Thread-safe: yes | Errors: TE_ERR_BUFFER_TOO_SMALL (cut to
+ * fit; 64 bytes always suffice), TE_ERR_INVALID_ARGUMENT (buf NULL or len 0). */
+int te_version(char *buf, size_t len);
+
 /* te_local_topology writes, as a JSON object in Mooncake's topology shape,
  * the memory locations of this machine and the RDMA NICs te would use for
  * each: {"cpu:0": [[preferred NICs], [other NICs]], "cuda:0": [[...], [...]]}.
@@ -464,6 +476,26 @@ int te_stats(te_engine_t engine, te_stats_t *out);
  * te_local_topology's shape; absent without rdma).
  * Blocks: no | Thread-safe: yes | Errors: TE_ERR_BUFFER_TOO_SMALL. */
 int te_stats_json(te_engine_t engine, char *buf, size_t len);
+
+/* te_metrics writes the engine's metrics in Prometheus's text exposition
+ * format (version 0.0.4) into the caller's buffer: tasks by final state,
+ * bytes, notifications, control-plane connections and refusals
+ * (authentication, limits), per-transport counters, routes, and
+ * te_task_duration_seconds, a histogram of the time from a task's submit to
+ * its batch's completion (what a caller of te_wait sees) per transport and
+ * peer class. Every family has HELP and TYPE lines. The text
+ * is NUL-terminated like te_last_error's; when needed is not NULL it
+ * receives the bytes the whole text takes, NUL included, on success and on
+ * TE_ERR_BUFFER_TOO_SMALL, so a caller can size the buffer: buf may be NULL
+ * with len 0 to ask for the size alone (the call then returns
+ * TE_ERR_BUFFER_TOO_SMALL). The text grows with open segments and
+ * transports: a few KiB, 64 KiB is ample for most engines. Set
+ * TE_METRICS_ADDR to have the engine serve the same text over HTTP at
+ * /metrics instead. (ABI 1.3)
+ * Blocks: no | Thread-safe: yes | Errors: TE_ERR_BUFFER_TOO_SMALL (the text
+ * was cut to fit, or buf is NULL), TE_ERR_INVALID_ARGUMENT (buf NULL with len
+ * non-zero, or buf NULL and needed NULL). */
+int te_metrics(te_engine_t engine, char *buf, size_t len, size_t *needed);
 
 /* ---- Memory ------------------------------------------------------------ */
 

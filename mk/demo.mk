@@ -13,6 +13,8 @@ DEMO_ARGS ?=
 # mk/meta.mk (git describe), as the release build does.
 demo: deps
 	@mkdir -p $(BUILD)/demo
-	$(GO) build -ldflags "-X github.com/tecache/te/cmd/te-sidecar/sidecar.Version=$(SIDECAR_VERSION)" -o $(BUILD)/demo/te-sidecar ./cmd/te-sidecar
-	$(GO) build -o $(BUILD)/demo/te-demo ./cmd/te-demo
+	@echo "demo: building te-sidecar and te-demo $(TE_VERSION) (go build -v: a line per package compiled; minutes on a fresh machine)"
+	$(GO) build -v -ldflags "$(SIDECAR_LDFLAGS)" -o $(BUILD)/demo/te-sidecar ./cmd/te-sidecar
+	$(GO) build -v -ldflags "$(GO_VERSION_LDFLAGS)" -o $(BUILD)/demo/te-demo ./cmd/te-demo
+	@echo "demo: running (a few seconds)"
 	$(BUILD)/demo/te-demo -sidecar-bin $(BUILD)/demo/te-sidecar $(DEMO_ARGS)

@@ -29,6 +29,7 @@ NIXL_VENV := $(BUILD)/venv-nixl
 # The wheel bundles the libte.so `make` built (TE_WHEEL_LIBTE) rather than
 # linking another one.
 $(WHEEL_STAMP): $(LIBTE) $(PY_PACKAGE) include/te.h
+	@echo "wheel: packaging $(LIBTE) with python/te, python/mooncake and python/nixl, version $(TE_VERSION)"
 	rm -rf $(WHEEL_DIR) && mkdir -p $(WHEEL_DIR)
 	TE_WHEEL_LIBTE=$(abspath $(LIBTE)) $(PYTHON) -m pip wheel -q --no-index --no-deps --no-build-isolation \
 		--no-cache-dir -w $(WHEEL_DIR) .
@@ -36,8 +37,12 @@ $(WHEEL_STAMP): $(LIBTE) $(PY_PACKAGE) include/te.h
 
 wheel: $(WHEEL_STAMP)
 
-# fakes: test_rdma_fabric.py runs two processes on the fake fabric (mk/fakes.mk).
-test-python: $(WHEEL_STAMP) fakes
+# te-bench of the same build: test_ops checks that its -version agrees
+# with te.__version__ and te_version(). fakes: test_rdma_fabric.py runs two
+# processes on the fake fabric (mk/fakes.mk).
+test-python: $(WHEEL_STAMP) $(BUILD)/te-bench fakes
+test-python: export TE_BENCH = $(abspath $(BUILD)/te-bench)
+test-python:
 	rm -rf $(VENV)
 	$(PYTHON) -m venv --system-site-packages $(VENV)
 	$(VENV)/bin/python -m pip install -q --no-index --no-deps $(WHEEL_DIR)/te-*.whl
@@ -45,10 +50,13 @@ test-python: $(WHEEL_STAMP) fakes
 		$(abspath $(VENV))/bin/python -m unittest discover -s . -v
 
 test-pip-install: export TE_GO_TAGS = $(TAGS)
+# pip -v shows the backend's progress (a line per Go package compiled and
+# one every 15 s); without it pip shows its spinner only.
 test-pip-install:
 	rm -rf $(PIP_VENV)
 	$(PYTHON) -m venv $(PIP_VENV)
-	$(PIP_VENV)/bin/python -m pip install -q --no-index --no-cache-dir .
+	@echo "test-pip-install: pip install -v . (builds libte.so with Go: minutes on a fresh machine)"
+	$(PIP_VENV)/bin/python -m pip install -v --no-index --no-cache-dir . 2>&1 | grep -E '^ *te_build:|error|Error|Successfully'; exit $${PIPESTATUS[0]}
 	cd / && env -u TE_LIBRARY -u PYTHONPATH $(abspath $(PIP_VENV))/bin/python -c \
 		'import te, mooncake.engine; te.load(); print("pip install . ->", te.library_path(), "ABI", te.abi_version())'
 

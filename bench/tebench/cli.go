@@ -16,12 +16,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tecache/te/engine"
 	"github.com/tecache/te/engine/transport/tcp"
 	"github.com/tecache/te/internal/authsecret"
 	"github.com/tecache/te/internal/errs"
 )
 
 const usage = `usage:
+  te-bench -version                       (prints te's version, engine.Version)
   te-bench target    [--listen host:port] [--buffer SIZE] [--metadata URL] [--accept-mooncake]
   te-bench initiator --segment NAME [--ref host:port] [run flags]
       (NAME may be a Mooncake Transfer Engine's segment: te speaks its
@@ -44,6 +46,9 @@ combination is run):
   --secret off|on|off,on (loopback: run without and/or with a cluster secret)
 Mooncake's transfer_engine_bench names are accepted too: --operation,
 --block_size, --batch_size, --segment_id, --protocol, --metadata_server.
+
+Log lines go to stderr in te's style: TE_LOG_LEVEL (debug, info, warn,
+error, off; default info) and TE_LOG_FORMAT (text or json).
 `
 
 // Main runs te-bench with args (without the program name) and returns the
@@ -55,6 +60,9 @@ func Main(ctx context.Context, exe string, args []string, stdin io.Reader, stdou
 	}
 	var err error
 	switch args[0] {
+	case "-version", "--version", "version":
+		fmt.Fprintln(stdout, "te-bench", engine.Version)
+		return 0
 	case "target":
 		err = mainTarget(ctx, args[1:], stdin, stdout, stderr)
 	case "initiator":

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/tecache/te/bench/tebench"
+	"github.com/tecache/te/engine"
 )
 
 // envTarget makes the re-executed test binary act as te-bench itself, so
@@ -202,4 +203,15 @@ func ExampleFormatSize() {
 		os.Stdout.WriteString(tebench.FormatSize(n) + " ")
 	}
 	// Output: 4KiB 64KiB 1MiB 3GiB 1000B
+}
+
+// TestVersion: te-bench -version prints engine.Version, which the build
+// stamps into every binary and library alike.
+func TestVersion(t *testing.T) {
+	for _, flag := range []string{"-version", "--version", "version"} {
+		out, _, code := run(t, flag)
+		if code != 0 || out != "te-bench "+engine.Version+"\n" {
+			t.Errorf("%s: exit %d, %q", flag, code, out)
+		}
+	}
 }

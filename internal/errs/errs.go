@@ -9,6 +9,7 @@ package errs
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Code is a stable error code. The C ABI returns -Code.
@@ -110,21 +111,45 @@ type Error struct {
 	Err  error
 }
 
+// Error reads "op: code: message: cause (hint)". A cause that is itself an
+// *Error with the same code or op does not say them again, so a chain of
+// wraps reads "auth: invalid argument: secret: from TE_AUTH_SECRET: the
+// secret is 5 bytes", not every layer's "invalid argument".
 func (e *Error) Error() string {
-	s := e.Code.String()
-	if e.Op != "" {
-		s = e.Op + ": " + s
+	var b strings.Builder
+	e.render(&b, "", 0, false)
+	return b.String()
+}
+
+func (e *Error) render(b *strings.Builder, parentOp string, parentCode Code, nested bool) {
+	sep := func() {
+		if b.Len() > 0 {
+			b.WriteString(": ")
+		}
+	}
+	op := parentOp
+	if e.Op != "" && (!nested || e.Op != parentOp) {
+		sep()
+		b.WriteString(e.Op)
+		op = e.Op
+	}
+	if !nested || e.Code != parentCode {
+		sep()
+		b.WriteString(e.Code.String())
 	}
 	if e.Msg != "" {
-		s += ": " + e.Msg
+		sep()
+		b.WriteString(e.Msg)
 	}
-	if e.Err != nil {
-		s += ": " + e.Err.Error()
+	if c, ok := e.Err.(*Error); ok && c != nil {
+		c.render(b, op, e.Code, true)
+	} else if e.Err != nil {
+		sep()
+		b.WriteString(e.Err.Error())
 	}
 	if e.Hint != "" {
-		s += " (" + e.Hint + ")"
+		b.WriteString(" (" + e.Hint + ")")
 	}
-	return s
 }
 
 // Unwrap returns the cause.

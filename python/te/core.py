@@ -93,6 +93,7 @@ class Segment:
         return [(b.addr, b.length, b.location.decode()) for b in arr[:n.value]]
 
     def close(self):
+        """Release the handle (the descriptor cache goes with the last handle to the segment)."""
         if self.handle:
             h, self.handle = self.handle, 0
             check(_lib.load().te_close_segment(h))
@@ -120,6 +121,7 @@ class BatchStatus:
 
     @property
     def state_name(self):
+        """The state as a name: WAITING, PENDING, COMPLETED, FAILED, TIMEOUT, CANCELED."""
         return STATE_NAMES.get(self.state, str(self.state))
 
     def __repr__(self):
@@ -173,6 +175,7 @@ class Batch:
         return ts.state, -ts.error, ts.transferred, ts.transport.decode()
 
     def status(self):
+        """The batch's summary now (a BatchStatus), without waiting."""
         lib = _lib.load()
         st = _lib.BatchStatus()
         check(lib.te_batch_status(self.handle, byref(st)), lib)
@@ -207,6 +210,7 @@ class Batch:
         check(_lib.load().te_batch_reset(self.handle))
 
     def free(self):
+        """Release the batch; raises BatchBusy while tasks are in flight (wait first)."""
         if self.handle:
             check(_lib.load().te_free_batch(self.handle))
             self.handle = 0
@@ -375,6 +379,7 @@ class Engine:
 
     @property
     def rpc_port(self):
+        """The port of the engine's RPC listener (peers reach the engine at host:port)."""
         lib = _lib.load()
         p = c_int32()
         check(lib.te_rpc_port(self.handle, byref(p)), lib)
@@ -401,6 +406,24 @@ class Engine:
         [others]], "cuda:0": ...}. Without rdma, te.local_topology()."""
         topo = self.stats().get("topology")
         return topo if topo is not None else local_topology()
+
+    def metrics(self):
+        """The engine's metrics in Prometheus's text exposition format (te_metrics):
+        tasks by state, bytes, control-plane refusals, per-transport counters,
+        routes and a submit-to-completion latency histogram per transport and
+        peer class. Serve it from your own /metrics, or set TE_METRICS_ADDR
+        and let the engine serve it."""
+        lib = _lib.load()
+        need = c_size_t()
+        size = 1 << 16
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            rc = lib.te_metrics(self.handle, buf, size, byref(need))
+            if rc == -BufferTooSmall.code and need.value > size:
+                size = need.value + 4096  # it may grow meanwhile
+                continue
+            check(rc, lib)
+            return buf.value.decode()
 
     # -- memory ---------------------------------------------------------
     def register(self, buf, length=None, location=None, remote=True):
@@ -467,6 +490,7 @@ class Engine:
         return addrs
 
     def unregister_batch(self, buffers):
+        """Unregister several buffers (addresses or objects), all or none; publishes once."""
         if not buffers:
             raise InvalidArgument("no buffers")
         addrs = [b if isinstance(b, int) else address_of(b)[0] for b in buffers]
@@ -479,12 +503,16 @@ class Engine:
 
     # -- segments and batches ---------------------------------------------
     def open_segment(self, name):
+        """A handle to the named segment (a peer's host:port with P2PHANDSHAKE, or this engine's
+        own name); close() it when done. Raises SegmentNotFound when the peer does not answer."""
         lib = _lib.load()
         h = _lib.segment_t()
         check(lib.te_open_segment(self.handle, _b(name), byref(h)), lib)
         return Segment(self, h.value, name)
 
     def allocate_batch(self, capacity):
+        """An empty batch for up to capacity requests (1 .. 16777216); free() it, or use it in a
+        with block."""
         lib = _lib.load()
         h = _lib.batch_t()
         check(lib.te_allocate_batch(self.handle, int(capacity), byref(h)), lib)
@@ -512,6 +540,7 @@ class Engine:
 
     # -- notifications and probes -----------------------------------------
     def send_notify(self, segment, name, msg=b""):
+        """Deliver (name, msg) to the engine of segment (its name) and wait until it is queued there."""
         m = _b(msg) or b""
         lib = _lib.load()
         check(lib.te_notify_send(self.handle, _b(segment), _b(name), m, len(m)), lib)
@@ -547,6 +576,7 @@ class Engine:
 
     @property
     def closed(self):
+        """True once close() ran."""
         return not self._finalizer.alive
 
     def __enter__(self):

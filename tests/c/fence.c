@@ -94,7 +94,7 @@ static void stop_peer(pid_t pid) {
         struct dirent *de;
         while ((de = readdir(d)) != NULL) {
             if (de->d_name[0] == '.') continue;
-            char stat[128], buf[512];
+            char stat[sizeof path + sizeof de->d_name + 8], buf[512]; /* room for any name: -Wformat-truncation */
             snprintf(stat, sizeof stat, "%s/%s/stat", path, de->d_name);
             FILE *f = fopen(stat, "r");
             if (f == NULL) continue;
