@@ -40,8 +40,13 @@ type Stats struct {
 	Control ControlStats `json:"control"`
 	// Transport holds the counters of the transports that keep their own
 	// (TransportStats): for file, io_uring (1) or the pread/pwrite pool
-	// (0), and buffered_ios, the I/Os that could not go O_DIRECT.
+	// (0), and buffered_ios, the I/Os that could not go O_DIRECT; for rdma,
+	// bytes, errors, retries and cooldowns per rail and NIC, and how GPU
+	// memory was registered.
 	Transport map[string]map[string]uint64 `json:"transport_stats,omitempty"`
+	// Topology is the NICs near each memory location, as the rdma
+	// transport uses them (Topology); absent without it.
+	Topology map[string][2][]string `json:"topology,omitempty"`
 }
 
 // ControlStats are the control plane's counters: its connections, and each
@@ -119,5 +124,6 @@ func (e *Engine) Stats() Stats {
 		Routes:            e.routes(),
 		Control:           e.controlStats(),
 		Transport:         e.TransportStats(),
+		Topology:          e.Topology(),
 	}
 }

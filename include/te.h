@@ -420,10 +420,14 @@ int te_version(char *buf, size_t len);
  * the memory locations of this machine and the RDMA NICs te would use for
  * each: {"cpu:0": [[preferred NICs], [other NICs]], "cuda:0": [[...], [...]]}.
  * CPU locations are the NUMA nodes (a NIC on the node is preferred), GPU
- * locations the CUDA devices the driver reports (the NICs nearest on the PCI
- * bus are preferred). devices (NULL or "" for all) is a comma-separated list
- * of NIC names to consider. Without libibverbs or NICs the lists are empty;
- * without a CUDA driver there are no cuda entries. It needs no engine.
+ * locations the CUDA devices the driver reports (preferred: the NICs behind
+ * the GPU's PCIe switch, else those on its NUMA node). It reads sysfs, or
+ * the tree TE_SYSFS_ROOT names instead of /sys. The rdma transport spreads
+ * each request over these preferred NICs. devices is a comma-separated list
+ * of NIC names to consider (NULL or "": those TE_RDMA_DEVICES or
+ * MC_TE_FILTERS allow, else all). Without libibverbs or NICs
+ * the lists are empty; without a CUDA driver there are no cuda entries. It
+ * needs no engine.
  * Blocks: briefly (reads sysfs; the first call loads libibverbs and the CUDA
  * driver when present) | Thread-safe: yes | Errors: TE_ERR_BUFFER_TOO_SMALL. */
 int te_local_topology(const char *devices, char *buf, size_t len);
@@ -466,7 +470,10 @@ int te_rpc_port(te_engine_t engine, int32_t *port);
 int te_stats(te_engine_t engine, te_stats_t *out);
 
 /* te_stats_json writes the engine's counters, segment name and installed
- * transports as a JSON object.
+ * transports as a JSON object; "transport_stats" holds the transports' own
+ * counters (rdma: bytes, errors, retries and cooldowns per rail and NIC) and
+ * "topology" the NICs near each memory location as rdma uses them (in
+ * te_local_topology's shape; absent without rdma).
  * Blocks: no | Thread-safe: yes | Errors: TE_ERR_BUFFER_TOO_SMALL. */
 int te_stats_json(te_engine_t engine, char *buf, size_t len);
 

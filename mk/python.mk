@@ -38,8 +38,9 @@ $(WHEEL_STAMP): $(LIBTE) $(PY_PACKAGE) include/te.h
 wheel: $(WHEEL_STAMP)
 
 # te-bench of the same build: test_ops checks that its -version agrees
-# with te.__version__ and te_version().
-test-python: $(WHEEL_STAMP) $(BUILD)/te-bench
+# with te.__version__ and te_version(). fakes: test_rdma_fabric.py runs two
+# processes on the fake fabric (mk/fakes.mk).
+test-python: $(WHEEL_STAMP) $(BUILD)/te-bench fakes
 test-python: export TE_BENCH = $(abspath $(BUILD)/te-bench)
 test-python:
 	rm -rf $(VENV)

@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/tecache/te/engine"
@@ -161,12 +162,38 @@ type Result struct {
 	// Transfer Engine (moved in its tcp framing).
 	Peer    string  `json:"peer"`
 	Machine Machine `json:"machine"`
+	// CPUusPerReq is this process's CPU time (user + system, every thread:
+	// the engine, and for local the copies, for rdma over the fake
+	// libibverbs its "NIC" threads too) over the measured rounds, per
+	// request.
+	CPUusPerReq float64 `json:"cpu_us_per_req"`
+	// DoorbellsPerSubmit is ibv_post_send calls per batch (rdma only).
+	DoorbellsPerSubmit float64 `json:"doorbells_per_submit,omitempty"`
+	// Over the fake libibverbs: FakeNICusPerReq is the part of CPUusPerReq
+	// its "NIC" threads spent (process_vm_readv/writev, locks: a real NIC's
+	// work), and CPUusPerReqNICMemcpy is CPUusPerReq with that part
+	// replaced by what a memcpy of the request's bytes costs here
+	// (block / RefMemcpyGBps): the figure to hold against local's.
+	FakeNICusPerReq      float64 `json:"fake_nic_us_per_req,omitempty"`
+	CPUusPerReqNICMemcpy float64 `json:"cpu_us_per_req_nic_as_memcpy,omitempty"`
 	// Target is the target's buffer: "memory", or "file" (a storage
 	// buffer: the target's tcp server reads and writes a file). For a file
 	// run RatioMemory is its GB/s over the same run's memory GB/s.
 	Target      string  `json:"target"`
 	RatioMemory float64 `json:"ratio_memory,omitempty"`
 }
+
+// cpuTime is the process's CPU time so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// doorbells is the rdma transport's ibv_post_send count.
+func (in *Initiator) doorbells() uint64 { return in.e.TransportStats()["rdma"]["doorbells"] }
 
 func (r Result) String() string {
 	ref := "ref tcp n/a"
@@ -184,9 +211,16 @@ func (r Result) String() string {
 	if r.Target == "file" {
 		auth += fmt.Sprintf(" file (%.3fx memory)", r.RatioMemory)
 	}
-	return fmt.Sprintf("%-5s%s %-5s block %-6s batch %-4d threads %d: %7.3f GB/s %9.0f req/s  p50 %8.0fus p99 %8.0fus  %s  memcpy %.2f GB/s (%.3fx)%s",
+	db := ""
+	if r.DoorbellsPerSubmit > 0 {
+		db = fmt.Sprintf(", %.2f doorbells/submit", r.DoorbellsPerSubmit)
+	}
+	if r.FakeNICusPerReq > 0 {
+		db += fmt.Sprintf(" (fake NIC %.2fus/req; with the NIC as a memcpy %.2fus/req)", r.FakeNICusPerReq, r.CPUusPerReqNICMemcpy)
+	}
+	return fmt.Sprintf("%-5s%s %-5s block %-6s batch %-4d threads %d: %7.3f GB/s %9.0f req/s  p50 %8.0fus p99 %8.0fus  %s  memcpy %.2f GB/s (%.3fx)%s  cpu %.2fus/req%s",
 		r.Transport, auth, r.Op, FormatSize(r.Block), r.Batch, r.Threads, r.GBps, r.ReqPerS, r.P50us, r.P99us,
-		ref, r.RefMemcpyGBps, r.RatioMemcpy, cold)
+		ref, r.RefMemcpyGBps, r.RatioMemcpy, cold, r.CPUusPerReq, db)
 }
 
 // JSON returns r as one line of JSON.
@@ -207,7 +241,7 @@ func (o *Options) check() error {
 		o.Transport = "auto"
 	case "tcp", "shm", "local", "rdma":
 	default:
-		return bad("--transport %q: want tcp, shm, local or auto", o.Transport)
+		return bad("--transport %q: want tcp, shm, local, rdma or auto", o.Transport)
 	}
 	if o.Block == 0 || o.Block > 1<<30 {
 		return bad("--block %d: want 1B..1GiB", o.Block)
@@ -379,6 +413,9 @@ func (in *Initiator) Run(ctx context.Context, o Options) (Result, error) {
 		lats     []time.Duration
 		requests uint64
 		teTime   time.Duration
+		teCPU    time.Duration
+		nicCPU   int64
+		bells    uint64
 		rawBytes uint64
 		rawTime  time.Duration
 		mu       sync.Mutex
@@ -387,6 +424,7 @@ func (in *Initiator) Run(ctx context.Context, o Options) (Result, error) {
 	)
 	for teTime < o.Duration && ctx.Err() == nil {
 		d := min(round, o.Duration-teTime)
+		cpu0, bell0, nic0 := cpuTime(), in.doorbells(), fakeNICNanos()
 		start := time.Now()
 		stop := start.Add(d)
 		var wg sync.WaitGroup
@@ -415,6 +453,11 @@ func (in *Initiator) Run(ctx context.Context, o Options) (Result, error) {
 		}
 		wg.Wait()
 		teTime += time.Since(start)
+		teCPU += cpuTime() - cpu0
+		bells += in.doorbells() - bell0
+		if nic0 >= 0 {
+			nicCPU += fakeNICNanos() - nic0
+		}
 		if firstErr != nil {
 			return Result{}, firstErr
 		}
@@ -438,6 +481,10 @@ func (in *Initiator) Run(ctx context.Context, o Options) (Result, error) {
 	}
 	r.GBps = float64(r.Bytes) / teTime.Seconds() / 1e9
 	r.ReqPerS = float64(requests) / teTime.Seconds()
+	if requests > 0 {
+		r.CPUusPerReq = float64(teCPU.Nanoseconds()) / 1e3 / float64(requests)
+		r.DoorbellsPerSubmit = float64(bells) / (float64(requests) / float64(o.Batch))
+	}
 	sort.Slice(lats, func(i, j int) bool { return lats[i] < lats[j] })
 	r.P50us, r.P99us = pct(lats, 0.50), pct(lats, 0.99)
 	if rawTime > 0 {
@@ -456,6 +503,10 @@ func (in *Initiator) Run(ctx context.Context, o Options) (Result, error) {
 		return r, err
 	}
 	r.RefMemcpyGBps, r.RatioMemcpy = g, r.GBps/g
+	if nicCPU > 0 && requests > 0 {
+		r.FakeNICusPerReq = float64(nicCPU) / 1e3 / float64(requests)
+		r.CPUusPerReqNICMemcpy = r.CPUusPerReq - r.FakeNICusPerReq + float64(o.Block)/(g*1e3)
+	}
 	if r.Transport == "shm" || r.Transport == "local" {
 		g, err := MemcpySpan(o.Block, ColdSpan, min(o.RefDuration/2, 500*time.Millisecond))
 		if err != nil {

@@ -41,7 +41,7 @@ run flags (op, block, batch and threads take comma-separated lists; every
 combination is run):
   --op read|write        --block SIZE (4096, 64KiB, 1MiB)   --batch N
   --threads N            --duration D (Go duration or seconds)
-  --transport tcp|shm|local|auto      --conns N (tcp.conns)  --slice SIZE (tcp.slice)
+  --transport tcp|shm|local|rdma|auto --conns N (tcp.conns)  --slice SIZE (tcp.slice)
   --json                 --cpuprofile FILE                   --metadata URL
   --secret off|on|off,on (loopback: run without and/or with a cluster secret)
 Mooncake's transfer_engine_bench names are accepted too: --operation,
@@ -199,7 +199,7 @@ func mainRun(ctx context.Context, exe string, args []string, stdout, stderr io.W
 		fs.StringVar(&f.metadata, n, "", "metadata connection string (default P2PHANDSHAKE)")
 	}
 	for _, n := range []string{"transport", "protocol"} {
-		fs.StringVar(&f.transport, n, "tcp", "tcp, shm, local or auto")
+		fs.StringVar(&f.transport, n, "tcp", "tcp, shm, local, rdma or auto")
 	}
 	for _, n := range []string{"op", "operation"} {
 		fs.StringVar(&f.ops, n, "read", "read, write or a list")

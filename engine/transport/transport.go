@@ -175,6 +175,13 @@ type StatsReporter interface {
 	Stats() map[string]uint64
 }
 
+// TopologyReporter is implemented by transports that place NICs near memory
+// (rdma): Topology is Mooncake's topology matrix, for every memory location
+// ("cpu:N", "cuda:N") the NICs near it and the others.
+type TopologyReporter interface {
+	Topology() map[string][2][]string
+}
+
 // WindowRevoker is implemented by transports whose peers reach memory without
 // the owner checking each access (shm): RevokeWindow makes every peer stop
 // using the window r belongs to, and returns once none can.

@@ -386,11 +386,26 @@ class Engine:
         return p.value
 
     def stats(self):
-        """Counters, segment name and installed transports as a dict."""
+        """Counters, segment name and installed transports as a dict;
+        "transport_stats" has the transports' own counters (rdma: per rail
+        and NIC), "topology" the NICs rdma uses per memory location."""
         lib = _lib.load()
-        buf = ctypes.create_string_buffer(1 << 16)
-        check(lib.te_stats_json(self.handle, buf, len(buf)), lib)
-        return json.loads(buf.value.decode())
+        size = 1 << 16
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            rc = lib.te_stats_json(self.handle, buf, len(buf))
+            if rc == -BufferTooSmall.code and size < 1 << 26:
+                size *= 4
+                continue
+            check(rc, lib)
+            return json.loads(buf.value.decode())
+
+    def topology(self):
+        """The NICs near each memory location as this engine's rdma
+        transport uses them, in Mooncake's shape: {"cpu:0": [[preferred],
+        [others]], "cuda:0": ...}. Without rdma, te.local_topology()."""
+        topo = self.stats().get("topology")
+        return topo if topo is not None else local_topology()
 
     def metrics(self):
         """The engine's metrics in Prometheus's text exposition format (te_metrics):
