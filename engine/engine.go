@@ -42,6 +42,10 @@ type Engine struct {
 	transports []transport.Transport // rank order: selection tries them so
 	byName     map[string]transport.Transport
 
+	// reachEpoch grows when a transport says its Reachable answers
+	// changed; cached transport choices older than it are made again.
+	reachEpoch atomic.Uint64
+
 	ctrl    *ctrl
 	desc    atomic.Pointer[segment.Desc]
 	version atomic.Uint64
@@ -311,6 +315,7 @@ func (e *Engine) closeTransports() {
 type host struct{ e *Engine }
 
 func (h host) SegmentName() string             { return h.e.name }
+func (h host) ReachChanged()                   { h.e.reachEpoch.Add(1) }
 func (h host) Instance() string                { return h.e.instance }
 func (h host) Registry() *segment.Registry     { return h.e.reg }
 func (h host) Control() transport.Control      { return h.e.ctrl }

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"strings"
+	"time"
 
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
@@ -37,11 +38,37 @@ func (c memClass) String() string {
 }
 
 // pickCache remembers the transport chosen for host memory under one
-// descriptor, so that the common case costs one atomic load per request.
+// descriptor, so that the common case costs one atomic load per request. It
+// holds while the descriptor, the engine's reach epoch (bumped when a
+// transport's Reachable answer changes: transport.ReachNotifier) and, for a
+// choice that passed better-ranked transports over, a short lease last: a
+// passed-over transport may come back on its own (a cooldown ends).
 type pickCache struct {
-	desc *segment.Desc
-	t    transport.Transport
-	err  error
+	desc  *segment.Desc
+	epoch uint64
+	until int64 // nanotime after which the choice is made again; 0: never
+	t     transport.Transport
+	err   error
+}
+
+// rechoose is how long a choice that passed a better-ranked transport over
+// is kept before that transport is asked again.
+const rechoose = time.Second
+
+func (e *Engine) cachedPick(st *segState, d *segment.Desc) *pickCache {
+	pc := st.pick.Load()
+	if pc == nil || pc.desc != d || pc.epoch != e.reachEpoch.Load() || (pc.until != 0 && time.Now().UnixNano() > pc.until) {
+		return nil
+	}
+	return pc
+}
+
+func (e *Engine) cachePick(st *segState, d *segment.Desc, t transport.Transport, err error, passedOver bool) {
+	pc := &pickCache{desc: d, epoch: e.reachEpoch.Load(), t: t, err: err}
+	if passedOver {
+		pc.until = time.Now().Add(rechoose).UnixNano()
+	}
+	st.pick.Store(pc)
 }
 
 // route is what served one memory class of a segment last, and why the
@@ -76,7 +103,7 @@ func (e *Engine) pick(st *segState, d *segment.Desc, buf *segment.BufferDesc, lo
 		hint = e.cfg.ForceTransport
 	}
 	if class == hostMem && hint == "" {
-		if pc := st.pick.Load(); pc != nil && pc.desc == d {
+		if pc := e.cachedPick(st, d); pc != nil {
 			return pc.t, pc.err
 		}
 	}
@@ -85,12 +112,12 @@ func (e *Engine) pick(st *segState, d *segment.Desc, buf *segment.BufferDesc, lo
 		if hint != "" && t.Name() != hint {
 			continue
 		}
-		if reason := qualifies(t, d, buf, class, localDev); reason != "" {
+		if reason := qualifies(t, d, buf, local, class); reason != "" {
 			why = append(why, t.Name()+": "+reason)
 			continue
 		}
 		if class == hostMem && hint == "" {
-			st.pick.Store(&pickCache{desc: d, t: t})
+			e.cachePick(st, d, t, nil, len(why) > 0)
 		}
 		e.noteRoute(st, class, t.Name(), why)
 		return t, nil
@@ -120,14 +147,14 @@ func (e *Engine) pick(st *segState, d *segment.Desc, buf *segment.BufferDesc, lo
 		err = errs.New(errs.TransportUnavailable, "submit", "no transport reaches segment %q: %s", d.Name, strings.Join(why, "; "))
 	}
 	if class == hostMem && hint == "" {
-		st.pick.Store(&pickCache{desc: d, err: err})
+		e.cachePick(st, d, nil, err, true)
 	}
 	return nil, err
 }
 
 // qualifies says why t cannot serve a request of class to buf of d, or ""
 // when it can.
-func qualifies(t transport.Transport, d *segment.Desc, buf *segment.BufferDesc, class memClass, localDev bool) string {
+func qualifies(t transport.Transport, d *segment.Desc, buf *segment.BufferDesc, local *segment.Region, class memClass) string {
 	if !d.HasTransport(t.Name()) {
 		return "the peer does not have it"
 	}
@@ -141,9 +168,9 @@ func qualifies(t transport.Transport, d *segment.Desc, buf *segment.BufferDesc, 
 		if !caps.FileMemory {
 			return "it does not move files"
 		}
-		if localDev {
+		if local.Location.Kind == "cuda" {
 			dm, ok := t.(transport.DeviceMover)
-			if !caps.GPUMemory || !ok || !dm.DeviceMemory(d, buf, true) {
+			if !caps.GPUMemory || !ok || !dm.DeviceMemory(d, buf, local) {
 				return "it cannot move GPU memory to a file"
 			}
 		}
@@ -152,7 +179,7 @@ func qualifies(t transport.Transport, d *segment.Desc, buf *segment.BufferDesc, 
 		if !caps.GPUMemory || !ok || caps.StorageOnly {
 			return "it does not move GPU memory"
 		}
-		if !dm.DeviceMemory(d, buf, localDev) {
+		if !dm.DeviceMemory(d, buf, local) {
 			return "it cannot move this GPU buffer (not registered with it, or the peer lacks CUDA)"
 		}
 	}

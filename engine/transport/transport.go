@@ -160,13 +160,21 @@ type FileOpener interface {
 // interface; the engine asks for them by type, never by name.
 
 // DeviceMover is implemented by transports that can move GPU memory.
-// DeviceMemory reports whether the transport can serve a request whose local
-// range is (localDevice) or is not device memory, to buf of the segment d (a
-// device buffer or not). A transport that stages through host memory answers
+// DeviceMemory reports whether the transport can serve a request from the
+// local region local (device memory or not: local.Location) to buf of the
+// segment d (a device buffer or not). A transport that stages through host memory answers
 // true for every peer it reaches; one that needs a registration of the
 // buffer (an RDMA NIC's memory region) answers for that buffer.
 type DeviceMover interface {
-	DeviceMemory(d *segment.Desc, buf *segment.BufferDesc, localDevice bool) bool
+	DeviceMemory(d *segment.Desc, buf *segment.BufferDesc, local *segment.Region) bool
+}
+
+// ReachNotifier is implemented by the engine's Host: a transport whose
+// Reachable answer for a peer changes on its own (a peer's NICs failing and
+// cooling down) calls ReachChanged, so that choices the engine cached on the
+// old answer are made again at the next request.
+type ReachNotifier interface {
+	ReachChanged()
 }
 
 // StatsReporter is implemented by transports that keep counters of their

@@ -319,7 +319,7 @@ func (t *Transport) Reachable(d *segment.Desc) error {
 // DeviceMemory reports whether cudaipc can serve a request to buf of d: in
 // this engine any memory (cuMemcpy with unified addressing), in another
 // process only a buffer whose owner exported its handle.
-func (t *Transport) DeviceMemory(d *segment.Desc, buf *segment.BufferDesc, localDevice bool) bool {
+func (t *Transport) DeviceMemory(d *segment.Desc, buf *segment.BufferDesc, _ *segment.Region) bool {
 	if d.Instance != "" && d.Instance == t.h.Instance() {
 		return true
 	}

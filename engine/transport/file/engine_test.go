@@ -554,6 +554,9 @@ func TestRemoteNoSpaceAndUnregister(t *testing.T) {
 		if err := owner.UnregisterMemory(fa); err != nil {
 			t.Fatal(err)
 		}
+		// The next half opens the segment again and must see the file it
+		// registers next, not this handle's cached descriptor.
+		peer.CloseSegment(seg)
 	} else {
 		t.Logf("no tmpfs here (%v): the full-disk half is skipped", err)
 	}
@@ -570,7 +573,9 @@ func TestRemoteNoSpaceAndUnregister(t *testing.T) {
 	b, _ := peer.AllocateBatch(k)
 	defer b.Free()
 	for i := 0; i < k; i++ {
-		b.Submit(engine.Request{Op: engine.Read, Local: mem.Addr(buf) + uint64(i%4)<<20, Segment: seg, Remote: fa + uint64(i%4)<<20, Length: 1 << 20})
+		if err := b.Submit(engine.Request{Op: engine.Read, Local: mem.Addr(buf) + uint64(i%4)<<20, Segment: seg, Remote: fa + uint64(i%4)<<20, Length: 1 << 20}); err != nil {
+			t.Fatalf("submit %d: %v", i, err)
+		}
 	}
 	if err := owner.UnregisterMemory(fa); err != nil {
 		t.Fatal(err)

@@ -80,9 +80,9 @@ func (g *gpuPool) close() {
 }
 
 // DeviceMemory reports that GPU memory moves to and from this process's
-// storage regions when CUDA loads (engine.DeviceTransport).
-func (t *Transport) DeviceMemory(d *segment.Desc, buf *segment.BufferDesc, localDevice bool) bool {
-	return buf.Name == "file" && (!localDevice || t.gpu.available())
+// storage regions when CUDA loads (transport.DeviceMover).
+func (t *Transport) DeviceMemory(d *segment.Desc, buf *segment.BufferDesc, local *segment.Region) bool {
+	return buf.Name == "file" && (local.Location.Kind != "cuda" || t.gpu.available())
 }
 
 // startGPU runs a request on device memory in its own goroutine; region (the

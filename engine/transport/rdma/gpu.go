@@ -56,21 +56,11 @@ func dmabufOf(addr, length uint64, dev int) (int, uint64, error) {
 	return fd, off, nil
 }
 
-// DeviceMemory says whether rdma can serve a request whose local side is
-// (or is not) GPU memory to buf of d: the peer must be reachable and buf
-// registered on its NICs; local GPU memory must be on this engine's NICs.
-// Not knowing which local region the request uses, it refuses local GPU
-// memory while any GPU region here was refused by the NICs
-// (DeviceMemoryFor answers for one region).
-func (t *Transport) DeviceMemory(d *segment.Desc, buf *segment.BufferDesc, localDevice bool) bool {
-	if !t.remoteOK(d, buf) {
-		return false
-	}
-	return !localDevice || t.keys.refusedCount() == 0
-}
-
-// DeviceMemoryFor is DeviceMemory for a request on the local region r.
-func (t *Transport) DeviceMemoryFor(d *segment.Desc, buf *segment.BufferDesc, r *segment.Region) bool {
+// DeviceMemory says whether rdma can serve a request from the local region
+// r to buf of d (transport.DeviceMover): the peer must be reachable, buf
+// registered on its NICs, and r on this engine's (a GPU region the NICs
+// refused has no keys, and goes to staging).
+func (t *Transport) DeviceMemory(d *segment.Desc, buf *segment.BufferDesc, r *segment.Region) bool {
 	return t.remoteOK(d, buf) && r != nil && len(r.Desc.Lkey) == len(t.nics) && len(t.nics) > 0
 }
 

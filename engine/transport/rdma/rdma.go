@@ -300,6 +300,9 @@ func (t *Transport) railError(ep *endpoint, err error) {
 	}
 	if ep.peerH != nil && ep.peerH.failed(t.health, now, err) {
 		t.st.unreachable.Add(1)
+		if rn, ok := t.h.(transport.ReachNotifier); ok {
+			rn.ReachChanged() // the engine's cached choice of rdma for it goes
+		}
 		t.h.Logf("te: rdma: peer %s is unreachable over rdma for %v (other transports take it): %v",
 			ep.peer.name, time.Duration(ep.peerH.coolUntil.Load()-now), err)
 	}
