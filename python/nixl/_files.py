@@ -282,10 +282,13 @@ class FileRegistry:
         if n == 0 or not self._tables:
             return ok, base.copy(), base, ids
         off, ln, dev = rows[:, 0], rows[:, 1], rows[:, 2]
-        order = np.argsort(dev, kind="stable")
-        cuts = np.flatnonzero(np.diff(dev[order])) + 1
-        for m in np.split(order, cuts):
-            t = self._tables.get(int(dev[m[0]]))
+        if dev.min() == dev.max():  # the common case: one file
+            groups = [slice(None)]
+        else:
+            order = np.argsort(dev, kind="stable")
+            groups = np.split(order, np.flatnonzero(np.diff(dev[order])) + 1)
+        for m in groups:
+            t = self._tables.get(int(dev[m][0]))
             if t is None:
                 continue
             a, e = off[m], off[m] + ln[m]
@@ -300,7 +303,7 @@ class FileRegistry:
         """The registrations behind registration ids (from locate); raises
         nixlNotFoundError when one was deregistered since."""
         out = []
-        for i in np.unique(ids):
+        for i in (ids[:1] if len(ids) and ids.min() == ids.max() else np.unique(ids)):
             r = self.by_id.get(int(i))
             if r is None or not r.live:
                 raise nixlNotFoundError("a FILE_SEG registration of the prepared list was deregistered since it was "
