@@ -243,6 +243,34 @@ class FileSegTest(unittest.TestCase):
         a.release_xfer_handle(x)
         a.deregister_memory(freg)
 
+    def test_one_list_many_files(self):
+        # Descriptors of three files interleaved in one list (and one file
+        # registered in two ranges): each lands in its own file.
+        a = self.a
+        paths = [self.path(f"m{i}") for i in range(3)]
+        fd = os.open(paths[2], os.O_RDWR | os.O_CREAT, 0o600)
+        self.addCleanup(os.close, fd)
+        freg = a.register_memory([(0, MB, 50, "rw,create:" + paths[0]), (0, MB, 51, "rw,create:" + paths[1]),
+                                  (0, MB // 2, fd, ""), (MB // 2, MB // 2, fd, "")], "FILE")
+        n = 3 * 64
+        fil = np.zeros((n, 3), dtype=np.uint64)
+        fil[:, 0] = (np.arange(n, dtype=np.uint64) // 3) * 16384
+        fil[:, 1] = 4096
+        fil[:, 2] = np.array([50, 51, fd] * 64, dtype=np.uint64)
+        mem = blocks(self.src.ctypes.data, range(n), 4096)
+        x = a.initialize_xfer("WRITE", a.get_xfer_descs(mem, "DRAM"), a.get_xfer_descs(fil, "FILE"), a.name)
+        a.transfer(x)
+        self.assertEqual(wait_state(a, x), "DONE", x.err_msg)
+        src = self.src.tobytes()
+        for f, p in enumerate(paths):
+            with open(p, "rb") as fh:
+                disk = fh.read()
+            for k in range(64):
+                i = 3 * k + f
+                self.assertEqual(disk[k * 16384:k * 16384 + 4096], src[i * 4096:(i + 1) * 4096], (p, k))
+        a.release_xfer_handle(x)
+        a.deregister_memory(freg)
+
     # -- deregistration ----------------------------------------------------------
     def test_deregister_idle(self):
         a = self.a
