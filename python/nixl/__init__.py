@@ -93,8 +93,8 @@ What differs from NIXL:
   length 0 means the file as it is when registered (NIXL: no bound);
   O_DIRECT exactly when NIXL would (the "direct" flag, an fd opened
   O_DIRECT), misaligned requests then going through the page cache instead
-  of failing; a closed fd, a directory, a missing file or a typo in the
-  flags fail at registration; overlapping ranges of one device id are
+  of failing; a closed fd, a directory, a missing file, a typo in the
+  flags or an fd opened O_APPEND fail at registration; overlapping ranges of one device id are
   refused; a transfer made before its file was deregistered refuses to run
   (nixlNotFoundError, "ERR"), and deregistration returns once te no longer
   touches the file. Files are not in the agent metadata and another agent

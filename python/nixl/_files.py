@@ -27,7 +27,8 @@ submit like any other. What differs from NIXL's POSIX and GDS backends:
   page cache instead of failing them. "sync" and "noatime" apply to the
   agent's open; te's O_DIRECT twin of a file is reopened without them.
 * Registrations are checked when made (a closed fd, a directory, a missing
-  file fail then, not at the first transfer), and overlapping ranges of one
+  file, an fd opened O_APPEND, whose writes would ignore their offsets,
+  fail then, not at the first transfer), and overlapping ranges of one
   device id are refused. A transfer made before its file was deregistered
   refuses to run (nixlNotFoundError) rather than reach whatever te reserved
   there since.
@@ -102,11 +103,12 @@ def _open(d):
                                f"({errno.errorcode.get(e.errno, e.errno)})") from None
 
 
-def _direct(fd):
+def _status(fd):
+    """The fd's status flags, 0 when it is not open (te reports that)."""
     try:
-        return bool(fcntl.fcntl(fd, fcntl.F_GETFL) & _OPEN_FLAGS["direct"])
+        return fcntl.fcntl(fd, fcntl.F_GETFL)
     except OSError:
-        return False  # te reports the bad descriptor
+        return 0
 
 
 class FileReg:
@@ -218,9 +220,14 @@ class FileRegistry:
                 if d.offset < r.offset + r.length and r.offset < end:
                     raise nixlInvalidParamError(f"FILE_SEG [{d.offset},+{length}) of device id {d.dev} overlaps "
                                                 f"{r!r}")
+            fl = _status(fd)
+            if fl & os.O_APPEND and fl & os.O_ACCMODE != os.O_RDONLY:
+                # te duplicates the fd: every write would go to the file's end.
+                raise nixlInvalidParamError(f"FILE_SEG {self._name(d)} is open O_APPEND: writes would land at the "
+                                            f"file's end, not at their offsets; open it without O_APPEND")
             try:
                 addr = engine.register_file(fd=fd, offset=d.offset, length=length, create=True,
-                                            direct=_direct(fd))
+                                            direct=bool(fl & _OPEN_FLAGS["direct"]))
             except te.TeError as e:
                 raise from_te(e, f"FILE_SEG {self._name(d)}") from e
         finally:

@@ -354,10 +354,13 @@ class FileSegTest(unittest.TestCase):
         dfd = os.open(self.dir, os.O_RDONLY)
         self.addCleanup(os.close, dfd)
         cases.append(((0, 4096, dfd, ""), nb.nixlInvalidParamError, "not a regular file"))
+        afd = os.open(path, os.O_RDWR | os.O_APPEND)  # pwrite would ignore the offsets
+        self.addCleanup(os.close, afd)
+        cases.append(((0, 4096, afd, ""), nb.nixlInvalidParamError, "O_APPEND"))
         for desc, exc, msg in cases:
             with self.subTest(desc=desc), self.assertRaisesRegex(exc, msg):
                 a.register_memory([desc], "FILE")
-        self.assertEqual(open_fds_to(self.dir, under=True), [])  # nothing left open
+        self.assertEqual(set(open_fds_to(self.dir, under=True)), {afd})  # nothing else left open
         n0 = self.buffers()
         # All or none: the good first descriptor is undone with the bad second.
         with self.assertRaises(nb.nixlBackendError):
