@@ -160,7 +160,8 @@ def main():
             print()
         else:
             print(f"load {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs; te file stats: buffered_ios "
-                  f"{fstats.get('buffered_ios')}, direct_ios {fstats.get('direct_ios')}, io_uring {fstats.get('io_uring')}")
+                  f"{fstats.get('buffered_ios')}, direct_ios {fstats.get('direct_ios')}, "
+                  f"io_uring {fstats.get('io_uring')}")
     finally:
         shutil.rmtree(d, ignore_errors=True)
 

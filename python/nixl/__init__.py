@@ -94,8 +94,8 @@ What differs from NIXL:
   O_DIRECT exactly when NIXL would (the "direct" flag, an fd opened
   O_DIRECT), misaligned requests then going through the page cache instead
   of failing; a closed fd, a directory, a missing file, a typo in the
-  flags or an fd opened O_APPEND fail at registration; overlapping ranges of one device id are
-  refused; a transfer made before its file was deregistered refuses to run
+  flags or an fd opened O_APPEND fail at registration; overlapping ranges
+  of one device id are refused; a transfer made before its file was deregistered refuses to run
   (nixlNotFoundError, "ERR"), and deregistration returns once te no longer
   touches the file. Files are not in the agent metadata and another agent
   cannot reach them (nixlNotSupportedError), as with NIXL's storage

@@ -75,8 +75,8 @@ _PEER_CHANGED = {te.PeerUnreachable.code, te.StaleDescriptor.code, te.AddressNot
 
 _fast = None
 
-_LOCAL_FILES = ("FILE_SEG registrations are local storage, as with NIXL's storage backends: they are not in the agent's "
-                "metadata, and another agent's files cannot be reached")
+_LOCAL_FILES = ("FILE_SEG registrations are local storage, as with NIXL's storage backends: they are not in the "
+                "agent's metadata, and another agent's files cannot be reached")
 
 
 def _fast_calls():
@@ -909,8 +909,8 @@ class nixlAgent:
                 ok, addrs, start, fids = self._files.locate(rows)
             if not ok.all():
                 bad = int(np.flatnonzero(~ok)[0])
-                raise nixlNotFoundError(f"FILE_SEG descriptor {bad} {tuple(int(x) for x in rows[bad])} (offset, length, "
-                                        f"device id) is not inside a file registered with agent {self.name!r}")
+                raise nixlNotFoundError(f"FILE_SEG descriptor {bad} {tuple(int(x) for x in rows[bad])} (offset, "
+                                        f"length, device id) is not inside a file registered with agent {self.name!r}")
             rows[:, 0] = addrs
             return _Prepped(self, mem, rows, start, None if local else self._loopback(), local, fids)
         if own:

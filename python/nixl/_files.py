@@ -163,8 +163,8 @@ class FileRegistry:
             if old is not None:
                 old_meta = old.meta if isinstance(old, FileReg) else old[1]
                 if _text(old_meta) != _text(meta):
-                    raise nixlInvalidParamError(f"FILE_SEG {k} is registered already with metadata {_text(old_meta)!r}, "
-                                                f"not {_text(meta)!r}")
+                    raise nixlInvalidParamError(f"FILE_SEG {k} is registered already with metadata "
+                                                f"{_text(old_meta)!r}, not {_text(meta)!r}")
                 continue
             seen[k] = (d, meta)
             fresh.append((d, meta))
