@@ -25,7 +25,8 @@ submit like any other. What differs from NIXL's POSIX and GDS backends:
 * O_DIRECT exactly when NIXL would use it (path mode's "direct", an fd
   opened O_DIRECT); te then still moves misaligned requests through the
   page cache instead of failing them. "sync" and "noatime" apply to the
-  agent's open; te's O_DIRECT twin of a file is reopened without them.
+  agent's open, which te duplicates; the descriptors te reopens (its
+  O_DIRECT twin, or the buffered one of an fd opened O_DIRECT) lack them.
 * Registrations are checked when made (a closed fd, a directory, a missing
   file, an fd opened O_APPEND, whose writes would ignore their offsets,
   fail then, not at the first transfer), and overlapping ranges of one
