@@ -14,9 +14,10 @@ Backend names (get_plugin_list). te picks the data path per request itself
 network names all mean the same engine:
 
     UCX, LIBFABRIC, MOONCAKE, UCCL, TE   DRAM and VRAM, every te transport
-    POSIX, GDS, GDS_MT                   FILE_SEG: query_memory works;
-                                         registering files waits for te's
-                                         file segments (nixlNotSupportedError)
+    POSIX                                DRAM <-> FILE_SEG, te's file transport
+    GDS, GDS_MT                          DRAM and VRAM <-> FILE_SEG; VRAM is
+                                         staged through pinned host memory
+                                         (te does not use cuFile for transfers)
 
 Any other name (OBJ, HF3FS, GUSLI, a typo...) is a plugin that is not here:
 create_backend raises nixlNotFoundError and a config naming it logs a
@@ -79,6 +80,26 @@ What differs from NIXL:
   get_new_notifs (the listener then leaves the rest in te, whose budget
   refuses senders), metadata of 65,536 agents, 2M ranges per agent, 4,096
   queued background sends.
+* Files (FILE_SEG) are te file segments. register_memory takes NIXL's two
+  modes: path mode ("<ro|rw>[,direct][,sync][,noatime][,create]:<path>" in
+  the metadata, a device id of its own per file; the agent opens the file
+  with those flags, mode 0644 when created) and fd mode (the device id is
+  an open fd, which te duplicates). Transfers are local, as with NIXL's
+  POSIX/GDS backends: memory on the local side, the file list (file
+  offset, length, device id) on the remote side with the agent's own name;
+  READ reads the file into memory, WRITE writes memory into it; no
+  notification (nixlBackendError, as NIXL). Differences: a range registered
+  past the end of a writable file extends it (sparse) at registration;
+  length 0 means the file as it is when registered (NIXL: no bound);
+  O_DIRECT exactly when NIXL would (the "direct" flag, an fd opened
+  O_DIRECT), misaligned requests then going through the page cache instead
+  of failing; a closed fd, a directory, a missing file, a typo in the
+  flags or an fd opened O_APPEND fail at registration; overlapping ranges
+  of one device id are refused; a transfer made before its file was deregistered refuses to run
+  (nixlNotFoundError, "ERR"), and deregistration returns once te no longer
+  touches the file. Files are not in the agent metadata and another agent
+  cannot reach them (nixlNotSupportedError), as with NIXL's storage
+  backends, though te itself can reach a peer's files over tcp.
 * Not here: memory views (prep_mem_view), estimate_xfer_cost
   (nixlNotSupportedError), OBJ/BLK memory.
 * Not in NIXL: nixl_agent.close() stops an agent at once;

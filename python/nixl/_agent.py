@@ -14,6 +14,12 @@ Transfers: a prepared list keeps its descriptors as a (n, 3) uint64 array;
 make_prepped_xfer turns the selected pairs into one array of te_request_t
 (merging pairs that are contiguous on both sides within one registration)
 and a post is one te_submit (or te_submit_with_notify) of that array.
+
+Files (FILE_SEG, the POSIX/GDS/GDS_MT backends) are te file segments of the
+agent's own segment (nixl._files): a storage transfer names the agent
+itself as the remote side, and its file descriptors (offset, length, device
+id) become te addresses when the list is prepared, so it is posted like
+any other transfer.
 """
 
 import ctypes
@@ -68,6 +74,9 @@ _PEER_CHANGED = {te.PeerUnreachable.code, te.StaleDescriptor.code, te.AddressNot
                  te.SegmentNotFound.code, te.AccessDenied.code}
 
 _fast = None
+
+_LOCAL_FILES = ("FILE_SEG registrations are local storage, as with NIXL's storage backends: they are not in the "
+                "agent's metadata, and another agent's files cannot be reached")
 
 
 def _fast_calls():
@@ -245,14 +254,16 @@ class _Prepped:
     """A prepared descriptor list (prep_xfer_dlist's result). release()
     drops it; transfers made from it are unaffected."""
 
-    __slots__ = ("_agent", "mem", "rows", "regstart", "remote", "gen", "local", "released", "__weakref__")
+    __slots__ = ("_agent", "mem", "rows", "regstart", "remote", "gen", "local", "fids", "released", "__weakref__")
 
-    def __init__(self, agent, mem, rows, regstart, remote, local):
+    def __init__(self, agent, mem, rows, regstart, remote, local, fids=None):
         self._agent = agent
         self.mem, self.rows, self.regstart = mem, rows, regstart
         self.remote = remote  # _Remote (None: the local side)
         self.gen = remote.gen if remote is not None else 0
         self.local = local
+        # FILE_SEG: rows hold te addresses; fids the registration of each.
+        self.fids = fids
         self.released = False
 
     def descCount(self):
@@ -275,11 +286,12 @@ class _Xfer:
     it, cancelling what is still in flight first."""
 
     __slots__ = ("_agent", "op", "reqs", "remote", "gen", "seg_h", "notif", "notif_seg", "total", "count", "backend",
-                 "batch", "state", "err", "err_msg", "start_us", "t0", "post_ns", "xfer_ns", "released",
+                 "files", "batch", "state", "err", "err_msg", "start_us", "t0", "post_ns", "xfer_ns", "released",
                  "__weakref__")
 
-    def __init__(self, agent, op, reqs, remote, notif, total, count, backend):
+    def __init__(self, agent, op, reqs, remote, notif, total, count, backend, files=()):
         self._agent = agent
+        self.files = files  # FILE_SEG registrations it reaches: checked live at each post
         self.op, self.reqs, self.remote, self.gen = op, reqs, remote, remote.gen
         self.seg_h = int(reqs["segment"][0])
         self.notif = notif
@@ -341,7 +353,8 @@ class nixlAgent:
         self._instance = None
         self._backends = {}
         self._regs = {}  # (mem, addr, len, dev) -> registration count
-        self._tables = {}
+        self._tables = {}  # DRAM and VRAM only: what the metadata lists
+        self._files = _files.FileRegistry()
         self._pins = {}  # (addr, len) -> objects kept alive while registered
         self._remotes = {}
         self._gen = itertools.count(1)
@@ -443,17 +456,19 @@ class nixlAgent:
             raise nixlNotFoundError(f"backend {name!r} was not created for agent {self.name!r}")
         return h
 
-    def _pick(self, backends, mems, network):
+    def _pick(self, backends, mems, network, kind=None):
         """The backends (handles or names) to use: those given, else every
-        created one; those left must serve each memory type in mems."""
+        created one; those left must serve each memory type in mems (and be
+        of kind, or network ones when network)."""
+        kind = _backends.NETWORK if network else kind
         hs = [self._backend(b) for b in backends] if backends else list(self._backends.values())
         ok = [h for h in hs if all(m in h.mems for m in mems) and
-              (not network or _backends.PLUGINS[h.name].kind == _backends.NETWORK)]
+              (kind is None or _backends.PLUGINS[h.name].kind == kind)]
         if not ok:
             what = "/".join(MEM_NAME.get(m, str(m)) for m in mems)
             have = [h.name for h in hs] or "none"
-            raise nixlNotFoundError(f"no backend of agent {self.name!r} can {'transfer' if network else 'hold'} {what} "
-                                    f"(backends: {have})")
+            verb = "hold" if kind is None else "transfer"
+            raise nixlNotFoundError(f"no backend of agent {self.name!r} can {verb} {what} (backends: {have})")
         return ok
 
     # -- memory --------------------------------------------------------------
@@ -468,9 +483,11 @@ class nixlAgent:
         mem = descs.getType()
         self._pick(backends, (mem,), network=False)
         if mem == nixl_mem_t.FILE_SEG:
-            _files.register_file_segments(self._engine, descs)
+            with self._lock:
+                self._files.register(self._engine, descs)
+            return _SUCCESS
         if mem not in (nixl_mem_t.DRAM_SEG, nixl_mem_t.VRAM_SEG):
-            raise nixlNotSupportedError(f"{MEM_NAME.get(mem)} memory: te moves DRAM and VRAM only")
+            raise nixlNotSupportedError(f"{MEM_NAME.get(mem)} memory: te moves DRAM, VRAM and files (FILE_SEG) only")
         rows = descs._rows()
         if len(rows) == 0:
             return _SUCCESS
@@ -514,6 +531,10 @@ class nixlAgent:
         if not isinstance(descs, nixlRegDList):
             raise nixlInvalidParamError(f"deregisterMem takes a nixlRegDList, not {type(descs).__name__}")
         mem = descs.getType()
+        if mem == nixl_mem_t.FILE_SEG:
+            with self._lock:
+                self._files.deregister(self._engine, descs)
+            return _SUCCESS
         keys = [(mem,) + tuple(r) for r in descs._rows().tolist()]
         with self._lock:
             need = {}
@@ -676,6 +697,8 @@ class nixlAgent:
             raise nixlInvalidParamError(f"partial metadata takes a descriptor list, not {type(descs).__name__}")
         rows = descs._rows()
         mem = descs.getType()
+        if mem == nixl_mem_t.FILE_SEG:
+            raise nixlNotSupportedError(_LOCAL_FILES)
         if len(rows):
             with self._lock:
                 t = self._tables.get(mem)
@@ -872,10 +895,25 @@ class nixlAgent:
             raise nixlInvalidParamError(f"prep_xfer_dlist takes a nixlXferDList, not {type(descs).__name__}")
         agent_name = _text(agent_name)
         mem = descs.getType()
-        self._pick(backends, (mem,), network=True)
         rows = descs._rows().copy()
         local = agent_name in ("", INIT_AGENT)
-        if local or agent_name == self.name:
+        own = local or agent_name == self.name
+        if mem == nixl_mem_t.FILE_SEG and not own:
+            raise nixlNotSupportedError(_LOCAL_FILES + f" (prepare FILE_SEG lists with this agent's own name, "
+                                        f"{self.name!r})")
+        # This agent's own lists may be the local side of a storage transfer
+        # too; another agent's lists are reached over the network.
+        self._pick(backends, (mem,), network=not own)
+        if mem == nixl_mem_t.FILE_SEG:
+            with self._lock:
+                ok, addrs, start, fids = self._files.locate(rows)
+            if not ok.all():
+                bad = int(np.flatnonzero(~ok)[0])
+                raise nixlNotFoundError(f"FILE_SEG descriptor {bad} {tuple(int(x) for x in rows[bad])} (offset, "
+                                        f"length, device id) is not inside a file registered with agent {self.name!r}")
+            rows[:, 0] = addrs
+            return _Prepped(self, mem, rows, start, None if local else self._loopback(), local, fids)
+        if own:
             with self._lock:
                 t = self._tables.get(mem)
                 ok, start = t.locate(rows) if t is not None else (np.zeros(len(rows), dtype=bool), None)
@@ -920,7 +958,18 @@ class nixlAgent:
             raise nixlInvalidParamError(f"{len(li)} local and {len(ri)} remote indices")
         if len(li) == 0:
             raise nixlInvalidParamError("no descriptors to transfer")
-        backend = self._pick(backends, (local.mem, remote.mem), network=True)[0].name
+        files = ()
+        if local.mem == nixl_mem_t.FILE_SEG:
+            raise nixlInvalidParamError("FILE_SEG is the remote side of a storage transfer: the local list is DRAM or "
+                                        "VRAM, the remote one the file's, prepared with this agent's own name")
+        if remote.mem == nixl_mem_t.FILE_SEG:
+            backend = self._pick(backends, (local.mem, remote.mem), network=False, kind=_backends.STORAGE)[0].name
+            if notif:
+                raise nixlBackendError(f"the selected backend {backend!r} does not support notifications")
+            with self._lock:
+                files = self._files.regs_of(remote.fids[ri])
+        else:
+            backend = self._pick(backends, (local.mem, remote.mem), network=True)[0].name
         lrows, rrows = local.rows[li], remote.rows[ri]
         ln = lrows[:, 1]
         if not np.array_equal(ln, rrows[:, 1]):
@@ -943,7 +992,7 @@ class nixlAgent:
         reqs["segment"] = seg.handle
         reqs["remote"] = ra
         reqs["length"] = ln
-        return _Xfer(weakref.ref(self), op, reqs, r, _bytes(notif), int(ln.sum()), len(li), backend)
+        return _Xfer(weakref.ref(self), op, reqs, r, _bytes(notif), int(ln.sum()), len(li), backend, files)
 
     def _self_segment(self):
         r = self._loopback()
@@ -977,6 +1026,8 @@ class nixlAgent:
         if x.state == _IN_PROG and self._refresh(x) == _IN_PROG:
             raise nixlRepostActiveError("transfer is still in progress: wait for DONE or ERR before posting it again")
         if notif:
+            if x.files:
+                raise nixlBackendError(f"the selected backend {x.backend!r} does not support notifications")
             x.notif = _bytes(notif)
         lib, submit, submit_n = _fast_calls()
         r = x.remote
@@ -1000,7 +1051,18 @@ class nixlAgent:
         x.err, x.err_msg, x.xfer_ns = 0, "", 0
         x.start_us = time.time_ns() // 1000
         t0 = time.perf_counter_ns()
-        if x.notif:
+        if x.files:
+            # Checked and submitted under the lock deregistration takes: a
+            # file's te addresses are never reached once it was dropped.
+            with self._lock:
+                gone = [f for f in x.files if not f.live]
+                if not gone:
+                    rc = submit(x.batch, x.reqs.ctypes.data, len(x.reqs))
+            if gone:
+                x.t0 = t0
+                return self._fail(x, int(nixl_status_t.NIXL_ERR_NOT_FOUND),
+                                  f"FILE_SEG {gone[0]!r} was deregistered since the transfer was made")
+        elif x.notif:
             rc = submit_n(x.batch, x.reqs.ctypes.data, len(x.reqs), x.notif_seg, (NOTIF_PREFIX + self.name).encode(),
                           x.notif, len(x.notif))
         else:
