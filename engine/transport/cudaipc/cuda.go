@@ -330,16 +330,22 @@ func (t *Transport) DeviceMemory(d *segment.Desc, buf *segment.BufferDesc, local
 // Submit copies the requests on the GPU: one goroutine per call enqueues
 // every copy of the call on a stream per device and waits once, so a batch
 // of small KV blocks costs one synchronisation, not one per block.
+//
+// The goroutine reaches each request through the transport's own state,
+// claimed first: Cancel may have completed a request before the goroutine
+// runs, and the engine may have reset its slot since (Batch.Reset), so an
+// unclaimed request's slot is never read.
 func (t *Transport) Submit(in []transport.Request) {
 	states := make([]reqState, len(in)) // one allocation for the call
-	reqs := make([]*transport.Request, len(in))
 	for i := range in {
+		states[i].r, states[i].tk = &in[i], in[i].Ticket()
 		in[i].Priv = &states[i]
-		reqs[i] = &in[i]
 	}
-	if !t.spawn(func() { t.run(reqs) }) {
-		for _, r := range reqs {
-			r.Complete(errs.New(errs.Closed, "cudaipc", "transport closed"))
+	if !t.spawn(func() { t.run(states) }) {
+		for i := range states {
+			if states[i].claim() {
+				states[i].tk.Complete(errs.New(errs.Closed, "cudaipc", "transport closed"))
+			}
 		}
 	}
 }
@@ -363,23 +369,25 @@ func (t *Transport) spawn(f func()) bool {
 // prepared is a request ready to copy: its span, the device that copies it
 // and what to release once the copy ended.
 type prepared struct {
-	r       *transport.Request
+	s       *reqState
 	dev     int
 	sp      span
 	release func()
 }
 
-func (t *Transport) run(reqs []*transport.Request) {
+func (t *Transport) run(states []reqState) {
 	byDev := map[int][]prepared{}
-	for _, r := range reqs {
-		if !r.Priv.(*reqState).claim() {
-			continue // canceled before anything touched it
+	for i := range states {
+		s := &states[i]
+		if !s.claim() {
+			continue // Cancel completed it: its slot is not ours to read
 		}
-		p, err := t.prepare(r)
+		p, err := t.prepare(s.r)
 		if err != nil {
-			r.Complete(err)
+			s.tk.Complete(err)
 			continue
 		}
+		p.s = s
 		byDev[p.dev] = append(byDev[p.dev], p)
 	}
 	for dev, ps := range byDev {
@@ -392,7 +400,7 @@ func (t *Transport) run(reqs []*transport.Request) {
 			// Release before Complete: the copy has ended, and an Unregister
 			// waiting on the mapping need not wait for the caller.
 			p.release()
-			p.r.Complete(errl[i])
+			p.s.tk.Complete(errl[i])
 		}
 	}
 }
@@ -447,7 +455,7 @@ func (t *Transport) prepare(r *transport.Request) (prepared, error) {
 	if r.Op == transport.Read {
 		sp = span{dst: r.Local, src: remote, n: r.Length}
 	}
-	return prepared{r: r, dev: dev, sp: sp, release: release}, nil
+	return prepared{dev: dev, sp: sp, release: release}, nil
 }
 
 // deviceFor finds the local ordinal of the GPU with uuid, or -1.
