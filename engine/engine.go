@@ -487,6 +487,10 @@ func (e *Engine) UnregisterMemoryBatch(addrs []uint64) error {
 	if err != nil {
 		return err
 	}
+	// A window dies with the memory under it: its regions in rs refuse
+	// accesses from now on, and every transport that lets peers use a
+	// window without the owner checking each access (shm) is told.
+	wins := e.reg.CloseWindowsOver(rs)
 	if err := e.quiesce(rs); err != nil {
 		return err
 	}
@@ -495,6 +499,18 @@ func (e *Engine) UnregisterMemoryBatch(addrs []uint64) error {
 		for _, t := range e.transports {
 			if err := t.Unregister(r); err != nil && first == nil {
 				first = errs.Wrap(errs.CodeOf(err), "unregister", err, "transport %s on [%#x,+%d)", t.Name(), r.Addr, r.Length)
+			}
+		}
+	}
+	for _, t := range e.transports {
+		wr, ok := t.(transport.WindowRevoker)
+		if !ok {
+			continue
+		}
+		for _, w := range wins {
+			if err := wr.RevokeWindow(w); err != nil && first == nil {
+				first = errs.Wrap(errs.CodeOf(err), "unregister", err, "transport %s revoking a window over [%#x,+%d)",
+					t.Name(), w.Addr, w.Length)
 			}
 		}
 	}
