@@ -548,7 +548,8 @@ int te_submit_with_notify(te_batch_t batch, const te_request_t *requests, size_t
  * Blocks: no | Thread-safe: yes, also against te_batch_reset, te_free_batch
  * and te_destroy on other threads (the task is then TE_TASK_INVALID) |
  * Errors: TE_ERR_INVALID_ARGUMENT (index not yet submitted, batch reset or
- * freed; out->state is then TE_TASK_INVALID). */
+ * freed, handle not open). On every error but a NULL out, out->state is
+ * TE_TASK_INVALID. */
 int te_task_status(te_batch_t batch, size_t index, te_task_status_t *out);
 
 /* te_batch_status fills *out with the batch's summary.
