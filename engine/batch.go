@@ -337,7 +337,17 @@ func (b *Batch) submit(n *batchNotify, reqs []Request) error {
 	// Publish the tasks and hand them over under smu, so that Cancel (and
 	// an unregistration's cancel) sees them only once their transport has
 	// them: a transport's Cancel must not race its own Submit on a request.
+	// Under handMu, and only while the engine is open: no request reaches
+	// a transport once Close began.
 	b.smu.Lock()
+	e.handMu.RLock()
+	if e.closed.Load() {
+		e.handMu.RUnlock()
+		b.smu.Unlock()
+		b.releaseSlots(lo, lo+len(reqs))
+		abandon(lo + len(reqs))
+		return errs.New(errs.Closed, "submit", "engine closed")
+	}
 	b.mu.Lock()
 	b.preparing = false
 	if n != nil {
@@ -359,6 +369,7 @@ func (b *Batch) submit(n *batchNotify, reqs []Request) error {
 		t.Submit(b.reqs[i:j])
 		i = j
 	}
+	e.handMu.RUnlock()
 	b.smu.Unlock()
 	if e.cfg.TransferTimeout > 0 {
 		e.reaper.add(b, bgen, lo, lo+len(reqs), e.cfg.TransferTimeout)
@@ -392,6 +403,19 @@ func (b *Batch) retain(lo, hi int) error {
 		i = j
 	}
 	return nil
+}
+
+// releaseSlots releases the regions retain held for slots [lo, hi).
+func (b *Batch) releaseSlots(lo, hi int) {
+	for i := lo; i < hi; {
+		g := b.reqs[i].Region
+		j := i + 1
+		for j < hi && b.reqs[j].Region == g {
+			j++
+		}
+		g.ReleaseN(int64(j - i))
+		i = j
+	}
 }
 
 func (b *Batch) clearSlots(lo, hi int) {

@@ -62,9 +62,13 @@ type Engine struct {
 
 	closed    atomic.Bool
 	closeOnce sync.Once
-	lifeMu    sync.Mutex // orders wg.Add against Close's wg.Wait
-	wg        sync.WaitGroup
-	done      chan struct{}
+	// handMu orders a submit handing its requests to the transports (R)
+	// against Close (W): once Close holds it, no request reaches a
+	// transport, so nothing a transport moves can start after Close.
+	handMu sync.RWMutex
+	lifeMu sync.Mutex // orders wg.Add against Close's wg.Wait
+	wg     sync.WaitGroup
+	done   chan struct{}
 }
 
 // goTracked runs f in a goroutine Close waits for; it reports false (and does
@@ -604,6 +608,12 @@ func (e *Engine) Close() error {
 		e.closed.Store(true)
 		e.lifeMu.Unlock()
 		close(e.done)
+		// No submit is handing requests over now, and none will: a
+		// small local copy runs inline in Submit, and must not run
+		// after Close returned.
+		e.handMu.Lock()
+		//lint:ignore SA2001 a barrier: waiting for the hand-offs in progress is the point
+		e.handMu.Unlock()
 		// Transports complete what they hold before they return; then
 		// nothing can complete late.
 		e.closeTransports()
