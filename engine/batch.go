@@ -696,7 +696,8 @@ func holds(rs []*segment.Region, r *segment.Region) bool {
 // Cancel ends every pending task early: each ends CANCELED (or with its real
 // outcome if it finished first) once its transport has stopped touching its
 // memory, which Wait then reports. Cancel itself does not block on the
-// network.
+// network, nor on a Submit validating its requests in another goroutine;
+// that Submit's tasks are not pending yet and are not canceled.
 func (b *Batch) Cancel() error {
 	b.smu.Lock()
 	defer b.smu.Unlock()
