@@ -377,12 +377,13 @@ type prepared struct {
 
 func (t *Transport) run(states []reqState) {
 	byDev := map[int][]prepared{}
+	var alive ownerCheck
 	for i := range states {
 		s := &states[i]
 		if !s.claim() {
 			continue // Cancel completed it: its slot is not ours to read
 		}
-		p, err := t.prepare(s.r)
+		p, err := t.prepare(s.r, &alive)
 		if err != nil {
 			s.tk.Complete(err)
 			continue
@@ -405,9 +406,51 @@ func (t *Transport) run(states []reqState) {
 	}
 }
 
+// ownerCheck remembers, for one run of copies, whether the last owner looked
+// at is alive (a run mostly targets one owner).
+type ownerCheck struct {
+	inst string
+	err  error
+}
+
+// ownerAlive fails a copy into another engine whose process has exited: the
+// mapping outlives it, and a WRITE into it would complete into memory
+// nobody owns any more. The owner's mappings are closed.
+func (t *Transport) ownerAlive(c *ownerCheck, d *segment.Desc) error {
+	if c.inst != "" && c.inst == d.Instance {
+		return c.err
+	}
+	c.inst, c.err = d.Instance, nil
+	if d.Host != nil && gone(d.Host.Pid) {
+		c.err = errs.New(errs.PeerUnreachable, "cudaipc", "the process of segment %q (pid %d) has exited", d.Name, d.Host.Pid)
+		t.forgetOwner(d.Instance)
+	}
+	return c.err
+}
+
+// forgetOwner closes, off the caller's goroutine, every mapping of an owner
+// that has exited.
+func (t *Transport) forgetOwner(inst string) {
+	var keys []uint64
+	t.imu.Lock()
+	for k, m := range t.imports {
+		if k.owner == inst && !m.closing {
+			keys = append(keys, k.key)
+		}
+	}
+	t.imu.Unlock()
+	for _, key := range keys {
+		t.spawn(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), t.opt.CloseTimeout)
+			defer cancel()
+			t.closeMappings(ctx, inst, key)
+		})
+	}
+}
+
 // prepare resolves a request's addresses: the target in this engine, or in
 // the owner's allocation mapped here (opening its handle on first use).
-func (t *Transport) prepare(r *transport.Request) (prepared, error) {
+func (t *Transport) prepare(r *transport.Request, alive *ownerCheck) (prepared, error) {
 	if t.closed.Load() {
 		return prepared{}, errs.New(errs.Closed, "cudaipc", "transport closed")
 	}
@@ -435,6 +478,9 @@ func (t *Transport) prepare(r *transport.Request) (prepared, error) {
 		}
 		if !ok {
 			return prepared{}, errs.New(errs.NotSupported, "cudaipc", "buffer %s at %#x of %q has no IPC handle", r.Buffer.Name, r.Buffer.Addr, r.Peer.Name)
+		}
+		if err := t.ownerAlive(alive, r.Peer); err != nil {
+			return prepared{}, err
 		}
 		if dev < 0 {
 			dev = t.deviceFor(e.UUID)
