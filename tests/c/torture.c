@@ -47,7 +47,7 @@ static void report(const char *msg) {
 
 #define REPORT(...)                                  \
     do {                                             \
-        char m_[1024];                               \
+        char m_[2048];                               \
         snprintf(m_, sizeof m_, __VA_ARGS__);        \
         report(m_);                                  \
     } while (0)
