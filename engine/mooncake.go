@@ -194,7 +194,7 @@ func (e *Engine) describe(ctx context.Context, addr, name string) ([]byte, error
 		}
 		teErr = err
 	}
-	b, err := e.ctrl.exchangeMooncake(ctx, addr, wire.KindMooncakeMetadata, e.mooncakeSelf(), segment.MaxDescSize)
+	b, err := e.ctrl.ExchangeMooncake(ctx, addr, wire.KindMooncakeMetadata, e.mooncakeSelf(), segment.MaxDescSize)
 	if err != nil {
 		e.mc.forget(addr)
 		if teErr != nil {
@@ -261,7 +261,7 @@ func (e *Engine) notifyMooncake(ctx context.Context, addr, name, msg string) err
 	if err != nil {
 		return errs.Wrap(errs.InvalidArgument, "notify", err, "encode notification")
 	}
-	_, err = e.ctrl.exchangeMooncake(ctx, addr, wire.KindMooncakeNotify, body, wire.MooncakeMaxHandshake)
+	_, err = e.ctrl.ExchangeMooncake(ctx, addr, wire.KindMooncakeNotify, body, wire.MooncakeMaxHandshake)
 	return err
 }
 
@@ -271,7 +271,7 @@ func (e *Engine) probeCall(ctx context.Context, addr, name string) ([]byte, erro
 	if !e.mc.open || !e.mc.known(addr) {
 		return e.ctrl.Call(ctx, addr, wire.KindProbe, nil)
 	}
-	b, err := e.ctrl.exchangeMooncake(ctx, addr, wire.KindMooncakeProbe, []byte("{}"), wire.MooncakeMaxHandshake)
+	b, err := e.ctrl.ExchangeMooncake(ctx, addr, wire.KindMooncakeProbe, []byte("{}"), wire.MooncakeMaxHandshake)
 	if err != nil {
 		return nil, err
 	}

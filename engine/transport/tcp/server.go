@@ -3,12 +3,12 @@ package tcp
 import (
 	"bufio"
 	"errors"
-	"io"
 	"net"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/tecache/te/engine/internal/pipe"
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/peerauth"
@@ -19,10 +19,9 @@ import (
 const (
 	// readBufSize is the bufio size on both sides: it gathers many small
 	// frames per read syscall (a 4 KiB READ's completion and payload come
-	// 15 to a read); payloads of directRead or more bypass it, so a large
-	// payload is copied through it for at most one buffer's worth.
+	// 15 to a read); payloads of pipe.DirectRead or more bypass it, so a
+	// large payload is copied through it for at most one buffer's worth.
 	readBufSize = 64 << 10
-	directRead  = 16 << 10
 	// maxServerQueue bounds the completions a target holds for one
 	// connection; past it the reader stops reading, so an initiator that
 	// does not read its completions only stalls its own connection.
@@ -98,8 +97,9 @@ type serverConn struct {
 	nc      net.Conn
 	release func() // the connection's slot in the listener's limiter
 
-	// cur is the region the reader is writing a payload into, if any.
-	cur atomic.Pointer[segment.Region]
+	// cur is the region the reader is writing a payload into, if any;
+	// pushing the one a READ holds while push waits for room in the queue.
+	cur, pushing atomic.Pointer[segment.Region]
 
 	mu      sync.Mutex
 	writing []response // the writer's current batch, until it releases it
@@ -154,22 +154,27 @@ func (s *serverConn) signal() {
 }
 
 // push queues a completion, waiting while the queue is full. It reports false
-// once the writer is gone.
+// once the writer is gone. While it waits, the region r holds is in pushing,
+// where Quiesce sees it: a peer that does not read its completions cannot
+// hold a region being unregistered.
 func (s *serverConn) push(r response) bool {
 	for {
 		s.mu.Lock()
 		if len(s.queue) < maxServerQueue {
 			s.queue = append(s.queue, r)
 			s.mu.Unlock()
+			s.pushing.Store(nil)
 			// The wake channel holds one token: pushes made while the
 			// writer is busy coalesce into its next writev.
 			s.signal()
 			return true
 		}
 		s.mu.Unlock()
+		s.pushing.Store(r.region)
 		select {
 		case <-s.space:
 		case <-s.done:
+			s.pushing.Store(nil)
 			if r.region != nil {
 				r.region.Release()
 			}
@@ -197,26 +202,33 @@ func (s *serverConn) readHeader(br *bufio.Reader, h []byte) error {
 			s.nc.SetReadDeadline(time.Now().Add(o.Header))
 		}
 	}
-	_, err := io.ReadFull(br, h)
-	return err
+	return readFrame(br, h)
 }
 
 func (s *serverConn) readLoop() {
 	br := readers.Get().(*bufio.Reader)
 	br.Reset(s.nc)
 	defer func() { br.Reset(nil); readers.Put(br) }()
-	var h [wire.ReqHeaderSize]byte
+	var h [wire.DataPrefaceSize]byte
 	s.nc.SetReadDeadline(time.Now().Add(s.t.opt.Header))
-	if _, err := io.ReadFull(br, h[:wire.DataPrefaceSize]); err != nil {
+	if err := readFrame(br, h[:]); err != nil {
 		return
 	}
-	if wire.LooksLikeMooncake(h[:wire.DataPrefaceSize]) {
-		s.serveMooncake(br, h[:wire.DataPrefaceSize]) // mooncake_server.go
+	// The first bytes say the dialect: te's preface, or a Mooncake
+	// initiator's first request header (mooncake.go).
+	serve := s.serveTe
+	if wire.LooksLikeMooncake(h[:]) {
+		serve = s.serveMooncake
+	}
+	serve(br, h[:])
+}
+
+// serveTe serves a te initiator: first holds its preface.
+func (s *serverConn) serveTe(br *bufio.Reader, first []byte) {
+	if err := wire.CheckDataPreface(first); err != nil {
 		return
 	}
-	if err := wire.CheckDataPreface(h[:wire.DataPrefaceSize]); err != nil {
-		return
-	}
+	var h [wire.ReqHeaderSize]byte
 	if _, err := peerauth.Server(peerauth.WithReader(s.nc, br), s.t.secret, s.t.instance, time.Now().Add(s.t.opt.Header)); err != nil {
 		if errs.CodeOf(err) == errs.Unauthenticated {
 			s.t.authRefused.Add(1)
@@ -265,7 +277,7 @@ func (s *serverConn) readLoop() {
 				if scratch == nil {
 					scratch = make([]byte, drainChunk)
 				}
-				if err := drainProgress(br, s.nc, req.Length, scratch, progress); err != nil {
+				if err := pipe.DrainProgress(br, s.nc, req.Length, scratch, progress); err != nil {
 					s.t.cut(err)
 					return
 				}
@@ -280,7 +292,7 @@ func (s *serverConn) readLoop() {
 				status = errs.CodeOf(copyErr)
 			} else {
 				s.cur.Store(region)
-				err := readProgress(br, s.nc, mem.Bytes(req.Addr, req.Length), progress)
+				err := pipe.ReadProgress(br, s.nc, mem.Bytes(req.Addr, req.Length), progress)
 				s.cur.Store(nil)
 				region.Release()
 				if err != nil {
@@ -306,7 +318,7 @@ func (s *serverConn) readLoop() {
 // holds reports whether the connection is moving bytes of r or holds r for a
 // READ it has yet to send.
 func (s *serverConn) holds(r *segment.Region) bool {
-	if s.cur.Load().Within(r) {
+	if s.cur.Load().Within(r) || s.pushing.Load().Within(r) {
 		return true
 	}
 	s.mu.Lock()
@@ -363,37 +375,12 @@ func (s *serverConn) check(req wire.DataRequest) errs.Code {
 	return errs.OK
 }
 
-// drainProgress reads and drops n payload bytes, under the progress timeout.
-func drainProgress(br *bufio.Reader, nc net.Conn, n uint64, scratch []byte, d time.Duration) error {
-	for n > 0 {
-		k := min(n, uint64(len(scratch)))
-		if err := readProgress(br, nc, scratch[:k], d); err != nil {
-			return err
-		}
-		n -= k
-	}
-	return nil
-}
-
-func drain(br *bufio.Reader, n uint64, scratch []byte) error {
-	for n > 0 {
-		k := min(n, uint64(len(scratch)))
-		if _, err := io.ReadFull(br, scratch[:k]); err != nil {
-			return err
-		}
-		n -= k
-	}
-	return nil
-}
-
 func (s *serverConn) writeLoop() {
 	defer close(s.done)
 	st := s.t.newStage()
 	defer st.release()
 	var spare []response
-	var hdrs []byte
-	var bufs, chunk net.Buffers
-	var devs []devPiece
+	var w frameWriter
 	for {
 		<-s.wake
 		s.mu.Lock()
@@ -414,32 +401,9 @@ func (s *serverConn) writeLoop() {
 			}
 			continue
 		}
-		hdrs = grow(hdrs, len(batch)*wire.CompHeaderSize)
-		bufs, devs = bufs[:0], devs[:0]
-		start := 0
-		for i := range batch {
-			off := i * wire.CompHeaderSize
-			wire.PutCompletion(hdrs[off:], batch[i].comp)
-			if g := batch[i].region; isDevice(g) {
-				bufs = append(bufs, hdrs[start:off+wire.CompHeaderSize])
-				devs = append(devs, devPiece{at: len(bufs), dev: g.Location.Index, addr: batch[i].addr, n: batch[i].comp.Length})
-				start = off + wire.CompHeaderSize
-			} else if batch[i].region != nil {
-				bufs = append(bufs, hdrs[start:off+wire.CompHeaderSize], mem.Bytes(batch[i].addr, batch[i].comp.Length))
-				start = off + wire.CompHeaderSize
-			}
-		}
-		if end := len(batch) * wire.CompHeaderSize; start < end {
-			bufs = append(bufs, hdrs[start:end])
-		}
-		var err error
-		if len(devs) > 0 {
-			// Copies from device memory end before its region is released.
-			err = st.write(progressWriter{s.nc, s.t.opt.Progress}, bufs, devs)
-		} else {
-			chunk, err = writeProgress(s.nc, bufs, chunk, s.t.opt.Progress)
-			s.t.cut(err)
-		}
+		// Copies from device memory end before its region is released.
+		err := w.writeCompletions(s.nc, st, batch, s.t.opt.Progress)
+		s.t.cut(err)
 		for i := range batch {
 			if batch[i].region != nil {
 				batch[i].region.Release()
@@ -470,10 +434,12 @@ func (s *serverConn) writeLoop() {
 	}
 }
 
-// grow returns b resized to n bytes, reallocating only when it is too small.
-func grow(b []byte, n int) []byte {
-	if cap(b) < n {
-		return make([]byte, n, n+n/2)
+// cut counts a connection ended by one of its deadlines (a stalled or
+// trickling peer) and passes err through.
+func (t *Transport) cut(err error) error {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.slowClosed.Add(1)
 	}
-	return b[:n]
+	return err
 }
