@@ -13,10 +13,14 @@ import (
 	"github.com/tecache/te/internal/wire"
 )
 
-// Interop with Mooncake Transfer Engine peers (spec.md, "Mooncake interop"):
-// the handshake kinds 1 to 3 on the RPC listener, and the choice between te's
-// and Mooncake's handshake when this engine fetches a peer's descriptor or
-// sends it a notification. The data path is the tcp transport's.
+// Interop with Mooncake Transfer Engine peers (spec.md, "Mooncake interop"),
+// the engine's side of it, all here: whether Mooncake peers are served, the
+// handlers of the handshake kinds 1 to 3, the choice between te's and
+// Mooncake's handshake when this engine fetches a peer's descriptor, sends it
+// a notification or probes it, and the adoption of a Mooncake descriptor.
+// The handshake's framing is a dialect of the control plane
+// (internal/ctrl/mooncake.go); the data path is a framing of the tcp
+// transport (transport/tcp/mooncake.go).
 
 // EnvAcceptMooncakePeers turns Config.AcceptMooncakePeers on for every entry
 // point (Go, C, Python) when set to 1.
@@ -226,8 +230,12 @@ func (e *Engine) mooncakeSelf() []byte {
 
 // adoptMooncake completes a Mooncake engine's descriptor with what te needs
 // to reach it: the RPC address (the one it was fetched from, or its rpc_meta
-// record in the store), whose host its tcp data listener is on.
+// record in the store), whose host its tcp data listener is on. A te
+// engine's descriptor is left as it is.
 func (e *Engine) adoptMooncake(d *segment.Desc, addr, name string) error {
+	if !d.IsMooncake() {
+		return nil
+	}
 	if addr == "" {
 		var err error
 		if addr, err = e.rpcAddrOf(name); err != nil {

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -186,10 +188,7 @@ func (c *Plane) Close() {
 	c.closed = true
 	c.cancel()
 	c.ln.Close()
-	conns := make([]*srvConn, 0, len(c.conns))
-	for sc := range c.conns {
-		conns = append(conns, sc)
-	}
+	conns := slices.Collect(maps.Keys(c.conns))
 	c.mu.Unlock()
 	for _, sc := range conns {
 		sc.stop()

@@ -119,6 +119,7 @@ func (c *conn[T]) enqueue(items []T, es []entry[T]) {
 		}
 		return
 	}
+	c.queue = slices.Grow(c.queue, len(items)+len(es))
 	for _, it := range items {
 		c.queue = append(c.queue, entry[T]{item: it})
 	}

@@ -110,52 +110,69 @@ func (d teDialect) Open(nc net.Conn, addr string) (pipe.Encoder[item], pipe.Deco
 	if err != nil {
 		return nil, nil, err
 	}
-	return &teRequests{t: d.t, inst: inst, addr: addr, st: d.t.newStage()}, &teCompletions{t: d.t, st: d.t.newStage()}, nil
-}
-
-// teRequests writes request frames.
-type teRequests struct {
-	t    *Transport
-	inst string // the peer's, proven when there is a secret
-	addr string
-	st   *stage
-	w    frameWriter
-}
-
-// Admit refuses requests built from another engine's descriptor: the
-// endpoint now serves another engine (it restarted, or the descriptor was
-// rewritten).
-func (e *teRequests) Admit(it item) error {
-	if it.op.inst != "" && it.op.inst != e.inst {
-		return errs.New(errs.StaleDescriptor, "tcp", "%s is now engine %s, not %s", e.addr, e.inst, it.op.inst)
+	admit := func(it item) error {
+		// The endpoint may serve another engine now (it restarted, or
+		// the descriptor was rewritten): a request built for the old
+		// one is refused.
+		if it.op.inst != "" && it.op.inst != inst {
+			return errs.New(errs.StaleDescriptor, "tcp", "%s is now engine %s, not %s", addr, inst, it.op.inst)
+		}
+		return nil
 	}
-	return nil
+	return &requests{t: d.t, size: wire.ReqHeaderSize, put: putTeRequest, admit: admit, st: d.t.newStage()},
+		&teCompletions{t: d.t, st: d.t.newStage()}, nil
 }
 
-func (e *teRequests) Encode(nc net.Conn, out []pipe.Out[item]) (int64, error) {
-	hdrs := e.w.begin(len(out), wire.ReqHeaderSize)
+func putTeRequest(h []byte, id uint64, it item) {
+	kind := wire.DataRead
+	if it.op.write {
+		kind = wire.DataWrite
+	}
+	wire.PutDataRequest(h, wire.DataRequest{Kind: kind, ID: id, Addr: it.op.req.Remote + it.off, Length: it.n, Key: it.op.req.Key})
+}
+
+// requests writes request frames of one framing (its header size and put),
+// each WRITE's followed by its payload from local memory.
+type requests struct {
+	t     *Transport
+	size  int
+	put   func(h []byte, id uint64, it item)
+	admit func(it item) error
+	st    *stage
+	w     frameWriter
+}
+
+func (e *requests) Admit(it item) error {
+	if e.admit == nil {
+		return nil
+	}
+	return e.admit(it)
+}
+
+func (e *requests) Encode(nc net.Conn, out []pipe.Out[item]) (int64, error) {
+	hdrs := e.w.begin(len(out), e.size)
 	for i := range out {
 		it := out[i].Item
-		r := it.op.req
-		kind := wire.DataRead
-		if it.op.write {
-			kind = wire.DataWrite
-		}
-		end := (i + 1) * wire.ReqHeaderSize
-		wire.PutDataRequest(hdrs[end-wire.ReqHeaderSize:], wire.DataRequest{Kind: kind, ID: out[i].ID, Addr: r.Remote + it.off, Length: it.n, Key: r.Key})
+		local := it.op.req.Local + it.off
+		end := (i + 1) * e.size
+		e.put(hdrs[end-e.size:end], out[i].ID, it)
 		switch {
 		case !it.op.write:
 			out[i].End = e.w.frame(end, nil)
 		case it.op.gpu > 0:
-			out[i].End = e.w.deviceFrame(end, it.op.gpu-1, r.Local+it.off, it.n)
+			out[i].End = e.w.deviceFrame(end, it.op.gpu-1, local, it.n)
 		default:
-			out[i].End = e.w.frame(end, mem.Bytes(r.Local+it.off, it.n))
+			out[i].End = e.w.frame(end, mem.Bytes(local, it.n))
 		}
 	}
-	return e.w.send(nc, e.st, len(out)*wire.ReqHeaderSize, e.t.opt.Progress)
+	return e.w.send(nc, e.st, len(out)*e.size, e.t.opt.Progress)
 }
 
-func (e *teRequests) Close() { e.st.release() }
+func (e *requests) Close() {
+	if e.st != nil {
+		e.st.release()
+	}
+}
 
 // teCompletions reads completion frames and READ payloads.
 type teCompletions struct {

@@ -92,38 +92,16 @@ func (d mcDialect) Dial(ctx context.Context, addr string) (net.Conn, error) {
 }
 
 func (d mcDialect) Open(net.Conn, string) (pipe.Encoder[item], pipe.Decoder[item], error) {
-	return &mcRequests{t: d.t}, &mcStatuses{t: d.t}, nil
+	return &requests{t: d.t, size: wire.MooncakeHeaderSize, put: putMcRequest}, &mcStatuses{t: d.t}, nil
 }
 
-// mcRequests writes request headers, each WRITE's followed by its payload.
-type mcRequests struct {
-	t *Transport
-	w frameWriter
-}
-
-func (e *mcRequests) Admit(item) error { return nil }
-
-func (e *mcRequests) Encode(nc net.Conn, out []pipe.Out[item]) (int64, error) {
-	hdrs := e.w.begin(len(out), wire.MooncakeHeaderSize)
-	for i := range out {
-		it := out[i].Item
-		r := it.op.req
-		op := wire.MooncakeRead
-		if it.op.write {
-			op = wire.MooncakeWrite
-		}
-		end := (i + 1) * wire.MooncakeHeaderSize
-		wire.PutMooncakeRequest(hdrs[end-wire.MooncakeHeaderSize:end], wire.MooncakeRequest{Size: it.n, Addr: r.Remote + it.off, Op: op, V2: true})
-		var payload []byte
-		if it.op.write {
-			payload = mem.Bytes(r.Local+it.off, it.n)
-		}
-		out[i].End = e.w.frame(end, payload)
+func putMcRequest(h []byte, _ uint64, it item) {
+	op := wire.MooncakeRead
+	if it.op.write {
+		op = wire.MooncakeWrite
 	}
-	return e.w.send(nc, nil, len(out)*wire.MooncakeHeaderSize, e.t.opt.Progress)
+	wire.PutMooncakeRequest(h, wire.MooncakeRequest{Size: it.n, Addr: it.op.req.Remote + it.off, Op: op, V2: true})
 }
-
-func (e *mcRequests) Close() {}
 
 // mcStatuses reads statuses, each OK READ's followed by its payload, and
 // matches each to the oldest slice in flight.
