@@ -165,7 +165,8 @@ func mooncakeRefusal(addr string, code uint32, it item) error {
 // and can cut it. Only version 2 (acknowledged) requests are served, and only
 // when AcceptMooncake is set; anything refused gets a status and the
 // connection closes, as Mooncake's target does.
-func (s *serverConn) serveMooncake(br *bufio.Reader, first []byte) {
+func (s *serverConn) serveMooncake(sv *server, first []byte) {
+	br := sv.first
 	var h [wire.MooncakeHeaderSize]byte
 	n := copy(h[:], first)
 	// The handshake deadline still covers the rest of the header.
@@ -173,7 +174,7 @@ func (s *serverConn) serveMooncake(br *bufio.Reader, first []byte) {
 		return
 	}
 	t := s.t
-	var w frameWriter
+	w := &sv.w
 	for {
 		req, err := wire.DecodeMooncakeRequest(h[:])
 		if err != nil {

@@ -22,6 +22,12 @@ const (
 	// 15 to a read); payloads of pipe.DirectRead or more bypass it, so a
 	// large payload is copied through it for at most one buffer's worth.
 	readBufSize = 64 << 10
+	// firstReadSize is the buffer a connection's first bytes are read
+	// with, before its dialect is known, and a Mooncake connection's: it
+	// holds a header and a small payload (one read syscall for a 4 KiB
+	// WRITE), and no more than pipe.DirectRead of a large one, whose rest
+	// is read straight into memory, so at most that much is copied.
+	firstReadSize = pipe.DirectRead
 	// maxServerQueue bounds the completions a target holds for one
 	// connection; past it the reader stops reading, so an initiator that
 	// does not read its completions only stalls its own connection.
@@ -56,7 +62,7 @@ func (t *Transport) acceptLoop() {
 			continue
 		}
 		// Accepted TCP connections come with TCP_NODELAY set already.
-		s := &serverConn{t: t, nc: nc, release: release, wake: make(chan struct{}, 1), space: make(chan struct{}, 1), done: make(chan struct{})}
+		s := &serverConn{t: t, nc: nc, release: release}
 		t.mu.Lock()
 		if t.closed {
 			t.mu.Unlock()
@@ -65,16 +71,63 @@ func (t *Transport) acceptLoop() {
 			return
 		}
 		t.served[s] = struct{}{}
-		t.wg.Add(1)
 		t.mu.Unlock()
-		go s.serve()
+		if !t.hand(s) {
+			s.end()
+			return
+		}
 	}
 }
 
-// readers recycles the targets' read buffers: initiators that open a
-// connection per request (Mooncake's default) would otherwise allocate and
-// zero 64 KiB for each.
-var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, readBufSize) }}
+// serverIdle is how long a server goroutine waits for the next accepted
+// connection before it exits.
+const serverIdle = 2 * time.Second
+
+// server is a goroutine serving accepted connections one after the other,
+// with its read buffer and frame writer. An initiator that opens a
+// connection per request (Mooncake's default) then costs no goroutine
+// start, no stack growth and no buffer per connection.
+type server struct {
+	first, br *bufio.Reader // firstReadSize, readBufSize
+	w         frameWriter
+}
+
+// hand gives s to an idle server goroutine, or starts one; false once the
+// transport is closed.
+func (t *Transport) hand(s *serverConn) bool {
+	select {
+	case t.idle <- s:
+		return true
+	default:
+	}
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return false
+	}
+	t.wg.Add(1)
+	t.mu.Unlock()
+	go t.serveLoop(s)
+	return true
+}
+
+func (t *Transport) serveLoop(s *serverConn) {
+	defer t.wg.Done()
+	sv := &server{first: bufio.NewReaderSize(nil, firstReadSize), br: bufio.NewReaderSize(nil, readBufSize)}
+	idle := time.NewTimer(serverIdle)
+	defer idle.Stop()
+	for {
+		s.serve(sv)
+		idle.Reset(serverIdle)
+		select {
+		case s = <-t.idle:
+		case <-idle.C:
+			return
+		case <-t.quit:
+			return
+		}
+	}
+}
 
 func tune(nc net.Conn) {
 	if tc, ok := nc.(*net.TCPConn); ok {
@@ -112,8 +165,10 @@ type serverConn struct {
 }
 
 // startWriter starts the completion writer, once the connection turned out
-// to be te's: a Mooncake connection (often one per request) needs none.
+// to be te's: a Mooncake connection (often one per request) needs none, nor
+// its channels.
 func (s *serverConn) startWriter() {
+	s.wake, s.space, s.done = make(chan struct{}, 1), make(chan struct{}, 1), make(chan struct{})
 	s.writer.Add(1)
 	go func() {
 		defer s.writer.Done()
@@ -121,14 +176,18 @@ func (s *serverConn) startWriter() {
 	}()
 }
 
-func (s *serverConn) serve() {
-	defer s.t.wg.Done()
-	s.readLoop()
+func (s *serverConn) serve(sv *server) {
+	s.readLoop(sv)
 	s.mu.Lock()
 	s.closing = true
 	s.mu.Unlock()
 	s.signal()
 	s.writer.Wait()
+	s.end()
+}
+
+// end closes the connection and gives back what it held.
+func (s *serverConn) end() {
 	s.nc.Close()
 	// Whatever the writer could not send still holds regions.
 	s.mu.Lock()
@@ -205,10 +264,10 @@ func (s *serverConn) readHeader(br *bufio.Reader, h []byte) error {
 	return readFrame(br, h)
 }
 
-func (s *serverConn) readLoop() {
-	br := readers.Get().(*bufio.Reader)
+func (s *serverConn) readLoop(sv *server) {
+	br := sv.first
 	br.Reset(s.nc)
-	defer func() { br.Reset(nil); readers.Put(br) }()
+	defer br.Reset(nil)
 	var h [wire.DataPrefaceSize]byte
 	s.nc.SetReadDeadline(time.Now().Add(s.t.opt.Header))
 	if err := readFrame(br, h[:]); err != nil {
@@ -220,16 +279,35 @@ func (s *serverConn) readLoop() {
 	if wire.LooksLikeMooncake(h[:]) {
 		serve = s.serveMooncake
 	}
-	serve(br, h[:])
+	serve(sv, h[:])
 }
 
-// serveTe serves a te initiator: first holds its preface.
-func (s *serverConn) serveTe(br *bufio.Reader, first []byte) {
+// afterFirst is the connection as read after its first bytes: what the
+// first read buffered beyond them comes before the socket's next bytes.
+type afterFirst struct {
+	net.Conn
+	first *bufio.Reader
+}
+
+func (a afterFirst) Read(p []byte) (int, error) {
+	if a.first.Buffered() > 0 {
+		return a.first.Read(p)
+	}
+	return a.Conn.Read(p)
+}
+
+// serveTe serves a te initiator: first holds its preface. Its requests are
+// read with the larger buffer, which gathers many small ones per read.
+func (s *serverConn) serveTe(sv *server, first []byte) {
 	if err := wire.CheckDataPreface(first); err != nil {
 		return
 	}
+	nc := afterFirst{s.nc, sv.first}
+	br := sv.br
+	br.Reset(nc)
+	defer br.Reset(nil)
 	var h [wire.ReqHeaderSize]byte
-	if _, err := peerauth.Server(peerauth.WithReader(s.nc, br), s.t.secret, s.t.instance, time.Now().Add(s.t.opt.Header)); err != nil {
+	if _, err := peerauth.Server(peerauth.WithReader(nc, br), s.t.secret, s.t.instance, time.Now().Add(s.t.opt.Header)); err != nil {
 		if errs.CodeOf(err) == errs.Unauthenticated {
 			s.t.authRefused.Add(1)
 		}
@@ -277,13 +355,13 @@ func (s *serverConn) serveTe(br *bufio.Reader, first []byte) {
 				if scratch == nil {
 					scratch = make([]byte, drainChunk)
 				}
-				if err := pipe.DrainProgress(br, s.nc, req.Length, scratch, progress); err != nil {
+				if err := pipe.DrainProgress(br, nc, req.Length, scratch, progress); err != nil {
 					s.t.cut(err)
 					return
 				}
 			} else if isDevice(region) {
 				s.cur.Store(region)
-				copyErr, ioErr := st.recv(br, s.nc, region.Location.Index, req.Addr, req.Length)
+				copyErr, ioErr := st.recv(br, nc, region.Location.Index, req.Addr, req.Length)
 				s.cur.Store(nil)
 				region.Release()
 				if ioErr != nil {
@@ -292,7 +370,7 @@ func (s *serverConn) serveTe(br *bufio.Reader, first []byte) {
 				status = errs.CodeOf(copyErr)
 			} else {
 				s.cur.Store(region)
-				err := pipe.ReadProgress(br, s.nc, mem.Bytes(req.Addr, req.Length), progress)
+				err := pipe.ReadProgress(br, nc, mem.Bytes(req.Addr, req.Length), progress)
 				s.cur.Store(nil)
 				region.Release()
 				if err != nil {

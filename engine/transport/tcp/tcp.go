@@ -213,6 +213,8 @@ type Transport struct {
 	mu     sync.Mutex
 	closed bool
 	served map[*serverConn]struct{} // accepted connections
+	idle   chan *serverConn         // hands one to a waiting server goroutine
+	quit   chan struct{}            // closed by Close: server goroutines exit
 	wg     sync.WaitGroup           // the listener's goroutines
 	gpu    gpuPool                  // pinned rings for GPU payloads (gpu.go)
 
@@ -259,7 +261,8 @@ func (t *Transport) pruned() uint64 {
 
 // New returns an unstarted transport.
 func New() *Transport {
-	return &Transport{served: map[*serverConn]struct{}{}, limiter: connlimit.New(0, 0)}
+	return &Transport{served: map[*serverConn]struct{}{}, limiter: connlimit.New(0, 0),
+		idle: make(chan *serverConn), quit: make(chan struct{})}
 }
 
 // Name returns "tcp".
@@ -394,6 +397,7 @@ func (t *Transport) Close() error {
 	}
 	t.closed = true
 	t.ln.Close()
+	close(t.quit)
 	for s := range t.served {
 		s.nc.Close()
 	}
