@@ -5,6 +5,7 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/tecache/te/internal/errs"
 )
@@ -16,12 +17,19 @@ type entry[T Item] struct {
 }
 
 // slot is an item the writer took: in flight until its reply settles it.
+// It is small (a map value per item in flight); whether the writer is still
+// sending it follows from its id (conn.sentThrough).
 type slot[T Item] struct {
 	entry[T]
-	writing  bool  // Holds, and the writer has not handed all its bytes to the socket
-	released bool  // canceled and settled: its reply, when it comes, is dropped
-	answered bool  // its reply came while writing: settled with err once sent
-	err      error // with answered: the reply's outcome
+	released bool // canceled and settled: its reply, when it comes, is dropped
+	answered bool // its reply came while the writer held it (conn.answers)
+}
+
+// answer is the outcome of a reply that came while the writer held its
+// item; the writer settles the item with it once past it.
+type answer struct {
+	id  uint64
+	err error
 }
 
 // conn is one connection: the writer goroutine dials, opens, then writes
@@ -33,17 +41,28 @@ type conn[T Item] struct {
 	mu      sync.Mutex
 	queue   []entry[T]
 	pending map[uint64]slot[T]
-	nextID  uint64
-	oldest  uint64 // Ordered: the id the next reply answers
-	owned   int    // items the reader claimed and has not settled
-	starved bool   // the writer left items queued at MaxInFlight
-	dead    bool
-	err     error
-	requeue bool // cut for another's sake: what it carries goes elsewhere
-	nc      net.Conn
-	running int           // goroutines not yet exited
-	wake    chan struct{} // queue not empty, or room in flight again
-	down    chan struct{} // closed when dead
+	// sentThrough: every item with a lower id had all its bytes handed
+	// to the socket. The writer writes items in id order, so an item
+	// that Holds and is at or above it is the writer's.
+	sentThrough uint64
+	// answers are the outcomes of replies that came for items the
+	// writer still held; they are settled once it is past them.
+	answers    []answer
+	cancelHeld bool // cancel skipped a held item: sent looks again
+	nextID     uint64
+	oldest     uint64       // Ordered: the id the next reply answers
+	owned      atomic.Int32 // items the reader claimed and has not settled
+	starved    bool         // the writer left items queued at MaxInFlight
+	dead       bool
+	err        error
+	requeue    bool // cut for another's sake: what it carries goes elsewhere
+	nc         net.Conn
+	running    int // goroutines not yet exited
+	// settled and settledItems are the writer's scratch in sent.
+	settled      []answer
+	settledItems []T
+	wake         chan struct{} // queue not empty, or room in flight again
+	down         chan struct{} // closed when dead
 }
 
 func (p *Pool[T]) newConn(pe *Peer[T]) *conn[T] {
@@ -76,6 +95,10 @@ func (c *conn[T]) alive() bool {
 	return !c.dead
 }
 
+// held reports whether the writer still sends the item with id; c.mu is
+// held.
+func (c *conn[T]) held(id uint64, s slot[T]) bool { return id >= c.sentThrough && s.item.Holds() }
+
 // state reports whether the connection has items queued, in flight or being
 // read, and whether it is alive.
 func (c *conn[T]) state() (busy, alive bool) {
@@ -84,7 +107,9 @@ func (c *conn[T]) state() (busy, alive bool) {
 	return c.busyLocked(), !c.dead
 }
 
-func (c *conn[T]) busyLocked() bool { return len(c.queue) > 0 || len(c.pending) > 0 || c.owned > 0 }
+func (c *conn[T]) busyLocked() bool {
+	return len(c.queue) > 0 || len(c.pending) > 0 || c.owned.Load() > 0
+}
 
 func (c *conn[T]) signal() {
 	select {
@@ -173,7 +198,14 @@ func (c *conn[T]) cancel() {
 	c.queue = keep
 	o := &c.pe.pool.o
 	for id, s := range c.pending {
-		if s.released || s.answered || s.writing || !s.item.Canceled() {
+		if s.released || !s.item.Canceled() {
+			continue
+		}
+		if s.answered {
+			continue // the writer settles it with its reply
+		}
+		if c.held(id, s) {
+			c.cancelHeld = true // the writer releases it once past it
 			continue
 		}
 		if o.Ordered {
@@ -212,7 +244,11 @@ func (c *conn[T]) exit() {
 	}
 	err, requeue := c.err, c.requeue
 	queue, pending := c.queue, c.pending
-	c.queue, c.pending = nil, nil
+	answered := make(map[uint64]error, len(c.answers))
+	for _, a := range c.answers {
+		answered[a.id] = a.err
+	}
+	c.queue, c.pending, c.answers = nil, nil, nil
 	c.mu.Unlock()
 	canceled := p.o.canceled()
 	var again []entry[T]
@@ -224,11 +260,12 @@ func (c *conn[T]) exit() {
 	slices.Sort(ids)
 	for _, id := range ids {
 		s := pending[id]
+		reply := answered[id]
 		switch {
 		case s.released:
-		case s.answered && s.err != nil:
-			s.item.Done(s.err)
-		case s.answered:
+		case s.answered && reply != nil:
+			s.item.Done(reply)
+		case s.answered: // an OK for bytes that never left
 			s.item.Done(errs.New(errs.Protocol, p.o.Component,
 				"%s%s answered request %d before its payload was sent", p.o.Label, c.pe.addr, id))
 		case s.item.Canceled():
@@ -329,7 +366,7 @@ func (c *conn[T]) writeLoop() {
 			}
 			id := c.nextID
 			c.nextID++
-			c.pending[id] = slot[T]{entry: e, writing: e.item.Holds()}
+			c.pending[id] = slot[T]{entry: e}
 			out = append(out, Out[T]{Item: e.item, ID: id})
 		}
 		if len(c.queue) > 0 {
@@ -361,44 +398,41 @@ func (c *conn[T]) writeLoop() {
 // their reply, those canceled are released. The others (the write failed)
 // stay held: the last goroutine out settles them.
 func (c *conn[T]) sent(out []Out[T], n int64) {
-	type settle struct {
-		it  T
-		err error
-	}
-	var done []settle
-	o := &c.pe.pool.o
-	recancel := false
 	c.mu.Lock()
+	through := out[len(out)-1].ID + 1
 	for _, x := range out {
 		if x.End > n {
+			through = x.ID
 			break
 		}
-		s, ok := c.pending[x.ID]
-		if !ok || !s.writing {
-			continue
-		}
-		s.writing = false
-		switch {
-		case s.answered:
-			delete(c.pending, x.ID)
-			done = append(done, settle{s.item, s.err})
-			continue
-		case s.item.Canceled() && o.Ordered:
-			recancel = true
-		case s.item.Canceled():
-			s.released = true
-			done = append(done, settle{s.item, o.canceled()})
-		}
-		c.pending[x.ID] = s
 	}
+	c.sentThrough = through
+	done, items := c.settled[:0], c.settledItems[:0]
+	keep := c.answers[:0]
+	for _, a := range c.answers {
+		if a.id >= through {
+			keep = append(keep, a)
+			continue
+		}
+		done = append(done, a)
+		items = append(items, c.pending[a.id].item)
+		delete(c.pending, a.id)
+	}
+	clear(c.answers[len(keep):])
+	c.answers = keep
+	recancel := c.cancelHeld
+	c.cancelHeld = false
 	if len(done) > 0 && c.starved {
 		c.starved = false
 		c.signal()
 	}
 	c.mu.Unlock()
-	for _, s := range done {
-		s.it.Done(s.err)
+	for i, a := range done {
+		items[i].Done(a.err)
 	}
+	clear(done)
+	clear(items)
+	c.settled, c.settledItems = done[:0], items[:0]
 	if recancel {
 		c.cancel()
 	}
@@ -419,6 +453,8 @@ func (c *conn[T]) readLoop(nc net.Conn, dec Decoder[T]) {
 			r.settleOwned(err)
 			return
 		}
-		r.settleOwned(errs.New(errs.Internal, c.pe.pool.o.Component, "a reply's request was not settled"))
+		if r.own != nil {
+			r.settleOwned(errs.New(errs.Internal, c.pe.pool.o.Component, "a reply's request was not settled"))
+		}
 	}
 }

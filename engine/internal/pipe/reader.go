@@ -99,7 +99,7 @@ func (r *Reader[T]) Oldest() (Slot[T], error) {
 // released here.
 func (r *Reader[T]) claim(id uint64, s slot[T]) Slot[T] {
 	c := r.c
-	if s.writing {
+	if c.held(id, s) {
 		c.mu.Unlock()
 		return Slot[T]{Item: s.item, id: id, held: true}
 	}
@@ -112,7 +112,7 @@ func (r *Reader[T]) claim(id uint64, s slot[T]) Slot[T] {
 		c.mu.Unlock()
 		return Slot[T]{Item: s.item, id: id, released: true}
 	}
-	c.owned++
+	c.owned.Add(1)
 	c.mu.Unlock()
 	r.slot = Slot[T]{Item: s.item, id: id}
 	r.own = &r.slot
@@ -135,9 +135,10 @@ func (r *Reader[T]) Done(s Slot[T], err error) {
 			// Settled already (the connection ended; released once sent).
 			c.mu.Unlock()
 			return
-		case p.writing:
-			p.answered, p.err = true, err
+		case c.held(s.id, p):
+			p.answered = true
 			c.pending[s.id] = p
+			c.answers = append(c.answers, answer{s.id, err})
 			c.mu.Unlock()
 			return
 		}
@@ -150,9 +151,7 @@ func (r *Reader[T]) Done(s Slot[T], err error) {
 	if r.own != nil && r.own.id == s.id {
 		r.own = nil
 	}
-	c.mu.Lock()
-	c.owned--
-	c.mu.Unlock()
+	c.owned.Add(-1)
 	s.Item.Done(err)
 }
 
