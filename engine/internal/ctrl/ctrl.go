@@ -261,9 +261,9 @@ func (c *Plane) logRefusal(msg string, err error) {
 
 func isTimeout(err error) bool { return errors.Is(err, os.ErrDeadlineExceeded) }
 
-// HostOf returns the IP of a, the budget key of a peer without a proven
+// hostOf returns the IP of a, the budget key of a peer without a proven
 // identity.
-func HostOf(a net.Addr) string {
+func hostOf(a net.Addr) string {
 	if t, ok := a.(*net.TCPAddr); ok {
 		return t.IP.String()
 	}

@@ -38,7 +38,7 @@ func (c *Plane) serveMooncake(conn net.Conn, r *bufio.Reader) {
 	if h == nil {
 		return // kind 0 (Connection) is Mooncake's RDMA endpoint exchange
 	}
-	ci := &CallInfo{Sender: "address " + HostOf(conn.RemoteAddr())}
+	ci := &CallInfo{Sender: "address " + hostOf(conn.RemoteAddr())}
 	if kind == wire.KindMooncakeNotify && budgeted {
 		n, err := res.Reserve(ci.Sender, uint64(len(body)))
 		if err != nil {

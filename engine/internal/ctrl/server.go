@@ -165,7 +165,7 @@ func (sc *srvConn) authenticate() bool {
 	if c.opt.Secret != nil {
 		sc.sender = "instance " + peer
 	} else {
-		sc.sender = "address " + HostOf(sc.conn.RemoteAddr())
+		sc.sender = "address " + hostOf(sc.conn.RemoteAddr())
 	}
 	// Only now: a flood that never authenticates costs no reply buffer.
 	sc.bw = bufio.NewWriterSize(sc.conn, 16<<10)

@@ -41,9 +41,6 @@ func New[T Item](d Dialect[T], o Options) *Pool[T] {
 	return p
 }
 
-// Options returns the pool's options, defaults filled in.
-func (p *Pool[T]) Options() Options { return p.o }
-
 // Pruned returns how many idle connections the janitor closed.
 func (p *Pool[T]) Pruned() uint64 { return p.pruned.Load() }
 
@@ -168,9 +165,6 @@ type Peer[T Item] struct {
 	conns    []*conn[T]
 	gone     bool // pruned: items go to the peer's replacement
 }
-
-// Addr returns the peer's address.
-func (pe *Peer[T]) Addr() string { return pe.addr }
 
 // Conns returns the number of connections items are striped over.
 func (pe *Peer[T]) Conns() int { return len(pe.conns) }

@@ -33,13 +33,6 @@ type Slot[T Item] struct {
 // reply is to be read (a payload into scratch) and dropped.
 func (s Slot[T]) Released() bool { return s.released }
 
-// Held reports whether the writer is still sending the item's payload: a
-// Decoder must not read into its memory (a WRITE has no reply payload).
-func (s Slot[T]) Held() bool { return s.held }
-
-// ID returns the id the connection gave the item.
-func (s Slot[T]) ID() uint64 { return s.id }
-
 // Buf returns the buffered socket.
 func (r *Reader[T]) Buf() *bufio.Reader { return r.br }
 
@@ -160,20 +153,6 @@ func (r *Reader[T]) settleOwned(err error) {
 	if r.own != nil {
 		r.Done(*r.own, err)
 	}
-}
-
-// Payload reads len(dst) bytes of a reply's payload into dst, each
-// ProgressChunk of it within d (see ReadProgress).
-func (r *Reader[T]) Payload(dst []byte, d time.Duration) error {
-	r.moved = true
-	return ReadProgress(r.br, r.nc, dst, d)
-}
-
-// Discard reads and drops n bytes of a reply's payload, under the same
-// progress rule; scratch is the buffer they go through.
-func (r *Reader[T]) Discard(n uint64, scratch []byte, d time.Duration) error {
-	r.moved = true
-	return DrainProgress(r.br, r.nc, n, scratch, d)
 }
 
 // wait returns once the next reply's first byte is buffered. With Silence,

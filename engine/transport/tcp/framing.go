@@ -1,6 +1,7 @@
 package tcp
 
 import (
+	"bufio"
 	"context"
 	"io"
 	"net"
@@ -14,10 +15,12 @@ import (
 
 // te's data framing (internal/wire/spec.md, "Data connection"): requests
 // with ids, answered by completions in any order. Every frame te writes goes
-// out through a frameWriter and every frame header it reads comes in through
-// readFrame, on either side and in either framing (mooncake.go): sealing
-// frames later is a change here, not in the pooling (internal/pipe) or the
-// owner-side checks (server.go).
+// out through a frameWriter, every frame header it reads comes in through
+// readFrame and every payload through readPayload (or dropPayload), on
+// either side and in either framing (mooncake.go): sealing and opening
+// frames (a MAC over each header, payloads encrypted) is a change to these
+// four, not to the pooling (internal/pipe) or the owner-side checks
+// (server.go). GPU payloads are staged through them too (gpu.go).
 
 // frameWriter gathers frames (a header, and maybe a payload in registered
 // host or device memory) into one writev.
@@ -86,6 +89,18 @@ func (w *frameWriter) send(nc net.Conn, st *stage, hdrEnd int, d time.Duration) 
 func readFrame(r io.Reader, h []byte) error {
 	_, err := io.ReadFull(r, h)
 	return err
+}
+
+// readPayload reads a frame's payload into dst, each 4 MiB within d: first
+// what br buffered, then large remainders straight from the socket.
+func readPayload(br *bufio.Reader, nc net.Conn, dst []byte, d time.Duration) error {
+	return pipe.ReadProgress(br, nc, dst, d)
+}
+
+// dropPayload reads a frame's n payload bytes through scratch and drops
+// them (a refused WRITE's, a canceled READ's), under the same bound.
+func dropPayload(br *bufio.Reader, nc net.Conn, n uint64, scratch []byte, d time.Duration) error {
+	return pipe.DrainProgress(br, nc, n, scratch, d)
 }
 
 // grow returns b resized to n bytes, reallocating only when it is too small.
@@ -213,7 +228,8 @@ func (d *teCompletions) Decode(r *pipe.Reader[item]) error {
 			if d.scratch == nil {
 				d.scratch = make([]byte, drainChunk)
 			}
-			if err := r.Discard(want, d.scratch, progress); err != nil {
+			r.Moved()
+			if err := dropPayload(r.Buf(), r.Conn(), want, d.scratch, progress); err != nil {
 				return r.Lost(err)
 			}
 		}
@@ -235,7 +251,8 @@ func (d *teCompletions) Decode(r *pipe.Reader[item]) error {
 			return nil
 		}
 	} else if want > 0 {
-		if err := r.Payload(mem.Bytes(req.Local+it.off, want), progress); err != nil {
+		r.Moved()
+		if err := readPayload(r.Buf(), r.Conn(), mem.Bytes(req.Local+it.off, want), progress); err != nil {
 			return r.Lost(err)
 		}
 	}

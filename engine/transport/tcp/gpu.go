@@ -6,7 +6,6 @@ import (
 	"net"
 	"sync"
 
-	"github.com/tecache/te/engine/internal/pipe"
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/cuda"
@@ -274,7 +273,7 @@ func (st *stage) recv(br *bufio.Reader, nc net.Conn, dev int, dst, n uint64) (co
 		if st.scratch == nil {
 			st.scratch = make([]byte, drainChunk)
 		}
-		return err, pipe.DrainProgress(br, nc, n, st.scratch, st.t.opt.Progress)
+		return err, dropPayload(br, nc, n, st.scratch, st.t.opt.Progress)
 	}
 	depth, cs := s.Depth(), s.ChunkSize()
 	k := 0
@@ -287,7 +286,7 @@ func (st *stage) recv(br *bufio.Reader, nc net.Conn, dev int, dst, n uint64) (co
 				copyErr = err
 			}
 		}
-		if err := pipe.ReadProgress(br, nc, s.Chunk(slot)[:m], st.t.opt.Progress); err != nil {
+		if err := readPayload(br, nc, s.Chunk(slot)[:m], st.t.opt.Progress); err != nil {
 			ioErr = err
 			k++
 			break

@@ -132,7 +132,8 @@ func (d *mcStatuses) Decode(r *pipe.Reader[item]) error {
 	}
 	if !it.op.write {
 		// A READ's payload follows its status.
-		if err := r.Payload(mem.Bytes(it.op.req.Local+it.off, it.n), d.t.opt.Progress); err != nil {
+		r.Moved()
+		if err := readPayload(r.Buf(), r.Conn(), mem.Bytes(it.op.req.Local+it.off, it.n), d.t.opt.Progress); err != nil {
 			return r.Lost(err)
 		}
 	}
@@ -209,7 +210,7 @@ func (s *serverConn) serveMooncake(sv *server, first []byte) {
 		st := w.begin(1, wire.MooncakeStatusSize)
 		wire.PutMooncakeStatus(st, wire.MooncakeOK)
 		if req.Op == wire.MooncakeWrite {
-			err = pipe.ReadProgress(br, s.nc, buf, t.opt.Progress)
+			err = readPayload(br, s.nc, buf, t.opt.Progress)
 			s.cur.Store(nil)
 			region.Release()
 			if err != nil {

@@ -355,7 +355,7 @@ func (s *serverConn) serveTe(sv *server, first []byte) {
 				if scratch == nil {
 					scratch = make([]byte, drainChunk)
 				}
-				if err := pipe.DrainProgress(br, nc, req.Length, scratch, progress); err != nil {
+				if err := dropPayload(br, nc, req.Length, scratch, progress); err != nil {
 					s.t.cut(err)
 					return
 				}
@@ -370,7 +370,7 @@ func (s *serverConn) serveTe(sv *server, first []byte) {
 				status = errs.CodeOf(copyErr)
 			} else {
 				s.cur.Store(region)
-				err := pipe.ReadProgress(br, nc, mem.Bytes(req.Addr, req.Length), progress)
+				err := readPayload(br, nc, mem.Bytes(req.Addr, req.Length), progress)
 				s.cur.Store(nil)
 				region.Release()
 				if err != nil {
