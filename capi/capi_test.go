@@ -185,6 +185,8 @@ func TestHeaderConstants(t *testing.T) {
 		"TE_ERR_AUTH":                   -int(errs.Unauthenticated),
 		"TE_ERR_FORKED":                 -int(errs.Forked),
 		"TE_ERR_RESOURCE_EXHAUSTED":     -int(errs.ResourceExhausted),
+		"TE_ERR_IO":                     -int(errs.IO),
+		"TE_ERR_NO_SPACE":               -int(errs.NoSpace),
 		"TE_READ":                       int(engine.Read),
 		"TE_WRITE":                      int(engine.Write),
 		"TE_TASK_WAITING":               int(engine.Waiting),
@@ -247,6 +249,7 @@ func TestCPrograms(t *testing.T) {
 		{"fork", [][]string{nil}},
 		{"fork_fresh", [][]string{{lib}}},
 		{"lifecycle", [][]string{nil}},
+		{"file", [][]string{{t.TempDir()}}},
 	} {
 		bin := filepath.Join(dir, prog.src)
 		link := []string{"-L" + filepath.Dir(lib), "-lte", "-Wl,-rpath," + filepath.Dir(lib), "-lpthread"}

@@ -132,6 +132,16 @@ int te_stats_json(te_engine_t engine, char *buf, size_t len) {
     return tego_stats_json(engine, buf, len);
 }
 
+int te_metrics(te_engine_t engine, char *buf, size_t len, size_t *needed) {
+    if (tecapi_child(__func__)) return TE_ERR_FORKED;
+    return tego_metrics(engine, buf, len, needed);
+}
+
+int te_version(char *buf, size_t len) {
+    if (tecapi_child(__func__)) return TE_ERR_FORKED;
+    return tego_version(buf, len);
+}
+
 int te_register(te_engine_t engine, void *addr, uint64_t length, const char *location, int32_t remote) {
     if (tecapi_child(__func__)) return TE_ERR_FORKED;
     return tego_register(engine, addr, length, location, remote);
@@ -140,6 +150,12 @@ int te_register(te_engine_t engine, void *addr, uint64_t length, const char *loc
 int te_unregister(te_engine_t engine, void *addr) {
     if (tecapi_child(__func__)) return TE_ERR_FORKED;
     return tego_unregister(engine, addr);
+}
+
+int te_register_file(te_engine_t engine, const char *path, int32_t fd, uint64_t offset, uint64_t length,
+                     uint32_t flags, void **addr) {
+    if (tecapi_child(__func__)) return TE_ERR_FORKED;
+    return tego_register_file(engine, path, fd, offset, length, flags, addr);
 }
 
 int te_register_batch(te_engine_t engine, const te_region_t *regions, size_t n) {

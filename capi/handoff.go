@@ -69,6 +69,7 @@ func tego_handoff_create(h C.te_engine_t, sidecar *C.te_cchar, out *C.te_handoff
 		return null("handoff create", "out")
 	}
 	*out = 0
+	syncEnv() // TE_AUTH_SECRET as the host has it now (ops.go)
 	c, err := handoff.New(e, handoff.Options{Sidecar: cstr(sidecar)})
 	if err != nil {
 		return fail(err)

@@ -44,6 +44,44 @@ func tego_unregister(h C.te_engine_t, p unsafe.Pointer) (rc C.int) {
 	return fail(e.UnregisterMemory(addr(p)))
 }
 
+// fileFlags are the TE_FILE_* flags te_register_file knows.
+const fileFlags = C.TE_FILE_REMOTE | C.TE_FILE_CREATE | C.TE_FILE_READ_ONLY | C.TE_FILE_NO_DIRECT
+
+//export tego_register_file
+func tego_register_file(h C.te_engine_t, path *C.te_cchar, fd C.int32_t, offset, length C.uint64_t, flags C.uint32_t,
+	out *unsafe.Pointer) (rc C.int) {
+	defer enter("register file", &rc)()
+	e, err := getEngine("register file", h)
+	if err != nil {
+		return fail(err)
+	}
+	if out == nil {
+		return null("register file", "addr")
+	}
+	*out = nil
+	if flags&^fileFlags != 0 {
+		return fail(errs.New(errs.InvalidArgument, "register file", "unknown flags %#x", uint32(flags&^fileFlags)))
+	}
+	o := engine.FileOptions{Remote: flags&C.TE_FILE_REMOTE != 0, Create: flags&C.TE_FILE_CREATE != 0,
+		ReadOnly: flags&C.TE_FILE_READ_ONLY != 0, NoDirect: flags&C.TE_FILE_NO_DIRECT != 0}
+	var a uint64
+	switch {
+	case path != nil && fd >= 0:
+		return fail(errs.New(errs.InvalidArgument, "register file", "both a path and fd %d: give one", fd))
+	case path != nil:
+		a, err = e.RegisterFile(cstr(path), uint64(offset), uint64(length), o)
+	case fd >= 0:
+		a, err = e.RegisterFileFD(int(fd), uint64(offset), uint64(length), o)
+	default:
+		return fail(errs.New(errs.InvalidArgument, "register file", "neither a path nor a file descriptor"))
+	}
+	if err != nil {
+		return fail(err)
+	}
+	*out = ptr(a)
+	return 0
+}
+
 //export tego_register_batch
 func tego_register_batch(h C.te_engine_t, regions *C.te_cregion, n C.size_t) (rc C.int) {
 	defer enter("register batch", &rc)()
@@ -90,3 +128,7 @@ func tego_unregister_batch(h C.te_engine_t, addrs *C.te_caddr, n C.size_t) (rc C
 	}
 	return fail(e.UnregisterMemoryBatch(as))
 }
+
+// ptr turns an address the engine handed out (a storage buffer's, never
+// dereferenced) into the C caller's void*.
+func ptr(a uint64) unsafe.Pointer { return *(*unsafe.Pointer)(unsafe.Pointer(&a)) }

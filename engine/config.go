@@ -12,6 +12,11 @@ import (
 
 // Config configures an engine. The zero value is usable: peer-to-peer
 // metadata, an RPC listener on a free port, every available transport.
+//
+// New fills the fields left unset from the environment (TE_SEGMENT_NAME,
+// TE_MAX_CONNS, TE_PARAM_tcp_conns, ...: the Env* constants, and README.md's
+// "Environment" table); a field set here wins over its variable, and a
+// variable whose value does not parse makes New fail, naming it.
 type Config struct {
 	// SegmentName is the name peers open this engine by. In peer-to-peer
 	// mode it defaults to (and must be) Hostname:port of the RPC listener.
@@ -71,10 +76,13 @@ type Config struct {
 	// turned on by TE_ACCEPT_MOONCAKE_PEERS=1. With a cluster secret it is
 	// refused (New fails) unless AllowMooncakeWithSecret is set too. Mooncake
 	// peers' handshake (descriptor, notify, probe) is answered without it,
-	// but not with a cluster secret unless AllowMooncakeWithSecret.
+	// but with a cluster secret only when both are set.
 	AcceptMooncakePeers bool
 	// AllowMooncakeWithSecret accepts Mooncake peers even though a cluster
 	// secret is set: they bypass the secret, so this trusts the network.
+	// It also lets this engine reach segments whose descriptor (from the
+	// metadata store) is a Mooncake engine's. Even so, with a secret, a peer
+	// that closes te's handshake is never retried Mooncake's way.
 	AllowMooncakeWithSecret bool
 	// UnregisterGrace is how long UnregisterMemory and Close let remote
 	// accesses in flight finish before cutting the connections or queue
@@ -82,6 +90,12 @@ type Config struct {
 	UnregisterGrace time.Duration
 	// Limits bound what peers can make this engine hold.
 	Limits Limits
+	// MetricsAddr, when set, serves the engine's metrics (WriteMetrics) in
+	// Prometheus's text format at http://MetricsAddr/metrics. An empty
+	// host (":9464") binds 127.0.0.1; other interfaces take an explicit
+	// host ("0.0.0.0:9464"). The metrics name peers' segments: expose them
+	// to the scraper only.
+	MetricsAddr string
 }
 
 // Default limits (internal/wire/spec.md, "Resource bounds", has what each

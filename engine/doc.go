@@ -17,8 +17,9 @@
 //	import _ "github.com/tecache/te/engine/std"
 //
 // Each request goes over the best-ranked transport (transport.Caps.Rank:
-// local, shm, cudaipc, rdma, tcp) that both sides have, that moves the memory
-// at both ends (host or GPU) and that reaches the peer, unless the engine or
+// local, file, shm, cudaipc, rdma, tcp) that both sides have, that moves the
+// memory at both ends (host, GPU, or a registered file: RegisterFile, moved
+// by transports with Caps.FileMemory) and that reaches the peer, unless the engine or
 // the request forces one; Stats().Routes says which one served each open
 // segment and why the others were passed over. The memory owner checks every remote access against
 // its registry, so a stale descriptor is refused rather than honoured.
@@ -46,11 +47,24 @@
 //
 // Mooncake Transfer Engine peers interoperate over tcp: the RPC listener
 // answers Mooncake's handshake (Metadata, Notify, Probe), peer-to-peer
-// opens fall back to it when a peer turns out to be Mooncake's, and a
+// opens fall back to it when a peer turns out to be Mooncake's (never with
+// a cluster secret: no downgrade to an unauthenticated exchange), and a
 // Mooncake peer's memory is reached in its own data framing. Serving
 // Mooncake initiators' data requests, which carry no key and cannot
 // authenticate, is opt-in (Config.AcceptMooncakePeers,
 // TE_ACCEPT_MOONCAKE_PEERS=1) and trusts the network.
+//
+// Every Config field has an environment variable (TE_MAX_CONNS,
+// TE_PARAM_tcp_conns, ...: the Env constants), which New reads for the
+// fields the caller left unset, so users of the C library and the Python
+// drop-ins reach every setting; a value that does not parse makes New fail,
+// naming the variable.
+//
+// WriteMetrics writes the engine's counters in Prometheus's text format
+// (Config.MetricsAddr serves them at /metrics), and Version names the build.
+// The engine logs through Config.Logger, else through te's slog handler when
+// TE_LOG_LEVEL or TE_LOG_FORMAT is set, else through slog.Default(); at
+// debug level it logs each segment opened and each batch's outcome.
 //
 // Every error is an *Error with a stable Code; errors.Is matches the
 // sentinels (ErrTimeout, ...). No method panics on bad input or blocks

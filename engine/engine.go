@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -42,6 +43,10 @@ type Engine struct {
 	transports []transport.Transport // rank order: selection tries them so
 	byName     map[string]transport.Transport
 
+	// reachEpoch grows when a transport says its Reachable answers
+	// changed; cached transport choices older than it are made again.
+	reachEpoch atomic.Uint64
+
 	ctrl    *ctrl.Plane // the control plane: handlers here, connections there
 	desc    atomic.Pointer[segment.Desc]
 	version atomic.Uint64
@@ -61,11 +66,19 @@ type Engine struct {
 	reaper reaper
 	mc     *mooncakeState // Mooncake interop (mooncake.go)
 
+	envParams   map[string]string // transport parameter -> the variable that set it (env.go)
+	paramsAsked sync.Map          // parameters a transport asked for
+	metrics     metricsState      // histograms and the /metrics listener (metrics.go)
+
 	closed    atomic.Bool
 	closeOnce sync.Once
-	lifeMu    sync.Mutex // orders wg.Add against Close's wg.Wait
-	wg        sync.WaitGroup
-	done      chan struct{}
+	// handMu orders a submit handing its requests to the transports (R)
+	// against Close (W): once Close holds it, no request reaches a
+	// transport, so nothing a transport moves can start after Close.
+	handMu sync.RWMutex
+	lifeMu sync.Mutex // orders wg.Add against Close's wg.Wait
+	wg     sync.WaitGroup
+	done   chan struct{}
 }
 
 // goTracked runs f in a goroutine Close waits for; it reports false (and does
@@ -88,7 +101,15 @@ func (e *Engine) goTracked(f func()) bool {
 // New starts an engine: it loads the cluster secret, binds the RPC listener
 // (on the advertised host unless ListenAddr says otherwise), starts the
 // transports and publishes an empty segment.
-func New(cfg Config) (*Engine, error) {
+func New(cfg Config) (_ *Engine, err error) {
+	envParams, fromEnv, err := cfg.applyEnv(os.Getenv, os.Environ())
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = blameEnv(err, fromEnv) }()
+	if err := envLogger(&cfg, os.Getenv); err != nil {
+		return nil, err
+	}
 	cfg.fill()
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -104,7 +125,7 @@ func New(cfg Config) (*Engine, error) {
 	e := &Engine{mc: mc,
 		cfg: cfg, reg: segment.NewRegistry(), byName: map[string]transport.Transport{},
 		segs: map[string]*segState{}, batches: map[*Batch]struct{}{}, done: make(chan struct{}),
-		p2p: meta.IsP2P(cfg.Metadata), secret: secret,
+		p2p: meta.IsP2P(cfg.Metadata), secret: secret, envParams: envParams,
 	}
 	var inst [16]byte
 	rand.Read(inst[:])
@@ -161,7 +182,13 @@ func New(cfg Config) (*Engine, error) {
 	e.ctrl.Handle(wire.KindProbe, e.handleProbe)
 	e.installMooncake()
 
-	if err := e.startTransports(); err != nil {
+	err = e.startTransports()
+	if err == nil {
+		if err = e.checkEnvParams(); err != nil {
+			e.closeTransports()
+		}
+	}
+	if err != nil {
 		e.ctrl.Close()
 		if store != nil {
 			store.Close()
@@ -178,6 +205,10 @@ func New(cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	e.startMetaSync()
+	if err := e.startMetrics(); err != nil {
+		e.Close()
+		return nil, err
+	}
 	return e, nil
 }
 
@@ -242,6 +273,10 @@ func (e *Engine) startTransports() error {
 			err = t.Start(host{e})
 		}
 		if err != nil {
+			if name := e.envParamRefused(n, err); name != "" {
+				e.closeTransports()
+				return errs.Wrap(errs.InvalidArgument, "new", err, "%s", name)
+			}
 			if explicit {
 				e.closeTransports()
 				return errs.Wrap(errs.TransportUnavailable, "new", err, "transport %s", n)
@@ -287,11 +322,15 @@ func (e *Engine) closeTransports() {
 type host struct{ e *Engine }
 
 func (h host) SegmentName() string             { return h.e.name }
+func (h host) ReachChanged()                   { h.e.reachEpoch.Add(1) }
 func (h host) Instance() string                { return h.e.instance }
 func (h host) Registry() *segment.Registry     { return h.e.reg }
 func (h host) Control() transport.Control      { return h.e.ctrl }
 func (h host) Logf(format string, args ...any) { h.e.cfg.Logger.Info(fmt.Sprintf(format, args...)) }
 func (h host) Param(key string) (string, bool) {
+	if _, ok := h.e.envParams[key]; ok {
+		h.e.paramsAsked.Store(key, true)
+	}
 	if v, ok := h.e.mooncakeParam(key); ok {
 		return v, true
 	}
@@ -490,14 +529,33 @@ func (e *Engine) UnregisterMemoryBatch(addrs []uint64) error {
 	if err != nil {
 		return err
 	}
+	// A window dies with the memory under it: its regions in rs refuse
+	// accesses from now on, and every transport that lets peers use a
+	// window without the owner checking each access (shm) is told.
+	wins := e.reg.CloseWindowsOver(rs)
 	if err := e.quiesce(rs); err != nil {
 		return err
 	}
 	var first error
 	for _, r := range rs {
 		for _, t := range e.transports {
+			if !registeredWith(t, r) {
+				continue
+			}
 			if err := t.Unregister(r); err != nil && first == nil {
 				first = errs.Wrap(errs.CodeOf(err), "unregister", err, "transport %s on [%#x,+%d)", t.Name(), r.Addr, r.Length)
+			}
+		}
+	}
+	for _, t := range e.transports {
+		wr, ok := t.(transport.WindowRevoker)
+		if !ok {
+			continue
+		}
+		for _, w := range wins {
+			if err := wr.RevokeWindow(w); err != nil && first == nil {
+				first = errs.Wrap(errs.CodeOf(err), "unregister", err, "transport %s revoking a window over [%#x,+%d)",
+					t.Name(), w.Addr, w.Length)
 			}
 		}
 	}
@@ -505,6 +563,9 @@ func (e *Engine) UnregisterMemoryBatch(addrs []uint64) error {
 		return first // still registered, still refusing: a retry tries again
 	}
 	e.reg.Drop(rs...)
+	if err := releaseStorage(rs); err != nil {
+		e.cfg.Logger.Warn("te: closing a registered file", "err", err)
+	}
 	if !e.closed.Load() {
 		if err := e.publish(); err != nil {
 			e.cfg.Logger.Warn("te: publishing descriptor", "err", err)
@@ -591,9 +652,18 @@ func (e *Engine) Close() error {
 		e.closed.Store(true)
 		e.lifeMu.Unlock()
 		close(e.done)
+		e.stopMetrics()
+		// No submit is handing requests over now, and none will: a
+		// small local copy runs inline in Submit, and must not run
+		// after Close returned.
+		e.handMu.Lock()
+		//lint:ignore SA2001 a barrier: waiting for the hand-offs in progress is the point
+		e.handMu.Unlock()
 		// Transports complete what they hold before they return; then
 		// nothing can complete late.
 		e.closeTransports()
+		// Files still registered: their I/O ended with the transports.
+		releaseStorage(e.reg.Regions())
 		e.ctrl.Close()
 		e.batchMu.Lock()
 		bs := make([]*Batch, 0, len(e.batches))

@@ -34,6 +34,8 @@ const (
 	ErrUnauthenticated      = errs.ErrUnauthenticated
 	ErrForked               = errs.ErrForked
 	ErrResourceExhausted    = errs.ErrResourceExhausted
+	ErrIO                   = errs.ErrIO
+	ErrNoSpace              = errs.ErrNoSpace
 )
 
 // CodeOf returns the stable code of err (0 for nil).

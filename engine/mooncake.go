@@ -3,8 +3,6 @@ package engine
 import (
 	"context"
 	"encoding/json"
-	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -23,7 +21,7 @@ import (
 // transport (transport/tcp/mooncake.go).
 
 // EnvAcceptMooncakePeers turns Config.AcceptMooncakePeers on for every entry
-// point (Go, C, Python) when set to 1.
+// point (Go, C, Python) when set to 1 (env.go reads it).
 const EnvAcceptMooncakePeers = "TE_ACCEPT_MOONCAKE_PEERS"
 
 // paramAcceptMooncake is the transport parameter the engine answers from its
@@ -33,24 +31,26 @@ const paramAcceptMooncake = "mooncake.accept"
 // maxMooncakeAddrs bounds the remembered Mooncake peer addresses.
 const maxMooncakeAddrs = 4096
 
-// envOn reports whether the environment variable name says yes.
-func envOn(name string) bool {
-	switch strings.ToLower(strings.TrimSpace(os.Getenv(name))) {
-	case "1", "true", "yes", "on":
-		return true
-	}
-	return false
-}
-
 // mooncakeState is an engine's Mooncake interop state.
 type mooncakeState struct {
 	// accept: serve Mooncake peers' data requests (no key, no
 	// authentication).
 	accept bool
-	// open: speak Mooncake's handshake at all, serving and calling. Off
-	// when a cluster secret is set and AllowMooncakeWithSecret is not: a
-	// Mooncake peer cannot prove it holds the secret.
-	open  bool
+	// open: answer Mooncake's handshake (Metadata, Notify, Probe) on the
+	// RPC listener. With a cluster secret only when Mooncake peers are
+	// accepted at all (AcceptMooncakePeers, which the secret admits only
+	// with AllowMooncakeWithSecret): a Mooncake peer cannot prove it holds
+	// the secret, so it learns the descriptor's addresses and queues
+	// notifications only where the operator chose to trust the network.
+	open bool
+	// call: talk to an engine known to be Mooncake's (its descriptor says
+	// so) as an initiator. With a secret only with AllowMooncakeWithSecret.
+	call bool
+	// guess: take a te call that was closed unanswered for a Mooncake
+	// engine and ask again Mooncake's way. Never with a secret: whoever can
+	// cut a connection (or answer in its place) would otherwise make this
+	// engine speak an unauthenticated protocol to whatever answers.
+	guess bool
 	addrs sync.Map // RPC address -> struct{}: known to be a Mooncake engine
 	n     atomic.Int64
 	noted atomic.Uint64
@@ -60,13 +60,17 @@ type mooncakeState struct {
 // the engine loaded a cluster secret.
 func newMooncakeState(cfg *Config, secret bool) (*mooncakeState, error) {
 	m := &mooncakeState{
-		accept: cfg.AcceptMooncakePeers || envOn(EnvAcceptMooncakePeers),
-		open:   !secret || cfg.AllowMooncakeWithSecret,
+		accept: cfg.AcceptMooncakePeers, // env.go applied TE_ACCEPT_MOONCAKE_PEERS
+		call:   !secret || cfg.AllowMooncakeWithSecret,
+		guess:  !secret,
 	}
-	if m.accept && !m.open {
+	m.open = !secret || cfg.AllowMooncakeWithSecret && m.accept
+	if m.accept && !m.call {
 		return nil, errs.New(errs.InvalidArgument, "new",
 			"Mooncake peers are to be accepted, but a cluster secret is set and Mooncake peers cannot authenticate").
-			WithHint("set Config.AllowMooncakeWithSecret to accept them anyway (they bypass the secret: the network is trusted), or do not accept Mooncake peers")
+			WithHint("to accept them anyway (they bypass the secret: the network is trusted) set " + EnvAllowMooncakeWithSecret +
+				"=1 (Config.AllowMooncakeWithSecret, te_config_t.allow_mooncake_with_secret, te.Engine(allow_mooncake_with_secret=True)); " +
+				"or do not accept Mooncake peers")
 	}
 	if m.accept {
 		cfg.Logger.Warn("te: accepting Mooncake peers: their tcp requests carry no key and are not authenticated; the network is trusted")
@@ -131,7 +135,7 @@ func (e *Engine) installMooncake() {
 func (e *Engine) mooncakeGate(what string, body []byte) error {
 	if !e.mc.open {
 		if n := e.mc.noted.Add(1); n&1023 == 1 {
-			e.cfg.Logger.Warn("te: refused a Mooncake peer's handshake: a cluster secret is set (Config.AllowMooncakeWithSecret admits them)",
+			e.cfg.Logger.Warn("te: refused a Mooncake peer's handshake: a cluster secret is set (Config.AcceptMooncakePeers with AllowMooncakeWithSecret admits them)",
 				"request", what, "refused", n)
 		}
 		return errs.New(errs.Unauthenticated, "mooncake", "Mooncake peers cannot authenticate")
@@ -185,15 +189,16 @@ func mooncakeMaybe(err error) bool {
 // describe fetches a peer's descriptor in peer-to-peer mode: with te's
 // Describe, or, for a Mooncake engine, with Mooncake's Metadata exchange. A
 // peer not known to be Mooncake is asked te's way first; if it closes
-// without answering, Mooncake's way (never when Mooncake peers are shut out
-// by the cluster secret). A te engine that answers Mooncake's request (it
-// restarted where a Mooncake engine was) is asked again te's way, for its
-// full descriptor.
+// without answering, Mooncake's way, but never with a cluster secret (no
+// downgrade: a connection cut on the path must not turn into an
+// unauthenticated exchange). A te engine that answers Mooncake's request
+// (it restarted where a Mooncake engine was) is asked again te's way, for
+// its full descriptor.
 func (e *Engine) describe(ctx context.Context, addr, name string) ([]byte, error) {
 	var teErr error
-	if !e.mc.known(addr) {
+	if !e.mc.call || !e.mc.known(addr) {
 		b, err := e.ctrl.Call(ctx, addr, wire.KindDescribe, []byte(name))
-		if err == nil || !e.mc.open || !mooncakeMaybe(err) || ctx.Err() != nil {
+		if err == nil || !e.mc.guess || !mooncakeMaybe(err) || ctx.Err() != nil {
 			return b, err
 		}
 		teErr = err
@@ -231,10 +236,18 @@ func (e *Engine) mooncakeSelf() []byte {
 // adoptMooncake completes a Mooncake engine's descriptor with what te needs
 // to reach it: the RPC address (the one it was fetched from, or its rpc_meta
 // record in the store), whose host its tcp data listener is on. A te
-// engine's descriptor is left as it is.
+// engine's descriptor is left as it is. With a cluster secret and without
+// AllowMooncakeWithSecret it refuses: a Mooncake peer cannot authenticate,
+// and a store writer could otherwise turn any segment into an
+// unauthenticated one by rewriting its descriptor.
 func (e *Engine) adoptMooncake(d *segment.Desc, addr, name string) error {
 	if !d.IsMooncake() {
 		return nil
+	}
+	if !e.mc.call {
+		return errs.New(errs.Unauthenticated, "open segment",
+			"segment %q has a Mooncake Transfer Engine descriptor; Mooncake peers cannot prove they hold the cluster secret, and this engine has one", name).
+			WithHint("set Config.AllowMooncakeWithSecret to reach Mooncake peers anyway (the network is then trusted for them), or check who wrote this descriptor to the metadata store")
 	}
 	if addr == "" {
 		var err error
@@ -250,11 +263,11 @@ func (e *Engine) adoptMooncake(d *segment.Desc, addr, name string) error {
 // sendNotify delivers a notification: te's Notify, or Mooncake's for a
 // Mooncake engine (known, or found when te's call is closed unanswered).
 func (e *Engine) sendNotify(ctx context.Context, addr, name, msg string) error {
-	if e.mc.open && e.mc.known(addr) {
+	if e.mc.call && e.mc.known(addr) {
 		return e.notifyMooncake(ctx, addr, name, msg)
 	}
 	_, err := e.ctrl.Call(ctx, addr, wire.KindNotify, wire.AppendNotify(nil, []byte(name), []byte(msg)))
-	if err == nil || !e.mc.open || !mooncakeMaybe(err) || ctx.Err() != nil {
+	if err == nil || !e.mc.guess || !mooncakeMaybe(err) || ctx.Err() != nil {
 		return err
 	}
 	if e.notifyMooncake(ctx, addr, name, msg) != nil {
@@ -276,7 +289,7 @@ func (e *Engine) notifyMooncake(ctx context.Context, addr, name, msg string) err
 // probeCall probes a peer: te's Probe, or for a known Mooncake engine
 // Mooncake's, whose answer carries no identity (only the name is filled in).
 func (e *Engine) probeCall(ctx context.Context, addr, name string) ([]byte, error) {
-	if !e.mc.open || !e.mc.known(addr) {
+	if !e.mc.call || !e.mc.known(addr) {
 		return e.ctrl.Call(ctx, addr, wire.KindProbe, nil)
 	}
 	b, err := e.ctrl.ExchangeMooncake(ctx, addr, wire.KindMooncakeProbe, []byte("{}"), wire.MooncakeMaxHandshake)

@@ -118,17 +118,25 @@ func TestMooncakeHandshake(t *testing.T) {
 }
 
 // TestMooncakeHandshakeWithSecret: with a cluster secret, Mooncake peers get
-// nothing (they cannot authenticate) unless explicitly allowed.
+// nothing (they cannot authenticate) unless explicitly allowed and
+// accepted: AllowMooncakeWithSecret alone answers nothing.
 func TestMooncakeHandshakeWithSecret(t *testing.T) {
 	shut := newEngine(t, func(c *engine.Config) { c.Transports = []string{"tcp"}; c.AuthSecret = "s3cret-cluster-secret-0123" })
-	open := newEngine(t, func(c *engine.Config) {
+	allowed := newEngine(t, func(c *engine.Config) {
 		c.Transports = []string{"tcp"}
 		c.AuthSecret, c.AllowMooncakeWithSecret = "s3cret-cluster-secret-0123", true
+	})
+	open := newEngine(t, func(c *engine.Config) {
+		c.Transports = []string{"tcp"}
+		c.AuthSecret, c.AllowMooncakeWithSecret, c.AcceptMooncakePeers = "s3cret-cluster-secret-0123", true, true
 	})
 	for _, k := range []uint8{wire.KindMooncakeMetadata, wire.KindMooncakeNotify, wire.KindMooncakeProbe} {
 		f := wire.AppendFrame(nil, k, []byte(`{}`))
 		if _, _, ok := mcExchange(t, shut.RPCAddr(), f); ok {
 			t.Errorf("kind %d answered with a secret set", k)
+		}
+		if _, _, ok := mcExchange(t, allowed.RPCAddr(), f); ok {
+			t.Errorf("kind %d answered with AllowMooncakeWithSecret but Mooncake peers not accepted", k)
 		}
 		if _, _, ok := mcExchange(t, open.RPCAddr(), f); !ok {
 			t.Errorf("kind %d refused although allowed", k)

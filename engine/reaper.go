@@ -24,8 +24,8 @@ type reapEntry struct {
 	deadline time.Time
 }
 
-func (r *reaper) add(b *Batch, gen uint32, lo, hi int, timeout time.Duration) {
-	e := reapEntry{b: b, gen: gen, lo: lo, hi: hi, deadline: time.Now().Add(timeout)}
+func (r *reaper) add(b *Batch, gen uint32, lo, hi int, deadline time.Time) {
+	e := reapEntry{b: b, gen: gen, lo: lo, hi: hi, deadline: deadline}
 	r.mu.Lock()
 	// Settled entries at the head go now rather than at the next tick, so
 	// a steady stream of fast batches keeps the queue short.

@@ -70,6 +70,7 @@ func (e *Engine) OpenSegment(name string) (*Segment, error) {
 	if name == "" {
 		return nil, errs.New(errs.InvalidArgument, "open segment", "empty segment name")
 	}
+	start := time.Now()
 	e.segMu.Lock()
 	if st := e.segs[name]; st != nil {
 		st.refs++
@@ -86,6 +87,7 @@ func (e *Engine) OpenSegment(name string) (*Segment, error) {
 			e.segMu.Unlock()
 			return nil, err
 		}
+		e.logSegmentOpened(st, start, true)
 		return &Segment{e: e, st: st}, nil
 	}
 	e.segMu.Unlock()
@@ -107,6 +109,7 @@ func (e *Engine) OpenSegment(name string) (*Segment, error) {
 	}
 	st.refs = 1
 	e.segs[name] = st
+	e.logSegmentOpened(st, start, false)
 	return &Segment{e: e, st: st}, nil
 }
 

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"strings"
+	"time"
 
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
@@ -14,29 +15,60 @@ import (
 // descriptor offers. The engine names no transport: a new one takes part by
 // declaring its rank, the memory it moves and its reach.
 
-// memClass is the memory a request touches: host memory at both ends, or
-// GPU memory at one end or both.
+// memClass is the memory a request touches: host memory at both ends, GPU
+// memory at one end or both, or a storage buffer (a registered file) at the
+// target, from host or GPU memory.
 type memClass uint8
 
 const (
 	hostMem memClass = iota
 	deviceMem
+	storageMem
 	numMemClasses
 )
 
 func (c memClass) String() string {
-	if c == deviceMem {
+	switch c {
+	case deviceMem:
 		return "gpu"
+	case storageMem:
+		return "file"
 	}
 	return "host"
 }
 
 // pickCache remembers the transport chosen for host memory under one
-// descriptor, so that the common case costs one atomic load per request.
+// descriptor, so that the common case costs one atomic load per request. It
+// holds while the descriptor, the engine's reach epoch (bumped when a
+// transport's Reachable answer changes: transport.ReachNotifier) and, for a
+// choice that passed better-ranked transports over, a short lease last: a
+// passed-over transport may come back on its own (a cooldown ends).
 type pickCache struct {
-	desc *segment.Desc
-	t    transport.Transport
-	err  error
+	desc  *segment.Desc
+	epoch uint64
+	until int64 // nanotime after which the choice is made again; 0: never
+	t     transport.Transport
+	err   error
+}
+
+// rechoose is how long a choice that passed a better-ranked transport over
+// is kept before that transport is asked again.
+const rechoose = time.Second
+
+func (e *Engine) cachedPick(st *segState, d *segment.Desc) *pickCache {
+	pc := st.pick.Load()
+	if pc == nil || pc.desc != d || pc.epoch != e.reachEpoch.Load() || (pc.until != 0 && time.Now().UnixNano() > pc.until) {
+		return nil
+	}
+	return pc
+}
+
+func (e *Engine) cachePick(st *segState, d *segment.Desc, t transport.Transport, err error, passedOver bool) {
+	pc := &pickCache{desc: d, epoch: e.reachEpoch.Load(), t: t, err: err}
+	if passedOver {
+		pc.until = time.Now().Add(rechoose).UnixNano()
+	}
+	st.pick.Store(pc)
 }
 
 // route is what served one memory class of a segment last, and why the
@@ -57,7 +89,13 @@ func isDevice(name string) bool { return strings.HasPrefix(name, "cuda") }
 func (e *Engine) pick(st *segState, d *segment.Desc, buf *segment.BufferDesc, local *segment.Region, r *Request) (transport.Transport, error) {
 	localDev := local.Location.Kind == "cuda"
 	class := hostMem
-	if localDev || isDevice(buf.Name) {
+	switch {
+	case local.Storage != nil:
+		return nil, errs.New(errs.NotSupported, "submit",
+			"local [%#x,+%d) is a registered file: the local side of a request must be memory", r.Local, r.Length)
+	case buf.Name == LocationFile:
+		class = storageMem
+	case localDev || isDevice(buf.Name):
 		class = deviceMem
 	}
 	hint := r.Transport
@@ -65,7 +103,7 @@ func (e *Engine) pick(st *segState, d *segment.Desc, buf *segment.BufferDesc, lo
 		hint = e.cfg.ForceTransport
 	}
 	if class == hostMem && hint == "" {
-		if pc := st.pick.Load(); pc != nil && pc.desc == d {
+		if pc := e.cachedPick(st, d); pc != nil {
 			return pc.t, pc.err
 		}
 	}
@@ -74,12 +112,12 @@ func (e *Engine) pick(st *segState, d *segment.Desc, buf *segment.BufferDesc, lo
 		if hint != "" && t.Name() != hint {
 			continue
 		}
-		if reason := qualifies(t, d, buf, class, localDev); reason != "" {
+		if reason := qualifies(t, d, buf, local, class); reason != "" {
 			why = append(why, t.Name()+": "+reason)
 			continue
 		}
 		if class == hostMem && hint == "" {
-			st.pick.Store(&pickCache{desc: d, t: t})
+			e.cachePick(st, d, t, nil, len(why) > 0)
 		}
 		e.noteRoute(st, class, t.Name(), why)
 		return t, nil
@@ -88,6 +126,13 @@ func (e *Engine) pick(st *segState, d *segment.Desc, buf *segment.BufferDesc, lo
 	switch {
 	case hint != "" && e.byName[hint] == nil:
 		return nil, errs.New(errs.TransportUnavailable, "submit", "transport %q is not installed", hint)
+	case hint != "" && class == storageMem:
+		err = errs.New(errs.NotSupported, "submit", "transport %s cannot move bytes to the file buffer %#x of %q: %s",
+			hint, r.Remote, d.Name, strings.Join(why, "; "))
+	case class == storageMem:
+		err = errs.New(errs.TransportUnavailable, "submit", "no installed transport moves %s memory to the file buffer %#x of segment %q: %s",
+			map[bool]string{true: "GPU", false: "host"}[localDev], r.Remote, d.Name, strings.Join(why, "; ")).
+			WithHint("this process's files need the file transport; a peer's files need tcp on both sides")
 	case hint != "" && class == deviceMem:
 		err = errs.New(errs.NotSupported, "submit", "transport %s cannot move GPU memory (local %#x, remote %s at %#x): %s",
 			hint, r.Local, buf.Name, r.Remote, strings.Join(why, "; "))
@@ -102,29 +147,39 @@ func (e *Engine) pick(st *segState, d *segment.Desc, buf *segment.BufferDesc, lo
 		err = errs.New(errs.TransportUnavailable, "submit", "no transport reaches segment %q: %s", d.Name, strings.Join(why, "; "))
 	}
 	if class == hostMem && hint == "" {
-		st.pick.Store(&pickCache{desc: d, err: err})
+		e.cachePick(st, d, nil, err, true)
 	}
 	return nil, err
 }
 
 // qualifies says why t cannot serve a request of class to buf of d, or ""
 // when it can.
-func qualifies(t transport.Transport, d *segment.Desc, buf *segment.BufferDesc, class memClass, localDev bool) string {
+func qualifies(t transport.Transport, d *segment.Desc, buf *segment.BufferDesc, local *segment.Region, class memClass) string {
 	if !d.HasTransport(t.Name()) {
 		return "the peer does not have it"
 	}
 	caps := t.Caps()
 	switch class {
 	case hostMem:
-		if !caps.HostMemory {
+		if !caps.HostMemory || caps.StorageOnly {
 			return "it does not move host memory"
+		}
+	case storageMem:
+		if !caps.FileMemory {
+			return "it does not move files"
+		}
+		if local.Location.Kind == "cuda" {
+			dm, ok := t.(transport.DeviceMover)
+			if !caps.GPUMemory || !ok || !dm.DeviceMemory(d, buf, local) {
+				return "it cannot move GPU memory to a file"
+			}
 		}
 	case deviceMem:
 		dm, ok := t.(transport.DeviceMover)
-		if !caps.GPUMemory || !ok {
+		if !caps.GPUMemory || !ok || caps.StorageOnly {
 			return "it does not move GPU memory"
 		}
-		if !dm.DeviceMemory(d, buf, localDev) {
+		if !dm.DeviceMemory(d, buf, local) {
 			return "it cannot move this GPU buffer (not registered with it, or the peer lacks CUDA)"
 		}
 	}

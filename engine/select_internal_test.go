@@ -35,7 +35,7 @@ type devT struct {
 	ok map[string]bool
 }
 
-func (d *devT) DeviceMemory(_ *segment.Desc, buf *segment.BufferDesc, _ bool) bool {
+func (d *devT) DeviceMemory(_ *segment.Desc, buf *segment.BufferDesc, _ *segment.Region) bool {
 	return d.ok[buf.Name]
 }
 
@@ -129,24 +129,47 @@ func TestPickFromCaps(t *testing.T) {
 }
 
 // TestPickCachesHostRoute: the host-memory choice is computed once per
-// descriptor; a new descriptor (the peer restarted) chooses again.
+// descriptor; a new descriptor (the peer restarted), a transport's word that
+// its reach changed, or the end of the lease of a choice that passed a
+// better transport over chooses again.
 func TestPickCachesHostRoute(t *testing.T) {
 	a := &fakeT{name: "a", caps: transport.Caps{HostMemory: true, Rank: 1}}
 	b := &fakeT{name: "b", caps: transport.Caps{HostMemory: true, Rank: 2}}
 	e, _ := pickEngine(t, a, b)
 	st := &segState{name: "p"}
 	d1 := &segment.Desc{Name: "p", Transports: []string{"a", "b"}}
-	host := &segment.Region{Location: segment.Location{Kind: "cpu", Index: -1}}
+	hostReg := &segment.Region{Location: segment.Location{Kind: "cpu", Index: -1}}
 	buf := &segment.BufferDesc{Name: "cpu:0"}
-	if got, _ := e.pick(st, d1, buf, host, &Request{}); got != a {
+	if got, _ := e.pick(st, d1, buf, hostReg, &Request{}); got != a {
 		t.Fatalf("picked %v", got)
 	}
 	a.unreachable = "gone"
-	if got, _ := e.pick(st, d1, buf, host, &Request{}); got != a {
+	if got, _ := e.pick(st, d1, buf, hostReg, &Request{}); got != a {
 		t.Fatalf("same descriptor: picked %v, want the cached a", got)
 	}
 	d2 := &segment.Desc{Name: "p", Transports: []string{"a", "b"}}
-	if got, _ := e.pick(st, d2, buf, host, &Request{}); got != b {
+	if got, _ := e.pick(st, d2, buf, hostReg, &Request{}); got != b {
 		t.Fatalf("new descriptor: picked %v, want b", got)
+	}
+	// a comes back: b, which passed a over, is kept only for a while.
+	a.unreachable = ""
+	if got, _ := e.pick(st, d2, buf, hostReg, &Request{}); got != b {
+		t.Fatalf("within the lease: picked %v, want the cached b", got)
+	}
+	pc := *st.pick.Load()
+	pc.until = 1 // the lease ran out
+	st.pick.Store(&pc)
+	if got, _ := e.pick(st, d2, buf, hostReg, &Request{}); got != a {
+		t.Fatalf("after the lease: picked %v, want a again", got)
+	}
+	// A transport says its reach changed: the cached a goes at once,
+	// though a choice of the best-ranked transport has no lease.
+	if st.pick.Load().until != 0 {
+		t.Fatal("the best-ranked choice has a lease")
+	}
+	a.unreachable = "cooling down"
+	e.reachEpoch.Add(1) // what host.ReachChanged does
+	if got, _ := e.pick(st, d2, buf, hostReg, &Request{}); got != b {
+		t.Fatalf("after ReachChanged: picked %v, want b", got)
 	}
 }

@@ -12,6 +12,7 @@ type stats struct {
 	notifiesSent, notifiesReceived        atomic.Uint64
 	windowsGranted, windowsRevoked        atomic.Uint64
 	windowsUnenforced                     atomic.Uint64
+	strayCompletions                      atomic.Uint64
 }
 
 // Stats are an engine's counters since it started.
@@ -32,12 +33,26 @@ type Stats struct {
 	WindowsGranted    uint64 `json:"windows_granted"`
 	WindowsRevoked    uint64 `json:"windows_revoked"`
 	WindowsUnenforced uint64 `json:"windows_unenforced"`
+	// StrayCompletions counts completions a transport reported for a task
+	// that was not pending under the generation it named (late or
+	// duplicated: a transport bug). They are dropped; a task that reuses
+	// the slot is not touched.
+	StrayCompletions uint64 `json:"stray_completions"`
 	// Routes says which transport served each open segment, per memory
 	// class, and why better-ranked ones were passed over.
 	Routes []Route `json:"routes,omitempty"`
 	// Control counts the control plane's connections and every refusal
 	// of a peer over a bound (internal/wire/spec.md, "Resource bounds").
 	Control ControlStats `json:"control"`
+	// Transport holds the counters of the transports that keep their own
+	// (TransportStats): for file, io_uring (1) or the pread/pwrite pool
+	// (0), and buffered_ios, the I/Os that could not go O_DIRECT; for rdma,
+	// bytes, errors, retries and cooldowns per rail and NIC, and how GPU
+	// memory was registered.
+	Transport map[string]map[string]uint64 `json:"transport_stats,omitempty"`
+	// Topology is the NICs near each memory location, as the rdma
+	// transport uses them (Topology); absent without it.
+	Topology map[string][2][]string `json:"topology,omitempty"`
 }
 
 // ControlStats are the control plane's counters: its connections, and each
@@ -112,8 +127,11 @@ func (e *Engine) Stats() Stats {
 		WindowsGranted:    e.stats.windowsGranted.Load(),
 		WindowsRevoked:    e.stats.windowsRevoked.Load(),
 		WindowsUnenforced: e.stats.windowsUnenforced.Load(),
+		StrayCompletions:  e.stats.strayCompletions.Load(),
 		Routes:            e.routes(),
 		Control:           e.controlStats(),
+		Transport:         e.TransportStats(),
+		Topology:          e.Topology(),
 	}
 }
 

@@ -14,3 +14,15 @@ func (e *Engine) TransportStats() map[string]map[string]uint64 {
 	}
 	return out
 }
+
+// Topology returns Mooncake's topology matrix as the engine's transports use
+// it: for every memory location ("cpu:N", "cuda:N"), the RDMA NICs near it
+// and the others; nil when no installed transport places NICs (no rdma).
+func (e *Engine) Topology() map[string][2][]string {
+	for _, t := range e.transports {
+		if tp, ok := t.(transport.TopologyReporter); ok {
+			return tp.Topology()
+		}
+	}
+	return nil
+}

@@ -1,8 +1,11 @@
 /*
  * te.h - the C interface of te, a KV-cache transfer engine.
  *
- * Link with -lte (CMake: find_package(te 1.2) and target te::te; pkg-config:
- * te). The package version is this header's ABI version.
+ * Link with -lte (CMake: find_package(te 1.3) and target te::te; pkg-config:
+ * te). The package version is this header's ABI version. A program linked
+ * with -lte finds libte.so.1 through the loader's path: install it where the
+ * loader looks (ldconfig), link with an rpath (-Wl,-rpath,<libdir>; CMake's
+ * te::te does this in the build tree), or set LD_LIBRARY_PATH.
  * This header is written by hand and versioned; the one cgo generates while
  * building libte.so is not part of the interface.
  *
@@ -67,9 +70,11 @@ extern "C" {
  * this header. The CMake and pkg-config packages carry it as their version
  * (MAJOR.MINOR.0). 1.2 added the TE_ERR_AUTH, _FORKED and
  * _RESOURCE_EXHAUSTED codes, the te_config_t fields after max_notifies and
- * te_local_topology, and renamed some struct tags (the _t names stay). */
+ * te_local_topology, and renamed some struct tags (the _t names stay). 1.3
+ * added storage buffers (te_register_file, TE_FILE_* flags) and the
+ * TE_ERR_IO and TE_ERR_NO_SPACE codes, te_version and te_metrics. */
 #define TE_ABI_VERSION_MAJOR 1
-#define TE_ABI_VERSION_MINOR 2
+#define TE_ABI_VERSION_MINOR 3
 #define TE_ABI_VERSION ((TE_ABI_VERSION_MAJOR << 16) | TE_ABI_VERSION_MINOR)
 
 /* Error codes: stable, never renumbered. Functions return them negated. */
@@ -99,6 +104,8 @@ extern "C" {
 #define TE_ERR_AUTH (-22)               /* a peer failed (or refused) cluster-secret authentication */
 #define TE_ERR_FORKED (-23)             /* called in a child forked after the library was used */
 #define TE_ERR_RESOURCE_EXHAUSTED (-24) /* over a bound (connections, calls, notification bytes) */
+#define TE_ERR_IO (-25)                 /* storage failed a read or write (EIO, a truncated file) */
+#define TE_ERR_NO_SPACE (-26)           /* storage is full (ENOSPC, EDQUOT, the file size limit) */
 
 /* Opcodes, numbered as in Mooncake. */
 #define TE_READ 0  /* copy from the target segment into local memory */
@@ -400,14 +407,27 @@ int te_abi_version(void);
  * (the message was cut to fit), TE_ERR_INVALID_ARGUMENT (buf NULL or len 0). */
 int te_last_error(char *buf, size_t len);
 
+/* te_version writes the library's version into buf (len bytes,
+ * NUL-terminated): te.h's ABI version as MAJOR.MINOR.0, then, for a build
+ * of an untagged commit, "+g" and the commit (e.g. "1.3.0+g1a2b3c4d5e6f"),
+ * or "+dev" for a build that did not record one. te.__version__ and
+ * `te-bench -version` of the same build print the same string. (ABI 1.3)
+ * Blocks: no | Thread-safe: yes | Errors: TE_ERR_BUFFER_TOO_SMALL (cut to
+ * fit; 64 bytes always suffice), TE_ERR_INVALID_ARGUMENT (buf NULL or len 0). */
+int te_version(char *buf, size_t len);
+
 /* te_local_topology writes, as a JSON object in Mooncake's topology shape,
  * the memory locations of this machine and the RDMA NICs te would use for
  * each: {"cpu:0": [[preferred NICs], [other NICs]], "cuda:0": [[...], [...]]}.
  * CPU locations are the NUMA nodes (a NIC on the node is preferred), GPU
- * locations the CUDA devices the driver reports (the NICs nearest on the PCI
- * bus are preferred). devices (NULL or "" for all) is a comma-separated list
- * of NIC names to consider. Without libibverbs or NICs the lists are empty;
- * without a CUDA driver there are no cuda entries. It needs no engine.
+ * locations the CUDA devices the driver reports (preferred: the NICs behind
+ * the GPU's PCIe switch, else those on its NUMA node). It reads sysfs, or
+ * the tree TE_SYSFS_ROOT names instead of /sys. The rdma transport spreads
+ * each request over these preferred NICs. devices is a comma-separated list
+ * of NIC names to consider (NULL or "": those TE_RDMA_DEVICES or
+ * MC_TE_FILTERS allow, else all). Without libibverbs or NICs
+ * the lists are empty; without a CUDA driver there are no cuda entries. It
+ * needs no engine.
  * Blocks: briefly (reads sysfs; the first call loads libibverbs and the CUDA
  * driver when present) | Thread-safe: yes | Errors: TE_ERR_BUFFER_TOO_SMALL. */
 int te_local_topology(const char *devices, char *buf, size_t len);
@@ -430,9 +450,14 @@ int te_create(const te_config_t *cfg, te_engine_t *out);
  * connections and threads are gone, and every segment and batch handle of
  * the engine becomes invalid: its batches are freed and their eventfds
  * (te_batch_fd) closed, as if te_free_batch had been called on each. Calls
- * blocked in te_wait on its batches return.
+ * blocked in te_wait on its batches return. A te_task_status or other batch
+ * call racing it on another thread gets TE_ERR_INVALID_ARGUMENT, never
+ * another batch's data.
  * Blocks: yes, until the engine is down | Thread-safe: yes | Errors:
- * TE_ERR_INVALID_ARGUMENT (also for a second call on the same handle). */
+ * TE_ERR_INVALID_ARGUMENT (also for a second call on the same handle),
+ * TE_ERR_BATCH_BUSY (a batch could not be freed within 10 s, because a
+ * te_submit on it never returned: the engine is down, but that batch's
+ * memory and eventfd stay allocated). */
 int te_destroy(te_engine_t engine);
 
 /* te_segment_name writes the engine's own segment name (peers open it by
@@ -450,9 +475,32 @@ int te_rpc_port(te_engine_t engine, int32_t *port);
 int te_stats(te_engine_t engine, te_stats_t *out);
 
 /* te_stats_json writes the engine's counters, segment name and installed
- * transports as a JSON object.
+ * transports as a JSON object; "transport_stats" holds the transports' own
+ * counters (rdma: bytes, errors, retries and cooldowns per rail and NIC) and
+ * "topology" the NICs near each memory location as rdma uses them (in
+ * te_local_topology's shape; absent without rdma).
  * Blocks: no | Thread-safe: yes | Errors: TE_ERR_BUFFER_TOO_SMALL. */
 int te_stats_json(te_engine_t engine, char *buf, size_t len);
+
+/* te_metrics writes the engine's metrics in Prometheus's text exposition
+ * format (version 0.0.4) into the caller's buffer: tasks by final state,
+ * bytes, notifications, control-plane connections and refusals
+ * (authentication, limits), per-transport counters, routes, and
+ * te_task_duration_seconds, a histogram of the time from a task's submit to
+ * its batch's completion (what a caller of te_wait sees) per transport and
+ * peer class. Every family has HELP and TYPE lines. The text
+ * is NUL-terminated like te_last_error's; when needed is not NULL it
+ * receives the bytes the whole text takes, NUL included, on success and on
+ * TE_ERR_BUFFER_TOO_SMALL, so a caller can size the buffer: buf may be NULL
+ * with len 0 to ask for the size alone (the call then returns
+ * TE_ERR_BUFFER_TOO_SMALL). The text grows with open segments and
+ * transports: a few KiB, 64 KiB is ample for most engines. Set
+ * TE_METRICS_ADDR to have the engine serve the same text over HTTP at
+ * /metrics instead. (ABI 1.3)
+ * Blocks: no | Thread-safe: yes | Errors: TE_ERR_BUFFER_TOO_SMALL (the text
+ * was cut to fit, or buf is NULL), TE_ERR_INVALID_ARGUMENT (buf NULL with len
+ * non-zero, or buf NULL and needed NULL). */
+int te_metrics(te_engine_t engine, char *buf, size_t len, size_t *needed);
 
 /* ---- Memory ------------------------------------------------------------ */
 
@@ -472,6 +520,41 @@ int te_register(te_engine_t engine, void *addr, uint64_t length, const char *loc
  * Blocks: yes (in-flight transfers, metadata) | Thread-safe: yes | Errors:
  * TE_ERR_ADDRESS_NOT_REGISTERED (addr does not start a registered range). */
 int te_unregister(te_engine_t engine, void *addr);
+
+/* Flags of te_register_file. */
+#define TE_FILE_REMOTE 1u    /* publish the buffer (required): requests reach it through the segment */
+#define TE_FILE_CREATE 2u    /* create the file (mode 0600) if missing, extend it to hold the range */
+#define TE_FILE_READ_ONLY 4u /* refuse writes into the file */
+#define TE_FILE_NO_DIRECT 8u /* keep every I/O in the page cache, even where O_DIRECT works */
+
+/* te_register_file registers [offset, offset+length) of a file as a storage
+ * buffer of the segment and stores in *addr the address the range starts at:
+ * requests address byte k of the range as addr + k, like memory (a READ
+ * copies from the file into local memory, a WRITE from local memory into the
+ * file), with the same batches, statuses, timeouts, cancel and fences; a task
+ * ends only once the kernel no longer touches its memory. The address is
+ * reserved, never mapped: never dereference it, and never use it as a
+ * request's local side. length 0 means up to the file's current end.
+ * TE_FILE_REMOTE is required in this version: the buffer is published
+ * (location "file", with its direct-I/O alignment) and requests, this
+ * engine's own included, reach it through the segment; peers reach it over
+ * tcp, behind the cluster secret and the buffer's key.
+ * path names the file (the library opens it); with path NULL, fd is a file
+ * descriptor open for reading (and writing), which the library duplicates:
+ * the caller may close it on return. Aligned I/O goes O_DIRECT where the file
+ * system takes it, misaligned I/O through the page cache (counted in
+ * te_stats_json: transport_stats.file.buffered_ios; transport_stats.file
+ * .io_uring is 0 where the pread/pwrite fallback runs). te_unregister(engine, *addr) waits for
+ * the I/O in flight, closes the library's descriptors and releases the
+ * address.
+ * Blocks: yes (opening the file, publishing) | Thread-safe: yes | Errors:
+ * TE_ERR_INVALID_ARGUMENT (NULL addr, both or neither of path and fd, a
+ * range past the end of a file opened without TE_FILE_CREATE, not a regular
+ * file or block device, unknown flags, no TE_FILE_REMOTE), TE_ERR_NOT_FOUND (no such file),
+ * TE_ERR_ACCESS_DENIED, TE_ERR_NO_SPACE (extending it),
+ * TE_ERR_TRANSPORT_UNAVAILABLE (the file transport is not installed). */
+int te_register_file(te_engine_t engine, const char *path, int32_t fd, uint64_t offset, uint64_t length,
+                     uint32_t flags, void **addr);
 
 /* te_register_batch registers n ranges, all or none, publishing once.
  * Blocks: yes, like te_register | Thread-safe: yes | Errors: as te_register,
@@ -540,8 +623,11 @@ int te_submit_with_notify(te_batch_t batch, const te_request_t *requests, size_t
                           const char *name, const char *msg, size_t msg_len);
 
 /* te_task_status fills *out with the state of task index.
- * Blocks: no | Thread-safe: yes | Errors: TE_ERR_INVALID_ARGUMENT (index not
- * yet submitted; out->state is then TE_TASK_INVALID). */
+ * Blocks: no | Thread-safe: yes, also against te_batch_reset, te_free_batch
+ * and te_destroy on other threads (the task is then TE_TASK_INVALID) |
+ * Errors: TE_ERR_INVALID_ARGUMENT (index not yet submitted, batch reset or
+ * freed, handle not open). On every error but a NULL out, out->state is
+ * TE_TASK_INVALID. */
 int te_task_status(te_batch_t batch, size_t index, te_task_status_t *out);
 
 /* te_batch_status fills *out with the batch's summary.
@@ -569,21 +655,24 @@ int te_batch_fd(te_batch_t batch, int32_t *fd);
 /* te_batch_cancel ends every pending task of the batch early: each ends
  * TE_TASK_CANCELED (or with its real outcome if it finished first) once its
  * transport has stopped touching its memory, which te_wait then reports. A
- * task's terminal state is always such a fence. (ABI 1.2)
- * Blocks: no (does not wait for the tasks to end) | Thread-safe: yes |
- * Errors: handle only. */
+ * task's terminal state is always such a fence. Tasks of a te_submit still
+ * running in another thread are not yet pending and are not canceled.
+ * (ABI 1.2)
+ * Blocks: no (does not wait for the tasks to end, nor for a te_submit on the
+ * network) | Thread-safe: yes | Errors: handle only. */
 int te_batch_cancel(te_batch_t batch);
 
 /* te_batch_reset empties a finished batch so its slots take new requests:
  * a reused batch allocates nothing per request. (ABI 1.2)
  * Blocks: no | Thread-safe: yes | Errors: TE_ERR_BATCH_BUSY (tasks pending:
- * wait first). */
+ * wait first; or a te_submit on the batch is running in another thread). */
 int te_batch_reset(te_batch_t batch);
 
 /* te_free_batch releases the batch and its handle.
- * Blocks: no | Thread-safe: yes | Errors: TE_ERR_BATCH_BUSY (tasks pending:
- * wait first; the handle stays valid), TE_ERR_INVALID_ARGUMENT (also for a
- * batch freed before). */
+ * Blocks: no (not even while a te_submit on the batch waits on the network
+ * in another thread) | Thread-safe: yes | Errors: TE_ERR_BATCH_BUSY (tasks
+ * pending: wait first; or a te_submit on the batch is running: the handle
+ * stays valid), TE_ERR_INVALID_ARGUMENT (also for a batch freed before). */
 int te_free_batch(te_batch_t batch);
 
 /* ---- Notifications and probes ------------------------------------------ */

@@ -4,12 +4,13 @@
 ALL_TARGETS += $(BUILD)/te-bench
 
 $(BUILD)/.te-bench.flags: FORCE
-	$(call flags_stamp,tags=$(TAGS))
+	$(call flags_stamp,tags=$(TAGS) version=$(TE_VERSION))
 
 # The Go sources come from $(BUILD)/te-bench.d, written by mk/godeps.sh.
 $(BUILD)/te-bench: go.mod go.sum $(BUILD)/.te-bench.flags
 	@mkdir -p $(BUILD)
-	$(GO) build -trimpath -tags '$(TAGS)' -o $@ ./bench/te-bench
+	@echo "building $@ $(TE_VERSION) (go build -v: a line per package compiled)"
+	$(GO) build -v -trimpath -tags '$(TAGS)' -ldflags "$(GO_VERSION_LDFLAGS)" -o $@ ./bench/te-bench
 	@mk/godeps.sh $@ ./bench/te-bench
 -include $(BUILD)/te-bench.d
 

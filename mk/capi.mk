@@ -17,15 +17,16 @@ TEST_TARGETS += test-c
 
 # The same flags as CMakeLists.txt and python/pep517/te_build.py: the soname,
 # and capi/libte.map, which leaves te.h's functions the only exported symbols.
-LIBTE_LDFLAGS := $(if $(filter 1,$(STRIP)),-s -w )-extldflags '-Wl,-soname,$(TE_SONAME) -Wl,--version-script=$(CURDIR)/capi/libte.map'
+LIBTE_LDFLAGS := $(if $(filter 1,$(STRIP)),-s -w )$(GO_VERSION_LDFLAGS) -extldflags '-Wl,-soname,$(TE_SONAME) -Wl,--version-script=$(CURDIR)/capi/libte.map'
 
 $(BUILD)/.libte.flags: FORCE
-	$(call flags_stamp,tags=$(TAGS) strip=$(STRIP))
+	$(call flags_stamp,tags=$(TAGS) strip=$(STRIP) version=$(TE_VERSION))
 
 # The Go sources come from $(LIBTE).d, written by mk/godeps.sh.
 $(LIBTE): include/te.h capi/libte.map go.mod go.sum $(BUILD)/.libte.flags
 	@mkdir -p $(BUILD)
-	$(GO) build -buildmode=c-shared -trimpath -tags '$(TAGS)' -ldflags="$(LIBTE_LDFLAGS)" -o $@ ./capi
+	@echo "building $@ $(TE_VERSION) (go build -v: a line per package compiled; minutes on a fresh machine)"
+	$(GO) build -v -buildmode=c-shared -trimpath -tags '$(TAGS)' -ldflags="$(LIBTE_LDFLAGS)" -o $@ ./capi
 	@rm -f $(BUILD)/libte.h   # cgo's header; include/te.h is the public one
 	@ln -sf libte.so $(BUILD)/$(TE_SONAME)
 	@mk/godeps.sh $@ ./capi
@@ -38,7 +39,7 @@ libte: $(LIBTE)
 # handoff test against its te-sidecar).
 test-c: $(LIBTE) $(BUILD)/te-sidecar
 	$(CMAKE) -S . -B $(CMAKE_BUILD) -DCMAKE_BUILD_TYPE=Release -DTE_PREBUILT_LIBRARY=$(abspath $(LIBTE)) \
-		-DTE_PREBUILT_SIDECAR=$(abspath $(BUILD)/te-sidecar) -DTE_GO_TAGS='$(TAGS)'
+		-DTE_PREBUILT_SIDECAR=$(abspath $(BUILD)/te-sidecar) -DTE_GO_TAGS='$(TAGS)' -DTE_VERSION_STRING='$(TE_VERSION)'
 	$(CMAKE) --build $(CMAKE_BUILD) -j2
 	cd $(CMAKE_BUILD) && $(CTEST) --output-on-failure
 

@@ -9,9 +9,12 @@ DEMO_ARGS ?=
 
 .PHONY: demo
 # The binaries go to $(BUILD)/demo so that they never stand in for the
-# release builds of other rules.
+# release builds of other rules. te-sidecar carries the version of
+# mk/meta.mk (git describe), as the release build does.
 demo: deps
 	@mkdir -p $(BUILD)/demo
-	$(GO) build -o $(BUILD)/demo/te-sidecar ./cmd/te-sidecar
-	$(GO) build -o $(BUILD)/demo/te-demo ./cmd/te-demo
+	@echo "demo: building te-sidecar and te-demo $(TE_VERSION) (go build -v: a line per package compiled; minutes on a fresh machine)"
+	$(GO) build -v -ldflags "$(SIDECAR_LDFLAGS)" -o $(BUILD)/demo/te-sidecar ./cmd/te-sidecar
+	$(GO) build -v -ldflags "$(GO_VERSION_LDFLAGS)" -o $(BUILD)/demo/te-demo ./cmd/te-demo
+	@echo "demo: running (a few seconds)"
 	$(BUILD)/demo/te-demo -sidecar-bin $(BUILD)/demo/te-sidecar $(DEMO_ARGS)

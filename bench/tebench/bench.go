@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/tecache/te/engine"
@@ -25,6 +26,9 @@ type TargetInfo struct {
 	Addr    uint64 `json:"addr"`
 	Length  uint64 `json:"length"`
 	Ref     string `json:"ref"`
+	// FileAddr and FileLength are the target's file buffer (--file), if any.
+	FileAddr   uint64 `json:"file_addr,omitempty"`
+	FileLength uint64 `json:"file_length,omitempty"`
 }
 
 // TargetOptions configure a target.
@@ -37,6 +41,10 @@ type TargetOptions struct {
 	// AcceptMooncake serves Mooncake Transfer Engine initiators too
 	// (their transfer_engine_bench, say).
 	AcceptMooncake bool
+	// File, if set, is registered too (created, Buffer bytes): a storage
+	// buffer initiators reach over tcp. FileNoDirect keeps its I/O buffered.
+	File         string
+	FileNoDirect bool
 }
 
 // Target is a running target: an engine with one registered buffer, plus the
@@ -76,6 +84,14 @@ func StartTarget(o TargetOptions) (*Target, error) {
 		return nil, err
 	}
 	t.Info = TargetInfo{Segment: e.Name(), Addr: mem.Addr(t.buf), Length: o.Buffer, Ref: t.ref.Addr()}
+	if o.File != "" {
+		fa, err := e.RegisterFile(o.File, 0, o.Buffer, engine.FileOptions{Remote: true, Create: true, NoDirect: o.FileNoDirect})
+		if err != nil {
+			t.Close()
+			return nil, err
+		}
+		t.Info.FileAddr, t.Info.FileLength = fa, o.Buffer
+	}
 	return t, nil
 }
 
@@ -108,6 +124,8 @@ type Options struct {
 	// RefDuration is how long each reference is measured (default: half of
 	// Duration, at most 1s).
 	RefDuration time.Duration
+	// File runs against the target's file buffer instead of its memory.
+	File bool
 }
 
 // Result is one run's numbers; Ratio* are te's throughput over the reference.
@@ -144,7 +162,38 @@ type Result struct {
 	// Transfer Engine (moved in its tcp framing).
 	Peer    string  `json:"peer"`
 	Machine Machine `json:"machine"`
+	// CPUusPerReq is this process's CPU time (user + system, every thread:
+	// the engine, and for local the copies, for rdma over the fake
+	// libibverbs its "NIC" threads too) over the measured rounds, per
+	// request.
+	CPUusPerReq float64 `json:"cpu_us_per_req"`
+	// DoorbellsPerSubmit is ibv_post_send calls per batch (rdma only).
+	DoorbellsPerSubmit float64 `json:"doorbells_per_submit,omitempty"`
+	// Over the fake libibverbs: FakeNICusPerReq is the part of CPUusPerReq
+	// its "NIC" threads spent (process_vm_readv/writev, locks: a real NIC's
+	// work), and CPUusPerReqNICMemcpy is CPUusPerReq with that part
+	// replaced by what a memcpy of the request's bytes costs here
+	// (block / RefMemcpyGBps): the figure to hold against local's.
+	FakeNICusPerReq      float64 `json:"fake_nic_us_per_req,omitempty"`
+	CPUusPerReqNICMemcpy float64 `json:"cpu_us_per_req_nic_as_memcpy,omitempty"`
+	// Target is the target's buffer: "memory", or "file" (a storage
+	// buffer: the target's tcp server reads and writes a file). For a file
+	// run RatioMemory is its GB/s over the same run's memory GB/s.
+	Target      string  `json:"target"`
+	RatioMemory float64 `json:"ratio_memory,omitempty"`
 }
+
+// cpuTime is the process's CPU time so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// doorbells is the rdma transport's ibv_post_send count.
+func (in *Initiator) doorbells() uint64 { return in.e.TransportStats()["rdma"]["doorbells"] }
 
 func (r Result) String() string {
 	ref := "ref tcp n/a"
@@ -159,9 +208,19 @@ func (r Result) String() string {
 	if r.Secret {
 		auth = " secret"
 	}
-	return fmt.Sprintf("%-5s%s %-5s block %-6s batch %-4d threads %d: %7.3f GB/s %9.0f req/s  p50 %8.0fus p99 %8.0fus  %s  memcpy %.2f GB/s (%.3fx)%s",
+	if r.Target == "file" {
+		auth += fmt.Sprintf(" file (%.3fx memory)", r.RatioMemory)
+	}
+	db := ""
+	if r.DoorbellsPerSubmit > 0 {
+		db = fmt.Sprintf(", %.2f doorbells/submit", r.DoorbellsPerSubmit)
+	}
+	if r.FakeNICusPerReq > 0 {
+		db += fmt.Sprintf(" (fake NIC %.2fus/req; with the NIC as a memcpy %.2fus/req)", r.FakeNICusPerReq, r.CPUusPerReqNICMemcpy)
+	}
+	return fmt.Sprintf("%-5s%s %-5s block %-6s batch %-4d threads %d: %7.3f GB/s %9.0f req/s  p50 %8.0fus p99 %8.0fus  %s  memcpy %.2f GB/s (%.3fx)%s  cpu %.2fus/req%s",
 		r.Transport, auth, r.Op, FormatSize(r.Block), r.Batch, r.Threads, r.GBps, r.ReqPerS, r.P50us, r.P99us,
-		ref, r.RefMemcpyGBps, r.RatioMemcpy, cold)
+		ref, r.RefMemcpyGBps, r.RatioMemcpy, cold, r.CPUusPerReq, db)
 }
 
 // JSON returns r as one line of JSON.
@@ -182,7 +241,7 @@ func (o *Options) check() error {
 		o.Transport = "auto"
 	case "tcp", "shm", "local", "rdma":
 	default:
-		return bad("--transport %q: want tcp, shm, local or auto", o.Transport)
+		return bad("--transport %q: want tcp, shm, local, rdma or auto", o.Transport)
 	}
 	if o.Block == 0 || o.Block > 1<<30 {
 		return bad("--block %d: want 1B..1GiB", o.Block)
@@ -208,6 +267,8 @@ type Initiator struct {
 	seg   *engine.Segment
 	rbase uint64
 	rlen  uint64
+	fbase uint64 // the target's file buffer (0: none)
+	flen  uint64
 	local []byte
 	conns int
 	slice uint64
@@ -252,7 +313,11 @@ func NewInitiatorWith(segment, metadata, transport string, params map[string]str
 		in.peer = "mooncake"
 	}
 	for _, b := range d.Buffers {
-		if b.Length > in.rlen {
+		if b.Name == engine.LocationFile {
+			if b.Length > in.flen {
+				in.fbase, in.flen = b.Addr, b.Length
+			}
+		} else if b.Length > in.rlen {
 			in.rbase, in.rlen = b.Addr, b.Length
 		}
 	}
@@ -294,8 +359,15 @@ func (in *Initiator) Run(ctx context.Context, o Options) (Result, error) {
 	if err := o.check(); err != nil {
 		return Result{}, err
 	}
-	if o.Block > in.rlen || o.Block > maxLocal {
-		return Result{}, errs.New(errs.InvalidArgument, "te-bench", "block %d exceeds the buffers (%d remote, %d local)", o.Block, in.rlen, maxLocal)
+	rbase, rlen, target := in.rbase, in.rlen, "memory"
+	if o.File {
+		rbase, rlen, target = in.fbase, in.flen, "file"
+		if rlen == 0 {
+			return Result{}, errs.New(errs.InvalidArgument, "te-bench", "the target has no file buffer (te-bench target --file)")
+		}
+	}
+	if o.Block > rlen || o.Block > maxLocal {
+		return Result{}, errs.New(errs.InvalidArgument, "te-bench", "block %d exceeds the buffers (%d remote, %d local)", o.Block, rlen, maxLocal)
 	}
 	op := engine.Read
 	if o.Op == "write" {
@@ -304,7 +376,7 @@ func (in *Initiator) Run(ctx context.Context, o Options) (Result, error) {
 	// Request k of thread th goes to slot th*batch+k of the buffers,
 	// wrapping where they are too small; span is the memory a run touches
 	// on each side, and the raw reference touches as much.
-	lslots, rslots := uint64(maxLocal)/o.Block, in.rlen/o.Block
+	lslots, rslots := uint64(maxLocal)/o.Block, rlen/o.Block
 	span := min(uint64(o.Threads*o.Batch), lslots, rslots) * o.Block
 	reqs := make([][]engine.Request, o.Threads)
 	for th := range reqs {
@@ -312,7 +384,7 @@ func (in *Initiator) Run(ctx context.Context, o Options) (Result, error) {
 		for k := range reqs[th] {
 			slot := uint64(th*o.Batch + k)
 			reqs[th][k] = engine.Request{Op: op, Local: mem.Addr(in.local) + (slot%lslots)*o.Block, Segment: in.seg,
-				Remote: in.rbase + (slot%rslots)*o.Block, Length: o.Block}
+				Remote: rbase + (slot%rslots)*o.Block, Length: o.Block}
 		}
 	}
 	// Every batch once, untimed: connections are set up and every page of
@@ -341,6 +413,9 @@ func (in *Initiator) Run(ctx context.Context, o Options) (Result, error) {
 		lats     []time.Duration
 		requests uint64
 		teTime   time.Duration
+		teCPU    time.Duration
+		nicCPU   int64
+		bells    uint64
 		rawBytes uint64
 		rawTime  time.Duration
 		mu       sync.Mutex
@@ -349,6 +424,7 @@ func (in *Initiator) Run(ctx context.Context, o Options) (Result, error) {
 	)
 	for teTime < o.Duration && ctx.Err() == nil {
 		d := min(round, o.Duration-teTime)
+		cpu0, bell0, nic0 := cpuTime(), in.doorbells(), fakeNICNanos()
 		start := time.Now()
 		stop := start.Add(d)
 		var wg sync.WaitGroup
@@ -377,6 +453,11 @@ func (in *Initiator) Run(ctx context.Context, o Options) (Result, error) {
 		}
 		wg.Wait()
 		teTime += time.Since(start)
+		teCPU += cpuTime() - cpu0
+		bells += in.doorbells() - bell0
+		if nic0 >= 0 {
+			nicCPU += fakeNICNanos() - nic0
+		}
 		if firstErr != nil {
 			return Result{}, firstErr
 		}
@@ -396,10 +477,14 @@ func (in *Initiator) Run(ctx context.Context, o Options) (Result, error) {
 	r := Result{
 		Transport: tr, Op: o.Op, Block: o.Block, Batch: o.Batch, Threads: o.Threads,
 		Conns: in.conns, Slice: in.slice, DurationS: teTime.Seconds(), Requests: requests, Bytes: requests * o.Block,
-		Machine: ThisMachine(), Peer: in.peer,
+		Machine: ThisMachine(), Peer: in.peer, Target: target,
 	}
 	r.GBps = float64(r.Bytes) / teTime.Seconds() / 1e9
 	r.ReqPerS = float64(requests) / teTime.Seconds()
+	if requests > 0 {
+		r.CPUusPerReq = float64(teCPU.Nanoseconds()) / 1e3 / float64(requests)
+		r.DoorbellsPerSubmit = float64(bells) / (float64(requests) / float64(o.Batch))
+	}
 	sort.Slice(lats, func(i, j int) bool { return lats[i] < lats[j] })
 	r.P50us, r.P99us = pct(lats, 0.50), pct(lats, 0.99)
 	if rawTime > 0 {
@@ -418,6 +503,10 @@ func (in *Initiator) Run(ctx context.Context, o Options) (Result, error) {
 		return r, err
 	}
 	r.RefMemcpyGBps, r.RatioMemcpy = g, r.GBps/g
+	if nicCPU > 0 && requests > 0 {
+		r.FakeNICusPerReq = float64(nicCPU) / 1e3 / float64(requests)
+		r.CPUusPerReqNICMemcpy = r.CPUusPerReq - r.FakeNICusPerReq + float64(o.Block)/(g*1e3)
+	}
 	if r.Transport == "shm" || r.Transport == "local" {
 		g, err := MemcpySpan(o.Block, ColdSpan, min(o.RefDuration/2, 500*time.Millisecond))
 		if err != nil {

@@ -16,28 +16,40 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tecache/te/engine"
 	"github.com/tecache/te/engine/transport/tcp"
 	"github.com/tecache/te/internal/authsecret"
 	"github.com/tecache/te/internal/errs"
 )
 
 const usage = `usage:
+  te-bench -version                       (prints te's version, engine.Version)
   te-bench target    [--listen host:port] [--buffer SIZE] [--metadata URL] [--accept-mooncake]
                      [--cpuprofile FILE]
   te-bench initiator --segment NAME [--ref host:port] [run flags]
       (NAME may be a Mooncake Transfer Engine's segment: te speaks its
       handshake and tcp framing; --accept-mooncake serves Mooncake initiators)
-  te-bench loopback  [run flags]          (starts its own target process)
+  te-bench loopback  [run flags] [--file PATH]   (starts its own target process;
+      with --file the target also registers the file and every run goes to
+      its memory and then to the file, over the same transport)
+  te-bench target ... --file PATH        (serve a file too: remote file target)
+  te-bench file --path PATH [--size SIZE] [--op read,write] [--block 4KiB,1MiB]
+      [--depth 32] [--pattern seq,rand] [--direct on,off] [--fio] [--pool] [--fixed]
+      [--duration D] [--json]    (a local file through the engine; --fio runs
+      fio on the same file with the same workload and reports the ratio)
 
 run flags (op, block, batch and threads take comma-separated lists; every
 combination is run):
   --op read|write        --block SIZE (4096, 64KiB, 1MiB)   --batch N
   --threads N            --duration D (Go duration or seconds)
-  --transport tcp|shm|local|auto      --conns N (tcp.conns)  --slice SIZE (tcp.slice)
+  --transport tcp|shm|local|rdma|auto --conns N (tcp.conns)  --slice SIZE (tcp.slice)
   --json                 --cpuprofile FILE                   --metadata URL
   --secret off|on|off,on (loopback: run without and/or with a cluster secret)
 Mooncake's transfer_engine_bench names are accepted too: --operation,
 --block_size, --batch_size, --segment_id, --protocol, --metadata_server.
+
+Log lines go to stderr in te's style: TE_LOG_LEVEL (debug, info, warn,
+error, off; default info) and TE_LOG_FORMAT (text or json).
 `
 
 // Main runs te-bench with args (without the program name) and returns the
@@ -49,12 +61,17 @@ func Main(ctx context.Context, exe string, args []string, stdin io.Reader, stdou
 	}
 	var err error
 	switch args[0] {
+	case "-version", "--version", "version":
+		fmt.Fprintln(stdout, "te-bench", engine.Version)
+		return 0
 	case "target":
 		err = mainTarget(ctx, args[1:], stdin, stdout, stderr)
 	case "initiator":
 		err = mainRun(ctx, "", args[1:], stdout, stderr, false)
 	case "loopback":
 		err = mainRun(ctx, exe, args[1:], stdout, stderr, true)
+	case "file":
+		err = mainFile(ctx, args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0
@@ -119,6 +136,8 @@ func mainTarget(ctx context.Context, args []string, stdin io.Reader, stdout, std
 	fs.StringVar(&o.Metadata, "metadata_server", "", "alias of --metadata")
 	fs.Var(sizeFlag{&o.Buffer}, "buffer", "registered buffer size")
 	fs.BoolVar(&o.AcceptMooncake, "accept-mooncake", false, "serve Mooncake Transfer Engine initiators (Config.AcceptMooncakePeers)")
+	fs.StringVar(&o.File, "file", "", "also register this file (created, --buffer bytes) as a storage buffer")
+	fs.BoolVar(&o.FileNoDirect, "file-no-direct", false, "keep the file's I/O in the page cache")
 	stdinExit := fs.Bool("exit-on-stdin-eof", false, "stop when stdin closes (used by loopback)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the target, from start to exit, to this file")
 	if err := fs.Parse(args); err != nil {
@@ -167,6 +186,8 @@ type runFlags struct {
 	cpuprofile                        string
 	buffer                            uint64
 	secret                            string
+	file                              string
+	fileNoDirect                      bool
 }
 
 func list(s string) []string {
@@ -191,7 +212,7 @@ func mainRun(ctx context.Context, exe string, args []string, stdout, stderr io.W
 		fs.StringVar(&f.metadata, n, "", "metadata connection string (default P2PHANDSHAKE)")
 	}
 	for _, n := range []string{"transport", "protocol"} {
-		fs.StringVar(&f.transport, n, "tcp", "tcp, shm, local or auto")
+		fs.StringVar(&f.transport, n, "tcp", "tcp, shm, local, rdma or auto")
 	}
 	for _, n := range []string{"op", "operation"} {
 		fs.StringVar(&f.ops, n, "read", "read, write or a list")
@@ -210,6 +231,8 @@ func mainRun(ctx context.Context, exe string, args []string, stdout, stderr io.W
 	fs.StringVar(&f.cpuprofile, "cpuprofile", "", "write a CPU profile of the initiator to this file")
 	fs.Var(sizeFlag{&f.buffer}, "buffer", "loopback: the target's buffer size (default 256MiB)")
 	fs.StringVar(&f.secret, "secret", "", "loopback: off, on (a random cluster secret on both sides) or off,on (each run both ways, one after the other); default: the environment's")
+	fs.StringVar(&f.file, "file", "", "loopback: the target also registers this file (--buffer bytes); every run then goes to its memory and to the file")
+	fs.BoolVar(&f.fileNoDirect, "file-no-direct", false, "loopback: keep the target file's I/O in the page cache")
 	if err := fs.Parse(args); err != nil {
 		return errs.Wrap(errs.InvalidArgument, "te-bench", err, "flags")
 	}
@@ -283,7 +306,8 @@ func mainRun(ctx context.Context, exe string, args []string, stdout, stderr io.W
 		switch {
 		case loopback && f.transport == "local":
 			// Same process: the target is an engine of this one.
-			t, err := StartTarget(TargetOptions{Metadata: f.metadata, Buffer: f.buffer, Params: params, Secret: secret})
+			t, err := StartTarget(TargetOptions{Metadata: f.metadata, Buffer: f.buffer, Params: params, Secret: secret,
+				File: f.file, FileNoDirect: f.fileNoDirect})
 			if err != nil {
 				return err
 			}
@@ -326,18 +350,33 @@ func mainRun(ctx context.Context, exe string, args []string, stdout, stderr io.W
 	for _, o := range runs {
 		for _, sd := range sides {
 			o.Segment, o.Ref, o.Metadata, o.Params = sd.segment, sd.ref, f.metadata, params
-			r, err := sd.in.Run(ctx, o)
-			if err != nil {
-				return err
+			// A target with a file: the memory run, then the file run
+			// with its ratio to the memory one.
+			targets := []bool{false}
+			if sd.in.flen > 0 {
+				targets = append(targets, true)
 			}
-			r.Secret = sd.secret
-			if f.json {
-				fmt.Fprintln(stdout, r.JSON())
-			} else {
-				fmt.Fprintln(stdout, r)
-			}
-			if ctx.Err() != nil {
-				return ctx.Err()
+			var memGBps float64
+			for _, file := range targets {
+				o.File = file
+				r, err := sd.in.Run(ctx, o)
+				if err != nil {
+					return err
+				}
+				r.Secret = sd.secret
+				if !file {
+					memGBps = r.GBps
+				} else if memGBps > 0 {
+					r.RatioMemory = r.GBps / memGBps
+				}
+				if f.json {
+					fmt.Fprintln(stdout, r.JSON())
+				} else {
+					fmt.Fprintln(stdout, r)
+				}
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
 			}
 		}
 	}
@@ -359,6 +398,12 @@ func startChild(exe string, f runFlags, secret string, stderr io.Writer) (*child
 	}
 	if f.metadata != "" {
 		args = append(args, "--metadata", f.metadata)
+	}
+	if f.file != "" {
+		args = append(args, "--file", f.file)
+		if f.fileNoDirect {
+			args = append(args, "--file-no-direct")
+		}
 	}
 	cmd := exec.Command(exe, args...)
 	cmd.Stderr = stderr

@@ -6,6 +6,9 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/tecache/te/bench/tebench"
+	"github.com/tecache/te/engine"
 )
 
 // envTarget makes the re-executed test binary act as te-bench itself, so
@@ -108,6 +112,48 @@ func TestLocal(t *testing.T) {
 	}
 }
 
+// TestFile runs the local file mode (with fio beside it when installed) and a
+// loopback whose target also serves a file: each run is reported for the
+// target's memory and for its file, with the ratio.
+func TestFile(t *testing.T) {
+	dir := t.TempDir()
+	args := []string{"file", "--path", filepath.Join(dir, "f"), "--size", "8MiB", "--op", "write,read", "--block", "4KiB,1MiB",
+		"--depth", "4", "--pattern", "seq,rand", "--direct", "on,off", "--duration", "100ms", "--json"}
+	if _, err := exec.LookPath("fio"); err == nil {
+		args = append(args, "--fio")
+	}
+	out, errOut, code := run(t, args...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	rs := results(t, out)
+	if len(rs) != 16 {
+		t.Fatalf("%d results, want 16:\n%s", len(rs), out)
+	}
+	for _, r := range rs {
+		if r["gbps"].(float64) <= 0 || r["iops"].(float64) <= 0 || r["mode"] == "" {
+			t.Errorf("%v", r)
+		}
+		if slices.Contains(args, "--fio") && r["ratio_fio"].(float64) <= 0 {
+			t.Errorf("no fio ratio: %v", r)
+		}
+	}
+
+	t.Setenv(envTarget, "1")
+	out, errOut, code = run(t, "loopback", "--op", "write,read", "--block", "1MiB", "--batch", "4", "--duration", "200ms",
+		"--json", "--buffer", "16MiB", "--file", filepath.Join(dir, "remote"))
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	rs = results(t, out)
+	if len(rs) != 4 || rs[0]["target"] != "memory" || rs[1]["target"] != "file" || rs[1]["ratio_memory"].(float64) <= 0 {
+		t.Fatalf("%d results:\n%s", len(rs), out)
+	}
+	if _, _, code := run(t, "file"); code != 2 {
+		t.Errorf("file without --path: exit %d", code)
+	}
+}
+
 func TestBadArguments(t *testing.T) {
 	for _, args := range [][]string{
 		{},
@@ -157,4 +203,15 @@ func ExampleFormatSize() {
 		os.Stdout.WriteString(tebench.FormatSize(n) + " ")
 	}
 	// Output: 4KiB 64KiB 1MiB 3GiB 1000B
+}
+
+// TestVersion: te-bench -version prints engine.Version, which the build
+// stamps into every binary and library alike.
+func TestVersion(t *testing.T) {
+	for _, flag := range []string{"-version", "--version", "version"} {
+		out, _, code := run(t, flag)
+		if code != 0 || out != "te-bench "+engine.Version+"\n" {
+			t.Errorf("%s: exit %d, %q", flag, code, out)
+		}
+	}
 }

@@ -42,6 +42,7 @@ import (
 	"github.com/tecache/te/engine"
 	"github.com/tecache/te/internal/authsecret"
 	"github.com/tecache/te/internal/sys/mem"
+	"github.com/tecache/te/internal/tlog"
 	"github.com/tecache/te/kvcache/handoff"
 	"github.com/tecache/te/kvcache/kvtest"
 )
@@ -76,7 +77,12 @@ func main() {
 	flag.BoolVar(&o.corrupt, "corrupt", false, "flip one byte on decode before the check (shows that a mismatch fails)")
 	flag.BoolVar(&o.secret, "secret", true, "run with a random cluster secret (unless "+authsecret.EnvSecretFile+" or "+
 		authsecret.EnvSecret+" gives one), which te-sidecar and both processes read from "+authsecret.EnvSecretFile)
+	version := flag.Bool("version", false, "print te's version and exit")
 	flag.Parse()
+	if *version {
+		fmt.Println("te-demo", engine.Version)
+		return
+	}
 	var err error
 	switch o.role {
 	case "":
@@ -131,9 +137,13 @@ type report struct {
 }
 
 func newEngine(o options) (*engine.Engine, error) {
-	// Warnings only: which transports could not start is not the demo's
-	// business.
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	// Warnings only unless TE_LOG_LEVEL says otherwise: which transports
+	// could not start is not the demo's business.
+	lo, _, err := tlog.FromEnv(os.Getenv, tlog.Options{Level: slog.LevelWarn})
+	if err != nil {
+		return nil, err
+	}
+	log := tlog.New(os.Stderr, lo)
 	return engine.New(engine.Config{ListenAddr: "127.0.0.1:0", Hostname: "127.0.0.1", ForceTransport: o.transport,
 		TransferTimeout: 30 * time.Second, Logger: log})
 }

@@ -16,7 +16,7 @@ import (
 
 // Location is where registered memory lives.
 type Location struct {
-	Kind  string // "cpu", "cuda" or "*" (detect)
+	Kind  string // "cpu", "cuda", "file" (a storage region) or "*" (detect)
 	Index int    // device or NUMA node; -1 when unspecified
 }
 
@@ -58,6 +58,10 @@ type Region struct {
 	// Desc is what the descriptor publishes for this region; transports add
 	// their keys to it while registering.
 	Desc BufferDesc
+	// Storage is set on a storage region (a registered file range): its
+	// address range is reserved but never mapped, so the CPU must never
+	// touch it; its bytes move through Storage. nil for memory.
+	Storage Storage
 
 	inflight atomic.Int64
 	closing  atomic.Bool
@@ -68,6 +72,38 @@ type Region struct {
 
 // End returns Addr+Length.
 func (r *Region) End() uint64 { return r.Addr + r.Length }
+
+// Storage moves the bytes of a storage region: the owner's servers call it
+// for accesses to the region instead of touching its (unmapped) addresses.
+type Storage interface {
+	// Move starts moving n bytes between host memory [buf, buf+n) and the
+	// region at offset off from its start (write: memory to storage) and
+	// returns; done is called exactly once, when nothing touches buf any
+	// more. It must not block.
+	Move(write bool, off, buf, n uint64, done func(error))
+	// Stage lends a host buffer of StageSize bytes that Move serves best
+	// (aligned, registered with the I/O rings), waiting while none is
+	// free until abort is closed; ok is false then.
+	Stage(abort <-chan struct{}) (addr uint64, ok bool)
+	// Unstage returns a buffer from Stage once no Move uses it.
+	Unstage(addr uint64)
+	// StageSize is the size of a staged buffer.
+	StageSize() uint64
+	// Close waits for the moves in flight and releases the storage.
+	Close() error
+}
+
+// StorageOf returns the storage behind r (a window's region answers for
+// the region it lies in), or nil for memory.
+func StorageOf(r *Region) Storage {
+	if r == nil {
+		return nil
+	}
+	if r.parent != nil {
+		return r.parent.Storage
+	}
+	return r.Storage
+}
 
 // Release ends an access begun by Registry.Acquire or Retain.
 func (r *Region) Release() {

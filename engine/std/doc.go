@@ -1,5 +1,5 @@
-// Package std installs te's standard transports (local, shm, tcp, rdma,
-// cudaipc) and metadata stores (etcd://, http://, redis://) in an engine
+// Package std installs te's standard transports (local, file, shm, tcp,
+// rdma, cudaipc) and metadata stores (etcd://, http://, redis://) in an engine
 // built by this program. Import it for its side effects:
 //
 //	import _ "github.com/tecache/te/engine/std"

@@ -117,3 +117,26 @@ func ExampleToken() {
 	fmt.Println(authsecret.Token([]byte("0123456789abcdef-cluster")))
 	// Output: 4c06c78bc1fc45d4b3feff06c7e9f12f0394f68236ce3de711e539c220f7d01a
 }
+
+// TestClientToken: a client's token, checked against openssl's
+// (printf 'te-sidecar-client v1\n%s' NAME | openssl dgst -sha256 -hmac SECRET),
+// differs per name, from the cluster token, and per secret.
+func TestClientToken(t *testing.T) {
+	s, err := authsecret.Parse(cur + "\n" + prev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const want = "f1f5e4b16d3dc23f8089c00865f1195ffcfbece1739a8d6dd2f647cb351e17bb"
+	if got := s.ClientToken("decode-0"); got != want {
+		t.Fatalf("client token %s, want %s", got, want)
+	}
+	ts := s.ClientTokens("decode-0")
+	if len(ts) != 2 || ts[0] != want || ts[1] != authsecret.ClientToken([]byte(prev), "decode-0") || ts[0] == ts[1] {
+		t.Fatalf("client tokens %q", ts)
+	}
+	for _, other := range []string{s.ClientToken("decode-1"), s.ClientToken(""), s.Token()} {
+		if authsecret.Match(other, ts) {
+			t.Fatalf("%s matches decode-0's tokens", other)
+		}
+	}
+}

@@ -25,4 +25,12 @@
 // The token is a bearer credential: it does not reveal the secret (HMAC is
 // one-way) but whoever holds it is let in, so it travels only to the
 // sidecar of the caller's own pod or over a network the operator trusts.
+//
+// # Client tokens
+//
+// A client may instead send its own token, ClientToken(secret, name) =
+// hex of HMAC-SHA256(secret, "te-sidecar-client v1\n" + name), together with
+// its name in X-Te-Client. te-sidecar then keeps the client's handoff quotas
+// under that name; a request with the cluster token is charged to its source
+// host, whatever name it gives. Only a holder of the secret can mint a name.
 package authsecret

@@ -9,6 +9,7 @@ package errs
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Code is a stable error code. The C ABI returns -Code.
@@ -53,6 +54,13 @@ const (
 	// (connections, calls in flight, notification bytes, declarations)
 	// was reached; the refusal is for this peer, the others carry on.
 	ResourceExhausted Code = 24
+	// IO means storage failed a read or write (EIO, a file shorter than
+	// its registration because it was truncated or removed): the task's
+	// bytes are not (all) there; other tasks carry on.
+	IO Code = 25
+	// NoSpace means the storage is full (ENOSPC, EDQUOT, or the file size
+	// limit: EFBIG): nothing but the task that hit it failed.
+	NoSpace Code = 26
 )
 
 var names = map[Code]string{
@@ -81,6 +89,8 @@ var names = map[Code]string{
 	Unauthenticated:      "unauthenticated",
 	Forked:               "forked",
 	ResourceExhausted:    "resource exhausted",
+	IO:                   "i/o error",
+	NoSpace:              "no space left",
 }
 
 // String names the code.
@@ -101,21 +111,45 @@ type Error struct {
 	Err  error
 }
 
+// Error reads "op: code: message: cause (hint)". A cause that is itself an
+// *Error with the same code or op does not say them again, so a chain of
+// wraps reads "auth: invalid argument: secret: from TE_AUTH_SECRET: the
+// secret is 5 bytes", not every layer's "invalid argument".
 func (e *Error) Error() string {
-	s := e.Code.String()
-	if e.Op != "" {
-		s = e.Op + ": " + s
+	var b strings.Builder
+	e.render(&b, "", 0, false)
+	return b.String()
+}
+
+func (e *Error) render(b *strings.Builder, parentOp string, parentCode Code, nested bool) {
+	sep := func() {
+		if b.Len() > 0 {
+			b.WriteString(": ")
+		}
+	}
+	op := parentOp
+	if e.Op != "" && (!nested || e.Op != parentOp) {
+		sep()
+		b.WriteString(e.Op)
+		op = e.Op
+	}
+	if !nested || e.Code != parentCode {
+		sep()
+		b.WriteString(e.Code.String())
 	}
 	if e.Msg != "" {
-		s += ": " + e.Msg
+		sep()
+		b.WriteString(e.Msg)
 	}
-	if e.Err != nil {
-		s += ": " + e.Err.Error()
+	if c, ok := e.Err.(*Error); ok && c != nil {
+		c.render(b, op, e.Code, true)
+	} else if e.Err != nil {
+		sep()
+		b.WriteString(e.Err.Error())
 	}
 	if e.Hint != "" {
-		s += " (" + e.Hint + ")"
+		b.WriteString(" (" + e.Hint + ")")
 	}
-	return s
 }
 
 // Unwrap returns the cause.
@@ -169,6 +203,8 @@ const (
 	ErrUnauthenticated      = Sentinel(Unauthenticated)
 	ErrForked               = Sentinel(Forked)
 	ErrResourceExhausted    = Sentinel(ResourceExhausted)
+	ErrIO                   = Sentinel(IO)
+	ErrNoSpace              = Sentinel(NoSpace)
 )
 
 // New builds an *Error.

@@ -30,7 +30,7 @@ func TestIsAndCodeOf(t *testing.T) {
 }
 
 func TestEveryCodeNamed(t *testing.T) {
-	for c := OK; c <= ResourceExhausted; c++ {
+	for c := OK; c <= NoSpace; c++ {
 		if strings.HasPrefix(c.String(), "code(") {
 			t.Errorf("code %d has no name", c)
 		}
@@ -55,5 +55,25 @@ func TestValuesDoNotChange(t *testing.T) {
 	}
 	if errors.Is(base, ErrTimeout) || s.Error() != "peer unreachable" {
 		t.Fatalf("sentinel %q", s.Error())
+	}
+}
+
+// TestNoRepeatedPrefixes: a chain of wraps with one code says the code once,
+// and an op its cause shares once.
+func TestNoRepeatedPrefixes(t *testing.T) {
+	inner := New(InvalidArgument, "secret", "the secret is 5 bytes").WithHint("generate one")
+	mid := Wrap(InvalidArgument, "secret", inner, "from TE_AUTH_SECRET")
+	top := Wrap(InvalidArgument, "auth", mid, "")
+	want := "auth: invalid argument: secret: from TE_AUTH_SECRET: the secret is 5 bytes (generate one)"
+	if got := top.Error(); got != want {
+		t.Fatalf("got  %q\nwant %q", got, want)
+	}
+	// Another code is said: it is news.
+	other := Wrap(TransportUnavailable, "new", New(InvalidArgument, "tcp", "parameter tcp.conns=\"x\""), "transport tcp")
+	if got := other.Error(); got != `new: transport unavailable: transport tcp: tcp: invalid argument: parameter tcp.conns="x"` {
+		t.Fatalf("got %q", got)
+	}
+	if got := Wrap(Timeout, "wait", io.EOF, "").Error(); got != "wait: timeout: EOF" {
+		t.Fatalf("got %q", got)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tecache/te/internal/errs"
+	"github.com/tecache/te/internal/session"
 	"github.com/tecache/te/internal/wire"
 )
 
@@ -38,14 +39,80 @@ type Conn interface {
 // deadline bounds the whole exchange (zero: none). Client leaves conn's
 // deadline cleared. It reads exactly the exchange's bytes, nothing after.
 func Client(conn Conn, s *Secret, localInstance string, deadline time.Time) (peerInstance string, err error) {
+	o, err := client(conn, s, localInstance, deadline, nil)
+	return o.PeerInstance, err
+}
+
+// ClientSession runs the initiator's side of the version 2 exchange, which
+// opens an authenticated session (spec.md, "Authenticated sessions"), as
+// Client does the version 1 exchange: same proofs, same errors, same
+// deadline. With a secret on both sides it returns the session that must
+// seal every frame this side sends on conn from now on and open every
+// frame it reads; without a secret on either side, a nil Session (frames
+// cross as they are). opt.Channel says which listener conn was dialled to;
+// opt.Encrypt asks for Encryption mode (the server may also require it).
+func ClientSession(conn Conn, s *Secret, localInstance string, deadline time.Time, opt SessionOptions) (Opened, error) {
+	if err := opt.check(s); err != nil {
+		return Opened{}, err
+	}
+	return client(conn, s, localInstance, deadline, &opt)
+}
+
+// SessionOptions are a version 2 exchange's settings.
+type SessionOptions struct {
+	// Channel is session.Control or session.Data: the listener the
+	// connection was made to, bound into the session's keys.
+	Channel string
+	// Encrypt asks for (initiator) or requires (server) Encryption mode;
+	// either side asking is enough. It needs a secret.
+	Encrypt bool
+}
+
+func (o *SessionOptions) check(s *Secret) error {
+	if o.Channel != session.Control && o.Channel != session.Data {
+		return errs.New(errs.InvalidArgument, "auth", "unknown session channel %q", o.Channel)
+	}
+	if o.Encrypt && s == nil {
+		return errs.New(errs.InvalidArgument, "auth", "encryption needs the cluster secret: the session keys come from it").
+			WithHint("set the cluster secret (" + EnvSecretFile + " or " + EnvSecret + "), or do not ask for encryption")
+	}
+	return nil
+}
+
+// mode is the session mode this side asks for.
+func (o *SessionOptions) mode(s *Secret) uint8 {
+	switch {
+	case s == nil:
+		return wire.SessionNone
+	case o.Encrypt:
+		return wire.SessionEncryption
+	}
+	return wire.SessionIntegrity
+}
+
+// Opened is what a version 2 exchange established.
+type Opened struct {
+	// PeerInstance is the peer's instance id, proven when Session is not
+	// nil.
+	PeerInstance string
+	// Session seals what this side sends and opens what it reads, from
+	// the byte after the exchange on; nil when neither side has a secret.
+	Session *session.Session
+}
+
+// client runs version 1 (v2 nil) or version 2 of the initiator's side.
+func client(conn Conn, s *Secret, localInstance string, deadline time.Time, v2 *SessionOptions) (Opened, error) {
 	if err := checkInstance(localInstance); err != nil {
-		return "", err
+		return Opened{}, err
 	}
 	conn.SetDeadline(deadline)
 	defer conn.SetDeadline(time.Time{})
 	who := nameOf(conn)
 
 	h := &wire.Hello{Version: wire.AuthVersion, Instance: localInstance}
+	if v2 != nil {
+		h.Version, h.Mode = wire.AuthVersionSession, v2.mode(s)
+	}
 	rand.Read(h.Nonce[:])
 	if s != nil {
 		for _, k := range s.keys {
@@ -54,71 +121,87 @@ func Client(conn Conn, s *Secret, localInstance string, deadline time.Time) (pee
 	}
 	hb := wire.AppendHello(nil, h)
 	if err := writeMsg(conn, hb); err != nil {
-		return "", ioErr(err, who, "send HELLO")
+		return Opened{}, ioErr(err, who, "send HELLO")
 	}
 	var buf [wire.MaxAuthBody]byte
 	cb, err := readMsg(conn, buf[:], who)
 	if err != nil {
-		return "", err
+		return Opened{}, err
 	}
 	c, err := wire.DecodeChallenge(cb)
 	if err != nil {
-		return "", err
+		return Opened{}, err
 	}
 	switch c.Status {
 	case wire.AuthBusy:
-		return "", errs.New(errs.ResourceExhausted, "auth", "peer %s refused the connection: it is at its connection limit", who)
+		return Opened{}, errs.New(errs.ResourceExhausted, "auth", "peer %s refused the connection: it is at its connection limit", who)
 	case wire.AuthBadVersion:
-		return "", errs.New(errs.NotSupported, "auth", "peer %s does not speak authentication version %d", who, wire.AuthVersion)
+		return Opened{}, errs.New(errs.NotSupported, "auth", "peer %s does not speak authentication version %d", who, h.Version)
 	case wire.AuthSecretRequired:
-		return "", errs.New(errs.Unauthenticated, "auth", "peer %s refused this engine: the server requires the cluster secret, and this engine has none", who).
+		return Opened{}, errs.New(errs.Unauthenticated, "auth", "peer %s refused this engine: the server requires the cluster secret, and this engine has none", who).
 			WithHint("give every engine the secret: Config.AuthSecret, " + EnvSecretFile + " or " + EnvSecret)
 	case wire.AuthUnknownKey:
-		return "", errs.New(errs.Unauthenticated, "auth", "peer %s refused this engine: it holds none of this engine's secrets (key ids %s)", who, strings.Join(s.KeyIDs(), ", ")).
+		return Opened{}, errs.New(errs.Unauthenticated, "auth", "peer %s refused this engine: it holds none of this engine's secrets (key ids %s)", who, strings.Join(s.KeyIDs(), ", ")).
 			WithHint("the two engines have different cluster secrets")
 	}
-	if c.Version != wire.AuthVersion {
-		return "", errs.New(errs.NotSupported, "auth", "peer %s answered with authentication version %d, not %d", who, c.Version, wire.AuthVersion)
+	if c.Version != h.Version {
+		return Opened{}, errs.New(errs.NotSupported, "auth", "peer %s answered with authentication version %d, not %d", who, c.Version, h.Version)
 	}
 	if c.Status == wire.AuthNoAuth {
 		if s != nil {
-			return "", errs.New(errs.Unauthenticated, "auth", "peer %s (instance %s) does not authenticate: it has no cluster secret, and this engine refuses it", who, printable(c.Instance)).
+			return Opened{}, errs.New(errs.Unauthenticated, "auth", "peer %s (instance %s) does not authenticate: it has no cluster secret, and this engine refuses it", who, printable(c.Instance)).
 				WithHint("give the peer the cluster secret too")
 		}
 		if err := checkInstance(c.Instance); err != nil {
-			return "", errs.New(errs.Protocol, "auth", "peer %s sent an unusable instance id", who)
+			return Opened{}, errs.New(errs.Protocol, "auth", "peer %s sent an unusable instance id", who)
 		}
-		return c.Instance, nil
+		return Opened{PeerInstance: c.Instance}, nil
 	}
 	// Status AuthProceed.
 	if s == nil || int(c.KeyIndex) >= len(s.keys) {
-		return "", errs.New(errs.Protocol, "auth", "peer %s asked for a proof with key %d of the %d this engine offered", who, c.KeyIndex, len(h.KeyIDs))
+		return Opened{}, errs.New(errs.Protocol, "auth", "peer %s asked for a proof with key %d of the %d this engine offered", who, c.KeyIndex, len(h.KeyIDs))
 	}
 	if err := checkInstance(c.Instance); err != nil {
-		return "", errs.New(errs.Protocol, "auth", "peer %s sent an unusable instance id", who)
+		return Opened{}, errs.New(errs.Protocol, "auth", "peer %s sent an unusable instance id", who)
+	}
+	if c.Mode < h.Mode {
+		// The mode is in the transcript, so only a server with the secret
+		// can have chosen it: a broken one. Refused all the same.
+		return Opened{}, errs.New(errs.Protocol, "auth", "peer %s chose session mode %d where this engine asked for %d", who, c.Mode, h.Mode)
 	}
 	k := s.keys[c.KeyIndex]
 	t := wire.AppendTranscript(nil, hb, cb)
 	proof := mac(k, labelInitiator, t)
 	if err := writeMsg(conn, wire.AppendProof(nil, &proof)); err != nil {
-		return "", ioErr(err, who, "send PROOF")
+		return Opened{}, ioErr(err, who, "send PROOF")
 	}
 	rb, err := readMsg(conn, buf[:], who)
 	if err != nil {
-		return "", err
+		return Opened{}, err
 	}
 	r, err := wire.DecodeResult(rb)
 	if err != nil {
-		return "", err
+		return Opened{}, err
 	}
 	if r.Status == wire.AuthBadProof {
-		return "", errs.New(errs.Unauthenticated, "auth", "peer %s refused this engine's proof", who)
+		return Opened{}, errs.New(errs.Unauthenticated, "auth", "peer %s refused this engine's proof", who)
 	}
 	want := mac(k, labelServer, t)
 	if !hmac.Equal(r.MAC[:], want[:]) {
-		return "", errs.New(errs.Unauthenticated, "auth", "peer %s (instance %s) failed to prove it holds the cluster secret; this engine refuses it", who, printable(c.Instance))
+		return Opened{}, errs.New(errs.Unauthenticated, "auth", "peer %s (instance %s) failed to prove it holds the cluster secret; this engine refuses it", who, printable(c.Instance))
 	}
-	return c.Instance, nil
+	o := Opened{PeerInstance: c.Instance}
+	if v2 != nil {
+		if o.Session, err = openSession(k, t, v2.Channel, c.Mode, session.Initiator); err != nil {
+			return Opened{}, err
+		}
+	}
+	return o, nil
+}
+
+// openSession derives the session keys of a successful version 2 exchange.
+func openSession(k key, transcript []byte, channel string, mode uint8, role session.Role) (*session.Session, error) {
+	return session.New(session.Params{Secret: k.mac, KeyID: k.id, Transcript: transcript, Channel: channel, Mode: session.Mode(mode)}, role)
 }
 
 // Server runs the accepting side of the exchange on conn: it checks that the
@@ -135,8 +218,29 @@ func Client(conn Conn, s *Secret, localInstance string, deadline time.Time) (pee
 // deadline bounds the whole exchange (zero: none). Server leaves conn's
 // deadline cleared. It reads exactly the exchange's bytes, nothing after.
 func Server(conn Conn, s *Secret, localInstance string, deadline time.Time) (peerInstance string, err error) {
+	o, err := server(conn, s, localInstance, deadline, nil)
+	return o.PeerInstance, err
+}
+
+// ServerSession runs the accepting side of the exchange as Server does,
+// speaking version 2 (which opens an authenticated session) and version 1
+// to an initiator without a secret when this side has none either. With a
+// secret it refuses version 1 (AuthBadVersion): an initiator that cannot
+// open a session is not served, so nobody can downgrade a connection to an
+// unprotected one. It returns the session (nil without a secret: frames
+// cross as they are). opt.Channel names the listener; opt.Encrypt requires
+// Encryption mode whatever the initiator asked for.
+func ServerSession(conn Conn, s *Secret, localInstance string, deadline time.Time, opt SessionOptions) (Opened, error) {
+	if err := opt.check(s); err != nil {
+		return Opened{}, err
+	}
+	return server(conn, s, localInstance, deadline, &opt)
+}
+
+// server runs version 1 (v2 nil) or versions 1 and 2 of the accepting side.
+func server(conn Conn, s *Secret, localInstance string, deadline time.Time, v2 *SessionOptions) (Opened, error) {
 	if err := checkInstance(localInstance); err != nil {
-		return "", err
+		return Opened{}, err
 	}
 	conn.SetDeadline(deadline)
 	defer conn.SetDeadline(time.Time{})
@@ -145,28 +249,47 @@ func Server(conn Conn, s *Secret, localInstance string, deadline time.Time) (pee
 	var buf [wire.MaxAuthBody]byte
 	hb, err := readMsg(conn, buf[:], who)
 	if err != nil {
-		return "", err
+		return Opened{}, err
 	}
 	hb = append([]byte(nil), hb...) // buf is reused for PROOF
+	// Refusals of a version this side does not speak go out in version
+	// 1's layout, which every initiator decodes.
+	c := &wire.Challenge{Version: wire.AuthVersion}
+	refuse := func(st wire.AuthStatus, err error) (Opened, error) {
+		c.Status, c.Mode, c.Instance = st, wire.SessionNone, ""
+		writeMsg(conn, wire.AppendChallenge(nil, c))
+		return Opened{}, err
+	}
+	if len(hb) < 2 || hb[0] != wire.AuthMsgHello {
+		_, err := wire.DecodeHello(hb)
+		return Opened{}, err
+	}
+	version := hb[1]
+	speaks := version == wire.AuthVersion && (v2 == nil || s == nil) ||
+		version == wire.AuthVersionSession && v2 != nil
+	if !speaks {
+		if version == wire.AuthVersion && v2 != nil {
+			return refuse(wire.AuthBadVersion, errs.New(errs.NotSupported, "auth",
+				"peer %s speaks authentication version 1, which opens no session; this engine has a cluster secret and requires version %d", who, wire.AuthVersionSession).
+				WithHint("upgrade the peer: with a secret every engine must protect its connections"))
+		}
+		want := wire.AuthVersion
+		if v2 != nil {
+			want = wire.AuthVersionSession
+		}
+		return refuse(wire.AuthBadVersion, errs.New(errs.NotSupported, "auth", "peer %s speaks authentication version %d, not %d", who, version, want))
+	}
 	h, err := wire.DecodeHello(hb)
 	if err != nil {
-		return "", err
+		return Opened{}, err
 	}
-	c := &wire.Challenge{Version: wire.AuthVersion}
-	refuse := func(st wire.AuthStatus, err error) (string, error) {
-		c.Status = st
-		writeMsg(conn, wire.AppendChallenge(nil, c))
-		return "", err
-	}
-	if h.Version != wire.AuthVersion {
-		return refuse(wire.AuthBadVersion, errs.New(errs.NotSupported, "auth", "peer %s speaks authentication version %d, not %d", who, h.Version, wire.AuthVersion))
-	}
+	c.Version = h.Version
 	if s == nil {
 		c.Status, c.Instance = wire.AuthNoAuth, localInstance
 		if err := writeMsg(conn, wire.AppendChallenge(nil, c)); err != nil {
-			return "", ioErr(err, who, "send CHALLENGE")
+			return Opened{}, ioErr(err, who, "send CHALLENGE")
 		}
-		return h.Instance, nil
+		return Opened{PeerInstance: h.Instance}, nil
 	}
 	if len(h.KeyIDs) == 0 {
 		return refuse(wire.AuthSecretRequired, errs.New(errs.Unauthenticated, "auth",
@@ -185,36 +308,47 @@ func Server(conn Conn, s *Secret, localInstance string, deadline time.Time) (pee
 		for _, id := range h.KeyIDs {
 			theirs = append(theirs, hexID(id))
 		}
+		c.KeyIndex = 0
 		return refuse(wire.AuthUnknownKey, errs.New(errs.Unauthenticated, "auth",
 			"peer %s (instance %s) holds none of this engine's secrets (its key ids %s, ours %s); refused",
 			who, printable(h.Instance), strings.Join(theirs, ", "), strings.Join(s.KeyIDs(), ", ")))
 	}
 	c.Status, c.Instance = wire.AuthProceed, localInstance
+	if v2 != nil {
+		c.Mode = max(h.Mode, v2.mode(s))
+	}
 	rand.Read(c.Nonce[:])
 	cb := wire.AppendChallenge(nil, c)
 	if err := writeMsg(conn, cb); err != nil {
-		return "", ioErr(err, who, "send CHALLENGE")
+		return Opened{}, ioErr(err, who, "send CHALLENGE")
 	}
 	pb, err := readMsg(conn, buf[:], who)
 	if err != nil {
-		return "", err
+		return Opened{}, err
 	}
 	proof, err := wire.DecodeProof(pb)
 	if err != nil {
-		return "", err
+		return Opened{}, err
 	}
 	t := wire.AppendTranscript(nil, hb, cb)
 	want := mac(k, labelInitiator, t)
 	if !hmac.Equal(proof[:], want[:]) {
 		writeMsg(conn, wire.AppendResult(nil, &wire.Result{Status: wire.AuthBadProof}))
-		return "", errs.New(errs.Unauthenticated, "auth",
+		return Opened{}, errs.New(errs.Unauthenticated, "auth",
 			"peer %s (instance %s) sent a wrong proof for key id %s (another secret under a copied key id, or a replayed exchange); refused",
 			who, printable(h.Instance), hexID(k.id))
 	}
-	if err := writeMsg(conn, wire.AppendResult(nil, &wire.Result{Status: wire.AuthProceed, MAC: mac(k, labelServer, t)})); err != nil {
-		return "", ioErr(err, who, "send RESULT")
+	o := Opened{PeerInstance: h.Instance}
+	if v2 != nil {
+		// Keys first: a failure here must not follow an accepting RESULT.
+		if o.Session, err = openSession(k, t, v2.Channel, c.Mode, session.Server); err != nil {
+			return Opened{}, err
+		}
 	}
-	return h.Instance, nil
+	if err := writeMsg(conn, wire.AppendResult(nil, &wire.Result{Status: wire.AuthProceed, MAC: mac(k, labelServer, t)})); err != nil {
+		return Opened{}, ioErr(err, who, "send RESULT")
+	}
+	return o, nil
 }
 
 // Refuse tells a connection this side will not serve (it is at its

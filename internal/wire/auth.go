@@ -9,7 +9,13 @@ import (
 // Authentication messages (spec.md, "Peer authentication"): the bodies of
 // the frames of kind KindAuth that open every connection.
 const (
+	// AuthVersion is the exchange without sessions: it authenticates the
+	// opening of a connection only.
 	AuthVersion = 1
+	// AuthVersionSession is the exchange that opens an authenticated
+	// session (spec.md, "Authenticated sessions"): HELLO and CHALLENGE
+	// carry a session mode, and every frame after RESULT is sealed.
+	AuthVersionSession = 2
 	// MaxAuthBody bounds the body of an authentication frame.
 	MaxAuthBody = 256
 	// AuthNonceSize is the size of each side's nonce.
@@ -29,6 +35,14 @@ const (
 	AuthMsgResult    uint8 = 4
 )
 
+// Session modes: the mode byte of a version 2 HELLO (what the initiator
+// asks for) and CHALLENGE (what the server chose).
+const (
+	SessionNone       uint8 = 0 // no secret: no session
+	SessionIntegrity  uint8 = 1 // headers and bodies authenticated
+	SessionEncryption uint8 = 2 // everything sealed with AES-GCM
+)
+
 // AuthStatus is the status byte of a CHALLENGE or RESULT.
 type AuthStatus uint8
 
@@ -45,7 +59,10 @@ const (
 
 // Hello is the initiator's first message.
 type Hello struct {
-	Version  uint8
+	Version uint8
+	// Mode is the session mode asked for (version 2 only): SessionNone
+	// without a key id, else SessionIntegrity or SessionEncryption.
+	Mode     uint8
 	Nonce    [AuthNonceSize]byte
 	KeyIDs   [][AuthKeyIDSize]byte
 	Instance string
@@ -53,8 +70,11 @@ type Hello struct {
 
 // Challenge is the server's answer to Hello.
 type Challenge struct {
-	Version  uint8
-	Status   AuthStatus
+	Version uint8
+	Status  AuthStatus
+	// Mode is the session mode chosen (version 2 only): at least the
+	// HELLO's, with status 0; SessionNone with any other status.
+	Mode     uint8
 	Nonce    [AuthNonceSize]byte
 	KeyIndex uint8
 	Instance string
@@ -70,9 +90,12 @@ func authErr(format string, args ...any) error {
 	return errs.New(errs.Protocol, "auth", format, args...)
 }
 
-// AppendHello appends a HELLO body.
+// AppendHello appends a HELLO body in h.Version's layout.
 func AppendHello(dst []byte, h *Hello) []byte {
 	dst = append(dst, AuthMsgHello, h.Version, uint8(len(h.KeyIDs)))
+	if h.Version == AuthVersionSession {
+		dst = append(dst, h.Mode)
+	}
 	dst = append(dst, h.Nonce[:]...)
 	for _, id := range h.KeyIDs {
 		dst = append(dst, id[:]...)
@@ -81,10 +104,15 @@ func AppendHello(dst []byte, h *Hello) []byte {
 	return append(dst, h.Instance...)
 }
 
-// DecodeHello decodes a HELLO body. The version is not checked here: a
+// DecodeHello decodes a HELLO body: version 2's layout when its version
+// byte says 2, version 1's otherwise. The version is not checked here: a
 // server answers an unknown one with AuthBadVersion.
 func DecodeHello(b []byte) (*Hello, error) {
-	if len(b) < 3+AuthNonceSize+1 || b[0] != AuthMsgHello {
+	fixed := 3
+	if len(b) > 1 && b[1] == AuthVersionSession {
+		fixed = 4
+	}
+	if len(b) < fixed+AuthNonceSize+1 || b[0] != AuthMsgHello {
 		return nil, authErr("not a HELLO (%d bytes)", len(b))
 	}
 	h := &Hello{Version: b[1]}
@@ -92,8 +120,14 @@ func DecodeHello(b []byte) (*Hello, error) {
 	if k > MaxAuthKeys {
 		return nil, authErr("HELLO offers %d keys, at most %d", k, MaxAuthKeys)
 	}
-	copy(h.Nonce[:], b[3:])
-	p := b[3+AuthNonceSize:]
+	if fixed == 4 {
+		h.Mode = b[3]
+		if h.Mode > SessionEncryption || (h.Mode == SessionNone) != (k == 0) {
+			return nil, authErr("HELLO asks for session mode %d with %d keys", h.Mode, k)
+		}
+	}
+	copy(h.Nonce[:], b[fixed:])
+	p := b[fixed+AuthNonceSize:]
 	if len(p) < k*AuthKeyIDSize+1 {
 		return nil, authErr("short HELLO")
 	}
@@ -111,22 +145,37 @@ func DecodeHello(b []byte) (*Hello, error) {
 	return h, nil
 }
 
-// AppendChallenge appends a CHALLENGE body.
+// AppendChallenge appends a CHALLENGE body in c.Version's layout.
 func AppendChallenge(dst []byte, c *Challenge) []byte {
 	dst = append(dst, AuthMsgChallenge, c.Version, uint8(c.Status))
+	if c.Version == AuthVersionSession {
+		dst = append(dst, c.Mode)
+	}
 	dst = append(dst, c.Nonce[:]...)
 	dst = append(dst, c.KeyIndex, uint8(len(c.Instance)))
 	return append(dst, c.Instance...)
 }
 
-// DecodeChallenge decodes a CHALLENGE body.
+// DecodeChallenge decodes a CHALLENGE body: version 2's layout when its
+// version byte says 2, version 1's otherwise (a refusal of an unknown
+// version is sent in version 1's).
 func DecodeChallenge(b []byte) (*Challenge, error) {
-	const fixed = 3 + AuthNonceSize + 2
+	head := 3
+	if len(b) > 1 && b[1] == AuthVersionSession {
+		head = 4
+	}
+	fixed := head + AuthNonceSize + 2
 	if len(b) < fixed || b[0] != AuthMsgChallenge {
 		return nil, authErr("not a CHALLENGE (%d bytes)", len(b))
 	}
-	c := &Challenge{Version: b[1], Status: AuthStatus(b[2]), KeyIndex: b[3+AuthNonceSize]}
-	copy(c.Nonce[:], b[3:])
+	c := &Challenge{Version: b[1], Status: AuthStatus(b[2]), KeyIndex: b[head+AuthNonceSize]}
+	if head == 4 {
+		c.Mode = b[3]
+		if c.Mode > SessionEncryption || (c.Mode == SessionNone) != (c.Status != AuthProceed) {
+			return nil, authErr("CHALLENGE status %d with session mode %d", c.Status, c.Mode)
+		}
+	}
+	copy(c.Nonce[:], b[head:])
 	n := int(b[fixed-1])
 	if n > MaxAuthInstance || len(b) != fixed+n {
 		return nil, authErr("CHALLENGE instance of %d bytes in %d", n, len(b)-fixed)

@@ -68,6 +68,8 @@ func TestAuthMessagesRefuseMalformed(t *testing.T) {
 func FuzzDecodeHello(f *testing.F) {
 	f.Add(AppendHello(nil, &Hello{Version: 1, Instance: "abc", KeyIDs: [][AuthKeyIDSize]byte{{1}}}))
 	f.Add([]byte{1, 1, 0})
+	f.Add(AppendHello(nil, &Hello{Version: 2, Mode: 2, Instance: "abc", KeyIDs: [][AuthKeyIDSize]byte{{1}, {2}}}))
+	f.Add(AppendHello(nil, &Hello{Version: 2, Instance: "abc"}))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		h, err := DecodeHello(data)
 		if err != nil {
@@ -82,6 +84,8 @@ func FuzzDecodeHello(f *testing.F) {
 func FuzzDecodeChallenge(f *testing.F) {
 	f.Add(AppendChallenge(nil, &Challenge{Version: 1, Status: AuthProceed, Instance: "abc"}))
 	f.Add(AppendChallenge(nil, &Challenge{Version: 1, Status: AuthBusy}))
+	f.Add(AppendChallenge(nil, &Challenge{Version: 2, Status: AuthProceed, Mode: 1, Instance: "abc"}))
+	f.Add(AppendChallenge(nil, &Challenge{Version: 2, Status: AuthNoAuth, Instance: "abc"}))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c, err := DecodeChallenge(data)
 		if err != nil {
@@ -107,4 +111,62 @@ func FuzzDecodeResult(f *testing.F) {
 			t.Fatal("proof round trip differs")
 		}
 	})
+}
+
+// TestSessionMessagesRoundTrip: version 2's HELLO and CHALLENGE carry the
+// session mode at offset 3 and are otherwise version 1's.
+func TestSessionMessagesRoundTrip(t *testing.T) {
+	h := &Hello{Version: AuthVersionSession, Mode: SessionEncryption, Instance: "i", KeyIDs: [][AuthKeyIDSize]byte{{1}}}
+	h.Nonce[0] = 5
+	b := AppendHello(nil, h)
+	if len(b) != len(AppendHello(nil, &Hello{Version: AuthVersion, Instance: "i", KeyIDs: h.KeyIDs}))+1 || b[3] != SessionEncryption || b[4] != 5 {
+		t.Fatalf("layout % x", b)
+	}
+	h2, err := DecodeHello(b)
+	if err != nil || h2.Mode != h.Mode || h2.Nonce != h.Nonce || h2.Instance != "i" || len(h2.KeyIDs) != 1 {
+		t.Fatal(h2, err)
+	}
+	c := &Challenge{Version: AuthVersionSession, Status: AuthProceed, Mode: SessionIntegrity, KeyIndex: 1, Instance: "srv"}
+	c.Nonce[31] = 9
+	cb := AppendChallenge(nil, c)
+	if cb[3] != SessionIntegrity || cb[4+31] != 9 {
+		t.Fatalf("layout % x", cb)
+	}
+	if c2, err := DecodeChallenge(cb); err != nil || *c2 != *c {
+		t.Fatal(c2, err)
+	}
+	// A refusal in version 1's layout (what a server sends to a version
+	// it does not speak) decodes whatever the initiator's version.
+	r, err := DecodeChallenge(AppendChallenge(nil, &Challenge{Version: AuthVersion, Status: AuthBadVersion}))
+	if err != nil || r.Status != AuthBadVersion {
+		t.Fatal(r, err)
+	}
+}
+
+func TestSessionMessagesRefuseMalformed(t *testing.T) {
+	key := [][AuthKeyIDSize]byte{{1}}
+	hellos := map[string]*Hello{
+		"mode without key": {Version: AuthVersionSession, Mode: SessionIntegrity, Instance: "x"},
+		"key without mode": {Version: AuthVersionSession, KeyIDs: key, Instance: "x"},
+		"unknown mode":     {Version: AuthVersionSession, Mode: 3, KeyIDs: key, Instance: "x"},
+	}
+	for name, h := range hellos {
+		if _, err := DecodeHello(AppendHello(nil, h)); errs.CodeOf(err) != errs.Protocol {
+			t.Errorf("HELLO %s: %v", name, err)
+		}
+	}
+	if _, err := DecodeHello(AppendHello(nil, &Hello{Version: AuthVersionSession, Mode: 1, KeyIDs: key, Instance: "x"})[:4+AuthNonceSize]); errs.CodeOf(err) != errs.Protocol {
+		t.Errorf("short HELLO: %v", err)
+	}
+	challenges := map[string]*Challenge{
+		"proceed without mode": {Version: AuthVersionSession, Status: AuthProceed, Instance: "x"},
+		"refusal with mode":    {Version: AuthVersionSession, Status: AuthUnknownKey, Mode: SessionIntegrity},
+		"no auth with mode":    {Version: AuthVersionSession, Status: AuthNoAuth, Mode: SessionEncryption, Instance: "x"},
+		"unknown mode":         {Version: AuthVersionSession, Status: AuthProceed, Mode: 7, Instance: "x"},
+	}
+	for name, c := range challenges {
+		if _, err := DecodeChallenge(AppendChallenge(nil, c)); errs.CodeOf(err) != errs.Protocol {
+			t.Errorf("CHALLENGE %s: %v", name, err)
+		}
+	}
 }

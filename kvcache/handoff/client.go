@@ -130,9 +130,20 @@ func New(e *engine.Engine, opts Options) (*Client, error) {
 		}
 		if sec != nil {
 			token = sec.Token()
+			// With the secret, the client's own token: te-sidecar then keeps
+			// this engine's quotas apart from other clients on its host.
+			if name := e.Name(); usableName(name) {
+				token = sec.ClientToken(name)
+			}
 		}
 	}
 	return &Client{e: e, base: base, hc: hc, opts: opts, token: token, notices: map[string]proto.Notice{}}, nil
+}
+
+// usableName reports whether te-sidecar takes name as a client name (at
+// most 256 bytes, no control characters).
+func usableName(name string) bool {
+	return name != "" && len(name) <= 256 && !strings.ContainsFunc(name, func(r rune) bool { return r < 0x20 || r == 0x7f })
 }
 
 // Close releases the client's idle sidecar connections. Transfers in

@@ -34,11 +34,13 @@
 // TransferLost when the sidecar restarted (its instance id changed) or no
 // longer knows the transfer: the caller must not wait for it any more.
 //
-// With a cluster secret on te-sidecar, the client sends the token derived
-// from it (Options.Token, or from Options.AuthSecret, Options.AuthSecretFile,
+// With a cluster secret on te-sidecar, the client sends a token derived
+// from it (from Options.AuthSecret, Options.AuthSecretFile,
 // TE_AUTH_SECRET_FILE or TE_AUTH_SECRET; package authsecret documents the
-// derivation), and names itself with its engine's segment name for the
-// sidecar's per-client quotas. Each declaration's answer carries this side's
+// derivation): its own client token for its engine's segment name, which
+// it sends as its name, so the sidecar keeps its quotas apart from other
+// clients'. Given Options.Token instead, it sends that, and its quotas are
+// those of its host. Each declaration's answer carries this side's
 // capability for the transfer, which the Transfer presents on every later
 // request: nobody else can report, abort or read the transfer. A sidecar
 // that wants a token this client lacks answers with an Unauthenticated

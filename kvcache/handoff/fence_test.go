@@ -8,6 +8,7 @@ import (
 
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/mem"
+	"github.com/tecache/te/internal/sys/proc"
 	"github.com/tecache/te/kvcache"
 	"github.com/tecache/te/kvcache/handoff"
 	"github.com/tecache/te/kvcache/kvtest"
@@ -75,7 +76,9 @@ func TestAbortStalledMover(t *testing.T) {
 		}
 		time.Sleep(50 * time.Microsecond)
 	}
-	pre.cmd.Process.Signal(syscall.SIGSTOP)
+	if err := proc.Stop(pre.cmd.Process.Pid, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
 	stopped := true
 	defer func() {
 		if stopped {

@@ -12,8 +12,7 @@ test "!= 0" or "< 0" see no difference.
 Authentication: the engine reads $TE_AUTH_SECRET_FILE or $TE_AUTH_SECRET
 (the cluster secret) and $TE_ACCEPT_MOONCAKE_PEERS=1 (let real Mooncake
 peers in over tcp) itself; set them in the environment of every process,
-before its first te call: libte takes the environment when it is loaded, and
-os.environ changes made after that do not reach it.
+before initialize: the engine reads te's variables when it is created.
 
 Differences a caller may notice:
 
@@ -35,6 +34,11 @@ Differences a caller may notice:
   get_engine_ptr() returns 0 for the same reason, which mooncake.pg and
   mooncake.ep read as "no engine to share".
 * transfer_*_on_cuda (CUDA-stream-triggered transfers) are not provided.
+* Files: Mooncake's TransferEngine binding has no call that registers a
+  file (its nvmeof/GDS/io_uring backends are reached through Mooncake Store
+  and segment configuration, not this API), so there is nothing to mirror;
+  te's storage buffers are reached through te.Engine.register_file, and a
+  segment that holds one is read and written here like any other.
 * transport_hint is accepted and ignored, as in Mooncake builds without TENT.
 * allocate_managed_buffer pools like Mooncake: sizes up to 256 MiB come
   from power-of-two classes (8 KiB and up) carved from 2 GiB mappings
@@ -42,7 +46,20 @@ Differences a caller may notice:
   free_managed_buffer of an address it did not hand out returns 0 (as
   Mooncake) and logs a warning; a freed address is never handed out twice.
 * MC_TRANSFER_TIMEOUT (seconds, at least 5) bounds each transfer, as in
-  Mooncake; sync calls block until their transfers end.
+  Mooncake; sync calls block until their transfers end. A value that is not
+  a whole number of seconds, or an MC_FORCE_TCP that is not 1/0 (true/false,
+  yes/no, on/off), makes initialize return TE_ERR_INVALID_ARGUMENT (-1) and
+  log the variable, rather than be ignored.
+* Every te engine setting has an environment variable (README.md,
+  "Environment"): TE_ALLOW_MOONCAKE_WITH_SECRET=1, TE_TCP_LISTEN=host:port
+  (pins the tcp data port), TE_PARAM_tcp_conns=8, TE_MAX_CONNS, TE_LOG_LEVEL
+  (also the level of this module's Python logger), TE_METRICS_ADDR, ...
+  initialize refuses (TE_ERR_INVALID_ARGUMENT, logged) a value that does
+  not parse, naming the variable. local_hostname's port, when given, pins
+  the RPC port; without one TE_LISTEN_ADDR may.
+* Calls before initialize (get_rpc_port, register_memory, transfers...)
+  return TE_ERR_INVALID_ARGUMENT (-1), or 0 where Mooncake's sentinel is 0,
+  and log "initialize first"; Mooncake's binding crashes there.
 
 GPU memory: as in Mooncake, register_memory(tensor.data_ptr(), tensor.nbytes)
 and batch_register_memory(ptrs, sizes) register with location "*", so te
@@ -108,6 +125,8 @@ def __getattr__(name):
 
 
 class TransferOpcode(enum.IntEnum):
+    """Read or Write (also READ, WRITE), numbered as Mooncake's opcodes."""
+
     Read = 0
     Write = 1
     READ = 0
@@ -271,11 +290,43 @@ class _Pool:
         self._free = [[] for _ in _CLASS_BYTES]
 
 
+class _NotInitialized:
+    """TransferEngine's engine before initialize: every use raises
+    te.InvalidArgument, which the methods turn into their failure value."""
+
+    def __bool__(self):
+        return False
+
+    def __getattr__(self, name):
+        raise te.InvalidArgument("TransferEngine is not initialized: call initialize() first")
+
+
+_NOT_INITIALIZED = _NotInitialized()
+
+_BOOL_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False,
+               "off": False}
+
+
+def _env_bool(name):
+    """The value of a yes/no variable (False when unset); ValueError names
+    the variable when it says neither."""
+    v = os.environ.get(name, "").strip().lower()
+    if v == "":
+        return False
+    if v not in _BOOL_WORDS:
+        raise ValueError(f"{name}={os.environ[name]!r}: want 1 or 0 (also true/false, yes/no, on/off)")
+    return _BOOL_WORDS[v]
+
+
 class TransferEngine:
+    """Mooncake's TransferEngine on te: create it, initialize() it, then
+    register memory and transfer as with Mooncake's binding (the module
+    docstring says what differs)."""
+
     TransferOpcode = TransferOpcode
 
     def __init__(self):
-        self._engine = None
+        self._engine = _NOT_INITIALIZED
         self._segments = {}
         self._seg_lock = threading.Lock()
         self._pool = _Pool(self)
@@ -294,7 +345,9 @@ class TransferEngine:
         return self.initialize_ext(local_hostname, metadata_server, protocol, device_name, "etcd")
 
     def initialize_ext(self, local_hostname, metadata_server, protocol, device_name, metadata_type):
-        if self._engine is not None:
+        """initialize with the metadata type given apart ("etcd", "http", "redis"; "" with
+        P2PHANDSHAKE); 0 on success, a negative te error code on failure (logged)."""
+        if self._engine:
             log.warning("TransferEngine.initialize called twice; keeping the first engine")
             return 0
         proto = (protocol or "").lower()
@@ -313,17 +366,26 @@ class TransferEngine:
                         npu, host, port)
             local_hostname = f"{host}:{port}"
         # ":port" binds the host the engine advertises (local_hostname),
-        # not every interface.
-        kw = {"metadata": conn, "hostname": host or None, "listen_addr": f":{port}"}
+        # not every interface. Without a port the engine picks one, or
+        # TE_LISTEN_ADDR does.
+        kw = {"metadata": conn, "hostname": host or None}
+        if port:
+            kw["listen_addr"] = f":{port}"
         if conn != P2PHANDSHAKE:
             kw["segment_name"] = local_hostname
-        t = os.environ.get("MC_TRANSFER_TIMEOUT")
+        t = os.environ.get("MC_TRANSFER_TIMEOUT", "").strip()
         if t:
             try:
                 kw["transfer_timeout"] = max(5, int(t))
             except ValueError:
-                log.warning("ignoring MC_TRANSFER_TIMEOUT=%r", t)
-        if os.environ.get("MC_FORCE_TCP", "").lower() in ("1", "true", "yes", "on"):
+                log.error("initialize: MC_TRANSFER_TIMEOUT=%r: want a whole number of seconds", t)
+                return -te.InvalidArgument.code
+        try:
+            force_tcp = _env_bool("MC_FORCE_TCP")
+        except ValueError as e:
+            log.error("initialize: %s", e)
+            return -te.InvalidArgument.code
+        if force_tcp:
             kw["force_transport"] = "tcp"
         if device_name:
             # Mooncake's device filter: the RDMA NICs to use.
@@ -342,12 +404,20 @@ class TransferEngine:
         return 0
 
     def get_rpc_port(self):
-        return self._engine.rpc_port
+        """The RPC port peers reach this engine at; before initialize,
+        TE_ERR_INVALID_ARGUMENT (-1) with an error logged (Mooncake's binding
+        dereferences a null engine there)."""
+        try:
+            return self._engine.rpc_port
+        except te.TeError as e:
+            log.error("get_rpc_port: %s", e)
+            return _rc(e)
 
     def get_engine(self):
-        """The underlying te.Engine. Mooncake returns its C++ engine here, which
-        mooncake.store can share; te's cannot be shared with it."""
-        return self._engine
+        """The underlying te.Engine (None before initialize). Mooncake returns
+        its C++ engine here, which mooncake.store can share; te's cannot be
+        shared with it."""
+        return self._engine or None
 
     def get_engine_ptr(self):
         """0: te has no Mooncake C++ engine whose address native Mooncake code
@@ -374,6 +444,8 @@ class TransferEngine:
 
     # -- memory -----------------------------------------------------------
     def register_memory(self, buffer_addr, capacity=None, location="*"):
+        """Register [buffer_addr, +capacity) (or a tensor) for transfers and for peers; 0 or a
+        negative code."""
         try:
             if te.tensors.is_tensor(buffer_addr):
                 self._engine.register(buffer_addr, capacity, location=location)
@@ -385,6 +457,7 @@ class TransferEngine:
             return _rc(e)
 
     def unregister_memory(self, buffer_addr):
+        """Unregister the range registered at buffer_addr (or the tensor); 0 or a negative code."""
         try:
             self._engine.unregister(buffer_addr if te.tensors.is_tensor(buffer_addr) else int(buffer_addr))
             return 0
@@ -393,6 +466,7 @@ class TransferEngine:
             return _rc(e)
 
     def batch_register_memory(self, buffer_addresses, capacities, location="*"):
+        """Register several ranges (or tensors) at once, all or none; 0 or a negative code."""
         if len(buffer_addresses) != len(capacities):
             log.error("batch_register_memory: %d addresses, %d capacities", len(buffer_addresses), len(capacities))
             return -te.InvalidArgument.code
@@ -406,6 +480,7 @@ class TransferEngine:
             return _rc(e)
 
     def batch_unregister_memory(self, buffer_addresses):
+        """Unregister several ranges at once; 0 or a negative code."""
         try:
             self._engine.unregister_batch([a if te.tensors.is_tensor(a) else int(a) for a in buffer_addresses])
             return 0
@@ -435,6 +510,7 @@ class TransferEngine:
                     pass
 
     def get_first_buffer_address(self, segment_name):
+        """The address of the first buffer the segment publishes, 0 on failure."""
         try:
             bufs = self._segment(segment_name).buffers()
         except te.TeError as e:
@@ -464,29 +540,40 @@ class TransferEngine:
             return _rc(e)
 
     def transfer_sync_write(self, target_hostname, buffer, peer_buffer_address, length, transport_hint=""):
+        """Write length bytes at buffer to peer_buffer_address of target_hostname and wait; 0 or a
+        negative code."""
         return self._sync("transfer_sync_write", target_hostname, [buffer], [peer_buffer_address], [length],
                           TransferOpcode.Write, None)
 
     def transfer_sync_read(self, target_hostname, buffer, peer_buffer_address, length, transport_hint=""):
+        """Read length bytes at peer_buffer_address of target_hostname into buffer and wait; 0 or a
+        negative code."""
         return self._sync("transfer_sync_read", target_hostname, [buffer], [peer_buffer_address], [length],
                           TransferOpcode.Read, None)
 
     def transfer_sync(self, target_hostname, buffer, peer_buffer_address, length, opcode, notify=None,
                       transport_hint=""):
+        """One transfer of opcode (TransferOpcode.Read or .Write), with an optional TransferNotify
+        sent on success, waited for; 0 or a negative code."""
         return self._sync("transfer_sync", target_hostname, [buffer], [peer_buffer_address], [length], opcode,
                           notify)
 
     def batch_transfer_sync_write(self, target_hostname, buffers, peer_buffer_addresses, lengths,
                                   transport_hint=""):
+        """Write buffers[i] to peer_buffer_addresses[i] (lengths[i] bytes) in one batch and wait; 0
+        or a negative code."""
         return self._sync("batch_transfer_sync_write", target_hostname, buffers, peer_buffer_addresses, lengths,
                           TransferOpcode.Write, None)
 
     def batch_transfer_sync_read(self, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint=""):
+        """Read peer_buffer_addresses[i] into buffers[i] in one batch and wait; 0 or a negative code."""
         return self._sync("batch_transfer_sync_read", target_hostname, buffers, peer_buffer_addresses, lengths,
                           TransferOpcode.Read, None)
 
     def batch_transfer_sync(self, target_hostname, buffers, peer_buffer_addresses, lengths, opcode, notify=None,
                             transport_hint=""):
+        """One batch of opcode, with an optional TransferNotify sent once every transfer completed,
+        waited for; 0 or a negative code."""
         return self._sync("batch_transfer_sync", target_hostname, buffers, peer_buffer_addresses, lengths, opcode,
                           notify)
 
@@ -510,10 +597,12 @@ class TransferEngine:
 
     def batch_transfer_async_write(self, target_hostname, buffers, peer_buffer_addresses, lengths,
                                    transport_hint=""):
+        """batch_transfer_async with TransferOpcode.Write: a batch id, 0 on failure."""
         return self.batch_transfer_async(target_hostname, buffers, peer_buffer_addresses, lengths,
                                          TransferOpcode.Write)
 
     def batch_transfer_async_read(self, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint=""):
+        """batch_transfer_async with TransferOpcode.Read: a batch id, 0 on failure."""
         return self.batch_transfer_async(target_hostname, buffers, peer_buffer_addresses, lengths,
                                          TransferOpcode.Read)
 
@@ -565,6 +654,8 @@ class TransferEngine:
 
     # -- notifications and probes -----------------------------------------
     def get_notifies(self):
+        """The notifications received since the last call, as TransferNotify objects (an empty list
+        on failure)."""
         try:
             return [TransferNotify(n, m.decode("utf-8", "surrogateescape")) for n, m in self._engine.notifies()]
         except te.TeError as e:
@@ -587,7 +678,7 @@ class TransferEngine:
         256 MiB) carved from 2 GiB mappings registered once, as in Mooncake;
         larger buffers are mapped and registered on their own."""
         length = int(length)
-        if self._engine is None:
+        if not self._engine:
             log.error("allocate_managed_buffer(%d): initialize first", length)
             return 0
         if length <= 0:
@@ -622,10 +713,13 @@ class TransferEngine:
 
     @staticmethod
     def read_bytes_from_buffer(source_address, length):
+        """length bytes at source_address, as bytes."""
         return ctypes.string_at(int(source_address), int(length))
 
     # -- lifetime (not in Mooncake's API; useful in tests) ----------------------
     def close(self):
+        """Stop the engine and unmap the managed buffers (not in Mooncake's API; tests and short
+        programs use it)."""
         with self._seg_lock:
             segs, self._segments = list(self._segments.values()), {}
         for s in segs:
@@ -633,7 +727,7 @@ class TransferEngine:
                 s.close()
             except te.TeError:
                 pass
-        if self._engine is not None:
+        if self._engine:
             self._engine.close()
         with self._managed_lock:
             self._pool.close()

@@ -2,19 +2,28 @@
 
 `pip install .` and `pip wheel .` at the repository root call it: it builds
 libte.so with the Go toolchain (the only compiler needed) and writes a
-platform wheel holding python/te (with libte.so inside), python/mooncake and
-the dist-info files (METADATA, WHEEL, RECORD). It uses only the standard
-library, so it works offline, with or without build isolation, on machines
-whose setuptools has no `wheel` module.
+platform wheel holding python/te (with libte.so inside), python/mooncake,
+python/nixl and the dist-info files (METADATA, WHEEL, RECORD). It uses only
+the standard library, so it works offline, with or without build isolation,
+on machines whose setuptools has no `wheel` module.
 
 Environment:
     TE_WHEEL_LIBTE  a libte.so built already (the Makefile passes the one
                     `make` built) to bundle instead of building one
     TE_GO_TAGS      Go build tags, e.g. "te_noetcd te_noredis"
+    TE_VERSION      the version to stamp (the Makefile passes its own)
     GO              the go command (default: go on PATH, then /usr/local/go/bin/go)
 
-The package version is te.h's ABI version (TE_ABI_VERSION_MAJOR.MINOR.0),
-as for the C package.
+The package version is te's version (engine.Version, te_version()): te.h's
+ABI version TE_ABI_VERSION_MAJOR.MINOR.0, plus "+g<commit>" for a build of
+an untagged commit (mk/version.sh), a PEP 440 local version. The wheel's
+te/_version.py holds it, so te.__version__ and te_version() agree.
+
+Progress: building libte.so takes minutes on a fresh machine. The backend
+prints each Go package as it is compiled (go build -v) and a line every
+15 s to stderr: `pip install -v .` shows them; without -v pip keeps them to
+itself and turns each into a turn of its spinner (on a terminal) or a
+"still running..." line every 60 s (in a log).
 """
 
 import base64
@@ -28,19 +37,21 @@ import sys
 import sysconfig
 import tarfile
 import tempfile
+import threading
+import time
 import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "te"
-SUMMARY = "te: KV-cache transfer engine (libte) with a drop-in for Mooncake's Python TransferEngine"
-PACKAGES = ("te", "mooncake")
+SUMMARY = "te: KV-cache transfer engine (libte) with drop-ins for Mooncake's TransferEngine and NIXL's Python API"
+PACKAGES = ("te", "mooncake", "nixl")
 SONAME = "libte.so.1"
 # Zip entries get a fixed time so that the same inputs give the same wheel.
 EPOCH = (1980, 1, 1, 0, 0, 0)
 
 
-def version():
+def abi_version():
     """major.minor.0 from include/te.h."""
     text = (ROOT / "include" / "te.h").read_text()
     parts = []
@@ -50,6 +61,33 @@ def version():
             raise RuntimeError(f"include/te.h does not define TE_ABI_VERSION_{what}")
         parts.append(m.group(1))
     return ".".join(parts) + ".0"
+
+
+_version = None
+
+
+def version():
+    """te's version: $TE_VERSION, else what mk/version.sh says (te.h's ABI
+    version and the git commit), else the ABI version + "+dev" (an sdist,
+    no git)."""
+    global _version
+    if _version is None:
+        v = os.environ.get("TE_VERSION", "").strip()
+        script = ROOT / "mk" / "version.sh"
+        if not v and script.exists() and shutil.which("bash"):
+            try:
+                v = subprocess.run(["bash", str(script)], capture_output=True, text=True, check=True).stdout.strip()
+            except (OSError, subprocess.CalledProcessError):
+                v = ""
+        _version = v or abi_version() + "+dev"
+    return _version
+
+
+def version_file():
+    """te/_version.py of the wheel: te.__version__."""
+    return ("# Written by the build (python/pep517/te_build.py): te's version, as te_version() of the\n"
+            "# libte.so beside it says.\n"
+            f"version = {version()!r}\n")
 
 
 def platform_tag():
@@ -75,6 +113,9 @@ def metadata():
         f"Version: {version()}\n"
         f"Summary: {SUMMARY}\n"
         "Requires-Python: >=3.8\n"
+        "License: Apache-2.0\n"
+        "Provides-Extra: nixl\n"
+        "Requires-Dist: numpy; extra == \"nixl\"\n"
         "Classifier: Programming Language :: Python :: 3\n"
         "Classifier: Operating System :: POSIX :: Linux\n"
         "Description-Content-Type: text/markdown\n"
@@ -107,12 +148,29 @@ def build_libte(out):
         shutil.copyfile(prebuilt, out)
         return
     script = ROOT / "capi" / "libte.map"
-    ldflags = f"-s -w -extldflags '-Wl,-soname,{SONAME} -Wl,--version-script={script}'"
-    cmd = [go_command(), "build", "-buildmode=c-shared", "-trimpath", "-tags=" + os.environ.get("TE_GO_TAGS", ""),
+    ldflags = (f"-s -w -X github.com/tecache/te/engine.Version={version()} "
+               f"-extldflags '-Wl,-soname,{SONAME} -Wl,--version-script={script}'")
+    cmd = [go_command(), "build", "-v", "-buildmode=c-shared", "-trimpath", "-tags=" + os.environ.get("TE_GO_TAGS", ""),
            "-ldflags=" + ldflags, "-o", str(out), "./capi"]
     env = dict(os.environ, CGO_ENABLED="1")
+    print(f"te_build: building libte.so {version()} with Go (minutes on a fresh machine; a line per package compiled)",
+          file=sys.stderr, flush=True)
     print("te_build:", " ".join(cmd), file=sys.stderr, flush=True)
-    subprocess.run(cmd, cwd=ROOT, env=env, check=True)
+    stop = threading.Event()
+
+    def heartbeat():
+        start = time.monotonic()
+        while not stop.wait(15):
+            print(f"te_build: still compiling libte.so ({int(time.monotonic() - start)}s)", file=sys.stderr, flush=True)
+
+    t = threading.Thread(target=heartbeat, daemon=True)
+    t.start()
+    try:
+        subprocess.run(cmd, cwd=ROOT, env=env, check=True)
+    finally:
+        stop.set()
+        t.join()
+    print("te_build: libte.so built", file=sys.stderr, flush=True)
     header = Path(out).with_suffix(".h")
     if header.exists():
         header.unlink()  # cgo's header; include/te.h is the public one
@@ -190,11 +248,16 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
         w = _Wheel(partial)
         try:
             for arcname, src in package_files():
+                if arcname == "te/_version.py":
+                    continue  # a stale one from a source checkout: the wheel gets its own
                 w.add(arcname, src.read_bytes())
+            w.add("te/_version.py", version_file().encode())
             w.add("te/libte.so", lib.read_bytes(), mode=0o755)
             w.add(f"{dist_info()}/METADATA", metadata().encode())
             w.add(f"{dist_info()}/WHEEL", wheel_file().encode())
             w.add(f"{dist_info()}/top_level.txt", ("\n".join(PACKAGES) + "\n").encode())
+            if (ROOT / "LICENSE").exists():
+                w.add(f"{dist_info()}/LICENSE", (ROOT / "LICENSE").read_bytes())
         finally:
             w.close()
         shutil.move(str(partial), target)

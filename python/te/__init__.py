@@ -27,9 +27,29 @@ from .errors import *  # noqa: F401,F403
 from .errors import BY_CODE, LibraryError, TeError, error_for  # noqa: F401
 from .tensors import device_of, location_of  # noqa: F401
 from . import kvcache  # noqa: F401,E402
+from ._version_info import version_string as _version_string
+from ._logging import apply_env_level as _apply_env_level
+
+_apply_env_level()
+
+#: te's version, as te_version() of the bundled libte.so says (the wheel's
+#: te/_version.py). In a source checkout without a wheel: te.h's ABI
+#: version + "+dev". Reading it does not load the library.
+__version__ = _version_string()
 
 
 def abi_version():
     """(major, minor) of the loaded library."""
     v = load().te_abi_version()
     return v >> 16, v & 0xFFFF
+
+
+def version():
+    """te_version() of the loaded library (loads it): the same string as
+    __version__ for the library the wheel bundles."""
+    import ctypes
+
+    lib = load()
+    buf = ctypes.create_string_buffer(256)
+    check(lib.te_version(buf, len(buf)), lib)
+    return buf.value.decode()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 #: te.h's TE_ABI_VERSION_MAJOR / _MINOR this binding was written against.
 ABI_MAJOR = 1
-ABI_MINOR = 2
+ABI_MINOR = 3
 
 engine_t = c_uint64
 segment_t = c_uint64
@@ -134,8 +134,11 @@ PROTOTYPES = {
     "te_rpc_port": [engine_t, POINTER(c_int32)],
     "te_stats": [engine_t, POINTER(Stats)],
     "te_stats_json": [engine_t, c_char_p, c_size_t],
+    "te_version": [c_char_p, c_size_t],  # ABI 1.3
+    "te_metrics": [engine_t, c_char_p, c_size_t, POINTER(c_size_t)],  # ABI 1.3
     "te_register": [engine_t, c_void_p, c_uint64, c_char_p, c_int32],
     "te_unregister": [engine_t, c_void_p],
+    "te_register_file": [engine_t, c_char_p, c_int32, c_uint64, c_uint64, c_uint32, POINTER(c_void_p)],  # ABI 1.3
     "te_register_batch": [engine_t, POINTER(Region), c_size_t],
     "te_unregister_batch": [engine_t, POINTER(c_void_p), c_size_t],
     "te_open_segment": [engine_t, c_char_p, POINTER(segment_t)],

@@ -93,6 +93,7 @@ class Segment:
         return [(b.addr, b.length, b.location.decode()) for b in arr[:n.value]]
 
     def close(self):
+        """Release the handle (the descriptor cache goes with the last handle to the segment)."""
         if self.handle:
             h, self.handle = self.handle, 0
             check(_lib.load().te_close_segment(h))
@@ -120,6 +121,7 @@ class BatchStatus:
 
     @property
     def state_name(self):
+        """The state as a name: WAITING, PENDING, COMPLETED, FAILED, TIMEOUT, CANCELED."""
         return STATE_NAMES.get(self.state, str(self.state))
 
     def __repr__(self):
@@ -173,6 +175,7 @@ class Batch:
         return ts.state, -ts.error, ts.transferred, ts.transport.decode()
 
     def status(self):
+        """The batch's summary now (a BatchStatus), without waiting."""
         lib = _lib.load()
         st = _lib.BatchStatus()
         check(lib.te_batch_status(self.handle, byref(st)), lib)
@@ -207,6 +210,7 @@ class Batch:
         check(_lib.load().te_batch_reset(self.handle))
 
     def free(self):
+        """Release the batch; raises BatchBusy while tasks are in flight (wait first)."""
         if self.handle:
             check(_lib.load().te_free_batch(self.handle))
             self.handle = 0
@@ -375,17 +379,51 @@ class Engine:
 
     @property
     def rpc_port(self):
+        """The port of the engine's RPC listener (peers reach the engine at host:port)."""
         lib = _lib.load()
         p = c_int32()
         check(lib.te_rpc_port(self.handle, byref(p)), lib)
         return p.value
 
     def stats(self):
-        """Counters, segment name and installed transports as a dict."""
+        """Counters, segment name and installed transports as a dict;
+        "transport_stats" has the transports' own counters (rdma: per rail
+        and NIC), "topology" the NICs rdma uses per memory location."""
         lib = _lib.load()
-        buf = ctypes.create_string_buffer(1 << 16)
-        check(lib.te_stats_json(self.handle, buf, len(buf)), lib)
-        return json.loads(buf.value.decode())
+        size = 1 << 16
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            rc = lib.te_stats_json(self.handle, buf, len(buf))
+            if rc == -BufferTooSmall.code and size < 1 << 26:
+                size *= 4
+                continue
+            check(rc, lib)
+            return json.loads(buf.value.decode())
+
+    def topology(self):
+        """The NICs near each memory location as this engine's rdma
+        transport uses them, in Mooncake's shape: {"cpu:0": [[preferred],
+        [others]], "cuda:0": ...}. Without rdma, te.local_topology()."""
+        topo = self.stats().get("topology")
+        return topo if topo is not None else local_topology()
+
+    def metrics(self):
+        """The engine's metrics in Prometheus's text exposition format (te_metrics):
+        tasks by state, bytes, control-plane refusals, per-transport counters,
+        routes and a submit-to-completion latency histogram per transport and
+        peer class. Serve it from your own /metrics, or set TE_METRICS_ADDR
+        and let the engine serve it."""
+        lib = _lib.load()
+        need = c_size_t()
+        size = 1 << 16
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            rc = lib.te_metrics(self.handle, buf, size, byref(need))
+            if rc == -BufferTooSmall.code and need.value > size:
+                size = need.value + 4096  # it may grow meanwhile
+                continue
+            check(rc, lib)
+            return buf.value.decode()
 
     # -- memory ---------------------------------------------------------
     def register(self, buf, length=None, location=None, remote=True):
@@ -408,6 +446,25 @@ class Engine:
         check(lib.te_unregister(self.handle, addr), lib)
         with self._pins_lock:
             self._pins.pop(addr, None)
+
+    def register_file(self, path=None, fd=None, offset=0, length=0, remote=True, create=False, read_only=False,
+                      direct=True):
+        """Register [offset, offset+length) of a file as a storage buffer and
+        return the address the range starts at (ABI 1.3): requests address
+        byte k of the range as that address + k, like memory, and unregister
+        releases it. Give path (the library opens the file) or fd (an open
+        descriptor, duplicated: close yours when you like). length 0: up to
+        the file's end. create makes the file and extends it to hold the
+        range; direct=False keeps every I/O in the page cache. The address is
+        reserved, never mapped: never read or write it from Python."""
+        if (path is None) == (fd is None):
+            raise InvalidArgument("give a path or an fd, not both or neither")
+        flags = (1 if remote else 0) | (2 if create else 0) | (4 if read_only else 0) | (0 if direct else 8)
+        out = c_void_p()
+        lib = _lib.load()
+        check(lib.te_register_file(self.handle, None if path is None else _b(os.fspath(path)),
+                                   -1 if fd is None else int(fd), offset, length, flags, byref(out)), lib)
+        return out.value
 
     def register_batch(self, buffers, location=None, remote=True):
         """Register several buffers (objects or (object or address, length)
@@ -433,6 +490,7 @@ class Engine:
         return addrs
 
     def unregister_batch(self, buffers):
+        """Unregister several buffers (addresses or objects), all or none; publishes once."""
         if not buffers:
             raise InvalidArgument("no buffers")
         addrs = [b if isinstance(b, int) else address_of(b)[0] for b in buffers]
@@ -445,12 +503,16 @@ class Engine:
 
     # -- segments and batches ---------------------------------------------
     def open_segment(self, name):
+        """A handle to the named segment (a peer's host:port with P2PHANDSHAKE, or this engine's
+        own name); close() it when done. Raises SegmentNotFound when the peer does not answer."""
         lib = _lib.load()
         h = _lib.segment_t()
         check(lib.te_open_segment(self.handle, _b(name), byref(h)), lib)
         return Segment(self, h.value, name)
 
     def allocate_batch(self, capacity):
+        """An empty batch for up to capacity requests (1 .. 16777216); free() it, or use it in a
+        with block."""
         lib = _lib.load()
         h = _lib.batch_t()
         check(lib.te_allocate_batch(self.handle, int(capacity), byref(h)), lib)
@@ -478,6 +540,7 @@ class Engine:
 
     # -- notifications and probes -----------------------------------------
     def send_notify(self, segment, name, msg=b""):
+        """Deliver (name, msg) to the engine of segment (its name) and wait until it is queued there."""
         m = _b(msg) or b""
         lib = _lib.load()
         check(lib.te_notify_send(self.handle, _b(segment), _b(name), m, len(m)), lib)
@@ -513,6 +576,7 @@ class Engine:
 
     @property
     def closed(self):
+        """True once close() ran."""
         return not self._finalizer.alive
 
     def __enter__(self):

@@ -53,12 +53,15 @@ ForkError = _cls("ForkError", 23, RuntimeError,
                      "(TE_ERR_FORKED). Use multiprocessing's \"spawn\" start method.")
 ResourceExhausted = _cls("ResourceExhausted", 24,
                          doc="Over a bound on connections, calls or notification bytes (TE_ERR_RESOURCE_EXHAUSTED).")
+StorageError = _cls("StorageError", 25, OSError,
+                    doc="Storage failed a read or write: EIO, a file truncated while registered (TE_ERR_IO).")
+NoSpace = _cls("NoSpace", 26, OSError, doc="Storage is full: ENOSPC, EDQUOT, the file size limit (TE_ERR_NO_SPACE).")
 
 BY_CODE = {c.code: c for c in (InvalidArgument, AddressNotRegistered, AddressOverlapped, BatchBusy, SegmentNotFound,
                                TransportUnavailable, PeerUnreachable, Timeout, MetadataError, NotSupported, Closed,
                                StaleDescriptor, AccessDenied, TooLarge, ProtocolError, Canceled, NoMemory,
                                InternalError, NotFound, BufferTooSmall, TransferLost, AuthError, ForkError,
-                               ResourceExhausted)}
+                               ResourceExhausted, StorageError, NoSpace)}
 
 
 def error_for(code, message):

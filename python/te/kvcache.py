@@ -114,6 +114,7 @@ class Layout:
         return obj
 
     def to_json(self):
+        """The layout as te's JSON form (what te_layout_create takes)."""
         return json.dumps(self.spec, separators=(",", ":"))
 
     def with_bases(self, bases=None, k_bases=None, v_bases=None):
@@ -168,9 +169,11 @@ class Layout:
         return engine.register_batch(self.regions(), location=location)
 
     def unregister(self, engine):
+        """Unregister the layout's tensors from engine (the inverse of register)."""
         engine.unregister_batch([a for a, _ in self.regions()])
 
     def close(self):
+        """Release the layout's handle; plans made from it keep their own copy."""
         if self._finalizer is not None and self._finalizer.detach():
             check(_lib.load().te_layout_free(self.handle))
         self.handle = 0
@@ -217,6 +220,7 @@ class Plan:
 
     @property
     def stats(self):
+        """The plan's numbers (a PlanStats): layers, blocks, bytes, requests before and after coalescing."""
         lib = _lib.load()
         s = _lib.PlanStats(size=ctypes.sizeof(_lib.PlanStats))
         check(lib.te_plan_stats(self.handle, byref(s)), lib)
@@ -254,6 +258,7 @@ class Plan:
         check(lib.te_plan_submit(b, s, self.handle, int(op)), lib)
 
     def close(self):
+        """Release the plan's handle."""
         if self._finalizer.detach():
             check(_lib.load().te_plan_free(self.handle))
 
@@ -330,6 +335,7 @@ class Transfer:
         check(lib.te_handoff_abort(self.handle, (reason or "").encode()), lib)
 
     def status(self):
+        """The transfer as te-sidecar holds it now (a Status); raises TransferLost if it is gone."""
         lib = _lib.load()
         s = _lib.HandoffStatus(size=ctypes.sizeof(_lib.HandoffStatus))
         check(lib.te_handoff_status(self.handle, byref(s)), lib)
@@ -390,6 +396,7 @@ class Handoff:
 
     @property
     def closed(self):
+        """True once close() ran."""
         return not self._finalizer.alive or self.engine.closed
 
     def close(self):

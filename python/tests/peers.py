@@ -125,3 +125,27 @@ def te_secret_target(conn, size, fill):
             e.close()
             conn.send("bye")
             return
+
+
+def file_node(conn, path, size, secret):
+    """A storage node: a te.Engine that registers a file (by fd) and serves
+    it to peers over tcp, behind the cluster secret."""
+    import os
+
+    import te
+
+    e = te.Engine(listen_addr="127.0.0.1:0", rpc_timeout=5, auth_secret=secret)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    os.ftruncate(fd, size)
+    addr = e.register_file(fd=fd, length=size)
+    os.close(fd)  # the library keeps its own descriptors
+    conn.send((e.name, addr))
+    while True:
+        cmd = conn.recv()
+        if cmd == "stats":
+            conn.send(e.stats().get("transport_stats", {}).get("file", {}))
+        elif cmd == "exit":
+            e.unregister(addr)
+            e.close()
+            conn.send("bye")
+            return

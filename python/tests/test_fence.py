@@ -13,7 +13,7 @@ import unittest
 import te
 
 from peers import te_secret_target
-from util import Peer
+from util import Peer, stop
 
 SECRET = "python-fence-cluster-secret-0123456789"
 BLOCK = 64 << 10
@@ -70,7 +70,7 @@ class FenceTest(unittest.TestCase):
 
     def test_timeout_is_a_fence(self):
         e, local, b, reqs = self.stalled()
-        os.kill(self.pid, signal.SIGSTOP)
+        stop(self.pid)
         try:
             b.submit(reqs)
             with self.assertRaises(te.Timeout):
@@ -84,7 +84,7 @@ class FenceTest(unittest.TestCase):
 
     def test_cancel_and_reset(self):
         e, local, b, reqs = self.stalled()
-        os.kill(self.pid, signal.SIGSTOP)
+        stop(self.pid)
         try:
             b.submit(reqs)
             b.cancel()
@@ -107,7 +107,7 @@ class FenceTest(unittest.TestCase):
 
     def test_unregister_under_stall(self):
         e, local, b, reqs = self.stalled()
-        os.kill(self.pid, signal.SIGSTOP)
+        stop(self.pid)
         try:
             b.submit(reqs)
             t0 = time.monotonic()

@@ -2,6 +2,7 @@
 
 import multiprocessing
 import os
+import signal
 import time
 import unittest
 
@@ -71,3 +72,22 @@ def wait_until(poll, timeout=30, what="condition"):
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not reached within {timeout}s")
         time.sleep(0.005)
+
+
+def stop(pid, timeout=10):
+    """SIGSTOP pid and return once every thread of it is stopped: the
+    signal is only queued when kill returns, and on a busy machine a thread
+    already running can still serve a request before it stops."""
+    os.kill(pid, signal.SIGSTOP)
+
+    def stopped():
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] not in ("T", "t"):
+                        return False
+        except FileNotFoundError:
+            return False
+        return True
+
+    wait_until(stopped, timeout, f"process {pid} stopped")

@@ -17,9 +17,12 @@
  *      memory is unmapped at once (a late access would kill the test).
  *   5. te_destroy with 256 reads in flight returns with nothing left to
  *      touch their memory (canary after the target continues). */
+#include <dirent.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -75,6 +78,36 @@ static double now_s(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* stop_peer SIGSTOPs pid and returns once every thread of it is stopped:
+ * kill only queues the signal, and on a busy machine a running thread can
+ * still serve a request before it stops. */
+static void stop_peer(pid_t pid) {
+    kill(pid, SIGSTOP);
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+    for (int tries = 0; tries < 10000; tries++) { /* at most 10 s */
+        DIR *d = opendir(path);
+        if (d == NULL) return;
+        int running = 0;
+        struct dirent *de;
+        while ((de = readdir(d)) != NULL) {
+            if (de->d_name[0] == '.') continue;
+            char stat[sizeof path + sizeof de->d_name + 8], buf[512]; /* room for any name: -Wformat-truncation */
+            snprintf(stat, sizeof stat, "%s/%s/stat", path, de->d_name);
+            FILE *f = fopen(stat, "r");
+            if (f == NULL) continue;
+            size_t n = fread(buf, 1, sizeof buf - 1, f);
+            fclose(f);
+            buf[n] = 0;
+            char *p = strrchr(buf, ')');
+            if (p == NULL || p[1] != ' ' || (p[2] != 'T' && p[2] != 't')) running = 1;
+        }
+        closedir(d);
+        if (!running) return;
+        usleep(1000);
+    }
 }
 
 static void canary(unsigned char *p, size_t n) { memset(p, 0xC3, n); }
@@ -152,7 +185,7 @@ int main(int argc, char **argv) {
     CHECK_OK(te_batch_reset(b));
 
     /* 2. A stopped peer: reads end TIMEOUT, and nothing lands after. */
-    kill(pid, SIGSTOP);
+    stop_peer(pid);
     reads(reqs, n, seg, local, raddr);
     double t0 = now_s();
     CHECK_OK(te_submit(b, reqs, n));
@@ -166,7 +199,7 @@ int main(int argc, char **argv) {
 
     /* 3. Cancel, then reuse the batch. */
     CHECK_OK(te_batch_reset(b));
-    kill(pid, SIGSTOP);
+    stop_peer(pid);
     CHECK_OK(te_submit(b, reqs, n));
     CHECK_OK(te_batch_cancel(b));
     te_wait(b, 20000, &st);
@@ -179,7 +212,7 @@ int main(int argc, char **argv) {
     CHECK_OK(te_batch_reset(b));
 
     /* 4. Unregister local memory under a stalled batch, then unmap it. */
-    kill(pid, SIGSTOP);
+    stop_peer(pid);
     CHECK_OK(te_submit(b, reqs, n));
     t0 = now_s();
     CHECK_OK(te_unregister(e, local));
@@ -196,7 +229,7 @@ int main(int argc, char **argv) {
     CHECK_OK(te_register(e, big, SIZE, "cpu", 0));
     CHECK_OK(te_allocate_batch(e, 256, &b));
     reads(reqs, 256, seg, big, raddr);
-    kill(pid, SIGSTOP);
+    stop_peer(pid);
     CHECK_OK(te_submit(b, reqs, 256));
     CHECK_OK(te_destroy(e));
     canary(big, SIZE);

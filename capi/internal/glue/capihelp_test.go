@@ -221,3 +221,29 @@ func TestCode(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestLoggerEnv(t *testing.T) {
+	env := func(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+	var buf bytes.Buffer
+	l, err := LoggerEnv(LogDefault, &buf, env(map[string]string{"TE_LOG_LEVEL": "debug", "TE_LOG_FORMAT": "json"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Debug("shown", "elapsed", 1500*time.Millisecond)
+	if !strings.Contains(buf.String(), `"msg":"shown"`) || !strings.Contains(buf.String(), `"elapsed":"1.5s"`) {
+		t.Fatalf("env level/format not applied: %q", buf.String())
+	}
+	// An explicit log_level wins over TE_LOG_LEVEL; the format still applies.
+	buf.Reset()
+	l, _ = LoggerEnv(LogError, &buf, env(map[string]string{"TE_LOG_LEVEL": "debug", "TE_LOG_FORMAT": "json"}))
+	l.Warn("hidden")
+	l.Error("shown")
+	if strings.Contains(buf.String(), "hidden") || !strings.HasPrefix(buf.String(), "{") {
+		t.Fatalf("explicit level: %q", buf.String())
+	}
+	for _, bad := range []map[string]string{{"TE_LOG_LEVEL": "chatty"}, {"TE_LOG_FORMAT": "yaml"}} {
+		if _, err := LoggerEnv(LogDefault, &buf, env(bad)); !errors.Is(err, errs.ErrInvalidArgument) {
+			t.Errorf("%v: %v", bad, err)
+		}
+	}
+}

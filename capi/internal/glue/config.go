@@ -9,6 +9,7 @@ import (
 
 	"github.com/tecache/te/engine"
 	"github.com/tecache/te/internal/errs"
+	"github.com/tecache/te/internal/tlog"
 )
 
 // Log levels of te_config_t.log_level.
@@ -68,7 +69,7 @@ func (c Config) EngineConfig() (engine.Config, error) {
 	if err != nil {
 		return engine.Config{}, err
 	}
-	logger, err := Logger(c.LogLevel, os.Stderr)
+	logger, err := LoggerEnv(c.LogLevel, os.Stderr, os.Getenv)
 	if err != nil {
 		return engine.Config{}, err
 	}
@@ -162,21 +163,36 @@ func ParseParams(s string) (map[string]string, error) {
 
 // Logger returns the logger for a te_config_t.log_level, writing text lines
 // to w.
-func Logger(level int, w io.Writer) (*slog.Logger, error) {
-	var l slog.Level
+func Logger(level int, w io.Writer) (*slog.Logger, error) { return LoggerEnv(level, w, nil) }
+
+// LoggerEnv returns the logger for a te_config_t.log_level, writing to w in
+// te's log style (internal/tlog): TE_LOG_LEVEL (read through getenv) sets
+// the level when log_level is TE_LOG_DEFAULT, TE_LOG_FORMAT=json makes the
+// lines JSON. The default level is warn: libte lives in someone else's
+// process.
+func LoggerEnv(level int, w io.Writer, getenv func(string) string) (*slog.Logger, error) {
+	o := tlog.Options{Level: slog.LevelWarn}
 	switch level {
 	case LogDefault, LogWarn:
-		l = slog.LevelWarn
 	case LogDebug:
-		l = slog.LevelDebug
+		o.Level = slog.LevelDebug
 	case LogInfo:
-		l = slog.LevelInfo
+		o.Level = slog.LevelInfo
 	case LogError:
-		l = slog.LevelError
+		o.Level = slog.LevelError
 	case LogOff:
-		return slog.New(slog.DiscardHandler), nil
+		o.Off = true
 	default:
 		return nil, errs.New(errs.InvalidArgument, "create", "log_level %d outside 0..5", level)
 	}
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l})), nil
+	env, _, err := tlog.FromEnv(getenv, o)
+	if err != nil {
+		return nil, err
+	}
+	if level == LogDefault {
+		o = env
+	} else {
+		o.JSON = env.JSON
+	}
+	return tlog.New(w, o), nil
 }

@@ -27,10 +27,12 @@
 // one per side and transfer). Every later request about the transfer
 // presents it in the X-Te-Capability header: complete is accepted only with
 // the mover's capability once the transfer is paired, abort, status and
-// wait with either side's; anything else is refused with 403 (code
-// Unauthenticated) and learns nothing. The side is taken from the
-// capability, so a role in the query or body that names the other side is
-// refused too. Refusals of a conflicting declaration (409) carry the
+// wait with either side's. A missing or foreign capability gets the answer
+// an unknown id gets (404, code NotFound, the same message but for the id,
+// the same metrics label), so nobody learns which ids exist. The side is
+// taken from the capability, so a role in the query or body that names the
+// other side is refused with 403 (code Unauthenticated), as is a complete
+// by the side that does not move. Refusals of a conflicting declaration (409) carry the
 // transfer's state but neither declaration nor capability. So even a holder
 // of the cluster secret (which te-sidecar's bearer token proves) cannot
 // forge another transfer's outcome, abort it, or read its declarations.
@@ -38,18 +40,21 @@
 // # Bounds
 //
 // A request body over Config.MaxBody is refused with 413 (read to its end
-// and discarded, so that the client reads the answer). Each client (its
-// X-Te-Client name with a cluster secret; its address, and name if any,
-// without) may hold Config.ClientTransfers unpaired transfers and
-// Config.ClientBytes of declarations (estimated by Cost) of live transfers;
-// past either it gets 429 with code ResourceExhausted, the others carry on.
-// When the table reaches Config.MaxTransfers records or Config.MaxBytes of
-// declarations, the oldest finished transfers are dropped first, then the
-// oldest unpaired transfer of the client holding the most is evicted
+// and discarded, so that the client reads the answer). Each client (as the
+// Mux names it: te-sidecar uses the name a client token proves, else the
+// source host, never a self-declared name) may hold Config.ClientTransfers
+// unpaired transfers and Config.ClientBytes of declarations (estimated by
+// Cost) of live transfers; past either it gets 429 with code
+// ResourceExhausted, the others carry on. When the table reaches
+// Config.MaxTransfers records or Config.MaxBytes of declarations, the
+// oldest finished transfers are dropped first (by count), then the oldest
+// unpaired transfer of the heaviest client (the most unpaired transfers
+// when full by count, the most bytes when full by bytes) is evicted
 // (expired with ResourceExhausted, settled: nothing moved) when that client
-// holds more than the newcomer would; only a table full of live transfers
-// of equal holders answers 503 (ResourceExhausted). Finished transfers
-// release their declarations at once.
+// holds more than the newcomer would. Paired and transferring ones are
+// never evicted, so only a table full of live transfers, or of equal
+// holders, answers 503 (ResourceExhausted). Finished transfers release
+// their declarations at once.
 //
 // # States
 //
@@ -77,8 +82,10 @@
 // # Errors
 //
 // Refusals are JSON ErrorBody values with a stable errs code: 400 for a
-// malformed body or declaration, 403 for a missing or foreign capability,
-// 404 for an unknown id, 409 for a duplicate declaration or a request that
+// malformed body or declaration (bodies are decoded strictly: an unknown
+// field is refused by name, in the declaration's layout too), 403 for the
+// other side's capability, 404 for an unknown id or a capability that is
+// not the transfer's, 409 for a duplicate declaration or a request that
 // conflicts with the transfer's state (the body then carries the transfer's
 // record, e.g. aborted), 413 for a body over the limit, 429 for a client
 // over its quota, 503 when the table is full or the sidecar is shutting
@@ -87,7 +94,7 @@
 //
 // # Metrics
 //
-// te_handoff_transfers{state} (held now), te_handoff_transfers_total{mode,
+// te_handoff_transfers_held{state} (held now), te_handoff_transfers_total{mode,
 // state}, te_handoff_bytes_total{mode}, te_handoff_requests_total{mode},
 // te_handoff_failures_total{reason}, te_handoff_rejected_total{reason}
 // (every refusal, by reason), te_handoff_declaration_bytes,

@@ -33,7 +33,7 @@ type Observer interface {
 var Buckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
 
 type metricSet struct {
-	states    Adder    // te_handoff_transfers{state}
+	states    Adder    // te_handoff_transfers_held{state}
 	ends      Adder    // te_handoff_transfers_total{mode,state}
 	bytes     Adder    // te_handoff_bytes_total{mode}
 	requests  Adder    // te_handoff_requests_total{mode}
@@ -51,7 +51,7 @@ func newMetricSet(reg Registry, t *Table) *metricSet {
 		return &metricSet{}
 	}
 	m := &metricSet{
-		states: reg.Gauge("te_handoff_transfers", "Handoff transfers held by the sidecar, by state (finished ones stay for the retention time).", "state"),
+		states: reg.Gauge("te_handoff_transfers_held", "Handoff transfers held by the sidecar, by state (finished ones stay for the retention time).", "state"),
 		ends:   reg.Counter("te_handoff_transfers_total", "Handoff transfers that reached a final state, by mode and state.", "mode", "state"),
 		bytes:  reg.Counter("te_handoff_bytes_total", "Bytes moved by completed handoff transfers, as their movers report.", "mode"),
 		requests: reg.Counter("te_handoff_requests_total",
@@ -59,7 +59,8 @@ func newMetricSet(reg Registry, t *Table) *metricSet {
 		failures: reg.Counter("te_handoff_failures_total",
 			"Handoff transfers that did not complete, by reason: expired_unpaired, expired_moving, evicted (unpaired, to make room), aborted_by_prefill, aborted_by_decode, mismatch, or the mover's error code.", "reason"),
 		rejects: reg.Counter("te_handoff_rejected_total",
-			"Handoff requests refused, by reason: invalid, duplicate, conflict, unknown_id, capability (missing or another side's), client_quota (429), full (503), too_large (413), busy (503).", "reason"),
+			"Handoff requests refused, by reason: invalid, duplicate, conflict, not_found (an unknown id, or a capability that is not the transfer's: "+
+				"both answer 404), capability (the other side's, or not the mover's: 403), client_quota (429), full (503), too_large (413), busy (503).", "reason"),
 		pairWait: reg.Histogram("te_handoff_pair_wait_seconds", "Time from a transfer's first declaration to its second.", Buckets),
 		transfer: reg.Histogram("te_handoff_transfer_seconds", "Time from pairing to the mover's completion, by mode.", Buckets, "mode"),
 		move:     reg.Histogram("te_handoff_move_seconds", "Time the mover spent moving bytes, as it reports, by mode.", Buckets, "mode"),
@@ -157,7 +158,7 @@ func (m *metricSet) rejected(e *Refusal) {
 	case e.kind != "":
 		reason = e.kind
 	case e.Status == 404:
-		reason = "unknown_id"
+		reason = "not_found"
 	case e.Status == 503:
 		reason = "full"
 	case e.Status == 413:

@@ -3,14 +3,22 @@ package rendezvous_test
 import (
 	"github.com/tecache/te/kvcache/handoff/proto"
 
+	"bufio"
+	"bytes"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/tecache/te/cmd/te-sidecar/rendezvous"
+	"github.com/tecache/te/cmd/te-sidecar/sidecar"
+	"github.com/tecache/te/internal/authsecret"
 	"github.com/tecache/te/internal/errs"
 )
 
@@ -21,7 +29,8 @@ import (
 func TestJunkCannotLockOut(t *testing.T) {
 	tb := rendezvous.NewTable(rendezvous.Config{}, nil)
 	defer tb.Close()
-	d := decl(t, "", []int{1}, proto.Push, 0)
+	// Long-lived: none may expire on a slow machine while the loop runs.
+	d := decl(t, "", []int{1}, proto.Push, 600000)
 	var ok, refused int
 	for i := range 1 << 16 {
 		d.ID = fmt.Sprint("junk-", i)
@@ -161,45 +170,59 @@ func TestByteBudgets(t *testing.T) {
 	}
 }
 
-// TestQuotaOverHTTP: the quota is kept per remote address without a
-// secret: a flooding client on 127.0.0.1 is refused with 429, counted in
-// /metrics, while a client on 127.0.0.2 declares and pairs.
+// TestQuotaOverHTTP: a quota is kept per identity the caller cannot
+// choose per request. A flood with the cluster token under rotating
+// X-Te-Client names, from 127.0.0.1 and 127.0.0.2, is one client (the local
+// host) and is refused with 429 past its quota, counted in /metrics; a
+// client with its own client token is another client and declares and
+// pairs; a client token presented for another name is refused (401).
 func TestQuotaOverHTTP(t *testing.T) {
-	s := start(t, rendezvous.Config{ClientTransfers: 50})
+	sec, err := authsecret.Parse("quota-test-cluster-secret-000001")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := startWith(t, sidecar.Config{Secret: sec, Handoff: rendezvous.Config{ClientTransfers: 50}})
+	bearer := func(tok string) []string { return []string{"Authorization", "Bearer " + tok} }
+	other := &http.Client{Transport: &http.Transport{DialContext: (&net.Dialer{
+		LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}, Timeout: 5 * time.Second}).DialContext}}
+	defer other.CloseIdleConnections()
+	hc := s.hc
 	var ok, refused int
 	for i := range 200 {
-		code, b := s.do("POST", "/handoff/expect", decl(t, fmt.Sprint("junk", i), []int{1}, proto.Push, 0))
+		s.hc = []*http.Client{hc, other}[i%2]
+		hdr := append(bearer(sec.Token()), proto.ClientHeader, fmt.Sprint("junk-", i))
+		code, b := s.do("POST", "/handoff/expect", decl(t, fmt.Sprint("junk", i), []int{1}, proto.Push, 0), hdr...)
 		switch code {
 		case 200:
 			ok++
 		case 429:
 			refused++
-			if !strings.Contains(string(b), `"code":24`) {
+			if !strings.Contains(string(b), `"code":24`) || !strings.Contains(string(b), "host:local") {
 				t.Fatalf("429 body %s", b)
 			}
 		default:
 			t.Fatalf("junk %d: %d %s", i, code, b)
 		}
 	}
+	s.hc = hc
 	if ok != 50 || refused != 150 {
 		t.Fatalf("%d accepted, %d refused", ok, refused)
 	}
-	other := &http.Client{Transport: &http.Transport{DialContext: (&net.Dialer{
-		LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}, Timeout: 5 * time.Second}).DialContext}}
-	defer other.CloseIdleConnections()
-	hc := s.hc
-	s.hc = other
-	d := s.ok("POST", "/handoff/expect", decl(t, "real", []int{1}, proto.Push, 0))
-	p := s.ok("POST", "/handoff/ready", decl(t, "real", []int{2}, "", 0))
-	s.hc = hc
+	dec := append(bearer(sec.ClientToken("decode-0")), proto.ClientHeader, "decode-0")
+	pre := append(bearer(sec.ClientToken("prefill-0")), proto.ClientHeader, "prefill-0")
+	d := s.ok("POST", "/handoff/expect", decl(t, "real", []int{1}, proto.Push, 0), dec...)
+	p := s.ok("POST", "/handoff/ready", decl(t, "real", []int{2}, "", 0), pre...)
 	if p.State != proto.Transferring || d.Capability == "" {
 		t.Fatalf("real transfer: %+v", p)
 	}
-	// The same client name from another address is another client too,
-	// and the name splits the quota of one address.
-	s.ok("POST", "/handoff/expect", decl(t, "named", []int{1}, proto.Push, 0), proto.ClientHeader, "engine-7")
+	// decode-0's token does not make another name.
+	forged := append(bearer(sec.ClientToken("decode-0")), proto.ClientHeader, "decode-1")
+	if code, b := s.do("POST", "/handoff/expect", decl(t, "forged", []int{1}, proto.Push, 0), forged...); code != 401 {
+		t.Fatalf("a client token under another name: %d %s", code, b)
+	}
 	_, m := s.do("GET", "/metrics", nil)
-	for _, want := range []string{`te_handoff_rejected_total{reason="client_quota"} 150`, `te_handoff_clients 3`} {
+	for _, want := range []string{`te_handoff_rejected_total{reason="client_quota"} 150`, `te_handoff_clients 3`,
+		`te_sidecar_refused_total{reason="unauthenticated"} 1`} {
 		if !strings.Contains(string(m), want) {
 			t.Errorf("metrics lack %q", want)
 		}
@@ -235,5 +258,106 @@ func TestPairingIsNotEvicted(t *testing.T) {
 	}
 	if r, e := tb.Status("r2", r2.Capability, ""); e != nil || r.State != proto.Expired || errs.Code(r.Code) != errs.ResourceExhausted {
 		t.Fatalf("r2 should have made the room: %+v %+v", r, e)
+	}
+}
+
+// TestNameRotation: a holder of the cluster token declares 66,000 unpaired
+// transfers (8,000 under the race detector: still twice the quota), each
+// under a new X-Te-Client name, over 4 pipelined connections. The
+// names do not split its quota (it is the local host): 4096 are held, the
+// rest refused with 429. A legitimate decode and prefill with their client
+// tokens still declare and pair, and a legitimate client under its host
+// identity is refused only its own quota.
+func TestNameRotation(t *testing.T) {
+	if testing.Short() {
+		t.Skip("66,000 requests")
+	}
+	sec, err := authsecret.Parse("rotation-test-cluster-secret-001")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := startWith(t, sidecar.Config{Secret: sec})
+	const workers, batch = 4, 200
+	total := 66000
+	if raceEnabled {
+		total = 8000
+	}
+	// Long-lived declarations: none may expire while the flood runs.
+	body, err := json.Marshal(decl(t, "ID_PLACEHOLDER", []int{1}, proto.Push, 600000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := strings.TrimPrefix(s.base, "http://")
+	var ok, quota atomic.Int64
+	var wg sync.WaitGroup
+	errc := make(chan error, workers)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// Raw HTTP/1.1, pipelined in batches: the test measures the
+			// sidecar, not an HTTP client.
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				errc <- err
+				return
+			}
+			defer c.Close()
+			br := bufio.NewReader(c)
+			for first := w * batch; first < total; first += workers * batch {
+				var out bytes.Buffer
+				n := min(batch, total-first)
+				for i := first; i < first+n; i++ {
+					b := bytes.Replace(body, []byte("ID_PLACEHOLDER"), []byte(fmt.Sprint("junk-", i)), 1)
+					fmt.Fprintf(&out, "POST /handoff/expect HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n%s: rotating-%d\r\n"+
+						"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", sec.Token(), proto.ClientHeader, i, len(b), b)
+				}
+				c.SetDeadline(time.Now().Add(2 * time.Minute))
+				if _, err := c.Write(out.Bytes()); err != nil {
+					errc <- err
+					return
+				}
+				for range n {
+					resp, err := http.ReadResponse(br, nil)
+					if err != nil {
+						errc <- err
+						return
+					}
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					switch resp.StatusCode {
+					case 200:
+						ok.Add(1)
+					case 429:
+						quota.Add(1)
+					default:
+						errc <- fmt.Errorf("status %d", resp.StatusCode)
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		t.Fatal(err)
+	}
+	if ok.Load() != 4096 || quota.Load() != int64(total-4096) {
+		t.Fatalf("%d accepted, %d refused with 429; want 4096 and the rest", ok.Load(), quota.Load())
+	}
+	if u := s.svc.Usage(); u.Transfers != 4096 || u.Clients != 1 {
+		t.Fatalf("usage %+v", u)
+	}
+	dec := []string{"Authorization", "Bearer " + sec.ClientToken("decode-0"), proto.ClientHeader, "decode-0"}
+	pre := []string{"Authorization", "Bearer " + sec.ClientToken("prefill-0"), proto.ClientHeader, "prefill-0"}
+	d := s.ok("POST", "/handoff/expect", decl(t, "legit", []int{1, 2}, proto.Push, 0), dec...)
+	p := s.ok("POST", "/handoff/ready", decl(t, "legit", []int{3, 4}, "", 0), pre...)
+	if p.State != proto.Transferring || p.Peer == nil || d.Capability == "" {
+		t.Fatalf("legitimate transfer: %+v", p)
+	}
+	s.ok("POST", "/handoff/complete", proto.Complete{ID: "legit", OK: true, Bytes: 4096}, append(pre, cp(p.Capability)...)...)
+	if r := s.ok("GET", "/handoff/status?id=legit", nil, append(dec, cp(d.Capability)...)...); r.State != proto.Done || !r.Settled {
+		t.Fatalf("legitimate transfer after completion: %+v", r)
 	}
 }

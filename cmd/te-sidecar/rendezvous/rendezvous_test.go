@@ -250,8 +250,8 @@ func TestPushRendezvous(t *testing.T) {
 		`te_handoff_transfers_total{mode="push",state="done"} 1`,
 		`te_handoff_bytes_total{mode="push"} 12345`,
 		`te_handoff_requests_total{mode="push"} 3`,
-		`te_handoff_transfers{state="done"} 1`,
-		`te_handoff_transfers{state="waiting"} 0`,
+		`te_handoff_transfers_held{state="done"} 1`,
+		`te_handoff_transfers_held{state="waiting"} 0`,
 		`te_handoff_transfer_seconds_count{mode="push"} 1`,
 		`te_handoff_move_seconds_sum{mode="push"} 0.01`,
 		`te_handoff_pair_wait_seconds_count 1`,
@@ -295,17 +295,30 @@ func TestPullRendezvous(t *testing.T) {
 }
 
 // TestCapabilities: nobody but the two sides learns or changes anything
-// about a transfer, and only the mover reports its outcome.
+// about a transfer, not even whether it exists: a missing or forged
+// capability gets the answer an unknown id gets (404, NotFound, the same
+// message but for the id, the same metrics label). Only the mover reports
+// its outcome.
 func TestCapabilities(t *testing.T) {
 	s := start(t, rendezvous.Config{})
 	d := s.ok("POST", "/handoff/expect", decl(t, "c1", []int{1, 2}, proto.Push, 0))
 	p := s.ok("POST", "/handoff/ready", decl(t, "c1", []int{3, 4}, "", 0))
 	forged := strings.Repeat("0", 32)
 	for _, hdr := range [][]string{nil, cp(forged), cp(d.Capability + "0"), cp(strings.ToUpper(p.Capability))} {
-		s.refused("POST", "/handoff/complete", proto.Complete{ID: "c1", OK: true, Bytes: 1}, 403, errs.Unauthenticated, hdr...)
-		s.refused("POST", "/handoff/abort", proto.Abort{ID: "c1", Reason: "forged"}, 403, errs.Unauthenticated, hdr...)
-		s.refused("GET", "/handoff/status?id=c1", nil, 403, errs.Unauthenticated, hdr...)
-		s.refused("GET", "/handoff/wait?id=c1&since=0", nil, 403, errs.Unauthenticated, hdr...)
+		for _, id := range []string{"c1", "c2"} { // c2 does not exist
+			e := []proto.ErrorBody{
+				s.refused("POST", "/handoff/complete", proto.Complete{ID: id, OK: true, Bytes: 1}, 404, errs.NotFound, hdr...),
+				s.refused("POST", "/handoff/abort", proto.Abort{ID: id, Reason: "forged"}, 404, errs.NotFound, hdr...),
+				s.refused("GET", "/handoff/status?id="+id, nil, 404, errs.NotFound, hdr...),
+				s.refused("GET", "/handoff/wait?id="+id+"&since=0", nil, 404, errs.NotFound, hdr...),
+			}
+			for _, b := range e {
+				want := fmt.Sprintf("no transfer %q for the capability presented (header X-Te-Capability) on sidecar instance %s", id, b.Instance)
+				if b.Error != want || b.Record != nil {
+					t.Fatalf("refusal for %s tells more than an unknown id's: %+v", id, b)
+				}
+			}
+		}
 	}
 	// The waiting side cannot forge the mover's outcome, nor claim to be it.
 	s.refused("POST", "/handoff/complete", proto.Complete{ID: "c1", OK: true, Bytes: 1}, 403, errs.Unauthenticated, cp(d.Capability)...)
@@ -325,8 +338,10 @@ func TestCapabilities(t *testing.T) {
 	}
 	s.ok("POST", "/handoff/complete", proto.Complete{ID: "c1", OK: true, Bytes: 7}, cp(p.Capability)...)
 	_, m := s.do("GET", "/metrics", nil)
-	if !strings.Contains(string(m), `te_handoff_rejected_total{reason="capability"} 19`) {
-		t.Errorf("capability refusals not counted:\n%s", m)
+	for _, want := range []string{`te_handoff_rejected_total{reason="capability"} 3`, `te_handoff_rejected_total{reason="not_found"} 32`} {
+		if !strings.Contains(string(m), want) {
+			t.Errorf("refusals not counted as %s:\n%s", want, m)
+		}
 	}
 }
 
@@ -361,6 +376,29 @@ func TestBadRequests(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			s.refused("POST", c.path, c.body, 400, errs.InvalidArgument)
 		})
+	}
+	// Strict decoding: a misspelt field is named, not mistaken for a
+	// missing one; so is one inside the layout, and a wrong type.
+	layout := string(good.Layout)
+	for _, c := range []struct{ path, body, want string }{
+		{"/handoff/expect", `{"id":"x","segmnt":"s","layout":` + layout + `,"blocks":[1]}`, `unknown field "segmnt"`},
+		{"/handoff/ready", `{"id":"x","segment":"s","layout":` + strings.Replace(layout, `"block_size"`, `"blok_size"`, 1) + `,"blocks":[1]}`,
+			`layout: unknown field "blok_size"`},
+		{"/handoff/complete", `{"id":"x","ok":true,"bytes":1,"extra":0}`, `unknown field "extra"`},
+		{"/handoff/abort", `{"id":"x","reson":"typo"}`, `unknown field "reson"`},
+		{"/handoff/expect", `{"id":"x","segment":"s","layout":` + layout + `,"blocks":"1"}`, `field "blocks": a JSON string where an array is expected`},
+	} {
+		e := s.refused("POST", c.path, c.body, 400, errs.InvalidArgument)
+		if !strings.HasSuffix(e.Error, c.want) || strings.Contains(e.Error, "json:") {
+			t.Errorf("%s %s: %q, want it to end with %q", c.path, c.body, e.Error, c.want)
+		}
+	}
+	// Undeclared query parameters are refused by name.
+	if e := s.refused("GET", "/handoff/status?id=x&rol=decode", nil, 400, errs.InvalidArgument); !strings.Contains(e.Error, `unknown query parameter "rol"`) {
+		t.Errorf("undeclared parameter: %q", e.Error)
+	}
+	if e := s.refused("GET", "/handoff/wait?id=x&id=y", nil, 400, errs.InvalidArgument); !strings.Contains(e.Error, "given twice") {
+		t.Errorf("repeated parameter: %q", e.Error)
 	}
 	s.refused("GET", "/handoff/status", nil, 400, errs.InvalidArgument)
 	s.refused("GET", "/handoff/wait?id=x&since=-1", nil, 400, errs.InvalidArgument)
@@ -399,8 +437,8 @@ func TestBadRequests(t *testing.T) {
 	s.refused("POST", "/handoff/expect", decl(t, "w", []int{1}, proto.Push, 0), 503, errs.ResourceExhausted)
 
 	_, m := s.do("GET", "/metrics", nil)
-	for _, want := range []string{`te_handoff_rejected_total{reason="invalid"}`, `te_handoff_rejected_total{reason="unknown_id"} 4`,
-		`te_handoff_rejected_total{reason="duplicate"} 1`, `te_handoff_rejected_total{reason="full"} 1`, `te_handoff_transfers{state="waiting"} 3`,
+	for _, want := range []string{`te_handoff_rejected_total{reason="invalid"}`, `te_handoff_rejected_total{reason="not_found"} 4`,
+		`te_handoff_rejected_total{reason="duplicate"} 1`, `te_handoff_rejected_total{reason="full"} 1`, `te_handoff_transfers_held{state="waiting"} 3`,
 		`te_handoff_rejected_total{reason="too_large"} 1`, `te_sidecar_refused_total{reason="too_large"} 1`} {
 		if !strings.Contains(string(m), want) {
 			t.Errorf("metrics lack %q", want)
@@ -457,7 +495,7 @@ func TestAbort(t *testing.T) {
 	s.refused("POST", "/handoff/abort", proto.Abort{ID: "a2"}, 409, errs.Canceled, cp(d.Capability)...)
 	_, m := s.do("GET", "/metrics", nil)
 	for _, want := range []string{`te_handoff_failures_total{reason="aborted_by_decode"} 1`, `te_handoff_failures_total{reason="aborted_by_prefill"} 1`,
-		`te_handoff_transfers{state="aborted"} 2`} {
+		`te_handoff_transfers_held{state="aborted"} 2`} {
 		if !strings.Contains(string(m), want) {
 			t.Errorf("metrics lack %q", want)
 		}
@@ -496,7 +534,7 @@ func TestExpiry(t *testing.T) {
 	s.refused("GET", "/handoff/status?id=e2", nil, 404, errs.NotFound, cp(p.Capability)...)
 	_, m := s.do("GET", "/metrics", nil)
 	for _, want := range []string{`te_handoff_failures_total{reason="expired_unpaired"} 1`, `te_handoff_failures_total{reason="expired_moving"} 1`,
-		`te_handoff_transfers{state="expired"} 0`} {
+		`te_handoff_transfers_held{state="expired"} 0`} {
 		if !strings.Contains(string(m), want) {
 			t.Errorf("metrics lack %q", want)
 		}

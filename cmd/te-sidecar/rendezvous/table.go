@@ -15,6 +15,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/tecache/te/cmd/te-sidecar/api"
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/kvcache"
 )
@@ -259,7 +260,7 @@ func (t *Table) checkDecl(role proto.Role, d *proto.Decl) (*kvcache.Layout, *Ref
 		return bad("no layout")
 	}
 	var l kvcache.Layout
-	if err := json.Unmarshal(d.Layout, &l); err != nil {
+	if err := api.Decode(d.Layout, &l); err != nil {
 		return bad("layout: %v", err)
 	}
 	if err := l.Validate(); err != nil {
@@ -466,13 +467,18 @@ func (t *Table) admit(client string, cost int64, pairing *rec, now time.Time) *R
 	if fresh {
 		waiting++
 	}
-	for (fresh && len(t.recs) >= t.cfg.MaxTransfers) || t.bytes+cost > t.cfg.MaxBytes {
-		if fresh && len(t.recs) >= t.cfg.MaxTransfers && t.finished.Len() > 0 {
+	for {
+		byCount := fresh && len(t.recs) >= t.cfg.MaxTransfers
+		byBytes := t.bytes+cost > t.cfg.MaxBytes
+		if !byCount && !byBytes {
+			return nil
+		}
+		if byCount && t.finished.Len() > 0 {
 			// Finished transfers are kept for late queries only.
 			t.drop(t.finished.Front().Value.(*rec))
 			continue
 		}
-		if !t.evict(client, waiting, held+cost, pairing, now) {
+		if !t.evict(client, byBytes, waiting, held+cost, pairing, now) {
 			e := refuse(http.StatusServiceUnavailable, errs.ResourceExhausted,
 				"sidecar holds %d transfers and %d bytes of declarations, its limits are %d and %d",
 				len(t.recs), t.bytes, t.cfg.MaxTransfers, t.cfg.MaxBytes)
@@ -480,22 +486,27 @@ func (t *Table) admit(client string, cost int64, pairing *rec, now time.Time) *R
 			return e
 		}
 	}
-	return nil
 }
 
-// evict expires the oldest unpaired transfer of the client that holds the
-// most, when that client holds more than the requester would (unpaired
-// transfers or bytes): junk that never pairs cannot lock the others out.
+// evict expires the oldest unpaired transfer of the heaviest client (the
+// one holding the most unpaired transfers, or with byBytes the most bytes
+// of declarations) when that client holds more than the requester would
+// (waiting transfers, held bytes): declarations that never pair cannot
+// lock the others out, and nobody loses a transfer to a heavier requester.
+// Paired transfers are never evicted, nor keep, the one being paired.
 // Nothing moves for an unpaired transfer, so it is settled at once.
-func (t *Table) evict(requester string, waiting int, held int64, keep *rec, now time.Time) bool {
+func (t *Table) evict(requester string, byBytes bool, waiting int, held int64, keep *rec, now time.Time) bool {
+	weight := func(u *usage) int64 {
+		if byBytes {
+			return u.bytes
+		}
+		return int64(u.waiting.Len())
+	}
 	var victim string
 	var vu *usage
 	var r *rec
 	for c, u := range t.clients {
-		if c == requester || u.waiting.Len() == 0 {
-			continue
-		}
-		if vu != nil && (u.bytes < vu.bytes || (u.bytes == vu.bytes && u.waiting.Len() <= vu.waiting.Len())) {
+		if c == requester || u.waiting.Len() == 0 || (vu != nil && weight(u) <= weight(vu)) {
 			continue
 		}
 		// Its oldest unpaired transfer, but never the one being paired.
@@ -507,7 +518,11 @@ func (t *Table) evict(requester string, waiting int, held int64, keep *rec, now 
 			victim, vu, r = c, u, e.Value.(*rec)
 		}
 	}
-	if vu == nil || (vu.waiting.Len() <= waiting && vu.bytes <= held) {
+	mine := int64(waiting)
+	if byBytes {
+		mine = held
+	}
+	if vu == nil || weight(vu) <= mine {
 		return false
 	}
 	n := vu.waiting.Len()
@@ -555,21 +570,27 @@ func (t *Table) authorize(id, capability string, want proto.Role) (*rec, proto.R
 	default:
 		return nil, "", refuse(http.StatusBadRequest, errs.InvalidArgument, "role %q is neither prefill nor decode", want)
 	}
-	r, e := t.lookup(id)
-	if e != nil {
-		return nil, "", e
+	if t.closed {
+		return nil, "", refuse(http.StatusServiceUnavailable, errs.Closed, "sidecar shutting down")
+	}
+	r := t.recs[id]
+	caps := [2]string{noCapability, noCapability}
+	if r != nil {
+		caps = r.caps
 	}
 	role := proto.Role("")
 	for s := range 2 {
-		// Both compared, in constant time, whatever matches.
-		if r.caps[s] != "" && subtle.ConstantTimeCompare([]byte(r.caps[s]), []byte(capability)) == 1 {
+		// Both compared, in constant time, whatever matches; an unknown id
+		// is compared too, so that it takes the time a known one takes.
+		if caps[s] != "" && subtle.ConstantTimeCompare([]byte(caps[s]), []byte(capability)) == 1 {
 			role = roleOf(s)
 		}
 	}
-	if role == "" {
-		e := refuse(http.StatusForbidden, errs.Unauthenticated,
-			"transfer %q needs the capability its declaration returned (header %s)", id, proto.CapabilityHeader)
-		e.kind = "capability"
+	if r == nil || role == "" {
+		// An unknown id and a capability that is not the transfer's get one
+		// answer: nobody learns which ids exist.
+		e := refuse(http.StatusNotFound, errs.NotFound,
+			"no transfer %q for the capability presented (header %s) on sidecar instance %s", id, proto.CapabilityHeader, t.instance)
 		t.m.rejected(e)
 		return nil, "", e
 	}
@@ -724,18 +745,9 @@ func (t *Table) Wait(id, capability string, role proto.Role, since uint64, timeo
 	}
 }
 
-func (t *Table) lookup(id string) (*rec, *Refusal) {
-	if t.closed {
-		return nil, refuse(http.StatusServiceUnavailable, errs.Closed, "sidecar shutting down")
-	}
-	r := t.recs[id]
-	if r == nil {
-		e := refuse(http.StatusNotFound, errs.NotFound, "no transfer %q on sidecar instance %s", id, t.instance)
-		t.m.rejected(e)
-		return nil, e
-	}
-	return r, nil
-}
+// noCapability stands in for the capabilities of an unknown id: a value
+// no capability equals (capabilities are hex).
+const noCapability = "--------------------------------"
 
 // move changes a live transfer's state.
 func (t *Table) move(r *rec, s proto.State) {

@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tecache/te/internal/authsecret"
 )
 
 // daemon is the te-sidecar binary in a child process, built without the
@@ -33,6 +35,10 @@ var (
 	binDir  string // removed by TestMain
 )
 
+// testVersion is the version the test binary is linked with, as mk/meta.mk
+// links a release.
+const testVersion = "v0.0.0-test"
+
 // sidecarBinary builds cmd/te-sidecar once per test run.
 func sidecarBinary(t *testing.T) string {
 	t.Helper()
@@ -46,7 +52,8 @@ func sidecarBinary(t *testing.T) string {
 			return
 		}
 		binPath = filepath.Join(binDir, "te-sidecar")
-		out, err := exec.Command(gobin, "build", "-o", binPath, "github.com/tecache/te/cmd/te-sidecar").CombinedOutput()
+		out, err := exec.Command(gobin, "build", "-ldflags", "-X github.com/tecache/te/cmd/te-sidecar/sidecar.Version="+testVersion,
+			"-o", binPath, "github.com/tecache/te/cmd/te-sidecar").CombinedOutput()
 		if err != nil {
 			binErr = fmt.Errorf("go build ./cmd/te-sidecar: %v\n%s", err, out)
 		}
@@ -306,10 +313,18 @@ func TestBodyLimits(t *testing.T) {
 // client holding the most loses its unpaired declarations first when the
 // table is full; the sidecar's memory stays bounded by the budgets. The
 // budgets are a quarter of the defaults (8 and 32 MiB instead of 32 and 128)
-// to keep the test short; the arithmetic is the same.
+// to keep the test short; the arithmetic is the same. The clients are the
+// local host (the cluster token) and 40 named clients with their client
+// tokens.
 func TestDeclarationBudget(t *testing.T) {
 	const clientBytes, maxBytes = 8 << 20, 32 << 20
-	d := startDaemon(t, fmt.Sprint("TE_SIDECAR_HANDOFF_CLIENT_BYTES=", clientBytes), fmt.Sprint("TE_SIDECAR_HANDOFF_MAX_BYTES=", maxBytes))
+	const secret = "declaration-budget-test-secret-01"
+	sec, err := authsecret.Parse(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, fmt.Sprint("TE_SIDECAR_HANDOFF_CLIENT_BYTES=", clientBytes), fmt.Sprint("TE_SIDECAR_HANDOFF_MAX_BYTES=", maxBytes),
+		authsecret.EnvSecret+"="+secret)
 	base := d.peakRSS(t)
 	// 256 Ki blocks: about 512 KiB of JSON and 2 MiB held each.
 	const blocks = 1 << 18
@@ -317,7 +332,7 @@ func TestDeclarationBudget(t *testing.T) {
 	count := map[int]int{}
 	for i := range 20 {
 		body := declaration(fmt.Sprint("one", i), size)
-		code, msg := post(t, "POST", d.base+"/handoff/ready", body, body.n)
+		code, msg := post(t, "POST", d.base+"/handoff/ready", body, body.n, "Authorization", "Bearer "+sec.Token())
 		if code != 200 && !strings.Contains(msg, `"code":24`) {
 			t.Fatalf("declaration %d: %d %q", i, code, msg)
 		}
@@ -331,7 +346,8 @@ func TestDeclarationBudget(t *testing.T) {
 	clear(count)
 	for i := range 40 {
 		body := declaration(fmt.Sprint("many", i), size)
-		code, msg := post(t, "POST", d.base+"/handoff/ready", body, body.n, "X-Te-Client", fmt.Sprint("engine-", i))
+		name := fmt.Sprint("engine-", i)
+		code, msg := post(t, "POST", d.base+"/handoff/ready", body, body.n, "X-Te-Client", name, "Authorization", "Bearer "+sec.ClientToken(name))
 		if code != 200 && !strings.Contains(msg, `"code":24`) {
 			t.Fatalf("declaration %d: %d %q", i, code, msg)
 		}

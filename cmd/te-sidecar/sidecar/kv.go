@@ -1,10 +1,16 @@
 package sidecar
 
 import (
+	"encoding/json"
 	"errors"
+	"fmt"
+	"reflect"
 	"sync"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/tecache/te/cmd/te-sidecar/api"
+	"github.com/tecache/te/internal/errs"
 )
 
 // MaxKeyLen bounds a metadata key.
@@ -84,6 +90,12 @@ func (kv *KV) Size() (keys, bytes int) {
 	return len(kv.m), kv.bytes
 }
 
+// MetadataAnswer is the answer of PUT and DELETE /metadata.
+type MetadataAnswer struct {
+	Status string `json:"status"` // updated or deleted
+	Key    string `json:"key"`
+}
+
 func (s *Server) installMetadata() {
 	ops := s.metrics.Counter("te_sidecar_metadata_ops_total", "Metadata operations by kind and result.", "op", "result")
 	key := func(ctx *fasthttp.RequestCtx) (string, bool) {
@@ -91,61 +103,72 @@ func (s *Server) installMetadata() {
 		// mistake, never a key.
 		k := string(ctx.QueryArgs().Peek("key"))
 		if k == "" || len(k) > MaxKeyLen {
-			ctx.Error("missing or oversized key parameter", fasthttp.StatusBadRequest)
+			s.refuse(ctx, fasthttp.StatusBadRequest, errs.InvalidArgument, fmt.Sprintf("the key parameter must be 1..%d bytes", MaxKeyLen))
 			return "", false
 		}
 		return k, true
 	}
-	const ctype = "application/json; charset=utf-8"
-	s.handle("GET", "/metadata", func(ctx *fasthttp.RequestCtx) {
-		k, ok := key(ctx)
-		if !ok {
-			return
-		}
-		v, ok := s.kv.Get(k)
-		if !ok {
-			ops.Inc("get", "not_found")
+	answer := func(ctx *fasthttp.RequestCtx, status, k string) {
+		b, _ := json.Marshal(MetadataAnswer{Status: status, Key: k})
+		ctx.SetContentType(ctype)
+		ctx.SetBody(b)
+	}
+	keyParam := []api.Param{{Name: "key", Required: true, Description: "The key, e.g. mooncake/ram/<segment> (1..4096 bytes)."}}
+	const desc = "Mooncake's HTTP metadata protocol, served from memory: the last PUT wins, DELETE of a missing key succeeds. " +
+		"Values are stored as they are (engines store segment descriptors as JSON)."
+	s.Route(api.Route{Method: "GET", Path: "/metadata", Auth: api.Metadata, Tag: "metadata", Query: keyParam,
+		Summary: "Read a metadata value", Description: desc + " The answer is the value as stored.", AnswerType: ctype,
+		Refusals: []int{404}, Handler: func(ctx *fasthttp.RequestCtx) {
+			k, ok := key(ctx)
+			if !ok {
+				return
+			}
+			v, ok := s.kv.Get(k)
+			if !ok {
+				ops.Inc("get", "not_found")
+				s.refuse(ctx, fasthttp.StatusNotFound, errs.NotFound, "metadata not found")
+				return
+			}
+			ops.Inc("get", "ok")
 			ctx.SetContentType(ctype)
-			ctx.SetStatusCode(fasthttp.StatusNotFound)
-			ctx.SetBodyString("metadata not found")
-			return
-		}
-		ops.Inc("get", "ok")
-		ctx.SetContentType(ctype)
-		ctx.SetBody(v)
-	}, metadata)
-	s.handle("PUT", "/metadata", func(ctx *fasthttp.RequestCtx) {
-		k, ok := key(ctx)
-		if !ok {
-			return
-		}
-		body, status, err := s.ReadBody(ctx, s.cfg.MaxValue)
-		if err != nil {
-			ops.Inc("put", "refused")
-			ctx.Error(err.Error(), status)
-			return
-		}
-		if err := s.kv.Put(k, body); err != nil {
-			ops.Inc("put", "full")
-			s.log.Warn("metadata store full", "max_keys", s.cfg.MaxKeys, "max_bytes", s.cfg.MaxMetadataBytes, "key", k)
-			ctx.Error(err.Error(), fasthttp.StatusInsufficientStorage)
-			return
-		}
-		ops.Inc("put", "ok")
-		ctx.SetContentType(ctype)
-		ctx.SetBodyString("metadata updated")
-	}, metadata)
-	s.handle("DELETE", "/metadata", func(ctx *fasthttp.RequestCtx) {
-		k, ok := key(ctx)
-		if !ok {
-			return
-		}
-		if s.kv.Delete(k) {
-			ops.Inc("delete", "ok")
-		} else {
-			ops.Inc("delete", "not_found")
-		}
-		ctx.SetContentType(ctype)
-		ctx.SetBodyString("metadata deleted")
-	}, metadata)
+			ctx.SetBody(v)
+		}})
+	s.Route(api.Route{Method: "PUT", Path: "/metadata", Auth: api.Metadata, Tag: "metadata", Query: keyParam,
+		Summary: "Store a metadata value", Description: desc + " The body is the value (at most -max-value bytes).",
+		RawBody: ctype, Answer: reflect.TypeFor[MetadataAnswer](), Refusals: []int{507}, Handler: func(ctx *fasthttp.RequestCtx) {
+			k, ok := key(ctx)
+			if !ok {
+				return
+			}
+			body, status, err := s.ReadBody(ctx, s.cfg.MaxValue)
+			if err != nil {
+				ops.Inc("put", "refused")
+				s.refuse(ctx, status, codeOf(status), err.Error())
+				return
+			}
+			if err := s.kv.Put(k, body); err != nil {
+				ops.Inc("put", "full")
+				s.log.Warn("metadata store full", "max_keys", s.cfg.MaxKeys, "max_bytes", s.cfg.MaxMetadataBytes, "key", k)
+				s.refuse(ctx, fasthttp.StatusInsufficientStorage, errs.ResourceExhausted, err.Error())
+				return
+			}
+			ops.Inc("put", "ok")
+			answer(ctx, "updated", k)
+		}})
+	s.Route(api.Route{Method: "DELETE", Path: "/metadata", Auth: api.Metadata, Tag: "metadata", Query: keyParam,
+		Summary: "Delete a metadata value", Description: desc, Answer: reflect.TypeFor[MetadataAnswer](),
+		Handler: func(ctx *fasthttp.RequestCtx) {
+			k, ok := key(ctx)
+			if !ok {
+				return
+			}
+			if s.kv.Delete(k) {
+				ops.Inc("delete", "ok")
+			} else {
+				ops.Inc("delete", "not_found")
+			}
+			answer(ctx, "deleted", k)
+		}})
 }
+
+const ctype = "application/json; charset=utf-8"

@@ -8,6 +8,8 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -23,8 +25,9 @@ import (
 // wins over the default.
 type Options struct {
 	Addr            string        // -addr, TE_SIDECAR_ADDR ("" picks by secret: :8080 with one, 127.0.0.1:8080 without)
-	LogLevel        string        // -log-level, TE_SIDECAR_LOG_LEVEL: debug, info, warn, error
-	LogFormat       string        // -log-format, TE_SIDECAR_LOG_FORMAT: json or text
+	Version         bool          // -version: print the version and exit
+	LogLevel        string        // -log-level, TE_LOG_LEVEL: debug, info, warn, error
+	LogFormat       string        // -log-format, TE_LOG_FORMAT: text or json
 	AuthSecretFile  string        // -auth-secret-file, TE_AUTH_SECRET_FILE (else the value in TE_AUTH_SECRET)
 	Insecure        bool          // -insecure, TE_SIDECAR_INSECURE: serve a non-loopback address without a secret
 	Token           string        // -metadata-token, MC_METADATA_HTTP_TOKEN
@@ -32,6 +35,11 @@ type Options struct {
 	MaxKeys         int           // -max-keys, TE_SIDECAR_MAX_KEYS
 	MaxMetaBytes    int           // -max-metadata-bytes, TE_SIDECAR_MAX_METADATA_BYTES
 	MaxConns        int           // -max-conns, TE_SIDECAR_MAX_CONNS
+	MaxConnsPerIP   int           // -max-conns-per-ip, TE_SIDECAR_MAX_CONNS_PER_IP
+	ReservedConns   int           // -reserved-conns, TE_SIDECAR_RESERVED_CONNS
+	MaxPendingPerIP int           // -max-pending-conns-per-ip, TE_SIDECAR_MAX_PENDING_CONNS_PER_IP
+	HeaderTimeout   time.Duration // -header-timeout, TE_SIDECAR_HEADER_TIMEOUT
+	RefusalLogRate  float64       // -log-refusals-per-second, TE_SIDECAR_LOG_REFUSALS_PER_SECOND
 	MaxBodyInFlight int           // -max-body-in-flight, TE_SIDECAR_MAX_BODY_IN_FLIGHT (bytes)
 	ShutdownTimeout time.Duration // -shutdown-timeout, TE_SIDECAR_SHUTDOWN_TIMEOUT
 
@@ -80,6 +88,18 @@ func ParseOptions(args []string, getenv func(string) string, out io.Writer) (Opt
 		}
 		return d
 	}
+	envFloat := func(name string, def float64) float64 {
+		v := getenv(name)
+		if v == "" {
+			return def
+		}
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			bad = append(bad, name+"="+v)
+			return def
+		}
+		return f
+	}
 	envBool := func(name string) bool {
 		switch v := getenv(name); v {
 		case "", "0", "false":
@@ -93,8 +113,9 @@ func ParseOptions(args []string, getenv func(string) string, out io.Writer) (Opt
 	}
 	fs.StringVar(&o.Addr, "addr", getenv("TE_SIDECAR_ADDR"),
 		"listen address (env TE_SIDECAR_ADDR; default :8080 with a secret, 127.0.0.1:8080 without)")
-	fs.StringVar(&o.LogLevel, "log-level", env("TE_SIDECAR_LOG_LEVEL", "info"), "debug, info, warn or error (env TE_SIDECAR_LOG_LEVEL)")
-	fs.StringVar(&o.LogFormat, "log-format", env("TE_SIDECAR_LOG_FORMAT", "json"), "json or text (env TE_SIDECAR_LOG_FORMAT)")
+	fs.BoolVar(&o.Version, "version", false, "print the version and exit")
+	fs.StringVar(&o.LogLevel, "log-level", env("TE_LOG_LEVEL", "info"), "debug, info, warn or error (env TE_LOG_LEVEL)")
+	fs.StringVar(&o.LogFormat, "log-format", env("TE_LOG_FORMAT", "text"), "text (log/slog's key=value) or json (env TE_LOG_FORMAT)")
 	fs.StringVar(&o.AuthSecretFile, "auth-secret-file", getenv(authsecret.EnvSecretFile),
 		"file with the cluster secret, optionally a second line with the previous one (env "+authsecret.EnvSecretFile+
 			"; else the secret itself in "+authsecret.EnvSecret+"). Every route but /healthz and /metrics then needs "+
@@ -107,7 +128,17 @@ func ParseOptions(args []string, getenv func(string) string, out io.Writer) (Opt
 	fs.IntVar(&o.MaxKeys, "max-keys", envInt("TE_SIDECAR_MAX_KEYS", 1<<20), "most metadata keys held (env TE_SIDECAR_MAX_KEYS)")
 	fs.IntVar(&o.MaxMetaBytes, "max-metadata-bytes", envInt("TE_SIDECAR_MAX_METADATA_BYTES", 256<<20),
 		"bytes of metadata keys and values held (env TE_SIDECAR_MAX_METADATA_BYTES)")
-	fs.IntVar(&o.MaxConns, "max-conns", envInt("TE_SIDECAR_MAX_CONNS", 4096), "most connections served at once (env TE_SIDECAR_MAX_CONNS)")
+	fs.IntVar(&o.MaxConns, "max-conns", envInt("TE_SIDECAR_MAX_CONNS", 4096), "most connections open at once (env TE_SIDECAR_MAX_CONNS)")
+	fs.IntVar(&o.MaxConnsPerIP, "max-conns-per-ip", envInt("TE_SIDECAR_MAX_CONNS_PER_IP", 0),
+		"most connections from one IP address (env TE_SIDECAR_MAX_CONNS_PER_IP; default half of -max-conns)")
+	fs.IntVar(&o.ReservedConns, "reserved-conns", envInt("TE_SIDECAR_RESERVED_CONNS", 0),
+		"connection slots only connections that authenticated may take (env TE_SIDECAR_RESERVED_CONNS; default a quarter of -max-conns)")
+	fs.IntVar(&o.MaxPendingPerIP, "max-pending-conns-per-ip", envInt("TE_SIDECAR_MAX_PENDING_CONNS_PER_IP", 64),
+		"connections from one IP address that have not authenticated yet; past it the oldest is closed (env TE_SIDECAR_MAX_PENDING_CONNS_PER_IP)")
+	fs.DurationVar(&o.HeaderTimeout, "header-timeout", envDur("TE_SIDECAR_HEADER_TIMEOUT", 2*time.Second),
+		"time for a request line and headers, and for every read of a connection that has not authenticated yet (env TE_SIDECAR_HEADER_TIMEOUT)")
+	fs.Float64Var(&o.RefusalLogRate, "log-refusals-per-second", envFloat("TE_SIDECAR_LOG_REFUSALS_PER_SECOND", 10),
+		"most log lines a second about refused requests; the others are counted (env TE_SIDECAR_LOG_REFUSALS_PER_SECOND)")
 	fs.IntVar(&o.MaxBodyInFlight, "max-body-in-flight", envInt("TE_SIDECAR_MAX_BODY_IN_FLIGHT", 32<<20),
 		"bytes of request bodies read at once; past it requests get 503 (env TE_SIDECAR_MAX_BODY_IN_FLIGHT)")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", envDur("TE_SIDECAR_SHUTDOWN_TIMEOUT", 10*time.Second), "time requests in flight get at shutdown (env TE_SIDECAR_SHUTDOWN_TIMEOUT)")
@@ -133,10 +164,17 @@ func ParseOptions(args []string, getenv func(string) string, out io.Writer) (Opt
 	if _, err := parseLevel(o.LogLevel); err != nil {
 		return o, err
 	}
+	if o.Version {
+		return o, nil
+	}
 	if o.LogFormat != "json" && o.LogFormat != "text" {
-		return o, fmt.Errorf("log format %q is not json or text", o.LogFormat)
+		return o, fmt.Errorf("log format %q is not text or json", o.LogFormat)
+	}
+	if o.MaxConnsPerIP < 0 || o.ReservedConns < 0 || o.ReservedConns >= o.MaxConns {
+		return o, errors.New("-max-conns-per-ip must not be negative, -reserved-conns must be 0..max-conns-1")
 	}
 	if o.MaxValue <= 0 || o.MaxKeys <= 0 || o.ShutdownTimeout <= 0 || o.MaxConns <= 0 || o.MaxBodyInFlight <= 0 || o.MaxMetaBytes <= 0 ||
+		o.MaxPendingPerIP <= 0 || o.HeaderTimeout <= 0 || o.RefusalLogRate <= 0 ||
 		o.HandoffMaxBody <= 0 || o.HandoffMaxTransfers <= 0 || o.HandoffMaxBytes <= 0 ||
 		o.HandoffClientTransfers <= 0 || o.HandoffClientBytes <= 0 {
 		return o, errors.New("sizes, counts and the shutdown timeout must be positive")
@@ -184,10 +222,14 @@ func parseLevel(s string) (slog.Level, error) {
 // (-ldflags "-X github.com/tecache/te/cmd/te-sidecar/sidecar.Version=...").
 var Version = "dev"
 
+// versionOut is where -version prints (a variable for tests).
+var versionOut io.Writer = os.Stdout
+
 // Main runs te-sidecar until ctx ends (cmd/te-sidecar cancels it on SIGTERM
-// or SIGINT), then shuts down gracefully. Logs go to logOut. It returns the
-// process exit code: 0 after a clean shutdown, 1 when serving failed, 2 for
-// bad flags or environment.
+// or SIGINT), then shuts down gracefully. Logs go to logOut; -version
+// prints to standard output. It returns the process exit code: 0 after a
+// clean shutdown (or -version), 1 when serving failed, 2 for bad flags or
+// environment.
 func Main(ctx context.Context, args []string, getenv func(string) string, logOut io.Writer) int {
 	o, err := ParseOptions(args, getenv, logOut)
 	if err != nil {
@@ -197,13 +239,13 @@ func Main(ctx context.Context, args []string, getenv func(string) string, logOut
 		fmt.Fprintln(logOut, "te-sidecar:", err)
 		return 2
 	}
-	level, _ := parseLevel(o.LogLevel)
-	hopts := &slog.HandlerOptions{Level: level}
-	var h slog.Handler = slog.NewJSONHandler(logOut, hopts)
-	if o.LogFormat == "text" {
-		h = slog.NewTextHandler(logOut, hopts)
+	if o.Version {
+		fmt.Fprintf(versionOut, "te-sidecar %s (%s)\n", Version, runtime.Version())
+		return 0
 	}
-	log := slog.New(h).With("service", "te-sidecar")
+	level, _ := parseLevel(o.LogLevel)
+	log, _ := NewLogger(logOut, o.LogFormat, level)
+	log = log.With("service", "te-sidecar")
 
 	// Not undone at exit: the process ends with Main.
 	if _, err := maxprocs.Set(maxprocs.Logger(func(format string, args ...any) {
@@ -217,7 +259,9 @@ func Main(ctx context.Context, args []string, getenv func(string) string, logOut
 		log.Error("listen", "addr", o.Addr, "err", err)
 		return 1
 	}
-	s := New(Config{Secret: o.secret, Token: o.Token, MaxValue: o.MaxValue, MaxKeys: o.MaxKeys, MaxMetadataBytes: o.MaxMetaBytes, MaxConns: o.MaxConns,
+	s := New(Config{Secret: o.secret, Token: o.Token, MaxValue: o.MaxValue, MaxKeys: o.MaxKeys, MaxMetadataBytes: o.MaxMetaBytes,
+		MaxConns: o.MaxConns, MaxConnsPerIP: o.MaxConnsPerIP, ReservedConns: o.ReservedConns, MaxPendingConnsPerIP: o.MaxPendingPerIP,
+		HeaderTimeout: o.HeaderTimeout, RefusalLogRate: o.RefusalLogRate,
 		MaxBodyInFlight: int64(o.MaxBodyInFlight), Logger: log, Version: Version,
 		Handoff: rendezvous.Config{MaxBody: o.HandoffMaxBody, MaxTransfers: o.HandoffMaxTransfers,
 			MaxBytes: int64(o.HandoffMaxBytes), ClientTransfers: o.HandoffClientTransfers, ClientBytes: int64(o.HandoffClientBytes)}})

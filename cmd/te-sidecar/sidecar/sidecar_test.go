@@ -77,6 +77,18 @@ func serve(t *testing.T, cfg sidecar.Config) (*sidecar.Server, string) {
 
 var client = &http.Client{Timeout: 5 * time.Second}
 
+// isError reports whether body is a JSON error body with code and message.
+func isError(body string, code int32, msg string) bool {
+	var e struct {
+		Instance string `json:"instance"`
+		Error    string `json:"error"`
+		Code     *int32 `json:"code"`
+	}
+	d := json.NewDecoder(strings.NewReader(body))
+	d.DisallowUnknownFields()
+	return d.Decode(&e) == nil && e.Code != nil && *e.Code == code && e.Error == msg && len(e.Instance) == 16
+}
+
 func do(t *testing.T, method, url string, body []byte, hdr ...string) (int, string, http.Header) {
 	t.Helper()
 	req, err := http.NewRequest(method, url, bytes.NewReader(body))
@@ -100,10 +112,10 @@ func do(t *testing.T, method, url string, body []byte, hdr ...string) (int, stri
 func TestMetadataProtocol(t *testing.T) {
 	_, base := serve(t, sidecar.Config{MaxValue: 1 << 10, MaxKeys: 3})
 	u := base + "/metadata?key="
-	if c, b, _ := do(t, "GET", u+"mooncake%2Fram%2Fa", nil); c != 404 || b != "metadata not found" {
+	if c, b, _ := do(t, "GET", u+"mooncake%2Fram%2Fa", nil); c != 404 || !isError(b, 19, "metadata not found") {
 		t.Fatalf("missing key: %d %q", c, b)
 	}
-	if c, b, _ := do(t, "PUT", u+"mooncake%2Fram%2Fa", []byte(`{"name":"a"}`)); c != 200 || b != "metadata updated" {
+	if c, b, _ := do(t, "PUT", u+"mooncake%2Fram%2Fa", []byte(`{"name":"a"}`)); c != 200 || b != `{"status":"updated","key":"mooncake/ram/a"}` {
 		t.Fatalf("put: %d %q", c, b)
 	}
 	c, b, h := do(t, "GET", u+"mooncake%2Fram%2Fa", nil)
@@ -114,7 +126,7 @@ func TestMetadataProtocol(t *testing.T) {
 	if _, b, _ := do(t, "GET", u+"mooncake%2Fram%2Fa", nil); b != `{"name":"a2"}` {
 		t.Fatalf("last put wins: %q", b)
 	}
-	if c, b, _ := do(t, "DELETE", u+"mooncake%2Fram%2Fa", nil); c != 200 || b != "metadata deleted" {
+	if c, b, _ := do(t, "DELETE", u+"mooncake%2Fram%2Fa", nil); c != 200 || b != `{"status":"deleted","key":"mooncake/ram/a"}` {
 		t.Fatalf("delete: %d %q", c, b)
 	}
 	if c, _, _ := do(t, "DELETE", u+"mooncake%2Fram%2Fa", nil); c != 200 {
@@ -345,13 +357,13 @@ func TestGracefulShutdown(t *testing.T) {
 }
 
 func TestParseOptions(t *testing.T) {
-	env := map[string]string{"TE_SIDECAR_ADDR": "127.0.0.1:9", "TE_SIDECAR_LOG_LEVEL": "debug", "MC_METADATA_HTTP_TOKEN": "t"}
+	env := map[string]string{"TE_SIDECAR_ADDR": "127.0.0.1:9", "TE_LOG_LEVEL": "debug", "MC_METADATA_HTTP_TOKEN": "t"}
 	get := func(k string) string { return env[k] }
 	o, err := sidecar.ParseOptions([]string{"-log-level", "warn"}, get, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.Addr != "127.0.0.1:9" || o.LogLevel != "warn" || o.Token != "t" || o.LogFormat != "json" || o.ShutdownTimeout != 10*time.Second {
+	if o.Addr != "127.0.0.1:9" || o.LogLevel != "warn" || o.Token != "t" || o.LogFormat != "text" || o.ShutdownTimeout != 10*time.Second {
 		t.Fatalf("%+v", o)
 	}
 	for _, c := range []struct {
@@ -365,6 +377,11 @@ func TestParseOptions(t *testing.T) {
 		{[]string{"-nope"}, nil},
 		{nil, map[string]string{"TE_SIDECAR_MAX_VALUE": "big"}},
 		{nil, map[string]string{"TE_SIDECAR_SHUTDOWN_TIMEOUT": "soon"}},
+		{nil, map[string]string{"TE_LOG_FORMAT": "xml"}},
+		{[]string{"-reserved-conns", "4096"}, nil},
+		{[]string{"-header-timeout", "0s"}, nil},
+		{[]string{"-max-pending-conns-per-ip", "0"}, nil},
+		{nil, map[string]string{"TE_SIDECAR_LOG_REFUSALS_PER_SECOND": "many"}},
 	} {
 		if _, err := sidecar.ParseOptions(c.args, func(k string) string { return c.env[k] }, io.Discard); err == nil {
 			t.Errorf("%v %v: accepted", c.args, c.env)
@@ -379,7 +396,7 @@ func TestParseOptions(t *testing.T) {
 // it serves, logs JSON, and exits 0 on SIGTERM.
 func TestProcess(t *testing.T) {
 	cmd := exec.Command(os.Args[0], "-log-format", "json")
-	cmd.Env = append(os.Environ(), envChild+"=1", "TE_SIDECAR_ADDR=127.0.0.1:0", "TE_SIDECAR_LOG_LEVEL=debug")
+	cmd.Env = append(os.Environ(), envChild+"=1", "TE_SIDECAR_ADDR=127.0.0.1:0", "TE_LOG_LEVEL=debug")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -426,7 +443,7 @@ func TestProcess(t *testing.T) {
 	if c, b, _ := do(t, "GET", base+"/metadata?key=k", nil); c != 200 || b != "v" {
 		t.Fatalf("get: %d %q", c, b)
 	}
-	if c, b, _ := do(t, "GET", base+"/metrics", nil); c != 200 || !strings.Contains(b, "te_sidecar_gomaxprocs ") {
+	if c, b, _ := do(t, "GET", base+"/metrics", nil); c != 200 || !strings.Contains(b, "go_gomaxprocs ") {
 		t.Fatalf("metrics: %d", c)
 	}
 	cmd.Process.Signal(syscall.SIGTERM)
@@ -471,49 +488,82 @@ func ExampleServer_Handle() {
 	// Output: te_sidecar_handoffs_total{result="accepted"} 1
 }
 
-// TestMaxConns: past its connection bound the sidecar answers 503 and
-// closes, counts it, and serves again once connections go.
+// TestMaxConns: idle connections that never authenticated give way to
+// newcomers (the oldest goes); once every slot is held by connections that
+// authenticated, a newcomer is answered 503 in JSON and closed, and counted;
+// it is served again once a connection goes.
 func TestMaxConns(t *testing.T) {
-	_, base := serve(t, sidecar.Config{MaxConns: 2})
+	_, base := serve(t, sidecar.Config{MaxConns: 2, MaxConnsPerIP: 2, HeaderTimeout: time.Second})
 	addr := strings.TrimPrefix(base, "http://")
-	var held []net.Conn
-	for range 2 {
+	dial := func() net.Conn {
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
-		held = append(held, c)
+		t.Cleanup(func() { c.Close() })
+		return c
 	}
-	var status string
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(status, " 503 ") { // the first two are being served
-		if time.Now().After(deadline) {
-			t.Fatalf("a third connection got %q", status)
-		}
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
+	// roundTrip sends a request and reads the status line and body.
+	roundTrip := func(c net.Conn, path string) (string, string) {
 		c.SetDeadline(time.Now().Add(5 * time.Second))
-		io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-		status, _ = bufio.NewReader(c).ReadString('\n')
-		c.Close()
+		io.WriteString(c, "GET "+path+" HTTP/1.1\r\nHost: x\r\n\r\n")
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			return err.Error(), ""
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.Status, string(b)
 	}
-	for _, c := range held {
-		c.Close()
+	closed := func(c net.Conn) bool {
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, err := c.Read(make([]byte, 1))
+		var ne net.Error
+		return err != nil && !(errors.As(err, &ne) && ne.Timeout())
 	}
-	for {
-		c, _, _ := do(t, "GET", base+"/metrics", nil)
-		if c == 200 {
+	// Two idle connections: a third closes the older once it has had its
+	// moment (HeaderTimeout/20) to send a request.
+	idle := dial()
+	dial()
+	time.Sleep(100 * time.Millisecond)
+	fresh := dial()
+	if !closed(idle) {
+		t.Fatal("the oldest idle connection was not closed for a newcomer")
+	}
+	if st, _ := roundTrip(fresh, "/metadata?key=k"); !strings.HasPrefix(st, "404") {
+		t.Fatalf("the newcomer: %s", st)
+	}
+	// Two authenticated connections (no secret: any request on a route
+	// that is not open authenticates): a third gets 503.
+	a := dial()
+	if st, _ := roundTrip(a, "/metadata?key=k"); !strings.HasPrefix(st, "404") {
+		t.Fatalf("second connection: %s", st)
+	}
+	var st, body string
+	for deadline := time.Now().Add(10 * time.Second); !strings.HasPrefix(st, "503"); {
+		if time.Now().After(deadline) {
+			t.Fatalf("a third connection got %q", st)
+		}
+		st, body = roundTrip(dial(), "/healthz")
+	}
+	if !isError(body, 24, "every connection slot is held by connections that authenticated (-max-conns): retry later") {
+		t.Fatalf("503 body %q", body)
+	}
+	fresh.Close()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if st, _ := roundTrip(dial(), "/healthz"); strings.HasPrefix(st, "200") {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("not served after the connections closed: %d", c)
+			t.Fatal("not served after a connection closed")
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 	_, m, _ := do(t, "GET", base+"/metrics", nil)
-	if !regexp.MustCompile(`te_sidecar_refused_connections_total [1-9]`).MatchString(m) {
-		t.Fatalf("refused connections not counted:\n%s", m)
+	for _, re := range []string{`te_sidecar_connections_refused_total\{reason="conns"\} [1-9]`,
+		`te_sidecar_connections_evicted_total\{reason="pending"\} [1-9]`, `te_sidecar_connections_authenticated_total [2-9]`} {
+		if !regexp.MustCompile(re).MatchString(m) {
+			t.Errorf("metrics lack %s:\n%s", re, m)
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/tecache/te/engine/transport"
 	"github.com/tecache/te/internal/errs"
@@ -21,6 +22,14 @@ const (
 	// ParallelRegMin is the size from which a region is pre-faulted and
 	// registered on every NIC at once, as Mooncake does from 4 GiB.
 	ParallelRegMin = 4 << 30
+	// A rail with ErrorLimit errors within ErrorWindow cools down for
+	// Cooldown, doubling with each cooldown in a row up to CooldownMax,
+	// then is probed with one slice; a peer whose rails fail that often
+	// with no transfer in between is unreachable over rdma as long.
+	DefaultErrorLimit  = 3
+	DefaultErrorWindow = 10 * time.Second
+	DefaultCooldown    = 30 * time.Second
+	DefaultCooldownMax = 300 * time.Second
 )
 
 // Options are the transport's settings, read from the engine's parameters.
@@ -44,12 +53,23 @@ type Options struct {
 	// ParallelRegMin is the size from which registrations are pre-faulted
 	// and done on all NICs in parallel.
 	ParallelRegMin uint64
+	// ErrorLimit, ErrorWindow, Cooldown and CooldownMax are the failover
+	// policy (see DefaultErrorLimit).
+	ErrorLimit  int
+	ErrorWindow time.Duration
+	Cooldown    time.Duration
+	CooldownMax time.Duration
+}
+
+func (o Options) health() health {
+	return health{limit: o.ErrorLimit, window: o.ErrorWindow, cool: o.Cooldown, coolMax: o.CooldownMax}
 }
 
 // DefaultOptions returns the defaults.
 func DefaultOptions() Options {
 	return Options{Slice: DefaultSlice, QPs: DefaultQPs, Depth: DefaultDepth, Retries: DefaultRetries,
-		GIDIndex: -1, ParallelRegMin: ParallelRegMin}
+		GIDIndex: -1, ParallelRegMin: ParallelRegMin, ErrorLimit: DefaultErrorLimit, ErrorWindow: DefaultErrorWindow,
+		Cooldown: DefaultCooldown, CooldownMax: DefaultCooldownMax}
 }
 
 // ParseOptions reads rdma.* parameters; the device allow-list falls back to
@@ -87,6 +107,7 @@ func ParseOptions(param func(string) (string, bool), getenv func(string) string)
 		{"rdma.depth", &o.Depth, 1, 16384},
 		{"rdma.retries", &o.Retries, 0, 64},
 		{"rdma.gid_index", &o.GIDIndex, -1, 1 << 16},
+		{"rdma.error_limit", &o.ErrorLimit, 1, 1000},
 	}
 	for _, p := range ints {
 		if v, ok := param(p.key); ok {
@@ -96,6 +117,22 @@ func ParseOptions(param func(string) (string, bool), getenv func(string) string)
 			}
 			*p.dst = n
 		}
+	}
+	durs := []struct {
+		key string
+		dst *time.Duration
+	}{{"rdma.error_window", &o.ErrorWindow}, {"rdma.cooldown", &o.Cooldown}, {"rdma.cooldown_max", &o.CooldownMax}}
+	for _, p := range durs {
+		if v, ok := param(p.key); ok {
+			d, err := time.ParseDuration(strings.TrimSpace(v))
+			if err != nil || d <= 0 || d > 24*time.Hour {
+				return o, bad(p.key, v, "want a duration from 1ns to 24h (e.g. 30s)")
+			}
+			*p.dst = d
+		}
+	}
+	if o.CooldownMax < o.Cooldown {
+		o.CooldownMax = o.Cooldown
 	}
 	if v, ok := param("rdma.parallel_reg_min"); ok {
 		n, err := parseSize(v)

@@ -13,13 +13,14 @@ import (
 // request, generated when it is posted, so a submit costs per request, not
 // per slice.
 type request struct {
-	r        *transport.Request
+	r        *transport.Request // read only while a slice is outstanding
+	tk       transport.Ticket   // completes it (kept: the slot is the engine's)
 	pi       *peerInfo
+	pl       *plan
 	lkeys    []uint32
 	rkeys    []uint32
 	size     uint64 // slice size
 	n        int32  // slices
-	start    int    // pair of slice 0
 	left     atomic.Int64
 	err      atomic.Pointer[error]
 	canceled atomic.Bool
@@ -29,6 +30,26 @@ type request struct {
 func (q *request) slice(i int32) (local, remote uint64, n uint32) {
 	off, sn := sliceAt(q.r.Length, q.size, int(i))
 	return q.r.Local + off, q.r.Remote + off, uint32(sn)
+}
+
+// sliceLen is slice i's length.
+func (q *request) sliceLen(i int32) uint64 {
+	_, n := sliceAt(q.r.Length, q.size, int(i))
+	return n
+}
+
+// spanBytes is the bytes of slices idx, idx+step, ... below end.
+func (q *request) spanBytes(idx, end, step int32) uint64 {
+	if idx >= end {
+		return 0
+	}
+	k := uint64((end - idx + step - 1) / step)
+	b := k * q.size
+	last := q.n - 1
+	if last >= idx && last < end && (last-idx)%step == 0 {
+		b -= q.size - q.sliceLen(last)
+	}
+	return b
 }
 
 func (q *request) sliceDone(err error) { q.slicesDone(1, err) }
@@ -48,7 +69,7 @@ func (q *request) slicesDone(k int, err error) {
 		if p := q.err.Load(); p != nil {
 			e = *p
 		}
-		q.r.Complete(e)
+		q.tk.Complete(e)
 	}
 }
 
@@ -59,9 +80,12 @@ type span struct {
 	req           *request
 	idx, end      int32
 	step, attempt int32
+	rail          int32 // index in req.pi.rails
 	lkey, rkey    uint32
 	next          int32 // Submit's grouping: the next span for the same endpoint
 }
+
+func (s *span) bytes() uint64 { return s.req.spanBytes(s.idx, s.end, s.step) }
 
 // count is how many slices the span still holds.
 func (s *span) count() int {
@@ -76,6 +100,7 @@ func (s *span) count() int {
 type wrEntry struct {
 	req          *request
 	idx, attempt int32
+	rail         int32
 }
 
 // outcome collects what happened to slices under an endpoint's lock, to be
@@ -97,41 +122,62 @@ func (o *outcome) reset() {
 	o.failErr = nil
 }
 
-// finish acts on an outcome: completed slices end, failed and taken-back
-// ones are retried (or end), canceled ones end Canceled.
+// finish acts on an outcome: completed slices end (and count toward the
+// rail's throughput), failed and taken-back ones are retried (or end),
+// canceled ones end Canceled.
 func (t *Transport) finish(ep *endpoint, out *outcome) {
-	for _, e := range out.ok {
-		e.req.sliceDone(nil)
+	rl := ep.rail
+	if len(out.ok) > 0 {
+		var b uint64
+		for _, e := range out.ok {
+			b += e.req.sliceLen(e.idx)
+		}
+		now := nanotime()
+		rl.completed(b, now)
+		ep.peerH.ok(now)
+		for _, e := range out.ok {
+			e.req.sliceDone(nil)
+		}
 	}
 	for i := range out.canceled {
+		rl.left(out.canceled[i].bytes())
 		out.canceled[i].req.slicesDone(out.canceled[i].count(), errCanceled)
 	}
 	for _, e := range out.failed {
+		rl.left(e.req.sliceLen(e.idx))
 		t.retry(e, out.failErr)
 	}
 	if len(out.retry) > 0 || len(out.spans) > 0 {
 		err := ep.error()
 		for _, e := range out.retry {
+			rl.left(e.req.sliceLen(e.idx))
 			t.retry(e, err)
 		}
 		for i := range out.spans {
 			s := &out.spans[i]
+			rl.left(s.bytes())
 			for ; s.idx < s.end; s.idx += s.step {
-				t.retry(wrEntry{req: s.req, idx: s.idx, attempt: s.attempt}, err)
+				t.retry(wrEntry{req: s.req, idx: s.idx, attempt: s.attempt, rail: s.rail}, err)
 			}
 		}
 	}
 }
 
-// Submit cuts each request into at most one span per NIC pair, groups the
-// spans by endpoint and hands each endpoint its group at once: its slices
-// go out as one chain of work requests, one doorbell per endpoint per
-// submit (more only when a send queue or the completion queue is full).
-// A submit allocates two slabs (requests, spans), nothing per slice, and
-// takes no transport-wide lock once the endpoints are up.
+// Submit spreads each request over the rails of its plan (the NICs near
+// its local memory paired with those near the target buffer): a request of
+// one slice goes whole to the rail that would finish it first, a larger one
+// is cut into one run of slices per rail, in proportion to each rail's
+// measured throughput less what it already holds. The runs are grouped by
+// endpoint and each endpoint gets its group at once: its slices go out as
+// one chain of work requests, one doorbell per endpoint per submit (more
+// only when a send queue or the completion queue is full). A submit
+// allocates two slabs (requests, spans), nothing per slice, and takes no
+// transport-wide lock once the endpoints are up.
 func (t *Transport) Submit(reqs []transport.Request) {
 	qs := make([]request, len(reqs))
+	now := nanotime()
 	var pi *peerInfo
+	var abuf [maxSplit]int32
 	nspans := 0
 	for i := range reqs {
 		r := &reqs[i]
@@ -143,8 +189,9 @@ func (t *Transport) Submit(reqs []transport.Request) {
 			r.Complete(err)
 			continue
 		}
+		q.tk = r.Ticket()
 		r.Priv = q
-		nspans += min(len(pi.pairs), int(q.n))
+		nspans += min(len(pi.active(t, q.pl, now, abuf[:0])), int(q.n))
 	}
 	slab := make([]span, 0, nspans)
 	type group struct {
@@ -153,36 +200,40 @@ func (t *Transport) Submit(reqs []transport.Request) {
 	}
 	var small [8]group
 	groups := small[:0]
+	add := func(q *request, s span) {
+		ep, err := t.route(q.pi, &s, now)
+		if err != nil {
+			q.slicesDone(s.count(), err)
+			return
+		}
+		slab = append(slab, s)
+		at := int32(len(slab) - 1)
+		for x := range groups {
+			if groups[x].ep == ep {
+				slab[groups[x].tail].next = at
+				groups[x].tail = at
+				return
+			}
+		}
+		groups = append(groups, group{ep: ep, head: at, tail: at})
+	}
+	var shares [maxSplit]share
 	for i := range qs {
 		q := &qs[i]
 		if q.r == nil {
 			continue
 		}
-		np := int32(len(q.pi.pairs))
-		for k := int32(0); k < np && k < q.n; k++ {
-			// Slice i goes to pair (start+i) mod np (pickPair, attempt 0).
-			p := (q.start + int(k)) % int(np)
-			s := span{req: q, idx: k, end: q.n, step: np, next: -1}
-			ep, err := t.route(q.pi, p, &s)
-			if err != nil {
-				q.slicesDone(s.count(), err)
-				continue
-			}
-			slab = append(slab, s)
-			at := int32(len(slab) - 1)
-			g := -1
-			for x := range groups {
-				if groups[x].ep == ep {
-					g = x
-					break
-				}
-			}
-			if g < 0 {
-				groups = append(groups, group{ep: ep, head: at, tail: at})
-			} else {
-				slab[groups[g].tail].next = at
-				groups[g].tail = at
-			}
+		act := q.pi.active(t, q.pl, now, abuf[:0])
+		if q.n == 1 || len(act) == 1 {
+			x := q.pi.pick(act, q.r.Length, t.rr.Add(1))
+			add(q, span{req: q, idx: 0, end: q.n, step: 1, rail: x, next: -1})
+			continue
+		}
+		k := q.pi.split(act, q.n, q.size, q.r.Length, &shares)
+		at := int32(0)
+		for _, sh := range shares[:k] {
+			add(q, span{req: q, idx: at, end: at + sh.n, step: 1, rail: sh.rail, next: -1})
+			at += sh.n
 		}
 	}
 	for _, g := range groups {
@@ -219,33 +270,33 @@ func (t *Transport) prepare(r *transport.Request, q *request, pi *peerInfo) erro
 		return errs.New(errs.AddressNotRegistered, "rdma", "local [%#x,+%d) has no memory region on every NIC", r.Local, r.Length)
 	}
 	q.r, q.pi, q.lkeys, q.rkeys, q.size, q.n = r, pi, r.Region.Desc.Lkey, r.Buffer.Rkey, t.opt.Slice, int32(n)
-	q.start = int(t.rr.Add(1) % uint64(len(pi.pairs)))
+	q.pl = pi.plan(t, r.Region.Location, r.Buffer.Extra[ExtraNear])
 	q.left.Store(int64(n))
 	return nil
 }
 
-// route returns the endpoint of pair p of the request's peer, lock-free
-// when it is up, and sets the span's keys for that pair.
-func (t *Transport) route(pi *peerInfo, p int, s *span) (*endpoint, error) {
-	pair := pi.pairs[p]
-	s.lkey, s.rkey = s.req.lkeys[pair[0]], s.req.rkeys[pair[1]]
-	if ep := pi.eps[p].Load(); ep != nil && !ep.failed() {
-		return ep, nil
+// route returns the endpoint of the span's rail, lock-free when it is up,
+// sets the span's keys for that rail's NICs and counts its bytes on it.
+func (t *Transport) route(pi *peerInfo, s *span, now int64) (*endpoint, error) {
+	rl := pi.rails[s.rail]
+	s.lkey, s.rkey = s.req.lkeys[rl.local], s.req.rkeys[pi.remoteIndex(s.rail)]
+	ep := pi.eps[s.rail].Load()
+	if ep == nil || ep.failed() {
+		var err error
+		if ep, err = t.endpoint(pi, s.rail); err != nil {
+			return nil, err
+		}
+		pi.eps[s.rail].Store(ep)
 	}
-	ep, err := t.endpoint(pi, pair[0], pair[1])
-	if err != nil {
-		return nil, err
-	}
-	pi.eps[p].Store(ep)
+	rl.routed(s.bytes(), now)
 	return ep, nil
 }
 
-// dispatch sends one slice to the endpoint of its NIC pair for its attempt.
-func (t *Transport) dispatch(e wrEntry) {
+// dispatch sends one slice to rail x.
+func (t *Transport) dispatch(e wrEntry, x int32) {
 	q := e.req
-	p := pickPair(len(q.pi.pairs), q.start, int(e.idx), int(e.attempt))
-	one := [1]span{{req: q, idx: e.idx, end: e.idx + 1, step: 1, attempt: e.attempt, next: -1}}
-	ep, err := t.route(q.pi, p, &one[0])
+	one := [1]span{{req: q, idx: e.idx, end: e.idx + 1, step: 1, attempt: e.attempt, rail: x, next: -1}}
+	ep, err := t.route(q.pi, &one[0], nanotime())
 	if err != nil {
 		q.sliceDone(err)
 		return
@@ -301,10 +352,13 @@ func retryable(err error) bool {
 	return false
 }
 
-// retry sends a slice that did not run to the next NIC pair, or ends it.
-// A slice of a canceled request ends Canceled; one flushed because its
-// endpoint was torn down for someone else's cancellation goes again
-// without spending an attempt.
+// retry sends a slice that did not run to another rail (retryRail), or
+// ends it. A slice of a canceled request ends Canceled; one flushed because
+// its endpoint was torn down for someone else's cancellation goes again on
+// the same rail without spending an attempt. Every slice that gets here
+// can no longer touch memory through its last attempt: its completion was
+// polled (after a failure, from a queue pair in the error state), or it was
+// never posted.
 func (t *Transport) retry(e wrEntry, err error) {
 	switch {
 	case t.closing.Load():
@@ -312,11 +366,13 @@ func (t *Transport) retry(e wrEntry, err error) {
 	case e.req.canceled.Load():
 		e.req.sliceDone(errCanceled)
 	case err == errTornDown:
-		t.dispatch(e)
+		t.dispatch(e, e.rail)
 	case int(e.attempt) >= t.opt.Retries || !retryable(err):
 		e.req.sliceDone(err)
 	default:
 		e.attempt++
-		t.dispatch(e)
+		q := e.req
+		q.pi.rails[e.rail].retries.Add(1)
+		t.dispatch(e, q.pi.retryRail(q.pl, e.rail, q.sliceLen(e.idx), nanotime(), t.rr.Add(1)))
 	}
 }

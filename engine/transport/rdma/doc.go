@@ -7,14 +7,24 @@
 //   - Registering memory registers one memory region per NIC and publishes
 //     the per-NIC keys in the buffer descriptor as Mooncake does: rkey[i] and
 //     lkey[i] belong to devices[i]. Regions of 4 GiB and more are pre-faulted
-//     and registered on all NICs in parallel.
+//     and registered on all NICs in parallel. GPU memory is registered
+//     through a dma-buf of its allocation, else by address (nvidia-peermem);
+//     a GPU buffer the NICs refuse stays without keys and is staged by tcp
+//     (DeviceMemory tells the engine which requests rdma can move).
+//   - Package internal/sys/topo says which NICs are near each memory
+//     location (same PCIe switch, else NUMA node); every buffer names its
+//     near NICs in the descriptor (ExtraNear).
 //   - Queue pairs are created per endpoint (a local NIC paired with a peer's
 //     NIC) and exchanged over the engine's control plane (message kind
 //     wire.KindRDMA; the payload is specified in internal/wire/spec.md).
-//   - A request is cut into slices (64 KiB by default, rdma.slice) spread
-//     over the NIC pairs; each slice is one work request with the local
-//     triple (addr, length, lkey) in its SGE and the remote pair
-//     (remote_addr, rkey) in wr.rdma.
+//   - A rail is a local NIC paired with a peer NIC. A request goes over the
+//     rails of its plan: tier 0 pairs the NICs near its local memory with
+//     those near the target buffer, tier 1 is the rest. It is cut into
+//     slices (64 KiB by default, rdma.slice), one work request each with
+//     the local triple (addr, length, lkey) in its SGE and the remote pair
+//     (remote_addr, rkey) in wr.rdma; a one-slice request goes to the rail
+//     that finishes first, a larger one is split in runs weighted by each
+//     rail's measured throughput less its backlog.
 //   - All slices of one Submit bound for one endpoint are posted as one
 //     chain of work requests: one ibv_post_send (doorbell) per endpoint per
 //     submit, more only when a queue pair's send queue or the NIC's
@@ -27,8 +37,12 @@
 //     no transport-wide lock once endpoints are up and allocates per
 //     submit (two slabs), not per request or slice.
 //   - A poller goroutine per NIC drains the completion queue. A failed slice
-//     is retried on the next NIC pair; the failed endpoint is torn down and
-//     the next slice to that peer connects a fresh one.
+//     (its completion polled, so its first attempt can no longer touch
+//     memory) is retried on another rail of its tier, then tier 1; the
+//     failed endpoint is torn down and the next slice to that rail connects
+//     a fresh one. A rail with repeated errors cools down and is probed
+//     back; a peer whose rails keep failing is unreachable for a cooldown
+//     (Reachable), so the engine takes tcp. Stats counts per rail and NIC.
 //
 // # Cancellation and unregistering
 //

@@ -34,6 +34,8 @@ type endpoint struct {
 	t     *Transport
 	key   epKey
 	nic   *nic
+	rail  *rail
+	peerH *peerHealth
 	peer  peerRef
 	state atomic.Int32
 
@@ -273,7 +275,7 @@ func (ep *endpoint) flushLocked(out *outcome) {
 			if sig {
 				qs.unsig = 0
 			}
-			id := qs.push(wrEntry{req: s.req, idx: s.idx, attempt: s.attempt}, sig)
+			id := qs.push(wrEntry{req: s.req, idx: s.idx, attempt: s.attempt, rail: s.rail}, sig)
 			ep.wrs = append(ep.wrs, workRequest{id: id, read: s.req.r.Op == transport.Read, signaled: sig,
 				local: local, n: n, lkey: s.lkey, remote: remote, rkey: s.rkey})
 			ep.pn--
@@ -480,6 +482,7 @@ func (ep *endpoint) failLocked(err error) {
 	if wasReady && !ep.t.closing.Load() && err != errTornDown {
 		ep.t.h.Logf("te: rdma: endpoint %s -> %s@%s failed: %v", ep.nic.name, ep.peer.name, ep.peer.nic, err)
 	}
+	ep.t.railError(ep, err)
 	// Lock order is endpoint.mu before Transport.mu: the transport never
 	// takes an endpoint's lock while holding its own.
 	ep.t.forget(ep)

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
 	"github.com/tecache/te/internal/errs"
@@ -46,6 +48,8 @@ func newFabric() *fabric {
 type fabMR struct {
 	hw           *fakeHW
 	addr, length uint64
+	backing      uint64 // where the bytes are: addr, or a dma-buf's mapping
+	mapping      []byte
 	access       int
 	lkey, rkey   uint32
 	live         bool
@@ -61,8 +65,14 @@ func (m *fabMR) Dereg() error {
 	m.live = false
 	delete(m.hw.f.mrs, m.lkey)
 	delete(m.hw.f.mrs, m.rkey)
+	if m.mapping != nil {
+		unix.Munmap(m.mapping)
+	}
 	return nil
 }
+
+// at translates an address of the region to where its bytes are.
+func (m *fabMR) at(addr uint64) uint64 { return m.backing + (addr - m.addr) }
 
 func (m *fabMR) covers(addr uint64, n uint32) bool {
 	return m.live && addr >= m.addr && addr+uint64(n) <= m.addr+m.length
@@ -74,6 +84,8 @@ type fakeHW struct {
 	name string
 	gid  ibv.GID
 
+	refuse error // RegMR and RegDmabuf fail with it (a NIC that cannot pin the memory)
+
 	qmu    sync.Mutex
 	queue  []fabCompletion
 	paused bool // completions wait until resume
@@ -83,13 +95,36 @@ type fakeHW struct {
 }
 
 func (hw *fakeHW) RegMR(addr, length uint64, access int) (memReg, error) {
+	if hw.refuse != nil {
+		return nil, hw.refuse
+	}
+	return hw.reg(addr, length, addr, nil, access), nil
+}
+
+func (hw *fakeHW) reg(addr, length, backing uint64, mapping []byte, access int) *fabMR {
 	f := hw.f
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.nextKey++
-	m := &fabMR{hw: hw, addr: addr, length: length, access: access, lkey: f.nextKey, rkey: f.nextKey | 1<<31, live: true}
+	m := &fabMR{hw: hw, addr: addr, length: length, backing: backing, mapping: mapping, access: access,
+		lkey: f.nextKey, rkey: f.nextKey | 1<<31, live: true}
 	f.mrs[m.lkey], f.mrs[m.rkey] = m, m
-	return m, nil
+	return m
+}
+
+// RegDmabuf maps the dma-buf (a memfd in these tests) and serves the
+// region's addresses from the mapping.
+func (hw *fakeHW) RegDmabuf(offset, length, iova uint64, fd int, access int) (memReg, error) {
+	if hw.refuse != nil {
+		return nil, hw.refuse
+	}
+	page := uint64(unix.Getpagesize())
+	base := offset &^ (page - 1)
+	b, err := unix.Mmap(fd, int64(base), int(offset-base+length), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, errs.Wrap(errs.InvalidArgument, "fake", err, "mmap dma-buf")
+	}
+	return hw.reg(iova, length, mem.Addr(b)+(offset-base), b, access), nil
 }
 
 func (hw *fakeHW) CreateQP(depth int) (queuePair, error) {
@@ -256,9 +291,9 @@ func (f *fabric) execute(q *fakeQP, w workRequest) uint32 {
 		return ibv.WCRemAccessErr
 	}
 	if w.read {
-		mem.Copy(w.local, w.remote, uint64(w.n))
+		mem.Copy(lm.at(w.local), rm.at(w.remote), uint64(w.n))
 	} else {
-		mem.Copy(w.remote, w.local, uint64(w.n))
+		mem.Copy(rm.at(w.remote), lm.at(w.local), uint64(w.n))
 	}
 	return ibv.WCSuccess
 }

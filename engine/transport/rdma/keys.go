@@ -22,17 +22,119 @@ type memReg interface {
 type registrar interface {
 	Name() string
 	RegMR(addr, length uint64, access int) (memReg, error)
+	// RegDmabuf registers length bytes at offset of a dma-buf, seen at
+	// iova (GPU memory exported by its driver).
+	RegDmabuf(offset, length, iova uint64, fd int, access int) (memReg, error)
 }
 
 // keyTable is the per-buffer, per-NIC bookkeeping: for every registered
 // region, one memory region on each NIC, in NIC order; the region's
-// descriptor carries their keys as lkey[i]/rkey[i].
+// descriptor carries their keys as lkey[i]/rkey[i]. GPU regions the NICs
+// refused are kept apart: they have no keys and move by staging.
 type keyTable struct {
-	mu   sync.Mutex
-	regs map[*segment.Region][]memReg
+	mu      sync.Mutex
+	regs    map[*segment.Region][]memReg
+	refused map[*segment.Region]error
 }
 
-func newKeyTable() *keyTable { return &keyTable{regs: map[*segment.Region][]memReg{}} }
+func newKeyTable() *keyTable {
+	return &keyTable{regs: map[*segment.Region][]memReg{}, refused: map[*segment.Region]error{}}
+}
+
+// dmabufSource exports the GPU memory at [addr, addr+length) of device dev
+// as a dma-buf: the fd (the caller closes it) and the region's offset in it.
+type dmabufSource func(addr, length uint64, dev int) (fd int, offset uint64, err error)
+
+// How GPU memory reached the NICs.
+const (
+	viaDmabuf  = "dmabuf"  // ibv_reg_dmabuf_mr on the driver's dma-buf
+	viaPeermem = "peermem" // ibv_reg_mr on the device pointer (nvidia-peermem)
+)
+
+// registerDevice registers GPU memory on every NIC: through a dma-buf of
+// the allocation where the driver exports one and the provider takes it,
+// else by its device address, which the kernel's peer-memory module
+// (nvidia-peermem) resolves. On failure nothing stays registered and the
+// error says what each way answered.
+func (k *keyTable) registerDevice(r *segment.Region, nics []registrar, src dmabufSource) (string, error) {
+	if len(nics) == 0 {
+		return "", errs.New(errs.TransportUnavailable, "rdma", "no NIC to register [%#x,+%d) on", r.Addr, r.Length)
+	}
+	k.mu.Lock()
+	_, dup := k.regs[r]
+	k.mu.Unlock()
+	if dup {
+		return "", nil
+	}
+	access := ibv.AccessLocalWrite
+	if r.Remote {
+		access |= ibv.AccessRemoteRead | ibv.AccessRemoteWrite
+	}
+	fd, off, how := -1, uint64(0), viaPeermem
+	var dmabufWhy error
+	if src != nil {
+		var err error
+		if fd, off, err = src(r.Addr, r.Length, r.Location.Index); err == nil {
+			how = viaDmabuf
+			defer unix.Close(fd)
+		} else {
+			fd, dmabufWhy = -1, err
+		}
+	}
+	mrs := make([]memReg, 0, len(nics))
+	rollback := func() {
+		for _, m := range mrs {
+			_ = m.Dereg()
+		}
+	}
+	for i, n := range nics {
+		var m memReg
+		var err error
+		if how == viaDmabuf {
+			m, err = n.RegDmabuf(off, r.Length, r.Addr, fd, access)
+			if err != nil && i == 0 && errs.CodeOf(err) == errs.NotSupported {
+				// The provider has no dma-buf registration: the device
+				// address, for every NIC.
+				how, dmabufWhy = viaPeermem, err
+			}
+		}
+		if how == viaPeermem {
+			m, err = n.RegMR(r.Addr, r.Length, access)
+		}
+		if err != nil {
+			rollback()
+			if dmabufWhy != nil {
+				return "", errs.Wrap(errs.CodeOf(err), "rdma", err, "%s refused GPU memory [%#x,+%d) by address (dma-buf: %v)",
+					n.Name(), r.Addr, r.Length, dmabufWhy).WithHint("load nvidia-peermem, or use a driver and rdma-core with dma-buf (CUDA 11.7, driver 515, rdma-core 34, Linux 5.12)")
+			}
+			return "", errs.Wrap(errs.CodeOf(err), "rdma", err, "%s refused GPU memory [%#x,+%d) through %s", n.Name(), r.Addr, r.Length, how)
+		}
+		mrs = append(mrs, m)
+	}
+	r.Desc.Lkey = make([]uint32, len(mrs))
+	r.Desc.Rkey = make([]uint32, len(mrs))
+	for i, m := range mrs {
+		r.Desc.Lkey[i], r.Desc.Rkey[i] = m.Keys()
+	}
+	k.mu.Lock()
+	k.regs[r] = mrs
+	k.mu.Unlock()
+	return how, nil
+}
+
+// refuse records a GPU region the NICs refused.
+func (k *keyTable) refuse(r *segment.Region, why error) {
+	k.mu.Lock()
+	k.refused[r] = why
+	k.mu.Unlock()
+}
+
+// refusedCount is how many registered GPU regions have no memory regions.
+func (k *keyTable) refusedCount() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.refused)
+}
 
 // register registers r on every NIC and fills r.Desc.Lkey/Rkey. On failure
 // nothing stays registered.
@@ -99,6 +201,7 @@ func (k *keyTable) unregister(r *segment.Region) error {
 	k.mu.Lock()
 	mrs, ok := k.regs[r]
 	delete(k.regs, r)
+	delete(k.refused, r)
 	k.mu.Unlock()
 	if !ok {
 		return nil
@@ -124,6 +227,7 @@ func (k *keyTable) closeAll() {
 	k.mu.Lock()
 	regs := k.regs
 	k.regs = map[*segment.Region][]memReg{}
+	k.refused = map[*segment.Region]error{}
 	k.mu.Unlock()
 	for _, mrs := range regs {
 		for _, m := range mrs {

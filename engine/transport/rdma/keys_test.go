@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"errors"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/internal/errs"
@@ -17,13 +20,15 @@ import (
 // fakeNIC registers memory without hardware: keys derive from the NIC
 // index and a counter, so the test can tell whose key is where.
 type fakeNIC struct {
-	idx     int
-	fail    error
-	barrier *sync.WaitGroup // when set, RegMR waits for every NIC's call
-	mu      sync.Mutex
-	n       uint32
-	live    map[uint32]bool // lkey -> registered
-	access  []int
+	idx      int
+	fail     error
+	noDmabuf error // RegDmabuf fails with it
+	via      []string
+	barrier  *sync.WaitGroup // when set, RegMR waits for every NIC's call
+	mu       sync.Mutex
+	n        uint32
+	live     map[uint32]bool // lkey -> registered
+	access   []int
 }
 
 func (f *fakeNIC) Name() string { return "fake" + string(rune('0'+f.idx)) }
@@ -52,6 +57,19 @@ func (f *fakeNIC) RegMR(addr, length uint64, access int) (memReg, error) {
 	f.live[lkey] = true
 	f.access = append(f.access, access)
 	return &fakeMR{f: f, lkey: lkey}, nil
+}
+
+func (f *fakeNIC) RegDmabuf(offset, length, iova uint64, fd int, access int) (memReg, error) {
+	if f.noDmabuf != nil {
+		return nil, f.noDmabuf
+	}
+	m, err := f.RegMR(iova, length, access)
+	if err == nil {
+		f.mu.Lock()
+		f.via = append(f.via, "dmabuf")
+		f.mu.Unlock()
+	}
+	return m, err
 }
 
 func (f *fakeNIC) registered() int {
@@ -222,4 +240,70 @@ func TestPreTouchKeepsContents(t *testing.T) {
 	if !bytes.Equal(b, want) {
 		t.Fatal("preTouch changed memory")
 	}
+}
+
+// GPU memory goes through a dma-buf where the driver exports one and the
+// provider takes it, else by address (peer memory); a NIC that refuses both
+// leaves nothing registered and an error that says what each way answered.
+func TestKeysDevice(t *testing.T) {
+	gpu := func(t *testing.T) *segment.Region {
+		r := region(t, 1<<16, true)
+		r.Location = segment.Location{Kind: "cuda", Index: 0}
+		return r
+	}
+	fd := func(t *testing.T) dmabufSource {
+		return func(uint64, uint64, int) (int, uint64, error) {
+			var fds [2]int // any fd: the fakes do not read it; registration closes it
+			if err := unix.Pipe(fds[:]); err != nil {
+				return -1, 0, err
+			}
+			unix.Close(fds[1])
+			return fds[0], 0, nil
+		}
+	}
+	noExport := func(uint64, uint64, int) (int, uint64, error) {
+		return -1, 0, errs.New(errs.NotSupported, "fake", "no dma-buf")
+	}
+	t.Run("dmabuf", func(t *testing.T) {
+		fs, rs := fakes(2)
+		k := newKeyTable()
+		r := gpu(t)
+		how, err := k.registerDevice(r, rs, fd(t))
+		if err != nil || how != viaDmabuf || len(r.Desc.Rkey) != 2 || len(fs[0].via) != 1 || len(fs[1].via) != 1 {
+			t.Fatalf("%q %v %v", how, err, r.Desc)
+		}
+		if err := k.unregister(r); err != nil || fs[0].registered()+fs[1].registered() != 0 {
+			t.Fatal(err)
+		}
+	})
+	t.Run("provider without dma-buf", func(t *testing.T) {
+		fs, rs := fakes(2)
+		fs[0].noDmabuf = errs.New(errs.NotSupported, "fake", "EOPNOTSUPP")
+		fs[1].noDmabuf = fs[0].noDmabuf
+		k := newKeyTable()
+		how, err := k.registerDevice(gpu(t), rs, fd(t))
+		if err != nil || how != viaPeermem || fs[0].registered() != 1 || fs[1].registered() != 1 {
+			t.Fatalf("%q %v", how, err)
+		}
+	})
+	t.Run("driver without dma-buf", func(t *testing.T) {
+		fs, rs := fakes(1)
+		how, err := newKeyTable().registerDevice(gpu(t), rs, noExport)
+		if err != nil || how != viaPeermem || fs[0].registered() != 1 {
+			t.Fatalf("%q %v", how, err)
+		}
+	})
+	t.Run("refused", func(t *testing.T) {
+		fs, rs := fakes(3)
+		fs[2].fail = errs.New(errs.InvalidArgument, "fake", "EFAULT")
+		k := newKeyTable()
+		r := gpu(t)
+		_, err := k.registerDevice(r, rs, noExport)
+		if err == nil || !strings.Contains(err.Error(), "no dma-buf") || !strings.Contains(err.Error(), "fake2") {
+			t.Fatalf("error %v should name the NIC and the dma-buf answer", err)
+		}
+		if n := fs[0].registered() + fs[1].registered() + fs[2].registered(); n != 0 || len(r.Desc.Rkey) != 0 || k.len() != 0 {
+			t.Fatalf("%d regions left, keys %v", n, r.Desc.Rkey)
+		}
+	})
 }

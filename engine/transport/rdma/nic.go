@@ -54,6 +54,7 @@ type nic struct {
 // device; tests drive a fake fabric through the same transport code.
 type nicHW interface {
 	RegMR(addr, length uint64, access int) (memReg, error)
+	RegDmabuf(offset, length, iova uint64, fd int, access int) (memReg, error)
 	CreateQP(depth int) (queuePair, error)
 	// Run delivers completions with t.complete until Stop.
 	Run(t *Transport, n *nic)
@@ -100,6 +101,11 @@ func (n *nic) Name() string { return n.name }
 // RegMR registers memory on the NIC.
 func (n *nic) RegMR(addr, length uint64, access int) (memReg, error) {
 	return n.hw.RegMR(addr, length, access)
+}
+
+// RegDmabuf registers a dma-buf's bytes on the NIC.
+func (n *nic) RegDmabuf(offset, length, iova uint64, fd int, access int) (memReg, error) {
+	return n.hw.RegDmabuf(offset, length, iova, fd, access)
 }
 
 // pickGIDIndex chooses the GID entry when rdma.gid_index is not set: on

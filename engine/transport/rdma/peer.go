@@ -1,6 +1,8 @@
 package rdma
 
 import (
+	"slices"
+	"sync"
 	"sync/atomic"
 
 	"github.com/tecache/te/engine/segment"
@@ -8,18 +10,38 @@ import (
 )
 
 // peerInfo is what the transport derives from one peer descriptor: its NICs,
-// the NIC pairs requests use and the endpoint of each pair. It is built once
-// per descriptor the engine hands over (a descriptor is immutable; a new
-// version is a new one), so requests neither parse nor allocate for it.
+// the rails (NIC pairs) to it and the endpoint of each, and the routing plan
+// of each pair of memory locations. It is built once per descriptor the
+// engine hands over (a descriptor is immutable; a new version is a new one),
+// so requests neither parse nor allocate for it.
 type peerInfo struct {
-	desc  *segment.Desc
-	nics  []nicInfo
-	pairs [][2]int // (local NIC, peer NIC) indexes
-	err   error    // why the descriptor is unusable
-	// eps caches the endpoint of each pair; the map in Transport under mu
+	desc   *segment.Desc
+	nics   []nicInfo
+	rails  []*rail   // every (local NIC, peer NIC) pair of one link layer
+	rix    []int     // rix[x]: rails[x]'s NIC index in nics
+	at     [][]int32 // at[local][peer NIC]: index in rails, or -1
+	health *peerHealth
+	err    error // why the descriptor is unusable
+	// eps caches the endpoint of each rail; the map in Transport under mu
 	// stays the authority and is consulted only when this one is empty or
 	// failed.
-	eps []atomic.Pointer[endpoint]
+	eps   []atomic.Pointer[endpoint]
+	plans sync.Map // planKey -> *plan
+}
+
+// planKey names a routing plan: the local memory location and the NICs the
+// target buffer says are near it.
+type planKey struct {
+	local segment.Location
+	near  string
+}
+
+// plan is where requests between two memory locations go: tier 0 (the
+// local location's preferred NICs paired with the target buffer's) carries
+// them; tier 1 (every other rail, those with one near end first) takes
+// what fails there.
+type plan struct {
+	tier0, tier1 []int32
 }
 
 // peerOf returns the parsed form of d, from the cache when d is the
@@ -36,13 +58,136 @@ func (t *Transport) peerOf(d *segment.Desc) *peerInfo {
 	pi := &peerInfo{desc: d}
 	pi.nics, pi.err = peerNICs(d)
 	if pi.err == nil {
-		pi.pairs = pairNICs(t.local, pi.nics)
-		if len(pi.pairs) == 0 {
+		t.buildRails(pi)
+		if len(pi.rails) == 0 {
 			pi.err = errs.New(errs.TransportUnavailable, "rdma", "no NIC here shares a link layer with %q (%s vs %s)",
 				d.Name, endpointString(t.local), endpointString(pi.nics))
 		}
 	}
-	pi.eps = make([]atomic.Pointer[endpoint], len(pi.pairs))
-	t.peers.Store(d.Name, pi)
+	pi.eps = make([]atomic.Pointer[endpoint], len(pi.rails))
+	if old, ok := t.peers.Swap(d.Name, pi); ok {
+		if o := old.(*peerInfo); o.desc != nil && o.desc.Instance != d.Instance {
+			t.retire(o.desc.Instance)
+		}
+	}
 	return pi
 }
+
+// buildRails lists the rails to the peer: every local NIC with every peer
+// NIC of its link layer, sharing the transport's rail and health state for
+// the peer instance.
+func (t *Transport) buildRails(pi *peerInfo) {
+	inst := pi.desc.Instance
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	pi.health = t.peerH[inst]
+	if pi.health == nil {
+		pi.health = &peerHealth{}
+		t.peerH[inst] = pi.health
+	}
+	pi.at = make([][]int32, len(t.local))
+	for i, l := range t.local {
+		pi.at[i] = make([]int32, len(pi.nics))
+		for j, r := range pi.nics {
+			pi.at[i][j] = -1
+			if l.link != r.link {
+				continue
+			}
+			key := epKey{instance: inst, local: i, remote: r.name}
+			rl := t.rails[key]
+			if rl == nil {
+				rl = &rail{key: key, local: i, lname: l.name, rname: r.name}
+				t.rails[key] = rl
+			}
+			pi.at[i][j] = int32(len(pi.rails))
+			pi.rails = append(pi.rails, rl)
+			pi.rix = append(pi.rix, j)
+		}
+	}
+}
+
+// retire forgets the rails of a peer instance that restarted: their
+// counters go to the totals, their health does not carry over.
+func (t *Transport) retire(instance string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for k, r := range t.rails {
+		if k.instance == instance {
+			t.retired.add(r)
+			delete(t.rails, k)
+		}
+	}
+	delete(t.peerH, instance)
+}
+
+// plan returns the routing plan for requests from local memory at loc to a
+// buffer whose near NICs are near (ExtraNear).
+func (pi *peerInfo) plan(t *Transport, loc segment.Location, near string) *plan {
+	k := planKey{loc, near}
+	if v, ok := pi.plans.Load(k); ok {
+		return v.(*plan)
+	}
+	lt := t.loc.tiers(loc)
+	v, _ := pi.plans.LoadOrStore(k, pi.buildPlan(lt, parseNear(near, len(pi.nics))))
+	return v.(*plan)
+}
+
+// buildPlan pairs the local location's preferred NICs with the buffer's
+// (each list cycled to the longer's length, so every near NIC on either side
+// carries a share) for tier 0, and ranks every other rail for tier 1.
+func (pi *peerInfo) buildPlan(lt *localTiers, near []int) *plan {
+	lp := lt.pref
+	if len(lp) == 0 {
+		lp = append(append([]int(nil), lt.pref...), lt.other...)
+	}
+	rp := near
+	if len(rp) == 0 {
+		rp = make([]int, len(pi.nics))
+		for i := range rp {
+			rp[i] = i
+		}
+	}
+	p := &plan{}
+	in0 := map[int32]bool{}
+	for i := 0; i < max(len(lp), len(rp)); i++ {
+		l := lp[i%len(lp)]
+		// The i-th near peer NIC, or the next one this NIC can talk to.
+		for k := 0; k < len(rp); k++ {
+			if x := pi.at[l][rp[(i+k)%len(rp)]]; x >= 0 {
+				if !in0[x] {
+					in0[x] = true
+					p.tier0 = append(p.tier0, x)
+				}
+				break
+			}
+		}
+	}
+	nearL := map[int]bool{}
+	for _, l := range lp {
+		nearL[l] = true
+	}
+	nearR := map[int]bool{}
+	for _, r := range rp {
+		nearR[r] = true
+	}
+	score := func(x int32) int {
+		s := 0
+		if nearL[pi.rails[x].local] {
+			s++
+		}
+		if nearR[pi.rix[x]] {
+			s++
+		}
+		return s
+	}
+	for x := range pi.rails {
+		if !in0[int32(x)] {
+			p.tier1 = append(p.tier1, int32(x))
+		}
+	}
+	slices.SortStableFunc(p.tier1, func(a, b int32) int { return score(b) - score(a) })
+	return p
+}
+
+// remoteIndex is rail x's NIC index in the peer's devices.
+func (pi *peerInfo) remoteIndex(x int32) int { return pi.rix[x] }

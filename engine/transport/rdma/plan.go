@@ -40,39 +40,6 @@ func linkName(l uint8) string {
 	}
 }
 
-// pairNICs returns the (local, remote) NIC index pairs requests may use:
-// every local NIC paired with a remote NIC of the same link layer, local NICs
-// spread over the remote ones so two local NICs do not share one peer NIC
-// while another idles.
-func pairNICs(local, remote []nicInfo) [][2]int {
-	var pairs [][2]int
-	used := map[string]int{} // link layer -> remote NICs handed out
-	for i, l := range local {
-		var cands []int
-		for j, r := range remote {
-			if r.link == l.link {
-				cands = append(cands, j)
-			}
-		}
-		if len(cands) == 0 {
-			continue
-		}
-		pairs = append(pairs, [2]int{i, cands[used[l.link]%len(cands)]})
-		used[l.link]++
-	}
-	return pairs
-}
-
-// pickPair returns the pair index for slice i of a request whose slices
-// start at pair start; each retry moves to the next pair, so a slice that
-// failed on one NIC is tried on another.
-func pickPair(nPairs, start, i, attempt int) int {
-	if nPairs <= 0 {
-		return -1
-	}
-	return (start + i + attempt) % nPairs
-}
-
 // regPlan says how a region is registered on the NICs.
 type regPlan struct {
 	preTouch bool // fault the pages in first, in parallel

@@ -13,6 +13,7 @@ import (
 	"github.com/tecache/te/engine/transport"
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/ibv"
+	"github.com/tecache/te/internal/sys/topo"
 	"github.com/tecache/te/internal/wire"
 )
 
@@ -79,10 +80,16 @@ type Transport struct {
 	nics   []*nic
 	local  []nicInfo
 	keys   *keyTable
+	loc    *locality
+	health health
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // connecting endpoints
-	rr     atomic.Uint64  // spreads requests' first slice over NIC pairs
+	rr     atomic.Uint64  // breaks ties between rails
+
+	// dmabuf exports GPU memory for registration (the CUDA driver; tests
+	// replace it).
+	dmabuf dmabufSource
 
 	closing atomic.Bool
 	mu      sync.Mutex
@@ -90,8 +97,16 @@ type Transport struct {
 	eps     map[epKey]*endpoint
 	all     map[*endpoint]struct{} // every endpoint whose queue pairs are not destroyed
 	passive map[epKey]*passiveEP
+	rails   map[epKey]*rail        // by peer instance and NIC pair
+	peerH   map[string]*peerHealth // by peer instance
+	retired railTotals             // counters of rails of restarted peers
 
 	peers sync.Map // segment name -> *peerInfo of its last descriptor
+
+	st struct {
+		gpuDmabuf, gpuPeermem, gpuRefused atomic.Uint64
+		cooldowns, unreachable            atomic.Uint64
+	}
 }
 
 // passiveEP is the accepting side of an endpoint: queue pairs a peer
@@ -107,7 +122,8 @@ const MaxPassive = 4096
 
 // New returns an unstarted transport.
 func New() *Transport {
-	return &Transport{keys: newKeyTable(), eps: map[epKey]*endpoint{}, all: map[*endpoint]struct{}{}, passive: map[epKey]*passiveEP{}}
+	return &Transport{keys: newKeyTable(), eps: map[epKey]*endpoint{}, all: map[*endpoint]struct{}{}, passive: map[epKey]*passiveEP{},
+		rails: map[epKey]*rail{}, peerH: map[string]*peerHealth{}, dmabuf: dmabufOf}
 }
 
 // Name returns "rdma".
@@ -169,8 +185,14 @@ func (t *Transport) Start(h transport.Host) error {
 // in tests).
 func (t *Transport) start(nics []*nic) {
 	t.nics = nics
-	for _, n := range nics {
+	names := make([]string, len(nics))
+	for i, n := range nics {
 		t.local = append(t.local, n.info())
+		names[i] = n.name
+	}
+	t.health = t.opt.health()
+	if t.loc == nil {
+		t.loc = newLocality(topo.Root(), names, driverGPUs)
 	}
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	for _, n := range t.nics {
@@ -204,31 +226,94 @@ func (t *Transport) registrars() []registrar {
 }
 
 // Register registers r on every NIC (in parallel, pre-faulted, from
-// rdma.parallel_reg_min) and sets r.Desc.Lkey/Rkey, one key per NIC.
+// rdma.parallel_reg_min) and sets r.Desc.Lkey/Rkey, one key per NIC, and
+// the NICs near it (ExtraNear). GPU memory the NICs refuse is registered
+// without keys (logged, counted in gpu_refused): it moves by staging.
 func (t *Transport) Register(r *segment.Region) error {
 	if t.closing.Load() {
 		return errs.New(errs.Closed, "rdma", "transport closed")
 	}
-	return t.keys.register(r, t.registrars(), t.opt.ParallelRegMin)
+	if r.Location.Kind == "cuda" {
+		how, err := t.keys.registerDevice(r, t.registrars(), t.dmabuf)
+		switch {
+		case err != nil:
+			t.keys.refuse(r, err)
+			t.st.gpuRefused.Add(1)
+			t.h.Logf("te: rdma: GPU memory [%#x,+%d) at %s stays off the NICs, requests on it are staged over another transport: %v",
+				r.Addr, r.Length, r.Location, err)
+			return nil
+		case how == viaDmabuf:
+			t.st.gpuDmabuf.Add(1)
+		case how == viaPeermem:
+			t.st.gpuPeermem.Add(1)
+		}
+	} else if err := t.keys.register(r, t.registrars(), t.opt.ParallelRegMin); err != nil {
+		return err
+	}
+	if near := t.loc.tiers(r.Location).near; near != "" && len(r.Desc.Rkey) > 0 {
+		if r.Desc.Extra == nil {
+			r.Desc.Extra = map[string]string{}
+		}
+		r.Desc.Extra[ExtraNear] = near
+	}
+	return nil
 }
 
 // Unregister deregisters r's memory regions.
 func (t *Transport) Unregister(r *segment.Region) error { return t.keys.unregister(r) }
 
-// Reachable reports whether some local NIC can talk to some NIC of the peer.
+// Reachable reports whether some local NIC can talk to some NIC of the
+// peer, and whether rdma to it works: a peer whose endpoints failed
+// ErrorLimit times within ErrorWindow with no transfer completing in
+// between (it cannot be reached, or keeps failing) is unreachable for a
+// cooldown, and the engine takes another transport for it.
 func (t *Transport) Reachable(d *segment.Desc) error {
 	if d.RPC == "" {
 		return errs.New(errs.TransportUnavailable, "rdma", "segment %q has no control-plane address for the handshake", d.Name)
 	}
-	return t.peerOf(d).err
+	pi := t.peerOf(d)
+	if pi.err != nil {
+		return pi.err
+	}
+	if err := pi.health.unreachable(nanotime()); err != nil {
+		return errs.Wrap(errs.PeerUnreachable, "rdma", err, "segment %q", d.Name)
+	}
+	return nil
 }
 
-// endpoint returns the endpoint of a NIC pair with the peer, starting a new
-// one (connected in the background) when there is none or the last one
-// failed.
-func (t *Transport) endpoint(pi *peerInfo, local, remote int) (*endpoint, error) {
+// railError records an endpoint failure against its rail and its peer.
+// A cancellation, a closing transport or a refused key (the peer changed
+// its memory, not its NICs) says nothing about the rail.
+func (t *Transport) railError(ep *endpoint, err error) {
+	switch errs.CodeOf(err) {
+	case errs.Canceled, errs.Closed, errs.StaleDescriptor:
+		return
+	}
+	if t.closing.Load() || ep.rail == nil {
+		return
+	}
+	now := nanotime()
+	if d, cool := ep.rail.failed(t.health, now); cool {
+		t.st.cooldowns.Add(1)
+		t.h.Logf("te: rdma: rail %s -> %s@%s cools down for %v after %d errors within %v: %v",
+			ep.nic.name, ep.peer.name, ep.peer.nic, d, t.health.limit, t.health.window, err)
+	}
+	if ep.peerH != nil && ep.peerH.failed(t.health, now, err) {
+		t.st.unreachable.Add(1)
+		if rn, ok := t.h.(transport.ReachNotifier); ok {
+			rn.ReachChanged() // the engine's cached choice of rdma for it goes
+		}
+		t.h.Logf("te: rdma: peer %s is unreachable over rdma for %v (other transports take it): %v",
+			ep.peer.name, time.Duration(ep.peerH.coolUntil.Load()-now), err)
+	}
+}
+
+// endpoint returns the endpoint of rail x of the peer, starting a new one
+// (connected in the background) when there is none or the last one failed.
+func (t *Transport) endpoint(pi *peerInfo, x int32) (*endpoint, error) {
 	d := pi.desc
-	key := epKey{instance: d.Instance, local: local, remote: pi.nics[remote].name}
+	rl := pi.rails[x]
+	key := rl.key
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
@@ -237,8 +322,8 @@ func (t *Transport) endpoint(pi *peerInfo, local, remote int) (*endpoint, error)
 	if ep := t.eps[key]; ep != nil && !ep.failed() {
 		return ep, nil
 	}
-	ep := &endpoint{t: t, key: key, nic: t.nics[local], connecting: true,
-		peer: peerRef{name: d.Name, instance: d.Instance, rpc: d.RPC, nic: pi.nics[remote].name}}
+	ep := &endpoint{t: t, key: key, nic: t.nics[rl.local], rail: rl, peerH: pi.health, connecting: true,
+		peer: peerRef{name: d.Name, instance: d.Instance, rpc: d.RPC, nic: rl.rname}}
 	t.eps[key] = ep
 	t.all[ep] = struct{}{}
 	t.wg.Add(1)
@@ -425,4 +510,59 @@ func (t *Transport) released(ep *endpoint) {
 	t.mu.Lock()
 	delete(t.all, ep)
 	t.mu.Unlock()
+}
+
+// Stats counts, since the transport started: per rail ("rail.L:R.*", local
+// NIC L to peer NIC R, summed over peers) and per local NIC the bytes moved, error events
+// (endpoint failures), slices retried elsewhere and cooldowns; per peer NIC
+// the bytes; doorbells (ibv_post_send calls) per NIC; GPU regions
+// registered through a dma-buf, by address (peer memory) and refused; and
+// peers found unreachable.
+func (t *Transport) Stats() map[string]uint64 {
+	out := map[string]uint64{}
+	tot := railTotals{}
+	t.mu.Lock()
+	for _, r := range t.rails {
+		tot.add(r)
+	}
+	for k, v := range t.retired {
+		w := tot[k]
+		if w == nil {
+			w = new([4]uint64)
+			tot[k] = w
+		}
+		for i := range v {
+			w[i] += v[i]
+		}
+	}
+	t.mu.Unlock()
+	names := [4]string{"bytes", "errors", "retries", "cooldowns"}
+	for k, v := range tot {
+		l, r, _ := strings.Cut(k, ":")
+		for i, n := range names {
+			out["rail."+k+"."+n] += v[i]
+			out["nic."+l+"."+n] += v[i]
+			out[n] += v[i]
+		}
+		out["peer_nic."+r+".bytes"] += v[0]
+	}
+	for _, n := range t.nics {
+		p := n.posts.Load()
+		out["nic."+n.name+".doorbells"] = p
+		out["doorbells"] += p
+	}
+	out["gpu_dmabuf"] = t.st.gpuDmabuf.Load()
+	out["gpu_peermem"] = t.st.gpuPeermem.Load()
+	out["gpu_refused"] = t.st.gpuRefused.Load()
+	out["peers_unreachable"] = t.st.unreachable.Load()
+	return out
+}
+
+// Topology is Mooncake's topology matrix of this transport's NICs: for
+// every memory location of the machine, the NICs near it and the others.
+func (t *Transport) Topology() map[string][2][]string {
+	if t.loc == nil {
+		return map[string][2][]string{}
+	}
+	return t.loc.matrix()
 }

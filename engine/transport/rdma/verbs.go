@@ -101,6 +101,14 @@ func (v *verbsNIC) RegMR(addr, length uint64, access int) (memReg, error) {
 	return mrAdapter{m}, nil
 }
 
+func (v *verbsNIC) RegDmabuf(offset, length, iova uint64, fd int, access int) (memReg, error) {
+	m, err := v.pd.RegDmabufMR(offset, length, iova, fd, access)
+	if err != nil {
+		return nil, err
+	}
+	return mrAdapter{m}, nil
+}
+
 // verbsQP is an RC queue pair with the C memory its work requests are built
 // in, room for a whole send queue, so one chain is one ibv_post_send (used
 // under the endpoint's lock).

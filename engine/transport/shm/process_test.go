@@ -3,7 +3,6 @@ package shm_test
 import (
 	"bytes"
 	"encoding/json"
-	"fmt"
 	"hash/crc32"
 	"io"
 	"os"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/tecache/te/engine"
 	"github.com/tecache/te/internal/sys/mem"
+	"github.com/tecache/te/internal/sys/proc"
 )
 
 // owner is the parent side of the process tests: an engine with one
@@ -206,27 +206,6 @@ func TestUnregisterWhileHammered(t *testing.T) {
 	}
 }
 
-// stopped reports whether every thread of pid is in the stopped state (the
-// kernel stops threads one by one after kill returns).
-func stopped(pid int) bool {
-	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
-	if err != nil || len(tasks) == 0 {
-		return false
-	}
-	for _, f := range tasks {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			return false
-		}
-		// The state follows the parenthesised command name.
-		i := bytes.LastIndexByte(b, ')')
-		if i < 0 || i+2 >= len(b) || b[i+2] != 'T' {
-			return false
-		}
-	}
-	return true
-}
-
 // firstNot returns the index of the first byte of b that is not v, or -1.
 func firstNot(b []byte, v byte) int {
 	for i, x := range b {
@@ -256,7 +235,7 @@ func TestStoppedPeerIsCutOff(t *testing.T) {
 	c := startInitiator(t, o.e.Name(), o.addr(), o.n(), nil)
 	expectOK(t, c.do("write 0 4096 1"), "shm")
 	c.signal(syscall.SIGSTOP)
-	waitFor(t, "the peer to stop", func() bool { return stopped(c.cmd.Process.Pid) })
+	waitFor(t, "the peer to stop", func() bool { return proc.Stopped(c.cmd.Process.Pid) })
 	t0 := time.Now()
 	if err := o.e.UnregisterMemory(o.addr()); err != nil {
 		t.Fatal(err)

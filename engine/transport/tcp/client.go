@@ -16,14 +16,26 @@ import (
 // The op completes with its last slice, so it completes only once no
 // goroutine of the transport touches its memory.
 type op struct {
-	req       *transport.Request // not to be read once the op completed
-	p         *pipe.Peer[item]
-	inst      string // the instance the request's descriptor names (te's framing)
-	write     bool
-	gpu       int // local memory: 0 host, else device ordinal+1 (staged, gpu.go)
-	remaining atomic.Int32
-	err       atomic.Pointer[errBox]
-	canceled  atomic.Bool
+	// What the slices need of the request, copied in Submit: the
+	// request's slot is the engine's, and is not read after Submit
+	// (transport.Request); the op completes through tk.
+	local, remote, key uint64
+	tk                 transport.Ticket
+	p                  *pipe.Peer[item]
+	inst               string // the instance the request's descriptor names (te's framing)
+	write              bool
+	gpu                int // local memory: 0 host, else device ordinal+1 (staged, gpu.go)
+	remaining          atomic.Int32
+	err                atomic.Pointer[errBox]
+	canceled           atomic.Bool
+}
+
+// opcode is the op's direction, for messages.
+func (o *op) opcode() transport.Opcode {
+	if o.write {
+		return transport.Write
+	}
+	return transport.Read
 }
 
 type errBox struct{ err error }
@@ -48,9 +60,9 @@ func (it item) Done(err error) {
 	}
 	if o.remaining.Add(-1) == 0 {
 		if b := o.err.Load(); b != nil {
-			o.req.Complete(b.err)
+			o.tk.Complete(b.err)
 		} else {
-			o.req.Complete(nil)
+			o.tk.Complete(nil)
 		}
 	}
 }
@@ -113,7 +125,8 @@ func (t *Transport) Submit(reqs []transport.Request) {
 			continue
 		}
 		o := &ops[i]
-		o.req, o.p, o.write, o.inst = r, p, r.Op == transport.Write, r.Peer.Instance
+		o.local, o.remote, o.key, o.tk = r.Local, r.Remote, r.Key, r.Ticket()
+		o.p, o.write, o.inst = p, r.Op == transport.Write, r.Peer.Instance
 		if isDevice(r.Region) {
 			if !f.gpu {
 				r.Complete(errs.New(errs.NotSupported, "tcp", "local %#x is GPU memory: not moved to a Mooncake peer over tcp", r.Local))

@@ -67,6 +67,17 @@ func (w *frameWriter) deviceFrame(hdrEnd, dev int, addr, n uint64) int64 {
 	return w.end
 }
 
+// stagedFrame adds a frame whose payload is a storage READ's staging
+// buffers (server_file.go), in order.
+func (w *frameWriter) stagedFrame(hdrEnd int, g *staged) int64 {
+	w.end += int64(hdrEnd-w.counted) + int64(g.n)
+	w.counted = hdrEnd
+	w.bufs = append(w.bufs, w.hdrs[w.start:hdrEnd])
+	w.bufs = g.payload(w.bufs)
+	w.start = hdrEnd
+	return w.end
+}
+
 // send writes the frames added, each 4 MiB within d, and returns how many
 // bytes reached the socket. It returns only once no payload is read any
 // more (device copies included).
@@ -143,7 +154,7 @@ func putTeRequest(h []byte, id uint64, it item) {
 	if it.op.write {
 		kind = wire.DataWrite
 	}
-	wire.PutDataRequest(h, wire.DataRequest{Kind: kind, ID: id, Addr: it.op.req.Remote + it.off, Length: it.n, Key: it.op.req.Key})
+	wire.PutDataRequest(h, wire.DataRequest{Kind: kind, ID: id, Addr: it.op.remote + it.off, Length: it.n, Key: it.op.key})
 }
 
 // requests writes request frames of one framing (its header size and put),
@@ -168,7 +179,7 @@ func (e *requests) Encode(nc net.Conn, out []pipe.Out[item]) (int64, error) {
 	hdrs := e.w.begin(len(out), e.size)
 	for i := range out {
 		it := out[i].Item
-		local := it.op.req.Local + it.off
+		local := it.op.local + it.off
 		end := (i + 1) * e.size
 		e.put(hdrs[end-e.size:end], out[i].ID, it)
 		switch {
@@ -235,24 +246,23 @@ func (d *teCompletions) Decode(r *pipe.Reader[item]) error {
 		}
 		return nil
 	}
-	req := o.req
 	if comp.Status != errs.OK {
-		r.Done(s, errs.New(comp.Status, "tcp", "%s refused %v of [%#x,+%d)", r.Addr(), req.Op, req.Remote+it.off, it.n))
+		r.Done(s, errs.New(comp.Status, "tcp", "%s refused %v of [%#x,+%d)", r.Addr(), o.opcode(), o.remote+it.off, it.n))
 		return nil
 	}
 	if want > 0 && o.gpu > 0 {
-		copyErr, ioErr := d.st.recv(r.Buf(), r.Conn(), o.gpu-1, req.Local+it.off, want)
+		copyErr, ioErr := d.st.recv(r.Buf(), r.Conn(), o.gpu-1, o.local+it.off, want)
 		r.Moved()
 		if ioErr != nil {
 			return r.Lost(ioErr)
 		}
 		if copyErr != nil {
-			r.Done(s, errs.Wrap(errs.CodeOf(copyErr), "tcp", copyErr, "stage %d bytes into GPU memory at %#x", want, req.Local+it.off))
+			r.Done(s, errs.Wrap(errs.CodeOf(copyErr), "tcp", copyErr, "stage %d bytes into GPU memory at %#x", want, o.local+it.off))
 			return nil
 		}
 	} else if want > 0 {
 		r.Moved()
-		if err := readPayload(r.Buf(), r.Conn(), mem.Bytes(req.Local+it.off, want), progress); err != nil {
+		if err := readPayload(r.Buf(), r.Conn(), mem.Bytes(o.local+it.off, want), progress); err != nil {
 			return r.Lost(err)
 		}
 	}
@@ -268,8 +278,15 @@ func (w *frameWriter) writeCompletions(nc net.Conn, st *stage, batch []response,
 	hdrs := w.begin(len(batch), wire.CompHeaderSize)
 	for i := range batch {
 		end := (i + 1) * wire.CompHeaderSize
+		batch[i].settleStaged() // a storage READ's file I/O: its status, maybe a failure
 		wire.PutCompletion(hdrs[end-wire.CompHeaderSize:], batch[i].comp)
 		switch g := batch[i].region; {
+		case batch[i].stg != nil:
+			if batch[i].comp.Status == errs.OK && batch[i].comp.Length > 0 {
+				w.stagedFrame(end, batch[i].stg)
+			} else {
+				w.frame(end, nil)
+			}
 		case g == nil:
 			w.frame(end, nil)
 		case isDevice(g):

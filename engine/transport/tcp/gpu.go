@@ -122,11 +122,11 @@ func (t *Transport) closeGPU() {
 // every peer it reaches, staging its own side through host memory; local
 // device memory needs CUDA here. A target without CUDA cannot hold device
 // buffers (registration refuses them), and refuses them if asked.
-func (t *Transport) DeviceMemory(d *segment.Desc, buf *segment.BufferDesc, localDevice bool) bool {
+func (t *Transport) DeviceMemory(d *segment.Desc, buf *segment.BufferDesc, local *segment.Region) bool {
 	if t.Reachable(d) != nil {
 		return false
 	}
-	if localDevice {
+	if local.Location.Kind == "cuda" {
 		_, err := cudaLoad()
 		return err == nil
 	}

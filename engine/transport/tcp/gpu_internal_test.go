@@ -114,10 +114,10 @@ func TestGPURegionWithoutCUDA(t *testing.T) {
 
 	// Initiator side: a request from local GPU memory fails at once.
 	d := &segment.Desc{Name: "target", Endpoints: map[string]string{Name: tr.Addr().String()}}
-	if tr.DeviceMemory(d, &hr.Desc, true) {
+	if tr.DeviceMemory(d, &hr.Desc, gr) {
 		t.Error("DeviceMemory offers to move local GPU memory without CUDA")
 	}
-	if !tr.DeviceMemory(d, &gr.Desc, false) {
+	if !tr.DeviceMemory(d, &gr.Desc, hr) {
 		t.Error("DeviceMemory refuses host memory to a remote GPU buffer (the target stages it)")
 	}
 	done := make(chan error, 1)

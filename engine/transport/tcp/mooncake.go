@@ -100,7 +100,7 @@ func putMcRequest(h []byte, _ uint64, it item) {
 	if it.op.write {
 		op = wire.MooncakeWrite
 	}
-	wire.PutMooncakeRequest(h, wire.MooncakeRequest{Size: it.n, Addr: it.op.req.Remote + it.off, Op: op, V2: true})
+	wire.PutMooncakeRequest(h, wire.MooncakeRequest{Size: it.n, Addr: it.op.remote + it.off, Op: op, V2: true})
 }
 
 // mcStatuses reads statuses, each OK READ's followed by its payload, and
@@ -133,7 +133,7 @@ func (d *mcStatuses) Decode(r *pipe.Reader[item]) error {
 	if !it.op.write {
 		// A READ's payload follows its status.
 		r.Moved()
-		if err := readPayload(r.Buf(), r.Conn(), mem.Bytes(it.op.req.Local+it.off, it.n), d.t.opt.Progress); err != nil {
+		if err := readPayload(r.Buf(), r.Conn(), mem.Bytes(it.op.local+it.off, it.n), d.t.opt.Progress); err != nil {
 			return r.Lost(err)
 		}
 	}
@@ -145,7 +145,6 @@ func (d *mcStatuses) Close() {}
 
 // mooncakeRefusal turns a target's refusal status into an error.
 func mooncakeRefusal(addr string, code uint32, it item) error {
-	r := it.op.req
 	c := errs.AccessDenied
 	why := "refused"
 	switch code {
@@ -154,7 +153,7 @@ func mooncakeRefusal(addr string, code uint32, it item) error {
 	case wire.MooncakeNotServed:
 		c = errs.NotSupported
 	}
-	return errs.New(c, "tcp", "Mooncake peer %s %s %v of [%#x,+%d) (status %d)", addr, why, r.Op, r.Remote+it.off, it.n, code)
+	return errs.New(c, "tcp", "Mooncake peer %s %s %v of [%#x,+%d) (status %d)", addr, why, it.op.opcode(), it.op.remote+it.off, it.n, code)
 }
 
 // serveMooncake serves a Mooncake initiator: first holds the first 8 bytes
@@ -200,7 +199,9 @@ func (s *serverConn) serveMooncake(sv *server, first []byte) {
 			s.refuseMooncake(br, wire.MooncakeAddrRejected)
 			return
 		}
-		if isDevice(region) {
+		if isDevice(region) || segment.StorageOf(region) != nil {
+			// Device memory and registered files are te's to serve
+			// (staged), not a Mooncake peer's.
 			region.Release()
 			s.refuseMooncake(br, wire.MooncakeNotServed)
 			return

@@ -141,6 +141,7 @@ type response struct {
 	comp   wire.Completion
 	addr   uint64
 	region *segment.Region
+	stg    *staged // file I/O of a storage region's request (server_file.go)
 }
 
 // serverConn is the target side of one data connection: the reader executes
@@ -194,10 +195,8 @@ func (s *serverConn) end() {
 	rest := s.queue
 	s.queue = nil
 	s.mu.Unlock()
-	for _, r := range rest {
-		if r.region != nil {
-			r.region.Release()
-		}
+	for i := range rest {
+		rest[i].drop()
 	}
 	s.t.mu.Lock()
 	delete(s.t.served, s)
@@ -234,9 +233,7 @@ func (s *serverConn) push(r response) bool {
 		case <-s.space:
 		case <-s.done:
 			s.pushing.Store(nil)
-			if r.region != nil {
-				r.region.Release()
-			}
+			r.drop()
 			return false
 		}
 	}
@@ -347,6 +344,12 @@ func (s *serverConn) serveTe(sv *server, first []byte) {
 					region, status = nil, errs.NotSupported
 				}
 			}
+		}
+		if status == errs.OK && segment.StorageOf(region) != nil {
+			if !s.serveStorage(br, nc, req, region) { // a registered file
+				return
+			}
+			continue
 		}
 		if req.Kind == wire.DataWrite {
 			if status != errs.OK {
@@ -479,13 +482,12 @@ func (s *serverConn) writeLoop() {
 			}
 			continue
 		}
-		// Copies from device memory end before its region is released.
+		// Copies from device memory, and a storage READ's file I/O, end
+		// before the region is released.
 		err := w.writeCompletions(s.nc, st, batch, s.t.opt.Progress)
 		s.t.cut(err)
 		for i := range batch {
-			if batch[i].region != nil {
-				batch[i].region.Release()
-			}
+			batch[i].drop()
 		}
 		s.mu.Lock()
 		s.writing = nil

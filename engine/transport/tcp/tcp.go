@@ -270,7 +270,10 @@ func (t *Transport) Name() string { return Name }
 
 // Caps declares the transport's reach and the memory it moves. GPU memory is staged through pinned host buffers.
 func (t *Transport) Caps() transport.Caps {
-	return transport.Caps{SameHost: true, CrossHost: true, HostMemory: true, GPUMemory: true, Windows: true, Rank: 40}
+	// FileMemory: a peer's files, which the server reads and writes
+	// (server_file.go).
+	return transport.Caps{SameHost: true, CrossHost: true, HostMemory: true, GPUMemory: true, Windows: true, Rank: 40,
+		FileMemory: true}
 }
 
 // Options returns the options in effect (after Start).

@@ -106,7 +106,9 @@ func testCloseInFlight(t *testing.T, s Setup) {
 // transport and returns without waiting for the copies (a layer-by-layer
 // sender overlaps them with compute).
 func testSubmitLatency(t *testing.T, s Setup) {
-	v := s.start(t)
+	// What is timed is the submit; the 1 GiB behind it may take long on a
+	// loaded machine under -race, and must not time out meanwhile.
+	v := s.startWith(t, func(c *engine.Config) { c.TransferTimeout = 60 * time.Second })
 	const per, bs, step = 64, 16 << 20, 256 << 10
 	b, err := v.e.AllocateBatch(per)
 	if err != nil {

@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"runtime"
+	"strings"
 
 	"github.com/tecache/te/internal/errs"
 )
@@ -63,6 +64,60 @@ func (l *Lib) DeviceUUID(d Device) (UUID, error) {
 		return UUID{}, l.err(r, "cuDeviceGetUuid", "uuid of device %d", d)
 	}
 	return load[UUID](s), nil
+}
+
+// DevicePCIBusID returns the device's PCI address as sysfs names it: lower
+// case with a four-digit domain ("0000:1a:00.0"), from cuDeviceGetPCIBusId
+// (which writes "0000:1A:00.0", or an eight-digit domain on some drivers).
+func (l *Lib) DevicePCIBusID(d Device) (string, error) {
+	if l.cuDeviceGetPCIBusId == nil {
+		return "", errs.New(errs.NotSupported, "cuda", "%s has no cuDeviceGetPCIBusId", l.Path)
+	}
+	s := l.slot()
+	defer l.put(s)
+	if r := l.cuDeviceGetPCIBusId(s, 64, int32(d)); r != Success {
+		return "", l.err(r, "cuDeviceGetPCIBusId", "PCI address of device %d", d)
+	}
+	return NormalizeBusID(cstring(s, 64)), nil
+}
+
+// NormalizeBusID writes a PCI address as sysfs does: lower case, the domain
+// as four hex digits ("00000000:1A:00.0" -> "0000:1a:00.0").
+func NormalizeBusID(id string) string {
+	id = strings.ToLower(strings.TrimSpace(id))
+	dom, rest, ok := strings.Cut(id, ":")
+	if !ok || !strings.Contains(rest, ":") {
+		return id
+	}
+	if len(dom) > 4 {
+		dom = dom[len(dom)-4:]
+	}
+	for len(dom) < 4 {
+		dom = "0" + dom
+	}
+	return dom + ":" + rest
+}
+
+// MemRangeHandleDmabufFD is CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD (cuda.h of
+// CUDA 11.7 and later).
+const MemRangeHandleDmabufFD = 1
+
+// DmabufFD exports [ptr, ptr+size) of device memory as a dma-buf file
+// descriptor (cuMemGetHandleForAddressRange), which a NIC registers with
+// ibv_reg_dmabuf_mr; ptr and size must be aligned to the host page size.
+// The caller closes the fd. NotSupported when the driver cannot (before
+// CUDA 11.7 / driver 515, or without kernel support).
+func (l *Lib) DmabufFD(ptr, size uint64) (int, error) {
+	if l.cuMemGetHandleForAddressRange == nil {
+		return -1, errs.New(errs.NotSupported, "cuda", "%s has no cuMemGetHandleForAddressRange", l.Path).
+			WithHint("dma-buf export needs CUDA 11.7 and driver 515 or newer")
+	}
+	s := l.slot()
+	defer l.put(s)
+	if r := l.cuMemGetHandleForAddressRange(s, ptr, uintptr(size), MemRangeHandleDmabufFD, 0); r != Success {
+		return -1, l.err(r, "cuMemGetHandleForAddressRange", "dma-buf of [%#x,+%d)", ptr, size)
+	}
+	return int(load[int32](s)), nil
 }
 
 // PrimaryCtxRetain retains the device's primary context, the one the CUDA

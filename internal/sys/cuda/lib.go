@@ -60,7 +60,11 @@ type Lib struct {
 	cuIpcGetMemHandle      func(out uintptr, ptr uint64) Result
 	cuIpcOpenMemHandle     func(out uintptr, h IPCMemHandle, flags uint32) Result
 	cuIpcCloseMemHandle    func(ptr uint64) Result
-	cuGetErrorName         func(r uint32, out uintptr) Result // optional
+	cuGetErrorName         func(r uint32, out uintptr) Result           // optional
+	cuDeviceGetPCIBusId    func(out uintptr, n int32, dev int32) Result // optional
+	// cuMemGetHandleForAddressRange (CUDA 11.7) exports device memory as a
+	// dma-buf; optional.
+	cuMemGetHandleForAddressRange func(out uintptr, ptr uint64, size uintptr, typ uint32, flags uint64) Result
 
 	// Bound maps each C API name to the symbol actually bound, for tests and
 	// diagnostics.
@@ -168,6 +172,8 @@ func (l *Lib) symbols() []symbol {
 		{"cuIpcOpenMemHandle", &l.cuIpcOpenMemHandle, []string{"cuIpcOpenMemHandle_v2", "cuIpcOpenMemHandle"}, false},
 		{"cuIpcCloseMemHandle", &l.cuIpcCloseMemHandle, []string{"cuIpcCloseMemHandle"}, false},
 		{"cuGetErrorName", &l.cuGetErrorName, []string{"cuGetErrorName"}, true},
+		{"cuDeviceGetPCIBusId", &l.cuDeviceGetPCIBusId, []string{"cuDeviceGetPCIBusId"}, true},
+		{"cuMemGetHandleForAddressRange", &l.cuMemGetHandleForAddressRange, []string{"cuMemGetHandleForAddressRange"}, true},
 	}
 }
 

@@ -11,11 +11,13 @@ import (
 	"testing"
 
 	"github.com/ebitengine/purego"
+	"golang.org/x/sys/unix"
 
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/cuda"
 	"github.com/tecache/te/internal/sys/cuda/cudatest"
 	"github.com/tecache/te/internal/sys/mem"
+	"github.com/tecache/te/internal/sys/topo/topotest"
 )
 
 var setupErr error
@@ -432,5 +434,107 @@ func TestStager(t *testing.T) {
 	}
 	if !bytes.Equal(back, src) {
 		t.Fatal("staged round trip changed the bytes")
+	}
+}
+
+func TestNormalizeBusID(t *testing.T) {
+	for in, want := range map[string]string{
+		"0000:3B:00.0": "0000:3b:00.0", "00000000:1A:00.0": "0000:1a:00.0", "1:02:00.1": "0001:02:00.1", " 0000:af:00.0\n": "0000:af:00.0",
+	} {
+		if got := cuda.NormalizeBusID(in); got != want {
+			t.Errorf("NormalizeBusID(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// The PCI address places a GPU in the sysfs tree; a dma-buf of device
+// memory shows its bytes to whoever maps it (as a NIC does).
+func TestPCIBusIDAndDmabuf(t *testing.T) {
+	if os.Getenv("TE_CUDA_TREE_CHILD") == "1" {
+		l, err := cuda.Load()
+		if err != nil {
+			fmt.Println("BAD", err)
+			os.Exit(1)
+		}
+		n, _ := l.DeviceCount()
+		var ids []string
+		for i := 0; i < n; i++ {
+			d, _ := l.DeviceGet(i)
+			id, err := l.DevicePCIBusID(d)
+			if err != nil {
+				fmt.Println("BAD", err)
+				os.Exit(1)
+			}
+			ids = append(ids, id)
+		}
+		fmt.Println("IDS", strings.Join(ids, ","))
+		os.Exit(0)
+	}
+	l := lib(t)
+	d, err := l.DeviceGet(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := l.DevicePCIBusID(d)
+	if err != nil || len(id) != 12 || id != strings.ToLower(id) {
+		t.Fatalf("bus id %q, %v", id, err)
+	}
+	ctx, err := l.PrimaryCtxRetain(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.PrimaryCtxRelease(d)
+	const n = 1 << 20
+	host := mem.MustAlloc(n)
+	defer mem.Free(host)
+	for i := range host {
+		host[i] = byte(i * 7)
+	}
+	err = l.With(ctx, func() error {
+		p, err := l.MemAlloc(n)
+		if err != nil {
+			return err
+		}
+		defer l.MemFree(p)
+		if err := l.CopyHtoD(p, mem.Addr(host), n); err != nil {
+			return err
+		}
+		fd, err := l.DmabufFD(p, n)
+		if errors.Is(err, errs.ErrNotSupported) && !cudatest.Fake() {
+			t.Skipf("this driver exports no dma-buf: %v", err)
+		}
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		if !cudatest.Fake() {
+			return nil // a GPU's dma-buf is for devices: the CPU may not map it
+		}
+		b, err := unix.Mmap(fd, 0, n, unix.PROT_READ, unix.MAP_SHARED)
+		if err != nil {
+			return err
+		}
+		defer unix.Munmap(b)
+		if !bytes.Equal(b, host) {
+			t.Error("the dma-buf does not hold the device memory's bytes")
+		}
+		if _, err := l.DmabufFD(p+1, n-4096); !errors.Is(err, errs.ErrInvalidArgument) {
+			t.Errorf("unaligned dma-buf: %v, want InvalidArgument", err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cudatest.Fake() {
+		return
+	}
+	// The fake driver's devices are a recorded tree's GPUs, by address.
+	root := topotest.Tree(t, "hgx8")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestPCIBusIDAndDmabuf$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "TE_CUDA_TREE_CHILD=1", "TE_SYSFS_ROOT="+root)
+	out, err := cmd.CombinedOutput()
+	if err != nil || !bytes.Contains(out, []byte("IDS "+strings.Join(topotest.BusIDs, ","))) {
+		t.Fatalf("child: %v\n%s", err, out)
 	}
 }

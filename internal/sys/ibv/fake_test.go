@@ -78,9 +78,9 @@ func TestFakeProviderCompatQueryPort(t *testing.T) {
 
 // Failures come back as te errors carrying errno: NULL + errno from
 // ibv_reg_mr and ibv_create_qp, a returned errno from ibv_modify_qp and
-// post_send, EOPNOTSUPP from ibv_reg_dmabuf_mr.
+// post_send, EINVAL and EOPNOTSUPP from ibv_reg_dmabuf_mr.
 func TestFakeProviderErrors(t *testing.T) {
-	_, _, d := openFake(t)
+	_, fake, d := openFake(t)
 	c, err := d.Open(0)
 	if err != nil {
 		t.Fatal(err)
@@ -94,8 +94,12 @@ func TestFakeProviderErrors(t *testing.T) {
 	if _, err := pd.RegMR(0, 4096, AccessLocalWrite); !errors.Is(err, errs.ErrInvalidArgument) {
 		t.Fatalf("RegMR(NULL) = %v, want InvalidArgument", err)
 	}
+	if _, err := pd.RegDmabufMR(0, 4096, 0, -1, AccessLocalWrite); !errors.Is(err, errs.ErrInvalidArgument) {
+		t.Fatalf("RegDmabufMR(fd -1) = %v, want InvalidArgument", err)
+	}
+	fake.Set(ibvtest.SetNoDmabuf, 1)
 	if _, err := pd.RegDmabufMR(0, 4096, 0, 3, AccessLocalWrite); !errors.Is(err, errs.ErrNotSupported) {
-		t.Fatalf("RegDmabufMR = %v, want NotSupported", err)
+		t.Fatalf("RegDmabufMR without dma-buf support = %v, want NotSupported", err)
 	}
 	cq, err := c.CreateCQ(16, nil, 0)
 	if err != nil {

@@ -35,3 +35,27 @@ func MustAlloc(n int) []byte {
 	}
 	return b
 }
+
+// Reserve reserves n bytes of address space that is never mapped to memory
+// (PROT_NONE, no swap reserved): storage regions take addresses from it, so
+// their addresses collide with no memory and any CPU access faults at once
+// instead of reading something else.
+func Reserve(n uint64) (uint64, error) {
+	if n == 0 || n > 1<<46 {
+		return 0, errs.New(errs.InvalidArgument, "reserve", "size %d", n)
+	}
+	p, _, e := unix.Syscall6(unix.SYS_MMAP, 0, uintptr(n), unix.PROT_NONE,
+		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE, ^uintptr(0), 0)
+	if e != 0 {
+		return 0, errs.Wrap(errs.NoMemory, "reserve", e, "reserve %d bytes of address space", n)
+	}
+	return uint64(p), nil
+}
+
+// Unreserve releases a range from Reserve.
+func Unreserve(addr, n uint64) error {
+	if _, _, e := unix.Syscall(unix.SYS_MUNMAP, uintptr(addr), uintptr(n), 0); e != 0 {
+		return errs.Wrap(errs.Internal, "reserve", e, "unmap [%#x,+%d)", addr, n)
+	}
+	return nil
+}

@@ -68,8 +68,10 @@ type Notice struct {
 const CapabilityHeader = "X-Te-Capability"
 
 // ClientHeader names the client (te's clients send their engine's segment
-// name). With a cluster secret the sidecar keeps its quotas per client
-// name; without one, per remote address and client name.
+// name). The sidecar keeps a client's quotas under this name only when the
+// request's bearer token is the client token minted for it from the
+// cluster secret (authsecret.ClientToken); otherwise under the source host,
+// whatever the name.
 const ClientHeader = "X-Te-Client"
 
 // InstanceHeader carries the sidecar instance on every handoff answer.

@@ -18,6 +18,8 @@ import (
 	"path/filepath"
 	"runtime"
 
+	"github.com/ebitengine/purego"
+
 	"github.com/tecache/te/internal/sys/cuda"
 )
 
@@ -46,9 +48,23 @@ func Setup() (string, error) {
 	return "fake driver " + p, nil
 }
 
-// Fake reports whether this process uses the fake driver.
+// Fake reports whether this process uses the fake driver: the one
+// BuildFake builds, or any library exporting the fake's probes (`make
+// fakes` builds the same source as build/fake/libcuda.so.1).
 func Fake() bool {
-	return filepath.Base(os.Getenv(cuda.EnvLibrary)) == "libfakecuda.so"
+	p := os.Getenv(cuda.EnvLibrary)
+	if p == "" {
+		return false
+	}
+	if filepath.Base(p) == "libfakecuda.so" {
+		return true
+	}
+	h, err := purego.Dlopen(p, purego.RTLD_NOW|purego.RTLD_GLOBAL)
+	if err != nil {
+		return false
+	}
+	sym, err := purego.Dlsym(h, "fakecuda_open_handles")
+	return err == nil && sym != 0
 }
 
 // BuildFake compiles the fake driver once per source version and returns

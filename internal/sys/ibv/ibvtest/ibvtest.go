@@ -1,20 +1,35 @@
 // Package ibvtest builds a software libibverbs for tests: the entry points
-// package ibv binds, compiled against the real verbs.h, with an in-library
-// fabric that connects every queue pair of the process and does RDMA READ
-// and WRITE with memcpy after checking keys, bounds, access and queue pair
-// state as a NIC would. Loading it instead of libibverbs.so.1 (ibv.Open,
-// the rdma transport's rdma.library parameter) runs the real verbs code
-// path — purego calls, struct layouts, the ops table, completion channels —
-// on machines without an RDMA device.
+// package ibv binds, compiled against the real verbs.h, with a fabric that
+// connects queue pairs and does RDMA READ and WRITE after checking keys,
+// bounds, access and queue pair state as a NIC would, on a thread per
+// device after ibv_post_send returned. Loading it instead of
+// libibverbs.so.1 (ibv.Open, the rdma transport's rdma.library parameter,
+// TE_IBV_LIBRARY) runs the real verbs code path — purego calls, struct
+// layouts, the ops table, completion channels — on machines without an
+// RDMA device.
+//
+// Without EnvFabric the fabric is private to the process. With EnvFabric
+// naming a directory, every process that loads the library with the same
+// directory is on one fabric, and work requests move bytes between them
+// (process_vm_readv/writev): two engines in two processes talk RDMA as
+// two hosts would. Devices are the NICs of the sysfs tree in
+// TE_SYSFS_ROOT (class/infiniband), or fake0 and fake1. The control file
+// (ControlFile) fails a device or limits its rate while a test runs; a
+// peer process stopped with SIGSTOP holds work requests back, as a peer
+// that stopped answering. testdata/fakeverbs.c documents all of it;
+// `make fakes` builds the same source as build/fake/libibverbs.so.1.
 package ibvtest
 
 import (
 	_ "embed"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/ebitengine/purego"
 )
@@ -53,6 +68,53 @@ func Build(t testing.TB) string {
 	return lib
 }
 
+// Environment of the fake library.
+const (
+	// EnvFabric names the fabric directory processes share.
+	EnvFabric = "FAKEVERBS_FABRIC"
+	// EnvControl names a control file when there is no fabric directory.
+	EnvControl = "FAKEVERBS_CONTROL"
+)
+
+// ControlFile is the control file of a fabric directory.
+func ControlFile(fabric string) string { return filepath.Join(fabric, "control") }
+
+// WriteControl replaces the fabric's control file with rules, one per
+// line ("mlx5_3 fail", "mlx5_2 rate 100000000", "* ok", "NAME@PID ..."):
+// written beside it and renamed, so a reader never sees half of it. Every
+// process on the fabric applies it within about 20 ms; WriteControl waits
+// until each of the processes pids has (each says so in
+// control.applied.PID).
+func WriteControl(t testing.TB, fabric string, pids []int, rules ...string) {
+	t.Helper()
+	gen := fmt.Sprintf("# generation %d", time.Now().UnixNano())
+	tmp := ControlFile(fabric) + ".tmp"
+	body := gen + "\n"
+	for _, r := range rules {
+		body += r + "\n"
+	}
+	if err := os.WriteFile(tmp, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, ControlFile(fabric)); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for _, pid := range pids {
+		p := fmt.Sprintf("%s.applied.%d", ControlFile(fabric), pid)
+		for {
+			b, _ := os.ReadFile(p)
+			if strings.TrimSpace(string(b)) == gen {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("process %d did not apply the control file within 10s (it says %q)", pid, b)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+}
+
 // Stat counters of the fake library.
 const (
 	StatMRs = iota
@@ -66,6 +128,10 @@ const (
 	StatPostCalls // ibv_post_send calls
 	StatSignaled  // signaled work requests posted
 	StatCQEs      // completions generated
+	StatDmabuf    // registrations through ibv_reg_dmabuf_mr
+	StatPeermem   // device memory registered through ibv_reg_mr (peer memory)
+	StatFailedNIC // work requests failed by a device the control file failed
+	StatNICNanos  // CPU time the devices' threads spent executing work requests
 )
 
 // Knobs of the fake library.
@@ -76,13 +142,20 @@ const (
 	// answering; a queue pair moved to the error state still flushes its
 	// own at once, as a NIC's does. 0 lets them run.
 	SetStall = 2
+	// SetNoDmabuf 1 makes ibv_reg_dmabuf_mr fail with EOPNOTSUPP, as an
+	// old provider does (also FAKEVERBS_DMABUF=0 in the environment).
+	SetNoDmabuf = 3
+	// SetNoPeermem 1 makes ibv_reg_mr of GPU memory fail with EFAULT, as
+	// without nvidia-peermem (also FAKEVERBS_PEERMEM=0).
+	SetNoPeermem = 4
 )
 
 // Lib is a loaded fake library, for reading its counters and setting its
 // knobs.
 type Lib struct {
-	stat func(what int32) int64
-	set  func(what int32, val int64)
+	stat    func(what int32) int64
+	set     func(what int32, val int64)
+	control func(line string)
 }
 
 // Open loads the fake library at path (the same handle ibv.Open gets).
@@ -95,13 +168,19 @@ func Open(t testing.TB, path string) *Lib {
 	l := &Lib{}
 	purego.RegisterLibFunc(&l.stat, h, "fake_verbs_stat")
 	purego.RegisterLibFunc(&l.set, h, "fake_verbs_set")
+	purego.RegisterLibFunc(&l.control, h, "fake_verbs_control")
 	return l
 }
+
+// Control applies one rule of the control file to this process's devices
+// at once ("fake1 fail", "fake0 rate 1000000", "* ok"; see EnvFabric).
+func (l *Lib) Control(rule string) { l.control(rule) }
 
 // Stat returns a counter (StatMRs, ...).
 func (l *Lib) Stat(what int) int64 { return l.stat(int32(what)) }
 
-// Set sets a knob (SetDevices, SetCompat, SetStall).
+// Set sets a knob (SetDevices, SetCompat, SetStall, SetNoDmabuf,
+// SetNoPeermem).
 func (l *Lib) Set(what int, val int64) { l.set(int32(what), val) }
 
 // Live returns the verbs objects still allocated: MRs, QPs, CQs, contexts,

@@ -13,8 +13,22 @@
  *    own handles (as with the real driver); device memory is a POSIX shared
  *    memory object named in the handle, so two processes share the bytes.
  *
- * FAKECUDA_DEVICES sets the number of devices (default 1; 0 makes cuInit
- * fail with CUDA_ERROR_NO_DEVICE).
+ *  - cuMemGetHandleForAddressRange gives a dma-buf fd of an allocation (the
+ *    shared memory object, from byte 0 of the allocation), which the fake
+ *    libibverbs maps for ibv_reg_dmabuf_mr; FAKECUDA_DMABUF=0 makes it
+ *    answer CUDA_ERROR_NOT_SUPPORTED, as drivers before 515 do.
+ *
+ * Devices: FAKECUDA_DEVICES sets their number (0 makes cuInit fail with
+ * CUDA_ERROR_NO_DEVICE). Otherwise, with TE_SYSFS_ROOT naming a recorded
+ * sysfs tree, the NVIDIA functions of its bus/pci/devices (vendor 0x10de,
+ * a display class) are the devices, in bus order, and cuDeviceGetPCIBusId
+ * reports their addresses; without a tree there is one device.
+ *
+ * Besides what te calls, it has what a test program needs to make and check
+ * device memory in any language: cuInit, cuDeviceGet,
+ * cuDevicePrimaryCtxRetain, cuCtxSetCurrent, cuMemAlloc_v2, cuMemFree_v2,
+ * cuMemcpyHtoD_v2, cuMemcpyDtoH_v2. `make fakes` builds it as
+ * build/fake/libcuda.so.1.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -24,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -39,7 +54,7 @@ typedef struct { char bytes[16]; } CUuuid;
 enum {
   OK = 0, INVALID_VALUE = 1, OUT_OF_MEMORY = 2, NOT_INITIALIZED = 3,
   NO_DEVICE = 100, INVALID_DEVICE = 101, INVALID_CONTEXT = 201,
-  MAP_FAILED_ = 205, INVALID_HANDLE = 400, NOT_FOUND = 500
+  MAP_FAILED_ = 205, INVALID_HANDLE = 400, NOT_FOUND = 500, NOT_SUPPORTED = 801
 };
 
 #define MAXA 4096
@@ -64,14 +79,48 @@ static long seq;
 
 static CUresult need_ctx(void) { return cur ? OK : INVALID_CONTEXT; }
 
+/* PCI addresses of the devices: the sysfs tree's NVIDIA functions. */
+#define MAXDEV 64
+static char busids[MAXDEV][16];
+static int ntree;
+
+static int readhex(const char *dir, const char *name, const char *file) {
+  char p[8400], b[32] = {0};
+  snprintf(p, sizeof p, "%s/%s/%s", dir, name, file);
+  FILE *f = fopen(p, "re");
+  if (!f) return -1;
+  if (!fgets(b, sizeof b, f)) b[0] = 0;
+  fclose(f);
+  return (int)strtol(b, NULL, 16);
+}
+static int cmpbus(const void *a, const void *b) { return strcmp(a, b); }
+static void scan_tree(void) {
+  const char *root = getenv("TE_SYSFS_ROOT");
+  if (!root || !*root) return;
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s/bus/pci/devices", root);
+  DIR *d = opendir(dir);
+  struct dirent *e;
+  while (d && (e = readdir(d)) && ntree < MAXDEV) {
+    if (e->d_name[0] == '.' || strlen(e->d_name) >= sizeof busids[0]) continue;
+    int cls = readhex(dir, e->d_name, "class");
+    if (readhex(dir, e->d_name, "vendor") == 0x10de && (cls >> 16) == 0x03)
+      memcpy(busids[ntree++], e->d_name, strlen(e->d_name) + 1);
+  }
+  if (d) closedir(d);
+  qsort(busids, ntree, sizeof busids[0], cmpbus);
+}
+
 /* cuInit's outcome is decided once per process, as with the real driver. */
 CUresult cuInit(unsigned int flags) {
   if (flags != 0) return INVALID_VALUE;
   pthread_mutex_lock(&mu);
   if (ndev < 0) {
     const char *e = getenv("FAKECUDA_DEVICES");
-    ndev = e ? atoi(e) : 1;
+    scan_tree();
+    ndev = e ? atoi(e) : ntree > 0 ? ntree : 1;
     if (ndev < 0) ndev = 0;
+    if (ndev > MAXDEV) ndev = MAXDEV;
     inited = ndev > 0;
   }
   pthread_mutex_unlock(&mu);
@@ -87,6 +136,21 @@ CUresult cuDeviceGet(CUdevice *d, int ord) {
 CUresult cuDeviceGetUuid_v2(CUuuid *u, CUdevice d) {
   INIT(); if (d < 0 || d >= ndev) return INVALID_DEVICE;
   memset(u, 0, sizeof *u); snprintf(u->bytes, 16, "fakegpu-%04d", d & 1023); return OK;
+}
+/* cuDeviceGetPCIBusId writes "dddd:bb:dd.f" in upper case, as the driver
+ * does: the tree's address of the device, or a made-up one without a tree. */
+CUresult cuDeviceGetPCIBusId(char *out, int len, CUdevice d) {
+  INIT(); if (d < 0 || d >= ndev) return INVALID_DEVICE;
+  if (!out || len <= 0) return INVALID_VALUE;
+  char b[16];
+  if (d < ntree) {
+    snprintf(b, sizeof b, "%s", busids[d]);
+    for (char *p = b; *p; p++) if (*p >= 'a' && *p <= 'f') *p -= 'a' - 'A';
+  } else {
+    snprintf(b, sizeof b, "0000:%02X:00.0", (0x10 + d) & 0xff);
+  }
+  snprintf(out, (size_t)len, "%s", b);
+  return OK;
 }
 CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
   INIT(); if (d < 0 || d >= ndev) return INVALID_DEVICE; *c = (CUcontext)(uintptr_t)(0x1000 + d); return OK;
@@ -293,11 +357,34 @@ CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
   pthread_mutex_unlock(&mu);
   return OK;
 }
+/* cuMemGetHandleForAddressRange exports an allocation as a dma-buf fd:
+ * here the shared memory object itself, from the allocation's first byte,
+ * so [dptr, dptr+size) must start at an allocation and be page aligned, as
+ * the driver requires. Type 1 is CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD. */
+CUresult cuMemGetHandleForAddressRange(void *handle, CUdeviceptr dptr, size_t size, int type, unsigned long long flags) {
+  INIT();
+  const char *e = getenv("FAKECUDA_DMABUF");
+  if (e && strcmp(e, "0") == 0) return NOT_SUPPORTED;
+  long pg = sysconf(_SC_PAGESIZE);
+  if (!handle || type != 1 || flags != 0 || size == 0 || (dptr % pg) || (size % pg)) return INVALID_VALUE;
+  pthread_mutex_lock(&mu);
+  struct alloc *a = find((uintptr_t)dptr);
+  CUresult r = OK;
+  if (!a || a->kind == 1 || (uintptr_t)a->addr != dptr || size > ((a->size + pg - 1) / pg) * pg) r = INVALID_VALUE;
+  else {
+    int fd = fcntl(a->fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) r = OUT_OF_MEMORY;
+    else *(int *)handle = fd;
+  }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
 CUresult cuGetErrorName(CUresult r, const char **s) {
   switch (r) {
   case OK: *s = "CUDA_SUCCESS"; return OK;
   case INVALID_VALUE: *s = "CUDA_ERROR_INVALID_VALUE"; return OK;
   case INVALID_CONTEXT: *s = "CUDA_ERROR_INVALID_CONTEXT"; return OK;
+  case NOT_SUPPORTED: *s = "CUDA_ERROR_NOT_SUPPORTED"; return OK;
   }
   *s = NULL; return INVALID_VALUE;
 }

@@ -1,0 +1,96 @@
+package engine
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tecache/te/internal/errs"
+)
+
+// mapEnv is an environment for applyEnv: getenv and environ of a map.
+func mapEnv(m map[string]string) (func(string) string, []string) {
+	var environ []string
+	for k, v := range m {
+		environ = append(environ, k+"="+v)
+	}
+	return func(k string) string { return m[k] }, environ
+}
+
+// TestApplyEnvEveryField: each variable reaches its field.
+func TestApplyEnvEveryField(t *testing.T) {
+	getenv, environ := mapEnv(map[string]string{
+		EnvSegmentName: "seg", EnvMetadata: "mem://x", EnvListenAddr: "127.0.0.1:0", EnvHostname: "127.0.0.1",
+		EnvTransports: "local, tcp", EnvForceTransport: "TCP", EnvTransferTimeout: "off", EnvRPCTimeout: "2s",
+		EnvMaxNotifies: "10", EnvAcceptMooncakePeers: "yes", EnvAllowMooncakeWithSecret: "1",
+		EnvUnregisterGrace: "500ms", EnvMetricsAddr: ":0", EnvMaxConns: "7", EnvMaxConnsPerHost: "3",
+		EnvIdleTimeout: "1m", EnvHandshakeTimeout: "3s", EnvProgressTimeout: "4s", EnvMaxFrame: "64KiB",
+		EnvMaxCallsPerConn: "5", EnvMaxCalls: "50", EnvNotifyBytes: "1MiB", EnvNotifyBytesPerSender: "65536",
+		EnvPeerIdleTimeout: "never", EnvTCPListen: "127.0.0.1:0", "TE_PARAM_TCP_CONNS": "4",
+		"TE_PARAM_shm_job_bytes": "1MiB",
+	})
+	var c Config
+	params, _, err := c.applyEnv(getenv, environ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := c.Limits
+	switch {
+	case c.SegmentName != "seg", c.Metadata != "mem://x", c.ListenAddr != "127.0.0.1:0", c.Hostname != "127.0.0.1":
+		t.Fatalf("strings: %+v", c)
+	case len(c.Transports) != 2 || c.Transports[1] != "tcp", c.ForceTransport != "tcp", c.MetricsAddr != ":0":
+		t.Fatalf("transports: %+v", c)
+	case c.TransferTimeout != -1, c.RPCTimeout != 2*time.Second, c.UnregisterGrace != 500*time.Millisecond:
+		t.Fatalf("timeouts: %+v", c)
+	case c.MaxNotifies != 10, !c.AcceptMooncakePeers, !c.AllowMooncakeWithSecret:
+		t.Fatalf("notifies, mooncake: %+v", c)
+	case l.MaxConns != 7, l.MaxConnsPerHost != 3, l.IdleTimeout != time.Minute, l.HandshakeTimeout != 3*time.Second,
+		l.ProgressTimeout != 4*time.Second, l.MaxFrame != 64<<10, l.MaxCallsPerConn != 5, l.MaxCalls != 50,
+		l.NotifyBytes != 1<<20, l.NotifyBytesPerSender != 65536, l.PeerIdleTimeout != -1:
+		t.Fatalf("limits: %+v", l)
+	case c.Params["tcp.conns"] != "4", c.Params["tcp.listen"] != "127.0.0.1:0", c.Params["shm.job_bytes"] != "1MiB":
+		t.Fatalf("params: %v", c.Params)
+	case params["tcp.conns"] != "TE_PARAM_TCP_CONNS", params["tcp.listen"] != EnvTCPListen:
+		t.Fatalf("param sources: %v", params)
+	}
+}
+
+// TestApplyEnvCallerWins: a field the caller set keeps its value, and the
+// caller's Params map is not written to.
+func TestApplyEnvCallerWins(t *testing.T) {
+	getenv, environ := mapEnv(map[string]string{EnvSegmentName: "env", EnvMaxConns: "7", EnvRPCTimeout: "9s",
+		"TE_PARAM_tcp_conns": "4", "TE_PARAM_tcp_slice": "1MiB"})
+	mine := map[string]string{"tcp.conns": "2"}
+	c := Config{SegmentName: "mine", Limits: Limits{MaxConns: 1}, RPCTimeout: time.Second, Params: mine}
+	if _, _, err := c.applyEnv(getenv, environ); err != nil {
+		t.Fatal(err)
+	}
+	if c.SegmentName != "mine" || c.Limits.MaxConns != 1 || c.RPCTimeout != time.Second || c.Params["tcp.conns"] != "2" ||
+		c.Params["tcp.slice"] != "1MiB" {
+		t.Fatalf("%+v", c)
+	}
+	if len(mine) != 1 {
+		t.Fatalf("the caller's map was written: %v", mine)
+	}
+}
+
+// TestApplyEnvRefuses: a value that does not parse is an InvalidArgument
+// error naming the variable and the value.
+func TestApplyEnvRefuses(t *testing.T) {
+	for name, v := range map[string]string{
+		EnvAcceptMooncakePeers: "maybe", EnvAllowMooncakeWithSecret: "2", EnvTransferTimeout: "soon",
+		EnvRPCTimeout: "off", EnvUnregisterGrace: "-1s", EnvMaxNotifies: "many", EnvMaxConns: "0",
+		EnvMaxConnsPerHost: "-3", EnvIdleTimeout: "5", EnvHandshakeTimeout: "0s", EnvProgressTimeout: "x",
+		EnvMaxFrame: "16 parsecs", EnvMaxCallsPerConn: "1.5", EnvMaxCalls: "99999999999", EnvNotifyBytes: "0",
+		EnvNotifyBytesPerSender: "-1", EnvPeerIdleTimeout: "later", "TE_PARAM_tcpconns": "4",
+		"TE_PARAM_bogus_x": "1", "TE_PARAM_limits_max_conns": "1",
+	} {
+		getenv, environ := mapEnv(map[string]string{name: v})
+		var c Config
+		_, _, err := c.applyEnv(getenv, environ)
+		if !errors.Is(err, errs.ErrInvalidArgument) || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s=%q: %v", name, v, err)
+		}
+	}
+}

@@ -1,0 +1,186 @@
+package engine_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tecache/te/engine"
+	"github.com/tecache/te/internal/errs"
+	"github.com/tecache/te/internal/promcheck"
+	"github.com/tecache/te/internal/sys/mem"
+)
+
+// tcpPair is two engines of this process that talk over tcp, a's segment
+// handle to b, and a registered buffer on each.
+func tcpPair(t *testing.T, mod ...func(*engine.Config)) (a, b *engine.Engine, s *engine.Segment, la, rb uint64) {
+	t.Helper()
+	tcp := func(c *engine.Config) { c.Transports = []string{"tcp"} }
+	a, b = newEngine(t, append([]func(*engine.Config){tcp}, mod...)...), newEngine(t, tcp)
+	ba, bb := alloc(t, 1<<20), alloc(t, 1<<20)
+	if err := a.RegisterMemory(mem.Addr(ba), 1<<20, "cpu", true); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.RegisterMemory(mem.Addr(bb), 1<<20, "cpu", true); err != nil {
+		t.Fatal(err)
+	}
+	s, err := a.OpenSegment(b.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, b, s, mem.Addr(ba), mem.Addr(bb)
+}
+
+func transfer(t *testing.T, a *engine.Engine, reqs ...engine.Request) {
+	t.Helper()
+	batch, err := a.AllocateBatch(len(reqs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer batch.Free()
+	if err := batch.Submit(reqs...); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := batch.Wait(time.Minute); err != nil || st.State != engine.Completed {
+		t.Fatalf("batch %+v %v", st, err)
+	}
+}
+
+// TestWriteMetrics: the exposition passes promlint (promtool's linter) with
+// HELP and TYPE on every family, and counts what happened: tasks, bytes and
+// the latency histogram of the transport and peer class that served them.
+func TestWriteMetrics(t *testing.T) {
+	a, _, s, la, rb := tcpPair(t)
+	r := engine.Request{Op: engine.Write, Local: la, Segment: s, Remote: rb, Length: 4096}
+	transfer(t, a, r, r, r)
+
+	var buf bytes.Buffer
+	if err := a.WriteMetrics(&buf); err != nil {
+		t.Fatal(err)
+	}
+	text := buf.String()
+	if problems := promcheck.Check(buf.Bytes()); len(problems) > 0 {
+		t.Fatalf("exposition problems:\n%s\n\n%s", strings.Join(problems, "\n"), text)
+	}
+	for _, want := range []string{
+		`te_tasks_total{state="completed"} 3`,
+		`te_transferred_bytes_total 12288`,
+		`te_task_duration_seconds_count{transport="tcp",peer="same_process"} 3`,
+		`te_task_duration_seconds_bucket{transport="tcp",peer="same_process",le="+Inf"} 3`,
+		`te_task_duration_seconds_count{transport="tcp",peer="other_host"} 0`,
+		`te_route_info{segment="` + s.Name() + `",memory="host",transport="tcp"} 1`,
+		`te_engine_info{version="` + engine.Version + `"`,
+		`te_control_refused_total{reason="max_conns"} 0`,
+		`te_transport_stat{transport="tcp",stat="conns_open"}`,
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("missing %q in\n%s", want, text)
+		}
+	}
+}
+
+// TestMetricsListener: MetricsAddr with no host serves /metrics on
+// loopback, and Close stops it.
+func TestMetricsListener(t *testing.T) {
+	a := newEngine(t, func(c *engine.Config) { c.MetricsAddr = ":0" })
+	addr := a.MetricsAddr()
+	if !strings.HasPrefix(addr, "127.0.0.1:") {
+		t.Fatalf("metrics bound to %q, want loopback", addr)
+	}
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/plain; version=0.0.4") {
+		t.Fatalf("status %d, content type %q", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	if p := promcheck.Check(body); len(p) > 0 || !bytes.Contains(body, []byte("te_tasks_total")) {
+		t.Fatalf("%v\n%s", p, body)
+	}
+	if resp, err := http.Post("http://"+addr+"/metrics", "text/plain", nil); err == nil {
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusMethodNotAllowed {
+			t.Fatalf("POST /metrics: %d", resp.StatusCode)
+		}
+	}
+	a.Close()
+	if resp, err := http.Get("http://" + addr + "/metrics"); err == nil {
+		resp.Body.Close()
+		t.Fatal("metrics still served after Close")
+	}
+}
+
+// TestDebugLogLines: at debug level an engine says when it opened a segment
+// and how each batch ended.
+func TestDebugLogLines(t *testing.T) {
+	var buf syncBuffer
+	logger := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	a, _, s, la, rb := tcpPair(t, func(c *engine.Config) { c.Logger = logger })
+	transfer(t, a, engine.Request{Op: engine.Read, Local: la, Segment: s, Remote: rb, Length: 8192})
+	out := buf.String()
+	for _, want := range []string{`msg="te: segment opened" segment=` + s.Name(), `msg="te: batch finished" tasks=1 completed=1 failed=0 bytes=8192`,
+		"transport=tcp", "elapsed="} {
+		if !strings.Contains(out, want) {
+			t.Errorf("missing %q in the debug log:\n%s", want, out)
+		}
+	}
+}
+
+// syncBuffer is a bytes.Buffer that engine goroutines may log into.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestMetricsPortRange: an engine given a port range takes a free port of
+// it (the ranks of a pod share one setting); one whose every port is taken
+// runs without a listener rather than fail.
+func TestMetricsPortRange(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	port := ln.Addr().(*net.TCPAddr).Port // taken: the range starts at a busy port
+	if port > 65535-16 {
+		t.Skip("no room for a range above the port the kernel gave")
+	}
+	a := newEngine(t, func(c *engine.Config) { c.MetricsAddr = fmt.Sprintf("127.0.0.1:%d-%d", port, port+16) })
+	_, p, _ := net.SplitHostPort(a.MetricsAddr())
+	if got, _ := strconv.Atoi(p); got <= port || got > port+16 {
+		t.Fatalf("metrics on %q, want a port in (%d, %d]", a.MetricsAddr(), port, port+16)
+	}
+	// Every port taken: the engine starts, without a listener.
+	b := newEngine(t, func(c *engine.Config) { c.MetricsAddr = fmt.Sprintf("127.0.0.1:%d-%d", port, port) })
+	if b.MetricsAddr() != "" {
+		t.Fatalf("a busy port gave a listener on %q", b.MetricsAddr())
+	}
+	for _, bad := range []string{"127.0.0.1:9-8", "127.0.0.1:0-5", "127.0.0.1:1000-2000", "127.0.0.1:x"} {
+		if _, err := engine.New(engine.Config{ListenAddr: "127.0.0.1:0", Transports: []string{"local"}, MetricsAddr: bad}); !errors.Is(err, errs.ErrInvalidArgument) {
+			t.Errorf("%s: %v", bad, err)
+		}
+	}
+}

@@ -1,0 +1,202 @@
+package file
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/tecache/te/engine/segment"
+	"github.com/tecache/te/engine/transport"
+	"github.com/tecache/te/internal/errs"
+	"github.com/tecache/te/internal/sys/cuda"
+	"github.com/tecache/te/internal/sys/mem"
+)
+
+// GPU memory to and from files. The kernel cannot read a file into device
+// memory (nor write one from it), so each request is moved through a ring of
+// two pinned host chunks (cuda.Stager): for a write, chunk k+1 is copied off
+// the device while chunk k is being written to the file; for a read, chunk
+// k+1 is read from the file while chunk k is copied up. Pinned chunks are
+// page-aligned, so their file I/O goes O_DIRECT.
+
+// cudaLoad is cuda.Load, replaceable in tests.
+var cudaLoad = cuda.Load
+
+// stagerDepth is the chunks per ring: two overlap a copy with an I/O.
+const stagerDepth = 2
+
+// gpuJob is a GPU request's staging goroutine, for Cancel.
+type gpuJob struct{ canceled atomic.Bool }
+
+// gpuPool keeps the rings between requests, by device.
+type gpuPool struct {
+	mu     sync.Mutex
+	closed bool
+	free   map[int][]*cuda.Stager
+}
+
+func (g *gpuPool) available() bool {
+	_, err := cudaLoad()
+	return err == nil
+}
+
+func (g *gpuPool) take(l *cuda.Lib, dev int, chunk uint64) (*cuda.Stager, error) {
+	g.mu.Lock()
+	if f := g.free[dev]; len(f) > 0 {
+		s := f[len(f)-1]
+		g.free[dev] = f[:len(f)-1]
+		g.mu.Unlock()
+		return s, nil
+	}
+	g.mu.Unlock()
+	return cuda.NewStager(l, dev, chunk, stagerDepth)
+}
+
+// put keeps a ring whose copies all ended; a failed one is freed.
+func (g *gpuPool) put(dev int, s *cuda.Stager, ok bool) {
+	g.mu.Lock()
+	if ok && !g.closed {
+		if g.free == nil {
+			g.free = map[int][]*cuda.Stager{}
+		}
+		g.free[dev] = append(g.free[dev], s)
+		g.mu.Unlock()
+		return
+	}
+	g.mu.Unlock()
+	s.Close()
+}
+
+func (g *gpuPool) close() {
+	g.mu.Lock()
+	g.closed = true
+	free := g.free
+	g.free = nil
+	g.mu.Unlock()
+	for _, f := range free {
+		for _, s := range f {
+			s.Close()
+		}
+	}
+}
+
+// DeviceMemory reports that GPU memory moves to and from this process's
+// storage regions when CUDA loads (transport.DeviceMover).
+func (t *Transport) DeviceMemory(d *segment.Desc, buf *segment.BufferDesc, local *segment.Region) bool {
+	return buf.Name == "file" && (local.Location.Kind != "cuda" || t.gpu.available())
+}
+
+// startGPU runs a request on device memory in its own goroutine; region (the
+// target, acquired) is released when it ends.
+func (t *Transport) startGPU(r *transport.Request, st *Storage, off uint64, region *segment.Region) error {
+	l, err := cudaLoad()
+	if err != nil {
+		return errs.Wrap(errs.NotSupported, "file", err, "GPU memory needs CUDA")
+	}
+	job := &gpuJob{}
+	r.Priv = job
+	t.xmu.Lock()
+	if t.closed.Load() {
+		t.xmu.Unlock()
+		return errs.New(errs.Closed, "file", "transport closed")
+	}
+	t.wg.Add(1)
+	t.xmu.Unlock()
+	// The goroutine is the only one that completes r (Cancel just flags
+	// the job), so it may read r until it completes it through tk.
+	tk := r.Ticket()
+	go func() {
+		defer t.wg.Done()
+		err := t.runGPU(job, l, r, st, off)
+		region.Release()
+		tk.Complete(err)
+	}()
+	return nil
+}
+
+// runGPU moves r chunk by chunk; it returns only once no copy and no I/O of
+// r is running, so the task's end is a fence for both memories.
+func (t *Transport) runGPU(job *gpuJob, l *cuda.Lib, r *transport.Request, st *Storage, off uint64) error {
+	dev := r.Region.Location.Index
+	s, err := t.gpu.take(l, dev, st.StageSize())
+	if err != nil {
+		return err
+	}
+	chunk := s.ChunkSize()
+	write := r.Op == transport.Write
+	type io struct {
+		ch  chan error
+		use bool
+	}
+	var ios [stagerDepth]io
+	for i := range ios {
+		ios[i].ch = make(chan error, 1)
+	}
+	// wait ends chunk i's file I/O, if one runs.
+	wait := func(i int) error {
+		if !ios[i].use {
+			return nil
+		}
+		ios[i].use = false
+		return <-ios[i].ch
+	}
+	var first error
+	keep := func(err error) {
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	n := r.Length
+	k := 0
+	for done := uint64(0); done < n && first == nil; done += chunk {
+		if job.canceled.Load() {
+			keep(errs.New(errs.Canceled, "file", "canceled"))
+			break
+		}
+		i := k % stagerDepth
+		k++
+		m := min(chunk, n-done)
+		buf := mem.Addr(s.Chunk(i))
+		keep(wait(i)) // the chunk's previous I/O
+		if first != nil {
+			break
+		}
+		if write {
+			// Device -> chunk, then chunk -> file in the background.
+			if err := s.ToHost(i, r.Local+done, m); err != nil {
+				keep(err)
+				break
+			}
+			if err := s.Wait(i); err != nil {
+				keep(err)
+				break
+			}
+			ios[i].use = true
+			ch := ios[i].ch
+			st.Move(true, off+done, buf, m, func(err error) { ch <- err })
+			continue
+		}
+		// File -> chunk, then chunk -> device (waited for before the
+		// chunk's next I/O, by Wait below or at the end).
+		if err := s.Wait(i); err != nil {
+			keep(err)
+			break
+		}
+		ch := ios[i].ch
+		st.Move(false, off+done, buf, m, func(err error) { ch <- err })
+		if err := <-ch; err != nil {
+			keep(err)
+			break
+		}
+		keep(s.ToDevice(i, r.Local+done, m))
+	}
+	ok := true
+	for i := range ios {
+		keep(wait(i))
+		if err := s.Wait(i); err != nil {
+			keep(err)
+			ok = false
+		}
+	}
+	t.gpu.put(dev, s, ok)
+	return first
+}

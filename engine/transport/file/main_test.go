@@ -1,0 +1,22 @@
+package file_test
+
+import (
+	_ "github.com/tecache/te/engine/std" // the engines of these tests install every standard transport
+
+	"os"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/tecache/te/internal/sys/cuda/cudatest"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv("TE_FILE_CHILD") != "" {
+		// A storage node for a test in the parent process.
+		os.Exit(m.Run())
+	}
+	// The real driver where TE_CUDA_REAL=1, else the fake one.
+	_, gpuSetupErr = cudatest.Setup()
+	goleak.VerifyTestMain(m)
+}

@@ -1,0 +1,48 @@
+// Package session protects every frame of a connection after the peer
+// authentication exchange (internal/peerauth): the record layer of
+// internal/wire/spec.md, "Authenticated sessions".
+//
+// The exchange proves that both ends hold the cluster secret, but proves it
+// for the opening only: a party on the path (or one that relays the exchange
+// between two honest engines) could otherwise inject, alter, replay or drop
+// the frames that follow. New derives two keys from the secret and the
+// exchange's whole transcript (both nonces, both instance ids, the chosen
+// key, the session mode, the channel), one per direction, and every frame
+// after the exchange travels as records sealed with AES-128-GCM under them:
+//
+//   - a frame's fixed header (the control plane's frame and call header; the
+//     data path's request and completion headers: opcode, id, address,
+//     length, key) is one record, opened before any field of it is used;
+//   - a control body is records of at most RecordSize bytes;
+//   - a data payload is records too in Encryption mode, and crosses in the
+//     clear in Integrity mode (a MAC over bulk data costs about as much as
+//     encrypting it: the spec has the measurements).
+//
+// Each record consumes the next value of a per-direction sequence number
+// that is never sent: it is part of the nonce, so a record that is dropped,
+// replayed, reordered, moved to the other direction or to another
+// connection fails to open. In Integrity mode a record is its plaintext
+// followed by a 16-byte GMAC tag; in Encryption mode it is the AES-GCM
+// ciphertext and tag. Both are the same size, so framing code is the same
+// in both modes.
+//
+// A Session is one Sealer (the sending direction) and one Opener (the
+// receiving one). Neither is safe for concurrent use: the connection's one
+// writer (or whoever holds its write lock) seals in the order the bytes go
+// out, and its one reader opens in the order they come in. A nil *Sealer and
+// a nil *Opener stand for a connection without a session (no secret): they
+// pass bytes through unchanged, so one framing serves both cases.
+//
+// Framing code calls, per connection: Seal (a header, a small body) and
+// WriteBody or WritePayload on the writing side; ReadRecord (a header),
+// ReadBody, DiscardBody, ReadPayload or DiscardPayload on the reading
+// side. A payload produced or consumed in pieces of other sizes (device
+// memory staged through host chunks) goes through StartPayload and
+// WritePiece or ReadPiece, which put exactly the same records on the wire.
+//
+// An Opener that fails once stays failed (the stream cannot be trusted any
+// more): every later call returns the same error, errs.Unauthenticated for
+// a record that does not open, errs.Protocol for a malformed one, and the
+// caller closes the connection. No plaintext is returned, or copied into the
+// caller's memory, before its record's tag was checked.
+package session

@@ -1,0 +1,169 @@
+package session
+
+import (
+	"github.com/tecache/te/internal/errs"
+)
+
+// Sealer seals what one end sends. A nil *Sealer passes bytes through (a
+// connection without a session). Not safe for concurrent use: seal in the
+// order the bytes are written.
+type Sealer struct {
+	d       direction
+	err     error
+	scratch []byte // one sealed record, for streams (allocated on first use)
+	tag     [TagSize]byte
+	pay     payloadState
+}
+
+// Opener opens what one end receives. A nil *Opener passes bytes through.
+// Not safe for concurrent use: open in the order the bytes were read. Once
+// a call failed, every later call fails with the same error.
+type Opener struct {
+	d       direction
+	err     error
+	scratch []byte // one sealed record, for streams (allocated on first use)
+	pay     payloadState
+}
+
+// Mode returns the session's mode; 0 for a nil Sealer.
+func (s *Sealer) Mode() Mode {
+	if s == nil {
+		return 0
+	}
+	return s.d.mode
+}
+
+// Mode returns the session's mode; 0 for a nil Opener.
+func (o *Opener) Mode() Mode {
+	if o == nil {
+		return 0
+	}
+	return o.d.mode
+}
+
+// Size is the wire size of n bytes sealed with Seal: n plus a tag per
+// record; n for a nil Sealer.
+func (s *Sealer) Size(n uint64) uint64 {
+	if s == nil {
+		return n
+	}
+	return SealedSize(n)
+}
+
+// Size is the wire size of n bytes sealed as records: n plus a tag per
+// record; n for a nil Opener.
+func (o *Opener) Size(n uint64) uint64 {
+	if o == nil {
+		return n
+	}
+	return SealedSize(n)
+}
+
+// PayloadSize is the wire size of an n-byte data payload: records in
+// Encryption mode, n otherwise.
+func (s *Sealer) PayloadSize(n uint64) uint64 {
+	if s.Mode() != Encryption {
+		return n
+	}
+	return SealedSize(n)
+}
+
+// PayloadSize is the wire size of an n-byte data payload: records in
+// Encryption mode, n otherwise.
+func (o *Opener) PayloadSize(n uint64) uint64 {
+	if o.Mode() != Encryption {
+		return n
+	}
+	return SealedSize(n)
+}
+
+// Seal appends p to dst as records (Records(len(p)) of them, each at most
+// RecordSize bytes of p and its tag) and returns the extended slice: a
+// frame header is one record. It allocates nothing when dst has room for
+// Size(len(p)) more bytes. p and dst must not overlap.
+func (s *Sealer) Seal(dst, p []byte) ([]byte, error) {
+	if s == nil {
+		return append(dst, p...), nil
+	}
+	if s.err != nil {
+		return dst, s.err
+	}
+	for len(p) > 0 {
+		n := min(len(p), RecordSize)
+		var err error
+		if dst, err = s.record(dst, p[:n]); err != nil {
+			return dst, err
+		}
+		p = p[n:]
+	}
+	return dst, nil
+}
+
+// record appends one record of p (at most RecordSize bytes).
+func (s *Sealer) record(dst, p []byte) ([]byte, error) {
+	if err := s.d.next(); err != nil {
+		s.err = err
+		return dst, err
+	}
+	if s.d.mode == Encryption {
+		return s.d.aead.Seal(dst, s.d.nonce[:], p, nil), nil
+	}
+	// Integrity: the plaintext, then GMAC over it (AES-GCM with the record
+	// as additional data and nothing to encrypt).
+	start := len(dst)
+	dst = append(dst, p...)
+	return s.d.aead.Seal(dst, s.d.nonce[:], nil, dst[start:]), nil
+}
+
+// Open opens one record received whole (its plaintext length plus
+// TagSize bytes, at most RecordSize plus TagSize) in place and returns its
+// plaintext, a prefix of rec. Errors: Unauthenticated (the record was
+// altered, injected, replayed, reordered, or one before it was dropped),
+// Protocol (it is shorter than a tag or longer than a record).
+func (o *Opener) Open(rec []byte) ([]byte, error) {
+	if o == nil {
+		return rec, nil
+	}
+	if o.err != nil {
+		return nil, o.err
+	}
+	if len(rec) < TagSize || len(rec) > RecordSize+TagSize {
+		return nil, o.fail(errs.New(errs.Protocol, "session", "a record of %d bytes (%d to %d)", len(rec), TagSize, RecordSize+TagSize))
+	}
+	if err := o.d.next(); err != nil {
+		return nil, o.fail(err)
+	}
+	n := len(rec) - TagSize
+	if o.d.mode == Encryption {
+		// Go's AES-GCM checks the tag before it hands the plaintext
+		// back; here the plaintext replaces the ciphertext in rec, which
+		// the caller does not use unless Open succeeds.
+		if _, err := o.d.aead.Open(rec[:0], o.d.nonce[:], rec, nil); err != nil {
+			return nil, o.fail(o.refused())
+		}
+		return rec[:n], nil
+	}
+	if _, err := o.d.aead.Open(rec[n:n], o.d.nonce[:], rec[n:], rec[:n]); err != nil {
+		return nil, o.fail(o.refused())
+	}
+	return rec[:n], nil
+}
+
+func (o *Opener) refused() error {
+	return errs.New(errs.Unauthenticated, "session",
+		"record %d did not authenticate: it was altered, injected, replayed or reordered, or one before it was lost", o.d.seq-1).
+		WithHint("someone on the path between the two engines tampers with the connection, or the two ends disagree on the session")
+}
+
+func (o *Opener) fail(err error) error {
+	o.err = err
+	return err
+}
+
+// Err returns the error that broke the Opener, if any.
+func (o *Opener) Err() error {
+	if o == nil {
+		return nil
+	}
+	return o.err
+}
