@@ -691,7 +691,7 @@ func (b *Batch) cancelWhere(lo, hi int, why int32, rs []*segment.Region) {
 		if t.state() != Pending {
 			continue
 		}
-		if rs != nil && !holds(rs, b.reqs[i].Region) {
+		if rs != nil && !holds(rs, &b.reqs[i], b.e.instance) {
 			continue
 		}
 		t.why.CompareAndSwap(whyNone, why)
@@ -702,9 +702,16 @@ func (b *Batch) cancelWhere(lo, hi int, why int32, rs []*segment.Region) {
 	}
 }
 
-func holds(rs []*segment.Region, r *segment.Region) bool {
+// holds reports whether request q touches one of rs: its local memory, or
+// a file of this engine it targets (a file is only ever a target, reached
+// through this engine's own segment).
+func holds(rs []*segment.Region, q *transport.Request, self string) bool {
 	for _, x := range rs {
-		if x == r {
+		if x == q.Region {
+			return true
+		}
+		if x.Storage != nil && q.Peer != nil && q.Peer.Instance == self &&
+			q.Remote >= x.Addr && q.Remote-x.Addr < x.Length {
 			return true
 		}
 	}

@@ -609,7 +609,8 @@ func (e *Engine) quiesce(rs []*segment.Region) error {
 	return nil
 }
 
-// cancelOn cancels this engine's pending tasks whose local memory is in rs.
+// cancelOn cancels this engine's pending tasks on rs: their local memory, or
+// the file of this engine they target.
 func (e *Engine) cancelOn(rs []*segment.Region) {
 	e.batchMu.Lock()
 	bs := make([]*Batch, 0, len(e.batches))

@@ -101,28 +101,11 @@ func parseCount(name, v string, limit int) (int, error) {
 // parseBytes reads a byte count: a number, optionally with B, KiB, MiB or
 // GiB (K, M, G: the same powers of two).
 func parseBytes(name, v string) (uint64, error) {
-	s := strings.TrimSpace(v)
-	i := len(s)
-	for i > 0 && (s[i-1] < '0' || s[i-1] > '9') {
-		i--
-	}
-	n, err := strconv.ParseUint(s[:i], 10, 64)
-	var shift uint
-	switch strings.ToLower(strings.TrimSpace(s[i:])) {
-	case "", "b":
-	case "k", "kb", "kib":
-		shift = 10
-	case "m", "mb", "mib":
-		shift = 20
-	case "g", "gb", "gib":
-		shift = 30
-	default:
-		err = strconv.ErrSyntax
-	}
-	if err != nil || n == 0 || n > (^uint64(0))>>shift {
+	n, err := transport.ParseSize(v)
+	if err != nil || n == 0 {
 		return 0, envError(name, v, "want a positive byte count such as 65536, 64KiB or 16MiB")
 	}
-	return n << shift, nil
+	return n, nil
 }
 
 // envParam turns TE_PARAM_tcp_conns into tcp.conns.

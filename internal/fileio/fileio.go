@@ -449,16 +449,23 @@ func (x *Executor) OpenFD(fd int, base, size uint64, o OpenOptions) (*File, erro
 	if err != nil {
 		return nil, errs.Wrap(errs.NoMemory, "register file", err, "dup fd %d", fd)
 	}
-	if fl&unix.O_DIRECT != 0 {
-		// The caller's description is direct already: a buffered twin
-		// for misaligned requests comes from reopening it.
+	appends := fl&unix.O_APPEND != 0 && acc != unix.O_RDONLY
+	if fl&unix.O_DIRECT != 0 || appends {
+		// The caller's description is direct (a buffered twin for
+		// misaligned requests is needed) or appending (Linux's pwrite
+		// then ignores the offset and every write lands at the end):
+		// the executor's own description comes from reopening it.
 		ndfd := bfd
 		bfd, err = unix.Open("/proc/self/fd/"+strconv.Itoa(ndfd), acc|unix.O_CLOEXEC, 0)
+		unix.Close(ndfd)
 		if err != nil {
-			unix.Close(ndfd)
+			if appends {
+				return nil, errs.Wrap(errs.InvalidArgument, "register file", err,
+					"fd %d is open with O_APPEND, so writes would land at the end of the file, and it cannot be reopened without", fd).
+					WithHint("open the file without O_APPEND, or register it by path")
+			}
 			return nil, errs.Wrap(errs.NotSupported, "register file", err, "reopen fd %d without O_DIRECT", fd)
 		}
-		unix.Close(ndfd)
 	}
 	path := "/proc/self/fd/" + strconv.Itoa(bfd)
 	if p, err := os.Readlink(path); err == nil {

@@ -290,6 +290,44 @@ func TestOpenFD(t *testing.T) {
 	})
 }
 
+// A descriptor open with O_APPEND would make every pwrite land at the end of
+// the file: the executor works on its own description without it, so writes
+// land at their offsets and the file does not grow.
+func TestOpenFDAppend(t *testing.T) {
+	modes(t, func(t *testing.T, x *Executor) {
+		p := filepath.Join(t.TempDir(), "append")
+		fd, err := unix.Open(p, unix.O_CREAT|unix.O_RDWR|unix.O_APPEND|unix.O_CLOEXEC, 0o600)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(fd)
+		unix.Ftruncate(fd, 1<<20)
+		// Buffered: an O_DIRECT twin is reopened without O_APPEND anyway.
+		f, err := x.OpenFD(fd, 4096, 64<<10, OpenOptions{NoDirect: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		buf := mem.MustAlloc(64 << 10)
+		defer mem.Free(buf)
+		fill(buf, 5)
+		if err := run(t, x, &Op{Write: true, File: f, Off: 0, Addr: mem.Addr(buf), Len: 64 << 10})[0]; err != nil {
+			t.Fatal(err)
+		}
+		got, _ := os.ReadFile(p)
+		if len(got) != 1<<20 {
+			t.Fatalf("the file grew to %d bytes: the write was appended", len(got))
+		}
+		if !bytes.Equal(got[4096:4096+64<<10], buf) {
+			t.Fatal("write through an O_APPEND fd landed elsewhere")
+		}
+		// The caller's descriptor keeps its own flags.
+		if fl, _ := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0); fl&unix.O_APPEND == 0 {
+			t.Fatal("the caller's descriptor lost O_APPEND")
+		}
+	})
+}
+
 // A file truncated while registered fails the reads past its new end with
 // IO; one removed (unlinked) stays readable through the open descriptors.
 func TestTruncatedAndRemoved(t *testing.T) {

@@ -379,6 +379,53 @@ func TestCancelAndUnregisterDuringIO(t *testing.T) {
 	}
 }
 
+// TestUnregisterCancelsTasksOnTheFile: past the grace period, unregistering
+// a file cancels this engine's tasks that target it (a file is never a
+// task's local side, so they are found by their target), and returns once
+// every one of them has ended.
+func TestUnregisterCancelsTasksOnTheFile(t *testing.T) {
+	e := newEngine(t, map[string]string{"file.pool": "1"}, func(c *engine.Config) { c.UnregisterGrace = time.Nanosecond })
+	const n, k = 256 << 10, 256
+	buf := alloc(t, n*k)
+	e.RegisterMemory(mem.Addr(buf), n*k, "cpu", false)
+	seg, _ := e.OpenSegment(e.Name())
+	canceled := 0
+	for round := 0; round < 5 && canceled == 0; round++ {
+		fa, err := e.RegisterFile(filepath.Join(t.TempDir(), "unreg"), 0, n, engine.FileOptions{Remote: true, Create: true, NoDirect: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := e.AllocateBatch(k)
+		for i := 0; i < k; i++ {
+			if err := b.Submit(engine.Request{Op: engine.Read, Local: mem.Addr(buf) + uint64(i)*n, Segment: seg, Remote: fa, Length: n}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := e.UnregisterMemory(fa); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-b.Done():
+		default:
+			t.Fatal("UnregisterMemory returned with tasks on the file still pending")
+		}
+		for i := 0; i < k; i++ {
+			ts, _ := b.TaskStatus(i)
+			switch ts.State {
+			case engine.Canceled:
+				canceled++
+			case engine.Completed:
+			default:
+				t.Fatalf("task %d: %+v", i, ts)
+			}
+		}
+		b.Free()
+	}
+	if canceled == 0 {
+		t.Fatal("no task on the file was canceled by its unregistration")
+	}
+}
+
 // TestRemoteFileSegmentInProcess: a second engine with tcp only reads and
 // writes the first engine's file over tcp, authenticated.
 func TestRemoteFileSegmentInProcess(t *testing.T) {

@@ -114,14 +114,14 @@ func parseConfig(h transport.Host) (fileio.Config, error) {
 		}
 	}
 	if v, ok := h.Param("file.chunk"); ok {
-		n, err := parseSize(v)
+		n, err := transport.ParseSize(v)
 		if err != nil || n < fileio.MinChunk || n > fileio.MaxChunk || n%4096 != 0 {
 			return cfg, bad("file.chunk", v, "want a multiple of 4KiB from 4KiB to 64MiB")
 		}
 		cfg.Chunk = n
 	}
 	if v, ok := h.Param("file.staging"); ok {
-		n, err := parseSize(v)
+		n, err := transport.ParseSize(v)
 		if err != nil || n > 1<<30 {
 			return cfg, bad("file.staging", v, "want a size up to 1GiB")
 		}
@@ -142,25 +142,6 @@ func parseConfig(h transport.Host) (fileio.Config, error) {
 		return cfg, bad("file.pool", pool, "want 0 or 1")
 	}
 	return cfg, nil
-}
-
-func parseSize(s string) (uint64, error) {
-	s = strings.ToLower(strings.TrimSpace(s))
-	mult := uint64(1)
-	for _, u := range []struct {
-		suf string
-		m   uint64
-	}{{"kib", 1 << 10}, {"mib", 1 << 20}, {"gib", 1 << 30}, {"k", 1 << 10}, {"m", 1 << 20}, {"g", 1 << 30}} {
-		if strings.HasSuffix(s, u.suf) {
-			s, mult = strings.TrimSuffix(s, u.suf), u.m
-			break
-		}
-	}
-	n, err := strconv.ParseUint(strings.TrimSpace(s), 10, 64)
-	if err != nil || n > (1<<62)/mult {
-		return 0, errs.New(errs.InvalidArgument, "file", "%q is not a size", s)
-	}
-	return n * mult, nil
 }
 
 // executor returns the executor, starting it on first use.

@@ -92,7 +92,7 @@ func ParseOptions(param func(string) (string, bool), getenv func(string) string)
 		o.Library = strings.TrimSpace(v)
 	}
 	if v, ok := param("rdma.slice"); ok {
-		n, err := parseSize(v)
+		n, err := transport.ParseSize(v)
 		if err != nil || n < MinSlice || n > MaxSlice {
 			return o, bad("rdma.slice", v, "want a size from 4KiB to 1GiB")
 		}
@@ -135,7 +135,7 @@ func ParseOptions(param func(string) (string, bool), getenv func(string) string)
 		o.CooldownMax = o.Cooldown
 	}
 	if v, ok := param("rdma.parallel_reg_min"); ok {
-		n, err := parseSize(v)
+		n, err := transport.ParseSize(v)
 		if err != nil || n == 0 {
 			return o, bad("rdma.parallel_reg_min", v, "want a positive size")
 		}
@@ -153,30 +153,6 @@ func splitList(s string) []string {
 		return nil
 	}
 	return f
-}
-
-// parseSize parses a byte count: a number, optionally with K/KiB, M/MiB or
-// G/GiB (powers of two) or B.
-func parseSize(s string) (uint64, error) {
-	s = strings.TrimSpace(s)
-	mult := uint64(1)
-	for _, u := range []struct {
-		suffix string
-		m      uint64
-	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"B", 1}} {
-		if strings.HasSuffix(strings.ToUpper(s), strings.ToUpper(u.suffix)) {
-			s, mult = strings.TrimSpace(s[:len(s)-len(u.suffix)]), u.m
-			break
-		}
-	}
-	n, err := strconv.ParseUint(s, 10, 64)
-	if err != nil {
-		return 0, err
-	}
-	if n > ^uint64(0)/mult {
-		return 0, strconv.ErrRange
-	}
-	return n * mult, nil
 }
 
 // FilterDevices applies the allow-list to the devices found, keeping their

@@ -70,19 +70,6 @@ func TestParseOptionsInvalid(t *testing.T) {
 	}
 }
 
-func TestParseSize(t *testing.T) {
-	for s, want := range map[string]uint64{"65536": 65536, "64KiB": 64 << 10, "64k": 64 << 10, "1 MiB": 1 << 20, "2G": 2 << 30, "512B": 512} {
-		if got, err := parseSize(s); err != nil || got != want {
-			t.Errorf("parseSize(%q) = %d, %v; want %d", s, got, err, want)
-		}
-	}
-	for _, s := range []string{"", "KiB", "-1", "1.5M", "99999999999999999999G"} {
-		if _, err := parseSize(s); err == nil {
-			t.Errorf("parseSize(%q) succeeded", s)
-		}
-	}
-}
-
 func TestFilterDevices(t *testing.T) {
 	found := []string{"mlx5_0", "mlx5_1", "mlx5_2"}
 	got, err := FilterDevices(found, nil)

@@ -6,7 +6,6 @@ import (
 	"sync"
 
 	"github.com/tecache/te/engine/segment"
-	"github.com/tecache/te/internal/sys/cuda"
 	"github.com/tecache/te/internal/sys/topo"
 )
 
@@ -38,25 +37,6 @@ type locality struct {
 
 func newLocality(root string, names []string, gpus func() []string) *locality {
 	return &locality{root: root, names: names, gpus: gpus}
-}
-
-// driverGPUs asks the CUDA driver for the PCI address of every device.
-func driverGPUs() []string {
-	l, err := cuda.Load()
-	if err != nil {
-		return nil
-	}
-	n, err := l.DeviceCount()
-	if err != nil {
-		return nil
-	}
-	out := make([]string, n)
-	for i := range out {
-		if d, err := l.DeviceGet(i); err == nil {
-			out[i], _ = l.DevicePCIBusID(d)
-		}
-	}
-	return out
 }
 
 // machineLocked returns the topology, with GPUs when asked for.

@@ -192,7 +192,7 @@ func (t *Transport) start(nics []*nic) {
 	}
 	t.health = t.opt.health()
 	if t.loc == nil {
-		t.loc = newLocality(topo.Root(), names, driverGPUs)
+		t.loc = newLocality(topo.Root(), names, func() []string { return topo.ProbeGPUs() })
 	}
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	for _, n := range t.nics {
