@@ -13,24 +13,32 @@
 # and reports the median GB/s (1 GB = 10^9 bytes) of each pair and the
 # mixed pairs' ratios to the Mooncake pair (default settings).
 #
+# --base BIN adds a second te target, served by another te-bench (the one
+# before a change, say), and the pair mc->te base: Mooncake's initiator
+# against it, in the same rounds as the others, so before and after see the
+# same load. --pairs "mc-mc mc-te mc-te-base" runs only those pairs.
+#
 # usage: bench/mooncake-compare.sh [--duration S] [--rounds N] [--ops "write read"]
 #                                  [--blocks "4096 65536 1048576"] [--batch 128] [--threads 1]
+#                                  [--base TE_BENCH] [--pairs "..."]
 # Mooncake's binaries come from ../shared/interop/mooncake beside the
 # repository or $TE_MOONCAKE_INTEROP_DIR; te-bench from $TE_BENCH or
 # build/te-bench (built if missing). Needs python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DURATION=3 ROUNDS=1 OPS="write read" BLOCKS="4096 65536 1048576" BATCH=128 THREADS=1
+DURATION=3 ROUNDS=1 OPS="write read" BLOCKS="4096 65536 1048576" BATCH=128 THREADS=1 BASE="" PAIRS=""
 while [ $# -gt 0 ]; do
   case "$1" in
+    --base) BASE=$2; shift 2 ;;
+    --pairs) PAIRS=$2; shift 2 ;;
     --duration) DURATION=$2; shift 2 ;;
     --rounds) ROUNDS=$2; shift 2 ;;
     --ops) OPS=$2; shift 2 ;;
     --blocks) BLOCKS=$2; shift 2 ;;
     --batch) BATCH=$2; shift 2 ;;
     --threads) THREADS=$2; shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -61,13 +69,20 @@ PIDS+=($!)
 # te's target, serving Mooncake initiators too.
 "$TEB" target --listen 127.0.0.1:0 --buffer $BUF --accept-mooncake >"$WORK/te-target.json" 2>"$WORK/te-target.log" &
 PIDS+=($!)
+if [ -n "$BASE" ]; then
+  "$BASE" target --listen 127.0.0.1:0 --buffer $BUF --accept-mooncake >"$WORK/te-base.json" 2>"$WORK/te-base.log" &
+  PIDS+=($!)
+fi
+segment() { python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["segment"])' "$1" 2>/dev/null || true; }
+BASESEG=none
 for _ in $(seq 100); do
   MCSEG=$(grep -o 'listening on [0-9.]*:[0-9]*' "$WORK/mc-target.log" | head -1 | awk '{print $3}' || true)
-  TESEG=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["segment"])' "$WORK/te-target.json" 2>/dev/null || true)
-  [ -n "$MCSEG" ] && [ -n "$TESEG" ] && break
+  TESEG=$(segment "$WORK/te-target.json")
+  [ -n "$BASE" ] && BASESEG=$(segment "$WORK/te-base.json")
+  [ -n "$MCSEG" ] && [ -n "$TESEG" ] && [ -n "$BASESEG" ] && break
   sleep 0.1
 done
-[ -n "$MCSEG" ] && [ -n "$TESEG" ] || { echo "targets did not start" >&2; cat "$WORK"/*.log >&2; exit 1; }
+[ -n "$MCSEG" ] && [ -n "$TESEG" ] && [ -n "$BASESEG" ] || { echo "targets did not start" >&2; cat "$WORK"/*.log >&2; exit 1; }
 
 mc_run() { # segment op block [pool]: prints GB/s
   local env=()
@@ -83,7 +98,10 @@ te_run() { # segment op block: prints GB/s
     --duration "${DURATION}s" --json 2>/dev/null | python3 -c 'import json,sys; print(json.loads(sys.stdin.readlines()[-1])["gbps"])'
 }
 
-PAIRS="mc-mc mc-mc-pool te-mc mc-te mc-te-pool te-te"
+if [ -z "$PAIRS" ]; then
+  PAIRS="mc-mc mc-mc-pool te-mc mc-te mc-te-pool te-te"
+  [ -n "$BASE" ] && PAIRS="$PAIRS mc-te-base"
+fi
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; loopback; batch $BATCH, threads $THREADS, ${DURATION}s per run, $ROUNDS round(s)" >&2
 for op in $OPS; do
   for block in $BLOCKS; do
@@ -96,6 +114,8 @@ for op in $OPS; do
           mc-te) g=$(mc_run "$TESEG" "$op" "$block") ;;
           mc-te-pool) g=$(mc_run "$TESEG" "$op" "$block" pool) ;;
           te-te) g=$(te_run "$TESEG" "$op" "$block") ;;
+          mc-te-base) g=$(mc_run "$BASESEG" "$op" "$block") ;;
+          *) echo "unknown pair $pair" >&2; exit 2 ;;
         esac
         echo "$op $block $pair ${g:-0}" >>"$WORK/results"
         echo "$op $block round $r $pair: ${g:-FAILED} GB/s" >&2
@@ -114,12 +134,14 @@ pairs = sys.argv[2].split()
 def size(b):
     return f"{b >> 20} MiB" if b >= 1 << 20 else f"{b >> 10} KiB"
 names = {"mc-mc": "mc→mc", "mc-mc-pool": "mc→mc pool", "te-mc": "te→mc", "mc-te": "mc→te",
-         "mc-te-pool": "mc→te pool", "te-te": "te→te"}
-print("| op | block | " + " | ".join(names[p] for p in pairs) + " | te→mc / mc→mc | mc→te / mc→mc | mc→te pool / mc→mc pool |")
-print("|----|------:|" + "------:|" * len(pairs) + "------|------|------|")
+         "mc-te-pool": "mc→te pool", "te-te": "te→te", "mc-te-base": "mc→te base"}
+ratios = [(a, b) for a, b in [("te-mc", "mc-mc"), ("mc-te", "mc-mc"), ("mc-te-pool", "mc-mc-pool"), ("mc-te-base", "mc-mc")]
+          if a in pairs and b in pairs]
+print("| op | block | " + " | ".join(names[p] for p in pairs) + "".join(f" | {names[a]} / {names[b]}" for a, b in ratios) + " |")
+print("|----|------:|" + "------:|" * len(pairs) + "------|" * len(ratios))
 for (op, block), m in rows.items():
     med = {p: statistics.median(m.get(p, [0])) for p in pairs}
     ratio = lambda a, b: f"**{med[a] / med[b]:.2f}x**" if med[b] > 0 else "n/a"
     print(f"| {op} | {size(block)} | " + " | ".join(f"{med[p]:.3f}" for p in pairs) +
-          f" | {ratio('te-mc', 'mc-mc')} | {ratio('mc-te', 'mc-mc')} | {ratio('mc-te-pool', 'mc-mc-pool')} |")
+          "".join(f" | {ratio(a, b)}" for a, b in ratios) + " |")
 EOF

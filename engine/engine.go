@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tecache/te/engine/internal/ctrl"
 	"github.com/tecache/te/engine/meta"
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
@@ -46,7 +47,7 @@ type Engine struct {
 	// changed; cached transport choices older than it are made again.
 	reachEpoch atomic.Uint64
 
-	ctrl    *ctrl
+	ctrl    *ctrl.Plane // the control plane: handlers here, connections there
 	desc    atomic.Pointer[segment.Desc]
 	version atomic.Uint64
 
@@ -171,11 +172,13 @@ func New(cfg Config) (_ *Engine, err error) {
 		cfg.Logger.Info("te: peers authenticate with the cluster secret", "from", source, "key_ids", secret.KeyIDs(),
 			"listen", ln.Addr().String())
 	}
-	e.ctrl = newCtrl(ln, ctrlOptions{secret: secret, instance: e.instance, limits: cfg.Limits,
-		dialTimeout: cfg.RPCTimeout, logger: cfg.Logger, mooncake: mc.open})
+	l := cfg.Limits
+	e.ctrl = ctrl.New(ln, ctrl.Options{Secret: secret, Instance: e.instance,
+		Limits:      ctrl.Limits{Policy: l.policy(), MaxCalls: l.MaxCalls, MaxCallsPerConn: l.MaxCallsPerConn, MaxFrame: l.MaxFrame},
+		DialTimeout: cfg.RPCTimeout, Logger: cfg.Logger, Mooncake: mc.open})
 	e.ctrl.Handle(wire.KindDescribe, e.handleDescribe)
 	e.ctrl.Handle(wire.KindNotify, e.handleNotify)
-	e.ctrl.reserveFor(wire.KindNotify, reserver{reserve: e.reserveNotify, release: e.releaseNotify})
+	e.ctrl.Reserve(wire.KindNotify, ctrl.Reserver{Reserve: e.reserveNotify, Release: e.releaseNotify})
 	e.ctrl.Handle(wire.KindProbe, e.handleProbe)
 	e.installMooncake()
 
@@ -186,13 +189,13 @@ func New(cfg Config) (_ *Engine, err error) {
 		}
 	}
 	if err != nil {
-		e.ctrl.close()
+		e.ctrl.Close()
 		if store != nil {
 			store.Close()
 		}
 		return nil, err
 	}
-	e.ctrl.start()
+	e.ctrl.Start()
 	if cfg.TransferTimeout > 0 {
 		e.wg.Add(1)
 		go e.runReaper()
@@ -344,7 +347,7 @@ func (e *Engine) Name() string { return e.name }
 func (e *Engine) RPCAddr() string { return e.rpcAddr }
 
 // RPCPort returns the RPC listener's port.
-func (e *Engine) RPCPort() int { return e.ctrl.ln.Addr().(*net.TCPAddr).Port }
+func (e *Engine) RPCPort() int { return e.ctrl.Addr().(*net.TCPAddr).Port }
 
 // Instance returns the random identity of this engine start.
 func (e *Engine) Instance() string { return e.instance }
@@ -662,7 +665,7 @@ func (e *Engine) Close() error {
 		e.closeTransports()
 		// Files still registered: their I/O ended with the transports.
 		releaseStorage(e.reg.Regions())
-		e.ctrl.close()
+		e.ctrl.Close()
 		e.batchMu.Lock()
 		bs := make([]*Batch, 0, len(e.batches))
 		for b := range e.batches {

@@ -11,10 +11,14 @@ import (
 	"github.com/tecache/te/internal/wire"
 )
 
-// Interop with Mooncake Transfer Engine peers (spec.md, "Mooncake interop"):
-// the handshake kinds 1 to 3 on the RPC listener, and the choice between te's
-// and Mooncake's handshake when this engine fetches a peer's descriptor or
-// sends it a notification. The data path is the tcp transport's.
+// Interop with Mooncake Transfer Engine peers (spec.md, "Mooncake interop"),
+// the engine's side of it, all here: whether Mooncake peers are served, the
+// handlers of the handshake kinds 1 to 3, the choice between te's and
+// Mooncake's handshake when this engine fetches a peer's descriptor, sends it
+// a notification or probes it, and the adoption of a Mooncake descriptor.
+// The handshake's framing is a dialect of the control plane
+// (internal/ctrl/mooncake.go); the data path is a framing of the tcp
+// transport (transport/tcp/mooncake.go).
 
 // EnvAcceptMooncakePeers turns Config.AcceptMooncakePeers on for every entry
 // point (Go, C, Python) when set to 1 (env.go reads it).
@@ -199,7 +203,7 @@ func (e *Engine) describe(ctx context.Context, addr, name string) ([]byte, error
 		}
 		teErr = err
 	}
-	b, err := e.ctrl.exchangeMooncake(ctx, addr, wire.KindMooncakeMetadata, e.mooncakeSelf(), segment.MaxDescSize)
+	b, err := e.ctrl.ExchangeMooncake(ctx, addr, wire.KindMooncakeMetadata, e.mooncakeSelf(), segment.MaxDescSize)
 	if err != nil {
 		e.mc.forget(addr)
 		if teErr != nil {
@@ -231,11 +235,15 @@ func (e *Engine) mooncakeSelf() []byte {
 
 // adoptMooncake completes a Mooncake engine's descriptor with what te needs
 // to reach it: the RPC address (the one it was fetched from, or its rpc_meta
-// record in the store), whose host its tcp data listener is on. With a
-// cluster secret and without AllowMooncakeWithSecret it refuses: a
-// Mooncake peer cannot authenticate, and a store writer could otherwise
-// turn any segment into an unauthenticated one by rewriting its descriptor.
+// record in the store), whose host its tcp data listener is on. A te
+// engine's descriptor is left as it is. With a cluster secret and without
+// AllowMooncakeWithSecret it refuses: a Mooncake peer cannot authenticate,
+// and a store writer could otherwise turn any segment into an
+// unauthenticated one by rewriting its descriptor.
 func (e *Engine) adoptMooncake(d *segment.Desc, addr, name string) error {
+	if !d.IsMooncake() {
+		return nil
+	}
 	if !e.mc.call {
 		return errs.New(errs.Unauthenticated, "open segment",
 			"segment %q has a Mooncake Transfer Engine descriptor; Mooncake peers cannot prove they hold the cluster secret, and this engine has one", name).
@@ -274,7 +282,7 @@ func (e *Engine) notifyMooncake(ctx context.Context, addr, name, msg string) err
 	if err != nil {
 		return errs.Wrap(errs.InvalidArgument, "notify", err, "encode notification")
 	}
-	_, err = e.ctrl.exchangeMooncake(ctx, addr, wire.KindMooncakeNotify, body, wire.MooncakeMaxHandshake)
+	_, err = e.ctrl.ExchangeMooncake(ctx, addr, wire.KindMooncakeNotify, body, wire.MooncakeMaxHandshake)
 	return err
 }
 
@@ -284,7 +292,7 @@ func (e *Engine) probeCall(ctx context.Context, addr, name string) ([]byte, erro
 	if !e.mc.call || !e.mc.known(addr) {
 		return e.ctrl.Call(ctx, addr, wire.KindProbe, nil)
 	}
-	b, err := e.ctrl.exchangeMooncake(ctx, addr, wire.KindMooncakeProbe, []byte("{}"), wire.MooncakeMaxHandshake)
+	b, err := e.ctrl.ExchangeMooncake(ctx, addr, wire.KindMooncakeProbe, []byte("{}"), wire.MooncakeMaxHandshake)
 	if err != nil {
 		return nil, err
 	}

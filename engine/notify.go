@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 
+	"github.com/tecache/te/engine/internal/ctrl"
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/wire"
 )
@@ -48,13 +49,13 @@ func (e *Engine) reserveNotify(sender string, bodyLen uint64) (uint64, error) {
 		q.per = map[string]uint64{}
 	}
 	if q.total+n > lim.NotifyBytes {
-		e.ctrl.st.refusedNotifies.Add(1)
+		e.ctrl.RefusedNotify()
 		return 0, errs.New(errs.ResourceExhausted, "notify",
 			"the receiver holds %d bytes of undrained notifications; %d more would pass its budget of %d", q.total, n, lim.NotifyBytes).
 			WithHint("the receiver drains them with Notifies (get_notifies); retry later")
 	}
 	if q.per[sender]+n > lim.NotifyBytesPerSender {
-		e.ctrl.st.refusedNotifies.Add(1)
+		e.ctrl.RefusedNotify()
 		return 0, errs.New(errs.ResourceExhausted, "notify",
 			"the receiver holds %d bytes of undrained notifications from this sender; %d more would pass the budget of %d per sender", q.per[sender], n, lim.NotifyBytesPerSender).
 			WithHint("the receiver drains them with Notifies (get_notifies); retry later")
@@ -107,9 +108,9 @@ func (e *Engine) handleNotify(ctx context.Context, body []byte) ([]byte, error) 
 	if err != nil {
 		return nil, err
 	}
-	ci := callInfoFrom(ctx)
+	ci := ctrl.Info(ctx)
 	n := uint64(len(name) + len(msg))
-	if ci == nil || ci.reserved < n {
+	if ci == nil || ci.Reserved < n {
 		// Every notify reaches here through the control plane, which
 		// reserved the bytes its frame could hold.
 		return nil, errs.New(errs.Internal, "notify", "notification of %d bytes arrived without its reservation", n)
@@ -118,13 +119,13 @@ func (e *Engine) handleNotify(ctx context.Context, body []byte) ([]byte, error) 
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if len(q.items) >= e.cfg.MaxNotifies {
-		e.ctrl.st.refusedNotifies.Add(1)
+		e.ctrl.RefusedNotify()
 		return nil, errs.New(errs.ResourceExhausted, "notify", "receiver's queue of %d notifications is full", e.cfg.MaxNotifies).
 			WithHint("the receiver drains them with Notifies (get_notifies); retry later")
 	}
 	q.items = append(q.items, Notification{Name: string(name), Msg: string(msg)})
-	q.charges = append(q.charges, notifyCharge{ci.sender, n})
-	ci.kept = n
+	q.charges = append(q.charges, notifyCharge{ci.Sender, n})
+	ci.Kept = n
 	e.stats.notifiesReceived.Add(1)
 	return nil, nil
 }

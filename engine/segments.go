@@ -165,10 +165,8 @@ func (e *Engine) fetch(name string) (*segment.Desc, error) {
 	if err != nil {
 		return nil, err
 	}
-	if d.IsMooncake() {
-		if err := e.adoptMooncake(d, addr, name); err != nil {
-			return nil, err
-		}
+	if err := e.adoptMooncake(d, addr, name); err != nil {
+		return nil, err
 	}
 	if d.Name != name && d.RPC != name {
 		return nil, errs.New(errs.Metadata, "open segment", "asked for %q, got the descriptor of %q", name, d.Name)

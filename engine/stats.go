@@ -134,3 +134,31 @@ func (e *Engine) Stats() Stats {
 		Topology:          e.Topology(),
 	}
 }
+
+func (e *Engine) controlStats() ControlStats {
+	s := e.ctrl.Stats()
+	e.nq.mu.Lock()
+	nb := e.nq.total
+	e.nq.mu.Unlock()
+	return ControlStats{
+		Authenticated:       e.secret != nil,
+		ConnsOpen:           s.ConnsOpen,
+		ConnsPeak:           s.ConnsPeak,
+		ConnsAccepted:       s.ConnsAccepted,
+		RefusedConns:        s.RefusedConns,
+		RefusedConnsPerHost: s.RefusedConnsPerHost,
+		AuthRefused:         s.AuthRefused,
+		AuthFailedOutbound:  s.AuthFailedOutbound,
+		HandshakeTimeouts:   s.HandshakeTimeouts,
+		IdleClosed:          s.IdleClosed,
+		PeerIdleClosed:      s.PeerIdleClosed,
+		SlowClosed:          s.SlowClosed,
+		RefusedFrames:       s.RefusedFrames,
+		RefusedMooncake:     s.RefusedMooncake,
+		RefusedNotifies:     s.RefusedNotifies,
+		NotifyBytes:         nb,
+		CallsInFlight:       s.CallsInFlight,
+		CallsThrottled:      s.CallsThrottled,
+		AcceptErrors:        s.AcceptErrors,
+	}
+}

@@ -25,6 +25,7 @@ import (
 const usage = `usage:
   te-bench -version                       (prints te's version, engine.Version)
   te-bench target    [--listen host:port] [--buffer SIZE] [--metadata URL] [--accept-mooncake]
+                     [--cpuprofile FILE]
   te-bench initiator --segment NAME [--ref host:port] [run flags]
       (NAME may be a Mooncake Transfer Engine's segment: te speaks its
       handshake and tcp framing; --accept-mooncake serves Mooncake initiators)
@@ -138,8 +139,20 @@ func mainTarget(ctx context.Context, args []string, stdin io.Reader, stdout, std
 	fs.StringVar(&o.File, "file", "", "also register this file (created, --buffer bytes) as a storage buffer")
 	fs.BoolVar(&o.FileNoDirect, "file-no-direct", false, "keep the file's I/O in the page cache")
 	stdinExit := fs.Bool("exit-on-stdin-eof", false, "stop when stdin closes (used by loopback)")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the target, from start to exit, to this file")
 	if err := fs.Parse(args); err != nil {
 		return errs.Wrap(errs.InvalidArgument, "te-bench", err, "flags")
+	}
+	if *cpuprofile != "" {
+		pf, err := os.Create(*cpuprofile)
+		if err != nil {
+			return errs.Wrap(errs.InvalidArgument, "te-bench", err, "cpuprofile")
+		}
+		defer pf.Close()
+		if err := pprof.StartCPUProfile(pf); err != nil {
+			return errs.Wrap(errs.Internal, "te-bench", err, "cpuprofile")
+		}
+		defer pprof.StopCPUProfile()
 	}
 	t, err := StartTarget(o)
 	if err != nil {

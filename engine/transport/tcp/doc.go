@@ -6,7 +6,9 @@
 // connections per peer ("tcp.conns"), cuts large requests into slices
 // ("tcp.slice") striped over them, and keeps many requests in flight on each
 // connection: one writer goroutine gathers queued requests into one writev,
-// one reader goroutine matches completions by request id. Payloads are
+// one reader goroutine matches completions by request id. The pooling is
+// engine/internal/pipe's; this package is two framings plugged into it, te's
+// (framing.go) and Mooncake's (mooncake.go), and the target side. Payloads are
 // written from registered memory by writev and read into it straight from
 // the socket; only payloads under 16 KiB, which arrive in the same read
 // syscall as their headers (a 64 KiB read buffer holds about fifteen 4 KiB
@@ -30,13 +32,24 @@
 // connection closes after the idle timeout, and every payload must move
 // 4 MiB per progress timeout, so a stalled or trickling peer is cut off and
 // the access it held ends. Quiesce (a buffer being unregistered, a window
-// being revoked) cuts only the connections that hold an access to it.
+// being revoked) cuts only the connections that hold an access to it: one
+// moving its bytes, or holding it for a READ queued for the writer or
+// waiting for room in that queue (a peer that does not read its
+// completions).
 //
 // A request canceled by the engine (timeout, Batch.Cancel, unregister) is
 // completed as soon as no goroutine can touch its memory: queued slices are
 // dropped, sent ones are forgotten and their late completions read and
 // discarded (a READ's payload into scratch), a WRITE being written is
 // released when that write ends. Other requests on the connection go on.
+//
+// A completion is accepted only for bytes already sent: one that comes for a
+// WRITE whose payload the writer is still sending (a target that answers
+// before it read, by design or by bug) is held until the writer is past it,
+// and the request fails with errs.Protocol if its payload never left. A
+// completion for an id not in flight, or a second one, ends the connection
+// with errs.Protocol. So te never reports COMPLETED while it still reads the
+// request's memory, whatever the peer says.
 //
 // GPU memory (a region registered as cuda:N) is never touched by the CPU:
 // each side stages its own device memory through rings of pinned host
@@ -54,13 +67,14 @@
 // peer or tcp is forced.
 //
 // Mooncake Transfer Engine peers are spoken to in their own tcp framing
-// (version 2, acknowledged; mooncake_client.go): a descriptor without te's
-// fields is such a peer, reached at its RPC host and tcp_data_port, with
-// slices pipelined in order on persistent connections (its framing has no
-// request ids). The data listener tells a Mooncake initiator's first bytes
+// (version 2, acknowledged; mooncake.go): a descriptor without te's fields
+// is such a peer, reached at its RPC host and tcp_data_port, with slices
+// pipelined in order on persistent connections (its framing has no request
+// ids, so a canceled slice in flight cuts its connection and the others go
+// on another). The data listener tells a Mooncake initiator's first bytes
 // from te's preface and, when the engine accepts Mooncake peers, serves it
-// with the same owner-side checks and in-flight accounting, key aside
-// (mooncake_server.go); see "Mooncake interop" in internal/wire/spec.md.
+// with the same owner-side checks and in-flight accounting, key aside; see
+// "Mooncake interop" in internal/wire/spec.md.
 //
 // Parameters (engine.Config.Params):
 //

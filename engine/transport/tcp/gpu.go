@@ -188,14 +188,15 @@ func (st *stage) release() {
 // write sends bufs with the device payloads devs inserted, each through the
 // rings: chunk k+depth is copied to the host while chunk k is on the wire
 // (and chunks of the next payloads are already copied while this one is
-// sent). On any error the connection cannot be trusted; write returns only
-// after every copy it started ended, so the caller may release the memory.
-func (st *stage) write(w io.Writer, bufs net.Buffers, devs []devPiece) (err error) {
+// sent). It returns how many bytes reached the socket. On any error the
+// connection cannot be trusted; write returns only after every copy it
+// started ended, so the caller may release the memory.
+func (st *stage) write(w io.Writer, bufs net.Buffers, devs []devPiece) (sent int64, err error) {
 	chunks := st.chunks[:0]
 	for i, p := range devs {
 		s, err := st.get(p.dev)
 		if err != nil {
-			return err
+			return 0, err
 		}
 		cs := s.ChunkSize()
 		for off := uint64(0); off < p.n; off += cs {
@@ -222,7 +223,7 @@ func (st *stage) write(w io.Writer, bufs net.Buffers, devs []devPiece) (err erro
 		return nil
 	}
 	if err := startUpTo(depth); err != nil {
-		return err
+		return 0, err
 	}
 	out := st.out[:0]
 	defer func() { clear(out); st.out = out[:0] }()
@@ -234,27 +235,31 @@ func (st *stage) write(w io.Writer, bufs net.Buffers, devs []devPiece) (err erro
 		}
 		waited = k + 1
 		if err := c.s.Wait(k % depth); err != nil {
-			return err
+			return sent, err
 		}
 		out = append(out, c.s.Chunk(k % depth)[:c.n])
 		wb := out
-		if _, err := wb.WriteTo(w); err != nil {
-			return errs.Wrap(errs.PeerUnreachable, "tcp", err, "send")
+		n, err := wb.WriteTo(w)
+		sent += n
+		if err != nil {
+			return sent, errs.Wrap(errs.PeerUnreachable, "tcp", err, "send")
 		}
 		clear(out)
 		out = out[:0]
 		if err := startUpTo(k + 1 + depth); err != nil {
-			return err
+			return sent, err
 		}
 	}
 	if bi < len(bufs) {
 		out = append(out, bufs[bi:]...)
 		wb := out
-		if _, err := wb.WriteTo(w); err != nil {
-			return errs.Wrap(errs.PeerUnreachable, "tcp", err, "send")
+		n, err := wb.WriteTo(w)
+		sent += n
+		if err != nil {
+			return sent, errs.Wrap(errs.PeerUnreachable, "tcp", err, "send")
 		}
 	}
-	return nil
+	return sent, nil
 }
 
 // recv reads n payload bytes from the connection into device memory at dst
@@ -268,7 +273,7 @@ func (st *stage) recv(br *bufio.Reader, nc net.Conn, dev int, dst, n uint64) (co
 		if st.scratch == nil {
 			st.scratch = make([]byte, drainChunk)
 		}
-		return err, drainProgress(br, nc, n, st.scratch, st.t.opt.Progress)
+		return err, dropPayload(br, nc, n, st.scratch, st.t.opt.Progress)
 	}
 	depth, cs := s.Depth(), s.ChunkSize()
 	k := 0
@@ -281,7 +286,7 @@ func (st *stage) recv(br *bufio.Reader, nc net.Conn, dev int, dst, n uint64) (co
 				copyErr = err
 			}
 		}
-		if err := readProgress(br, nc, s.Chunk(slot)[:m], st.t.opt.Progress); err != nil {
+		if err := readPayload(br, nc, s.Chunk(slot)[:m], st.t.opt.Progress); err != nil {
 			ioErr = err
 			k++
 			break

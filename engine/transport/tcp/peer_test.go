@@ -544,7 +544,7 @@ func TestPruneWhileSubmitting(t *testing.T) {
 			t.Fatalf("unexpected: %v", err)
 		}
 	}
-	if tr.Stats()["peer_conns_pruned"] == 0 {
-		t.Fatal("the janitor pruned nothing")
-	}
+	// Idle now: the janitor prunes the peer within a few ticks, if it did
+	// not already between the submits.
+	waitFor(t, 5*time.Second, "the janitor prunes the idle peer", func() bool { return tr.Stats()["peer_conns_pruned"] > 0 })
 }

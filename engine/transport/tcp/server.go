@@ -3,12 +3,12 @@ package tcp
 import (
 	"bufio"
 	"errors"
-	"io"
 	"net"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/tecache/te/engine/internal/pipe"
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/peerauth"
@@ -19,10 +19,15 @@ import (
 const (
 	// readBufSize is the bufio size on both sides: it gathers many small
 	// frames per read syscall (a 4 KiB READ's completion and payload come
-	// 15 to a read); payloads of directRead or more bypass it, so a large
-	// payload is copied through it for at most one buffer's worth.
+	// 15 to a read); payloads of pipe.DirectRead or more bypass it, so a
+	// large payload is copied through it for at most one buffer's worth.
 	readBufSize = 64 << 10
-	directRead  = 16 << 10
+	// firstReadSize is the buffer a connection's first bytes are read
+	// with, before its dialect is known, and a Mooncake connection's: it
+	// holds a header and a small payload (one read syscall for a 4 KiB
+	// WRITE), and no more than pipe.DirectRead of a large one, whose rest
+	// is read straight into memory, so at most that much is copied.
+	firstReadSize = pipe.DirectRead
 	// maxServerQueue bounds the completions a target holds for one
 	// connection; past it the reader stops reading, so an initiator that
 	// does not read its completions only stalls its own connection.
@@ -57,7 +62,7 @@ func (t *Transport) acceptLoop() {
 			continue
 		}
 		// Accepted TCP connections come with TCP_NODELAY set already.
-		s := &serverConn{t: t, nc: nc, release: release, wake: make(chan struct{}, 1), space: make(chan struct{}, 1), done: make(chan struct{})}
+		s := &serverConn{t: t, nc: nc, release: release}
 		t.mu.Lock()
 		if t.closed {
 			t.mu.Unlock()
@@ -66,16 +71,63 @@ func (t *Transport) acceptLoop() {
 			return
 		}
 		t.served[s] = struct{}{}
-		t.wg.Add(1)
 		t.mu.Unlock()
-		go s.serve()
+		if !t.hand(s) {
+			s.end()
+			return
+		}
 	}
 }
 
-// readers recycles the targets' read buffers: initiators that open a
-// connection per request (Mooncake's default) would otherwise allocate and
-// zero 64 KiB for each.
-var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, readBufSize) }}
+// serverIdle is how long a server goroutine waits for the next accepted
+// connection before it exits.
+const serverIdle = 2 * time.Second
+
+// server is a goroutine serving accepted connections one after the other,
+// with its read buffer and frame writer. An initiator that opens a
+// connection per request (Mooncake's default) then costs no goroutine
+// start, no stack growth and no buffer per connection.
+type server struct {
+	first, br *bufio.Reader // firstReadSize, readBufSize
+	w         frameWriter
+}
+
+// hand gives s to an idle server goroutine, or starts one; false once the
+// transport is closed.
+func (t *Transport) hand(s *serverConn) bool {
+	select {
+	case t.idle <- s:
+		return true
+	default:
+	}
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return false
+	}
+	t.wg.Add(1)
+	t.mu.Unlock()
+	go t.serveLoop(s)
+	return true
+}
+
+func (t *Transport) serveLoop(s *serverConn) {
+	defer t.wg.Done()
+	sv := &server{first: bufio.NewReaderSize(nil, firstReadSize), br: bufio.NewReaderSize(nil, readBufSize)}
+	idle := time.NewTimer(serverIdle)
+	defer idle.Stop()
+	for {
+		s.serve(sv)
+		idle.Reset(serverIdle)
+		select {
+		case s = <-t.idle:
+		case <-idle.C:
+			return
+		case <-t.quit:
+			return
+		}
+	}
+}
 
 func tune(nc net.Conn) {
 	if tc, ok := nc.(*net.TCPConn); ok {
@@ -99,8 +151,9 @@ type serverConn struct {
 	nc      net.Conn
 	release func() // the connection's slot in the listener's limiter
 
-	// cur is the region the reader is writing a payload into, if any.
-	cur atomic.Pointer[segment.Region]
+	// cur is the region the reader is writing a payload into, if any;
+	// pushing the one a READ holds while push waits for room in the queue.
+	cur, pushing atomic.Pointer[segment.Region]
 
 	mu      sync.Mutex
 	writing []response // the writer's current batch, until it releases it
@@ -113,8 +166,10 @@ type serverConn struct {
 }
 
 // startWriter starts the completion writer, once the connection turned out
-// to be te's: a Mooncake connection (often one per request) needs none.
+// to be te's: a Mooncake connection (often one per request) needs none, nor
+// its channels.
 func (s *serverConn) startWriter() {
+	s.wake, s.space, s.done = make(chan struct{}, 1), make(chan struct{}, 1), make(chan struct{})
 	s.writer.Add(1)
 	go func() {
 		defer s.writer.Done()
@@ -122,14 +177,18 @@ func (s *serverConn) startWriter() {
 	}()
 }
 
-func (s *serverConn) serve() {
-	defer s.t.wg.Done()
-	s.readLoop()
+func (s *serverConn) serve(sv *server) {
+	s.readLoop(sv)
 	s.mu.Lock()
 	s.closing = true
 	s.mu.Unlock()
 	s.signal()
 	s.writer.Wait()
+	s.end()
+}
+
+// end closes the connection and gives back what it held.
+func (s *serverConn) end() {
 	s.nc.Close()
 	// Whatever the writer could not send still holds regions.
 	s.mu.Lock()
@@ -153,22 +212,27 @@ func (s *serverConn) signal() {
 }
 
 // push queues a completion, waiting while the queue is full. It reports false
-// once the writer is gone.
+// once the writer is gone. While it waits, the region r holds is in pushing,
+// where Quiesce sees it: a peer that does not read its completions cannot
+// hold a region being unregistered.
 func (s *serverConn) push(r response) bool {
 	for {
 		s.mu.Lock()
 		if len(s.queue) < maxServerQueue {
 			s.queue = append(s.queue, r)
 			s.mu.Unlock()
+			s.pushing.Store(nil)
 			// The wake channel holds one token: pushes made while the
 			// writer is busy coalesce into its next writev.
 			s.signal()
 			return true
 		}
 		s.mu.Unlock()
+		s.pushing.Store(r.region)
 		select {
 		case <-s.space:
 		case <-s.done:
+			s.pushing.Store(nil)
 			r.drop()
 			return false
 		}
@@ -194,27 +258,53 @@ func (s *serverConn) readHeader(br *bufio.Reader, h []byte) error {
 			s.nc.SetReadDeadline(time.Now().Add(o.Header))
 		}
 	}
-	_, err := io.ReadFull(br, h)
-	return err
+	return readFrame(br, h)
 }
 
-func (s *serverConn) readLoop() {
-	br := readers.Get().(*bufio.Reader)
+func (s *serverConn) readLoop(sv *server) {
+	br := sv.first
 	br.Reset(s.nc)
-	defer func() { br.Reset(nil); readers.Put(br) }()
-	var h [wire.ReqHeaderSize]byte
+	defer br.Reset(nil)
+	var h [wire.DataPrefaceSize]byte
 	s.nc.SetReadDeadline(time.Now().Add(s.t.opt.Header))
-	if _, err := io.ReadFull(br, h[:wire.DataPrefaceSize]); err != nil {
+	if err := readFrame(br, h[:]); err != nil {
 		return
 	}
-	if wire.LooksLikeMooncake(h[:wire.DataPrefaceSize]) {
-		s.serveMooncake(br, h[:wire.DataPrefaceSize]) // mooncake_server.go
+	// The first bytes say the dialect: te's preface, or a Mooncake
+	// initiator's first request header (mooncake.go).
+	serve := s.serveTe
+	if wire.LooksLikeMooncake(h[:]) {
+		serve = s.serveMooncake
+	}
+	serve(sv, h[:])
+}
+
+// afterFirst is the connection as read after its first bytes: what the
+// first read buffered beyond them comes before the socket's next bytes.
+type afterFirst struct {
+	net.Conn
+	first *bufio.Reader
+}
+
+func (a afterFirst) Read(p []byte) (int, error) {
+	if a.first.Buffered() > 0 {
+		return a.first.Read(p)
+	}
+	return a.Conn.Read(p)
+}
+
+// serveTe serves a te initiator: first holds its preface. Its requests are
+// read with the larger buffer, which gathers many small ones per read.
+func (s *serverConn) serveTe(sv *server, first []byte) {
+	if err := wire.CheckDataPreface(first); err != nil {
 		return
 	}
-	if err := wire.CheckDataPreface(h[:wire.DataPrefaceSize]); err != nil {
-		return
-	}
-	if _, err := peerauth.Server(peerauth.WithReader(s.nc, br), s.t.secret, s.t.instance, time.Now().Add(s.t.opt.Header)); err != nil {
+	nc := afterFirst{s.nc, sv.first}
+	br := sv.br
+	br.Reset(nc)
+	defer br.Reset(nil)
+	var h [wire.ReqHeaderSize]byte
+	if _, err := peerauth.Server(peerauth.WithReader(nc, br), s.t.secret, s.t.instance, time.Now().Add(s.t.opt.Header)); err != nil {
 		if errs.CodeOf(err) == errs.Unauthenticated {
 			s.t.authRefused.Add(1)
 		}
@@ -256,7 +346,7 @@ func (s *serverConn) readLoop() {
 			}
 		}
 		if status == errs.OK && segment.StorageOf(region) != nil {
-			if !s.serveStorage(br, req, region) { // a registered file
+			if !s.serveStorage(br, nc, req, region) { // a registered file
 				return
 			}
 			continue
@@ -268,13 +358,13 @@ func (s *serverConn) readLoop() {
 				if scratch == nil {
 					scratch = make([]byte, drainChunk)
 				}
-				if err := drainProgress(br, s.nc, req.Length, scratch, progress); err != nil {
+				if err := dropPayload(br, nc, req.Length, scratch, progress); err != nil {
 					s.t.cut(err)
 					return
 				}
 			} else if isDevice(region) {
 				s.cur.Store(region)
-				copyErr, ioErr := st.recv(br, s.nc, region.Location.Index, req.Addr, req.Length)
+				copyErr, ioErr := st.recv(br, nc, region.Location.Index, req.Addr, req.Length)
 				s.cur.Store(nil)
 				region.Release()
 				if ioErr != nil {
@@ -283,7 +373,7 @@ func (s *serverConn) readLoop() {
 				status = errs.CodeOf(copyErr)
 			} else {
 				s.cur.Store(region)
-				err := readProgress(br, s.nc, mem.Bytes(req.Addr, req.Length), progress)
+				err := readPayload(br, nc, mem.Bytes(req.Addr, req.Length), progress)
 				s.cur.Store(nil)
 				region.Release()
 				if err != nil {
@@ -309,7 +399,7 @@ func (s *serverConn) readLoop() {
 // holds reports whether the connection is moving bytes of r or holds r for a
 // READ it has yet to send.
 func (s *serverConn) holds(r *segment.Region) bool {
-	if s.cur.Load().Within(r) {
+	if s.cur.Load().Within(r) || s.pushing.Load().Within(r) {
 		return true
 	}
 	s.mu.Lock()
@@ -366,37 +456,12 @@ func (s *serverConn) check(req wire.DataRequest) errs.Code {
 	return errs.OK
 }
 
-// drainProgress reads and drops n payload bytes, under the progress timeout.
-func drainProgress(br *bufio.Reader, nc net.Conn, n uint64, scratch []byte, d time.Duration) error {
-	for n > 0 {
-		k := min(n, uint64(len(scratch)))
-		if err := readProgress(br, nc, scratch[:k], d); err != nil {
-			return err
-		}
-		n -= k
-	}
-	return nil
-}
-
-func drain(br *bufio.Reader, n uint64, scratch []byte) error {
-	for n > 0 {
-		k := min(n, uint64(len(scratch)))
-		if _, err := io.ReadFull(br, scratch[:k]); err != nil {
-			return err
-		}
-		n -= k
-	}
-	return nil
-}
-
 func (s *serverConn) writeLoop() {
 	defer close(s.done)
 	st := s.t.newStage()
 	defer st.release()
 	var spare []response
-	var hdrs []byte
-	var bufs, chunk net.Buffers
-	var devs []devPiece
+	var w frameWriter
 	for {
 		<-s.wake
 		s.mu.Lock()
@@ -417,39 +482,10 @@ func (s *serverConn) writeLoop() {
 			}
 			continue
 		}
-		hdrs = grow(hdrs, len(batch)*wire.CompHeaderSize)
-		bufs, devs = bufs[:0], devs[:0]
-		start := 0
-		for i := range batch {
-			off := i * wire.CompHeaderSize
-			batch[i].settleStaged()
-			wire.PutCompletion(hdrs[off:], batch[i].comp)
-			if stg := batch[i].stg; stg != nil {
-				bufs = append(bufs, hdrs[start:off+wire.CompHeaderSize])
-				if batch[i].comp.Status == errs.OK && batch[i].comp.Length > 0 {
-					bufs = stg.payload(bufs)
-				}
-				start = off + wire.CompHeaderSize
-			} else if g := batch[i].region; isDevice(g) {
-				bufs = append(bufs, hdrs[start:off+wire.CompHeaderSize])
-				devs = append(devs, devPiece{at: len(bufs), dev: g.Location.Index, addr: batch[i].addr, n: batch[i].comp.Length})
-				start = off + wire.CompHeaderSize
-			} else if batch[i].region != nil {
-				bufs = append(bufs, hdrs[start:off+wire.CompHeaderSize], mem.Bytes(batch[i].addr, batch[i].comp.Length))
-				start = off + wire.CompHeaderSize
-			}
-		}
-		if end := len(batch) * wire.CompHeaderSize; start < end {
-			bufs = append(bufs, hdrs[start:end])
-		}
-		var err error
-		if len(devs) > 0 {
-			// Copies from device memory end before its region is released.
-			err = st.write(progressWriter{s.nc, s.t.opt.Progress}, bufs, devs)
-		} else {
-			chunk, err = writeProgress(s.nc, bufs, chunk, s.t.opt.Progress)
-			s.t.cut(err)
-		}
+		// Copies from device memory, and a storage READ's file I/O, end
+		// before the region is released.
+		err := w.writeCompletions(s.nc, st, batch, s.t.opt.Progress)
+		s.t.cut(err)
 		for i := range batch {
 			batch[i].drop()
 		}
@@ -478,10 +514,12 @@ func (s *serverConn) writeLoop() {
 	}
 }
 
-// grow returns b resized to n bytes, reallocating only when it is too small.
-func grow(b []byte, n int) []byte {
-	if cap(b) < n {
-		return make([]byte, n, n+n/2)
+// cut counts a connection ended by one of its deadlines (a stalled or
+// trickling peer) and passes err through.
+func (t *Transport) cut(err error) error {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.slowClosed.Add(1)
 	}
-	return b[:n]
+	return err
 }

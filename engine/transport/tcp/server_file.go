@@ -2,6 +2,7 @@ package tcp
 
 import (
 	"bufio"
+	"net"
 	"sync"
 	"time"
 
@@ -139,7 +140,7 @@ func (s *serverConn) stage(st segment.Storage) (uint64, bool) {
 
 // serveStorage serves one request on a storage region (acquired); it
 // reports false when the connection must close.
-func (s *serverConn) serveStorage(br *bufio.Reader, req wire.DataRequest, region *segment.Region) bool {
+func (s *serverConn) serveStorage(br *bufio.Reader, nc net.Conn, req wire.DataRequest, region *segment.Region) bool {
 	st := segment.StorageOf(region)
 	base := region.Addr
 	if p := region.Parent(); p != nil {
@@ -151,7 +152,7 @@ func (s *serverConn) serveStorage(br *bufio.Reader, req wire.DataRequest, region
 	refuse := func(code errs.Code) bool {
 		region.Release()
 		if req.Kind == wire.DataWrite {
-			if err := drainProgress(br, s.nc, req.Length, make([]byte, drainChunk), s.t.opt.Progress); err != nil {
+			if err := dropPayload(br, nc, req.Length, make([]byte, drainChunk), s.t.opt.Progress); err != nil {
 				s.t.cut(err)
 				return false
 			}
@@ -191,7 +192,7 @@ func (s *serverConn) serveStorage(br *bufio.Reader, req wire.DataRequest, region
 		if at > 0 {
 			g.wait() // the buffer's previous chunk is on its way to the file
 		}
-		if err := readProgress(br, s.nc, mem.Bytes(b, k), s.t.opt.Progress); err != nil {
+		if err := readPayload(br, nc, mem.Bytes(b, k), s.t.opt.Progress); err != nil {
 			g.wait()
 			g.free()
 			region.Release()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/klauspost/cpuid/v2"
 
+	"github.com/tecache/te/engine/internal/pipe"
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
 	"github.com/tecache/te/internal/connlimit"
@@ -200,27 +201,30 @@ func ParseSize(s string) (uint64, error) {
 
 // Transport is the tcp transport. Use New (or the engine's factory).
 type Transport struct {
-	opt    Options
-	reg    *segment.Registry
-	logf   func(string, ...any)
-	ln     net.Listener
-	ctx    context.Context // canceled by Close: aborts dials
-	cancel context.CancelFunc
+	opt  Options
+	reg  *segment.Registry
+	logf func(string, ...any)
+	ln   net.Listener
+
+	// The initiator side: te's framing and Mooncake's, each a pool of
+	// peers with their pipelined connections (client.go).
+	tef, mcf framing
 
 	mu     sync.Mutex
 	closed bool
-	peers  map[string]*peer         // by endpoint
 	served map[*serverConn]struct{} // accepted connections
-	wg     sync.WaitGroup           // every goroutine of the transport
+	idle   chan *serverConn         // hands one to a waiting server goroutine
+	quit   chan struct{}            // closed by Close: server goroutines exit
+	wg     sync.WaitGroup           // the listener's goroutines
 	gpu    gpuPool                  // pinned rings for GPU payloads (gpu.go)
 
 	instance string             // this engine's, proven to peers
 	secret   *peerauth.Secret   // nil: peers are not authenticated
 	limiter  *connlimit.Limiter // accepted connections, total and per address
 
-	mc mcState // Mooncake interop (mooncake_client.go)
+	mc mcState // Mooncake interop (mooncake.go)
 
-	pruned, authRefused, authFailed, slowClosed atomic.Uint64
+	authRefused, authFailed, slowClosed atomic.Uint64
 }
 
 // authHoster is implemented by engine hosts with a cluster secret: every data
@@ -241,14 +245,24 @@ func (t *Transport) Stats() map[string]uint64 {
 		"auth_refused":           t.authRefused.Load(),
 		"auth_failed":            t.authFailed.Load(),
 		"slow_closed":            t.slowClosed.Load(),
-		"peer_conns_pruned":      t.pruned.Load(),
+		"peer_conns_pruned":      t.pruned(),
 	}
+}
+
+func (t *Transport) pruned() uint64 {
+	var n uint64
+	for _, f := range []*framing{&t.tef, &t.mcf} {
+		if f.pool != nil {
+			n += f.pool.Pruned()
+		}
+	}
+	return n
 }
 
 // New returns an unstarted transport.
 func New() *Transport {
-	return &Transport{peers: map[string]*peer{}, served: map[*serverConn]struct{}{}, limiter: connlimit.New(0, 0),
-		mc: mcState{peers: map[string]*mcPeer{}}}
+	return &Transport{served: map[*serverConn]struct{}{}, limiter: connlimit.New(0, 0),
+		idle: make(chan *serverConn), quit: make(chan struct{})}
 }
 
 // Name returns "tcp".
@@ -302,10 +316,16 @@ func (t *Transport) Start(h transport.Host) error {
 		return errs.Wrap(errs.TransportUnavailable, "tcp", err, "data listener on %s", addr)
 	}
 	t.ln = ln
-	t.ctx, t.cancel = context.WithCancel(context.Background())
-	t.wg.Add(2)
+	// Replies must come within Timeout while requests are in flight: a
+	// peer that hangs without closing its socket does not hold requests,
+	// and the memory they pin, forever.
+	po := pipe.Options{Conns: o.Conns, Silence: o.Timeout, PeerIdle: o.PeerIdle, ReadBuffer: readBufSize, Component: "tcp"}
+	t.tef = framing{pool: pipe.New[item](teDialect{t}, po), gpu: true}
+	// Mooncake's framing has no ids: replies come in order.
+	po.Ordered, po.Retries, po.Label = true, maxMcTries, "Mooncake peer "
+	t.mcf = framing{pool: pipe.New[item](mcDialect{t}, po)}
+	t.wg.Add(1)
 	go t.acceptLoop()
-	go t.janitor()
 	return nil
 }
 
@@ -346,18 +366,8 @@ func (t *Transport) Unregister(*segment.Region) error { return nil }
 
 // Reachable reports whether the peer publishes a tcp endpoint.
 func (t *Transport) Reachable(d *segment.Desc) error {
-	if d.IsMooncake() {
-		_, err := mooncakeEndpoint(d)
-		return err
-	}
-	ep := d.Endpoints[Name]
-	if ep == "" {
-		return errs.New(errs.TransportUnavailable, "tcp", "segment %q publishes no tcp endpoint", d.Name)
-	}
-	if _, _, err := net.SplitHostPort(ep); err != nil {
-		return errs.New(errs.TransportUnavailable, "tcp", "segment %q publishes a malformed tcp endpoint %q", d.Name, ep)
-	}
-	return nil
+	_, _, err := t.route(d)
+	return err
 }
 
 // clientHello opens a data connection: the preface, then the authentication
@@ -389,25 +399,15 @@ func (t *Transport) Close() error {
 		return nil
 	}
 	t.closed = true
-	t.cancel()
 	t.ln.Close()
-	peers := make([]*peer, 0, len(t.peers))
-	for _, p := range t.peers {
-		peers = append(peers, p)
-	}
+	close(t.quit)
 	for s := range t.served {
 		s.nc.Close()
 	}
 	t.mu.Unlock()
-	// Outside t.mu: peer.get holds the peer's lock while newConn takes
-	// t.mu. A connection made before closed was set is in p.conns by now;
-	// none is made after.
-	for _, p := range peers {
-		for _, c := range p.all() {
-			c.fail(errs.New(errs.Closed, "tcp", "transport closed"))
-		}
-	}
-	t.closeMooncake()
+	closed := errs.New(errs.Closed, "tcp", "transport closed")
+	t.tef.pool.Close(closed)
+	t.mcf.pool.Close(closed)
 	t.wg.Wait()
 	t.closeGPU()
 	return nil

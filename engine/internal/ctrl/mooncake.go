@@ -1,4 +1,4 @@
-package engine
+package ctrl
 
 import (
 	"bufio"
@@ -11,15 +11,22 @@ import (
 	"github.com/tecache/te/internal/wire"
 )
 
+// Mooncake Transfer Engine's peer-to-peer handshake, the control plane's
+// second dialect (internal/wire/spec.md, "Mooncake interop"): the frame
+// header of te's control frames with kinds 0 to 3 and a JSON body, one
+// exchange per connection, no call header, no authentication, and no error
+// reply (a refused request closes the connection, which the Mooncake peer
+// reports as a failure).
+
 // mooncakeExchangeTimeout bounds one Mooncake handshake exchange on the
 // serving side (Mooncake's own listener gives a peer 5 s per read).
 const mooncakeExchangeTimeout = 10 * time.Second
 
-// serveMooncake answers one Mooncake handshake frame, as Mooncake's listener
-// does: one exchange per connection, the reply of the request's kind, and no
-// error reply (a refused or failed request closes the connection, which the
-// Mooncake peer reports as a failure). The caller closes the connection.
-func (c *ctrl) serveMooncake(conn net.Conn, r *bufio.Reader) {
+// serveMooncake answers one Mooncake handshake frame with the handler of
+// its kind, as Mooncake's listener does. A notify is charged to the same
+// budget as te's (Reserver of wire.KindNotify), per address: Mooncake peers
+// have no proven identity. The caller closes the connection.
+func (c *Plane) serveMooncake(conn net.Conn, r *bufio.Reader) {
 	kind, body, err := wire.ReadMooncakeFrame(r, wire.MooncakeMaxHandshake)
 	if err != nil {
 		return
@@ -31,18 +38,16 @@ func (c *ctrl) serveMooncake(conn net.Conn, r *bufio.Reader) {
 	if h == nil {
 		return // kind 0 (Connection) is Mooncake's RDMA endpoint exchange
 	}
-	// A Mooncake notify is charged to the same budget as te's, per
-	// address (Mooncake peers have no proven identity).
-	ci := &callInfo{sender: "address " + hostOf(conn.RemoteAddr())}
+	ci := &CallInfo{Sender: "address " + hostOf(conn.RemoteAddr())}
 	if kind == wire.KindMooncakeNotify && budgeted {
-		n, err := res.reserve(ci.sender, uint64(len(body)))
+		n, err := res.Reserve(ci.Sender, uint64(len(body)))
 		if err != nil {
 			return // refused: Mooncake reports the notify failed
 		}
-		ci.reserved = n
+		ci.Reserved = n
 		defer func() {
-			if ci.reserved > ci.kept {
-				res.release(ci.sender, ci.reserved-ci.kept)
+			if ci.Reserved > ci.Kept {
+				res.Release(ci.Sender, ci.Reserved-ci.Kept)
 			}
 		}()
 	}
@@ -56,12 +61,12 @@ func (c *ctrl) serveMooncake(conn net.Conn, r *bufio.Reader) {
 	conn.Write(wire.AppendFrame(nil, kind, out))
 }
 
-// exchangeMooncake sends one handshake frame to a Mooncake peer's RPC address
-// on a connection of its own, and returns the reply's body (at most maxReply
-// bytes, kind byte included). The connection is closed right after: a
-// Mooncake listener serves one connection at a time and waits for the client
-// to close it.
-func (c *ctrl) exchangeMooncake(ctx context.Context, addr string, kind uint8, body []byte, maxReply uint64) ([]byte, error) {
+// ExchangeMooncake sends one handshake frame to a Mooncake peer's RPC
+// address on a connection of its own, and returns the reply's body (at most
+// maxReply bytes, kind byte included). The connection is closed right after:
+// a Mooncake listener serves one connection at a time and waits for the
+// client to close it.
+func (c *Plane) ExchangeMooncake(ctx context.Context, addr string, kind uint8, body []byte, maxReply uint64) ([]byte, error) {
 	if uint64(len(body))+1 > wire.MooncakeMaxHandshake {
 		return nil, errs.New(errs.TooLarge, "rpc", "Mooncake handshake message of %d bytes exceeds %d", len(body), wire.MooncakeMaxHandshake-1)
 	}
@@ -71,7 +76,7 @@ func (c *ctrl) exchangeMooncake(ctx context.Context, addr string, kind uint8, bo
 	if closed {
 		return nil, errs.New(errs.Closed, "rpc", "engine closed")
 	}
-	d := net.Dialer{Timeout: c.opt.dialTimeout}
+	d := net.Dialer{Timeout: c.opt.DialTimeout}
 	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, errs.Wrap(errs.PeerUnreachable, "rpc", err, "connect to %s", addr)
