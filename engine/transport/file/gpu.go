@@ -1,7 +1,6 @@
 package file
 
 import (
-	"sync"
 	"sync/atomic"
 
 	"github.com/tecache/te/engine/segment"
@@ -28,11 +27,7 @@ const stagerDepth = 2
 type gpuJob struct{ canceled atomic.Bool }
 
 // gpuPool keeps the rings between requests, by device.
-type gpuPool struct {
-	mu     sync.Mutex
-	closed bool
-	free   map[int][]*cuda.Stager
-}
+type gpuPool struct{ rings cuda.StagerPool }
 
 func (g *gpuPool) available() bool {
 	_, err := cudaLoad()
@@ -40,44 +35,13 @@ func (g *gpuPool) available() bool {
 }
 
 func (g *gpuPool) take(l *cuda.Lib, dev int, chunk uint64) (*cuda.Stager, error) {
-	g.mu.Lock()
-	if f := g.free[dev]; len(f) > 0 {
-		s := f[len(f)-1]
-		g.free[dev] = f[:len(f)-1]
-		g.mu.Unlock()
-		return s, nil
-	}
-	g.mu.Unlock()
-	return cuda.NewStager(l, dev, chunk, stagerDepth)
+	return g.rings.Take(dev, func() (*cuda.Stager, error) { return cuda.NewStager(l, dev, chunk, stagerDepth) })
 }
 
 // put keeps a ring whose copies all ended; a failed one is freed.
-func (g *gpuPool) put(dev int, s *cuda.Stager, ok bool) {
-	g.mu.Lock()
-	if ok && !g.closed {
-		if g.free == nil {
-			g.free = map[int][]*cuda.Stager{}
-		}
-		g.free[dev] = append(g.free[dev], s)
-		g.mu.Unlock()
-		return
-	}
-	g.mu.Unlock()
-	s.Close()
-}
+func (g *gpuPool) put(dev int, s *cuda.Stager, ok bool) { g.rings.Put(dev, s, ok) }
 
-func (g *gpuPool) close() {
-	g.mu.Lock()
-	g.closed = true
-	free := g.free
-	g.free = nil
-	g.mu.Unlock()
-	for _, f := range free {
-		for _, s := range f {
-			s.Close()
-		}
-	}
-}
+func (g *gpuPool) close() { g.rings.Close() }
 
 // DeviceMemory reports that GPU memory moves to and from this process's
 // storage regions when CUDA loads (transport.DeviceMover).

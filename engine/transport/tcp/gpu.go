@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"io"
 	"net"
-	"sync"
 
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/internal/errs"
@@ -41,10 +40,7 @@ const (
 type gpuPool struct {
 	chunk uint64
 	depth int
-
-	mu     sync.Mutex
-	closed bool
-	free   map[int][]*cuda.Stager // by device ordinal
+	rings cuda.StagerPool
 }
 
 // setGeometry derives the rings from the options: chunks of at most a
@@ -60,63 +56,30 @@ func (g *gpuPool) setGeometry(o Options) {
 
 func (t *Transport) takeStager(dev int) (*cuda.Stager, error) {
 	g := &t.gpu
-	g.mu.Lock()
-	if g.closed {
-		g.mu.Unlock()
-		return nil, errs.New(errs.Closed, "tcp", "transport closed")
-	}
-	if f := g.free[dev]; len(f) > 0 {
-		s := f[len(f)-1]
-		g.free[dev] = f[:len(f)-1]
-		g.mu.Unlock()
-		return s, nil
-	}
-	g.mu.Unlock()
-	l, err := cudaLoad()
-	if err != nil {
-		return nil, errs.Wrap(errs.NotSupported, "tcp", err, "GPU memory needs CUDA")
-	}
-	return cuda.NewStager(l, dev, g.chunk, g.depth)
+	return g.rings.Take(dev, func() (*cuda.Stager, error) {
+		l, err := cudaLoad()
+		if err != nil {
+			return nil, errs.Wrap(errs.NotSupported, "tcp", err, "GPU memory needs CUDA")
+		}
+		return cuda.NewStager(l, dev, g.chunk, g.depth)
+	})
 }
 
 // putStager returns a ring to the pool once its copies have ended; a ring
 // whose copies failed, or one returned after Close, is freed.
 func (t *Transport) putStager(dev int, s *cuda.Stager) {
-	var err error
+	ok := true
 	for i := 0; i < s.Depth(); i++ {
-		if e := s.Wait(i); e != nil && err == nil {
-			err = e
+		if s.Wait(i) != nil {
+			ok = false
 		}
 	}
-	g := &t.gpu
-	g.mu.Lock()
-	if err == nil && !g.closed {
-		if g.free == nil {
-			g.free = map[int][]*cuda.Stager{}
-		}
-		g.free[dev] = append(g.free[dev], s)
-		g.mu.Unlock()
-		return
-	}
-	g.mu.Unlock()
-	s.Close()
+	t.gpu.rings.Put(dev, s, ok)
 }
 
 // closeGPU frees the pooled rings; called by Close once every goroutine has
 // returned its own.
-func (t *Transport) closeGPU() {
-	g := &t.gpu
-	g.mu.Lock()
-	g.closed = true
-	free := g.free
-	g.free = nil
-	g.mu.Unlock()
-	for _, f := range free {
-		for _, s := range f {
-			s.Close()
-		}
-	}
-}
+func (t *Transport) closeGPU() { t.gpu.rings.Close() }
 
 // DeviceMemory implements transport.DeviceMover: tcp moves GPU memory for
 // every peer it reaches, staging its own side through host memory; local
