@@ -16,7 +16,7 @@ const (
 	MinSlice       = 4 << 10
 	MaxSlice       = 1 << 30 // an SGE's length is 32 bits; keep well below
 	DefaultQPs     = 2       // queue pairs per endpoint
-	DefaultDepth   = 256     // outstanding work requests per queue pair
+	DefaultDepth   = 1024    // outstanding work requests per queue pair (at most the NIC's max_qp_wr)
 	DefaultRetries = 3       // further attempts of a failed slice
 	DefaultCQE     = 4096
 	// ParallelRegMin is the size from which a region is pre-faulted and

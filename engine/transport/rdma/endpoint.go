@@ -53,7 +53,7 @@ type endpoint struct {
 }
 
 // qpState is one queue pair of an endpoint and the work requests posted on
-// it, in posting order: a completion (signaled every signalEvery work
+// it, in posting order: a completion (signaled every sigEvery work
 // requests and at the end of every chain) accounts for its work request and
 // every earlier one. A work request's wr_id is the queue pair's slot on its
 // NIC (upper half) and its sequence number (lower half).
@@ -67,15 +67,22 @@ type qpState struct {
 	n     int
 	seq   uint32 // sequence number of ring[head]
 	unsig int    // work requests posted since the last signaled one
+	every int    // signal at least every this many work requests
 }
 
-// signalEvery is how many work requests may go unsignaled in a row: fewer
-// completions to poll, while the send queue still frees up steadily.
-const signalEvery = 16
+// signalEvery is how many work requests of a queue pair go unsignaled in a
+// row at most: a quarter of its send queue, at least minSignalEvery. Every
+// completion the NIC writes may wake the poller, so fewer of them is less
+// CPU per request; a quarter keeps the send queue freeing up steadily.
+// The end of every chain is signaled too, so a batch's last work request
+// never waits for a later post.
+func signalEvery(depth int) int { return max(minSignalEvery, depth/4) }
+
+const minSignalEvery = 16
 
 func newQPState(ep *endpoint, q queuePair) *qpState {
 	d := q.Depth()
-	return &qpState{ep: ep, qp: q, ring: make([]wrEntry, d), sig: make([]bool, d)}
+	return &qpState{ep: ep, qp: q, ring: make([]wrEntry, d), sig: make([]bool, d), every: signalEvery(d)}
 }
 
 func (q *qpState) room() int { return len(q.ring) - q.n }
@@ -239,7 +246,7 @@ func (ep *endpoint) takePendingLocked(out []span) []span {
 }
 
 // flushLocked posts waiting slices while a queue pair has room: each time
-// as one chain on one queue pair (one doorbell), signaled every signalEvery
+// as one chain on one queue pair (one doorbell), signaled every qs.every
 // work requests and at its end. Slices of canceled requests are left out;
 // a refused post fails the endpoint and sends the rest back for a retry.
 func (ep *endpoint) flushLocked(out *outcome) {
@@ -271,7 +278,7 @@ func (ep *endpoint) flushLocked(out *outcome) {
 			}
 			local, remote, n := s.req.slice(s.idx)
 			qs.unsig++
-			sig := qs.unsig >= signalEvery
+			sig := qs.unsig >= qs.every
 			if sig {
 				qs.unsig = 0
 			}

@@ -101,7 +101,8 @@ type Transport struct {
 	peerH   map[string]*peerHealth // by peer instance
 	retired railTotals             // counters of rails of restarted peers
 
-	peers sync.Map // segment name -> *peerInfo of its last descriptor
+	peers    sync.Map                  // segment name -> *peerInfo of its last descriptor
+	lastPeer atomic.Pointer[peerInfo] // the one peerOf returned last
 
 	st struct {
 		gpuDmabuf, gpuPeermem, gpuRefused atomic.Uint64
@@ -274,6 +275,9 @@ func (t *Transport) Reachable(d *segment.Desc) error {
 	pi := t.peerOf(d)
 	if pi.err != nil {
 		return pi.err
+	}
+	if pi.health.coolUntil.Load() == 0 {
+		return nil // the engine asks per request: no clock read when healthy
 	}
 	if err := pi.health.unreachable(nanotime()); err != nil {
 		return errs.Wrap(errs.PeerUnreachable, "rdma", err, "segment %q", d.Name)
