@@ -101,7 +101,7 @@ type Transport struct {
 	peerH   map[string]*peerHealth // by peer instance
 	retired railTotals             // counters of rails of restarted peers
 
-	peers    sync.Map                  // segment name -> *peerInfo of its last descriptor
+	peers    sync.Map                 // segment name -> *peerInfo of its last descriptor
 	lastPeer atomic.Pointer[peerInfo] // the one peerOf returned last
 
 	st struct {

@@ -16,12 +16,12 @@ import (
 // one completion queue shared by all its queue pairs, and a non-blocking
 // completion channel the poller sleeps on.
 type verbsNIC struct {
-	name   string
-	ctx    *ibv.Context
-	pd     *ibv.PD
-	ch     *ibv.CompChannel
-	cq     *ibv.CQ
-	wcs    *ibv.WCArray
+	name string
+	ctx  *ibv.Context
+	pd   *ibv.PD
+	ch   *ibv.CompChannel
+	cq   *ibv.CQ
+	wcs  *ibv.WCArray
 	// chFile is a duplicate of the channel's descriptor in Go's network
 	// poller: Run parks on it, Stop closes it.
 	chFile  *os.File
