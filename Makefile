@@ -35,7 +35,7 @@ export GO TAGS TE_VERSION
 TEST_TARGETS :=
 ALL_TARGETS :=
 
-.PHONY: all deps test test-suites test-go lint demo clean fmt install list-suites version docs FORCE
+.PHONY: all deps test test-suites test-go torture lint demo clean fmt install list-suites version docs FORCE
 
 all: build-all
 
@@ -82,6 +82,14 @@ test-go:
 	@mk/heartbeat.sh "test-go: go vet" $(GO) vet -tags '$(TAGS)' ./...
 	@echo "test-go: go test -race ./... ($$($(GO) list -tags '$(TAGS)' ./... | wc -l) packages, a line as each finishes)"
 	@mk/heartbeat.sh "test-go: go test" $(GO) test -tags '$(TAGS)' -race -count=1 -timeout 15m ./...
+
+# The fence torture of every transport's conformance suite, longer than the
+# 2 s make test gives it: make torture TORTURE_TIME=10m [TORTURE_SEED=n]
+TORTURE_TIME ?= 1m
+TORTURE_SEED ?=
+torture:
+	set -o pipefail; TE_TORTURE_TIME=$(TORTURE_TIME) TE_TORTURE_SEED=$(TORTURE_SEED) $(GO) test -tags '$(TAGS)' -race -count=1 -p 1 \
+		-timeout 0 -v -run 'Conformance/Torture|suite/Torture' ./engine/transport/... 2>&1 | grep -E '^(=== RUN|---|\s+torture|ok|FAIL|PASS)'
 
 lint:
 	@bad=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$bad" ]; then echo "gofmt: $$bad"; exit 1; fi

@@ -204,14 +204,16 @@ func tego_submit_with_notify(h C.te_batch_t, reqs *C.te_crequest, n C.size_t, se
 //export tego_task_status
 func tego_task_status(h C.te_batch_t, index C.size_t, out *C.te_task_status_t) (rc C.int) {
 	defer enter("task status", &rc)()
+	if out == nil {
+		return null("task status", "out")
+	}
+	// INVALID on every error, a handle freed by another thread included:
+	// a caller that reads out->state regardless reads no garbage.
+	*out = C.te_task_status_t{state: C.TE_TASK_INVALID}
 	be, _, err := batches.Get("task status", uint64(h))
 	if err != nil {
 		return fail(err)
 	}
-	if out == nil {
-		return null("task status", "out")
-	}
-	*out = C.te_task_status_t{state: C.TE_TASK_INVALID}
 	if index > maxBatchItems {
 		return fail(errs.New(errs.InvalidArgument, "task status", "index %d", index))
 	}

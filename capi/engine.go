@@ -12,6 +12,7 @@ import (
 
 	"encoding/json"
 	"strings"
+	"time"
 	"unsafe"
 
 	"github.com/tecache/te/capi/internal/glue"
@@ -150,11 +151,47 @@ func tego_destroy(h C.te_engine_t) (rc C.int) {
 	segments.DropOwner(uint64(h))
 	bs := batches.DropOwner(uint64(h))
 	err = e.Close()
-	// Close has ended every task, so each batch frees (closing its eventfd).
+	// Close has ended every task, so each batch frees (closing its
+	// eventfd). One can still be busy for a moment: a te_submit another
+	// thread began before the handle went is handing its tasks to the
+	// closed transports, which end them at once.
 	for _, be := range bs {
-		be.b.Free()
+		if ferr := freeClosed(be.b); ferr != nil && err == nil {
+			err = ferr
+		}
 	}
 	return fail(err)
+}
+
+// destroyWait bounds how long te_destroy waits for a batch of the closed
+// engine to become free: its tasks end as soon as they reach a closed
+// transport, so only a submit stuck in validation can take this long.
+const destroyWait = 10 * time.Second
+
+// freeClosed frees a batch of a closed engine, waiting while it is busy.
+// The eventfd is closed only by a Free that succeeds: a batch that may
+// still settle would signal an fd number the application may have reused.
+func freeClosed(b *engine.Batch) error {
+	deadline := time.Now().Add(destroyWait)
+	for {
+		err := b.Free()
+		if errs.CodeOf(err) != errs.BatchBusy {
+			if errs.CodeOf(err) == errs.InvalidArgument {
+				return nil // freed already (te_free_batch raced te_destroy)
+			}
+			return err
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return errs.Wrap(errs.BatchBusy, "destroy", err, "a batch of the engine could not be freed within %v; "+
+				"its memory and eventfd stay allocated", destroyWait)
+		}
+		select {
+		case <-b.Done():
+			time.Sleep(time.Millisecond) // settled; a submit may still be handing off
+		case <-time.After(min(left, 10*time.Millisecond)):
+		}
+	}
 }
 
 func getEngine(op string, h C.te_engine_t) (*engine.Engine, error) {

@@ -97,15 +97,55 @@ const (
 	whyCanceled
 )
 
+// A task's word holds its state and the generation of the submission that
+// filled it: gen<<stateBits | state. A completion must name the generation
+// it was given, so a late or duplicated one cannot end the task that reuses
+// the slot; and it is one compare-and-swap, so two completions cannot both
+// win.
+const (
+	stateBits = 4
+	stateMask = 1<<stateBits - 1
+	// completing is held by the completion that won a task while it
+	// records the outcome; readers see PENDING until it publishes.
+	completing = stateMask
+)
+
+// submitGen numbers submissions, engine-wide: slots go back to a pool and
+// out to other batches, so a generation must not repeat across batches.
+var submitGen atomic.Uint64
+
 type task struct {
-	state  atomic.Int32
-	why    atomic.Int32 // whyTimeout / whyCanceled once the engine canceled it
-	err    error        // written before state leaves Pending
+	word   atomic.Uint64 // gen<<stateBits | state
+	why    atomic.Int32  // whyTimeout / whyCanceled once the engine canceled it
+	err    error         // written by the completion that won word, before it publishes the state
 	length uint64
 	t      transport.Transport
 	st     *segState
 	start  int64 // monoNow at submit (metrics.go)
 	peer   uint8 // peer class of the target (metrics.go)
+}
+
+// state is the task's state; a completion recording its outcome is PENDING.
+func (t *task) state() TaskState {
+	s := TaskState(t.word.Load() & stateMask)
+	if s == completing {
+		return Pending
+	}
+	return s
+}
+
+// reset empties the slot. The word is stored atomically: a stray completion
+// of an earlier generation may be comparing it at the same moment.
+func (t *task) reset() {
+	t.word.Store(0)
+	t.why.Store(whyNone)
+	t.err, t.length, t.t, t.st = nil, 0, nil, nil
+}
+
+func resetTasks(ts []task) {
+	for i := range ts {
+		ts[i].reset()
+	}
 }
 
 // lastFound is a descriptor and one of its buffers.
@@ -123,19 +163,36 @@ type batchNotify struct {
 // slots of a finished batch usable again.
 //
 // The slots (tasks and the transport requests) are allocated once per batch
-// and reused, and a task's completion is an index into them, so a submit
-// allocates nothing per request in steady state.
+// and reused, and a task's completion is an index into them with the
+// submission's generation, so a submit allocates nothing per request in
+// steady state.
+//
+// Locks: subMu serialises submits and is held while requests are validated,
+// which may call the network (a descriptor refresh, a transport's first
+// contact with a peer); nothing else takes it. smu orders the slot owners
+// (a submit handing its tasks to the transports, Cancel, Reset, Free, an
+// unregistration canceling tasks) and is only ever held briefly. mu guards
+// the counters and is what status readers take.
 type Batch struct {
 	e        *Engine
 	capacity int
-	tasks    []task
-	reqs     []transport.Request // reqs[i] is task i's request
+	// tasks and reqs are set once, by AllocateBatch, and never replaced
+	// (Free hands them to the pool but keeps them): a stray completion of
+	// an old generation may still index them, and must find a task whose
+	// generation differs rather than a nil slice.
+	tasks []task
+	reqs  []transport.Request // reqs[i] is task i's request
 
-	smu      sync.Mutex    // serialises Submit, Reset and Free (slot owners)
-	last     lastFound     // target buffer of the previous request (under smu)
-	now      time.Time     // the submit in progress started (under smu)
-	peerOf   *segment.Desc // the descriptor peerCls was computed for (under smu)
-	peerCls  uint8
+	subMu sync.Mutex // serialises submits (held across their network calls)
+	last  lastFound  // target buffer of the previous request (under subMu)
+	// now is when the submit in progress started; peerCls the peer class
+	// (metrics) of the descriptor peerOf. Under subMu.
+	now     time.Time
+	peerOf  *segment.Desc
+	peerCls uint8
+
+	smu sync.Mutex // slot owners: a submit's hand-off, Cancel, Reset, Free
+
 	histFrom int // first task not yet in the latency histograms (under mu)
 
 	// pending counts submitted tasks not ended, plus a batch notify being
@@ -153,6 +210,7 @@ type Batch struct {
 	worst     TaskState
 	firstErr  error
 	freed     bool
+	preparing bool   // a submit is filling slots [n, ...): Reset and Free are refused
 	gen       uint32 // bumped by Reset and Free: reaper entries of old tasks are void
 	efd       int    // eventfd from EventFD, 0 when none
 	flushDone int64  // counts already added to the engine's stats
@@ -206,7 +264,7 @@ func getSlots(capacity int) ([]task, []transport.Request) {
 }
 
 func putSlots(ts []task, rs []transport.Request) {
-	clear(ts[:cap(ts)])
+	resetTasks(ts[:cap(ts)])
 	clear(rs[:cap(rs)])
 	slotPools[slotClass(cap(ts))].Put(&slots{ts[:cap(ts)], rs[:cap(rs)]})
 }
@@ -239,49 +297,78 @@ func (b *Batch) submit(n *batchNotify, reqs []Request) error {
 	if len(reqs) == 0 {
 		return errs.New(errs.InvalidArgument, "submit", "no requests")
 	}
-	b.smu.Lock()
-	defer b.smu.Unlock()
+	b.subMu.Lock()
+	defer b.subMu.Unlock()
 	b.last = lastFound{}
 	// One clock read per submit, for the tasks' start (metrics.go) and the
 	// reaper's deadline.
 	b.now = time.Now()
+	// Reserve the slots: from here until the hand-off below, [lo, lo+len)
+	// are this submit's alone (status readers and Cancel stop at b.n, and
+	// Reset and Free refuse while preparing), so they are filled without
+	// a lock that anyone else waits on while validation calls the network.
 	b.mu.Lock()
 	lo, freed := b.n, b.freed
+	fits := lo+len(reqs) <= b.capacity
+	if !freed && fits {
+		b.preparing = true
+	}
 	b.mu.Unlock()
 	if freed {
 		return errs.New(errs.InvalidArgument, "submit", "batch was freed")
 	}
-	if lo+len(reqs) > b.capacity {
+	if !fits {
 		return errs.New(errs.InvalidArgument, "submit", "%d requests exceed the batch's remaining capacity of %d",
 			len(reqs), b.capacity-lo)
 	}
-	// Slots [lo, lo+len) are this submit's: nobody reads them before b.n
-	// covers them. The local region is looked up once per run of requests
-	// in it, and retained once per run below.
+	abandon := func(hi int) {
+		b.clearSlots(lo, hi)
+		b.mu.Lock()
+		b.preparing = false
+		b.mu.Unlock()
+	}
+	gen := submitGen.Add(1)
+	// The local region is looked up once per run of requests in it, and
+	// retained once per run below.
 	var region *segment.Region
 	for i := range reqs {
 		r := &reqs[i]
 		if region == nil || r.Local < region.Addr || r.Local+r.Length > region.End() || r.Local+r.Length < r.Local {
 			region, _ = e.reg.Lookup(r.Local, r.Length)
 		}
-		if err := e.prepare(b, i, lo+i, r, region); err != nil {
-			b.clearSlots(lo, lo+i+1)
+		if err := e.prepare(b, i, lo+i, gen, r, region); err != nil {
+			abandon(lo + i + 1)
 			return err
 		}
 	}
 	if err := b.retain(lo, lo+len(reqs)); err != nil {
-		b.clearSlots(lo, lo+len(reqs))
+		abandon(lo + len(reqs))
 		return err
 	}
 
+	// Publish the tasks and hand them over under smu, so that Cancel (and
+	// an unregistration's cancel) sees them only once their transport has
+	// them: a transport's Cancel must not race its own Submit on a request.
+	// Under handMu, and only while the engine is open: no request reaches
+	// a transport once Close began.
+	b.smu.Lock()
+	e.handMu.RLock()
+	if e.closed.Load() {
+		e.handMu.RUnlock()
+		b.smu.Unlock()
+		b.releaseSlots(lo, lo+len(reqs))
+		abandon(lo + len(reqs))
+		return errs.New(errs.Closed, "submit", "engine closed")
+	}
 	b.mu.Lock()
+	b.preparing = false
 	if n != nil {
 		b.notify = n
 	}
 	b.n = lo + len(reqs)
 	b.settled = false
 	b.pending.Add(int64(len(reqs)))
-	gen := b.gen
+	bgen := b.gen
 	b.mu.Unlock()
 
 	// Hand each transport its run of requests in one call.
@@ -294,8 +381,10 @@ func (b *Batch) submit(n *batchNotify, reqs []Request) error {
 		t.Submit(b.reqs[i:j])
 		i = j
 	}
+	e.handMu.RUnlock()
+	b.smu.Unlock()
 	if e.cfg.TransferTimeout > 0 {
-		e.reaper.add(b, gen, lo, lo+len(reqs), b.now.Add(e.cfg.TransferTimeout))
+		e.reaper.add(b, bgen, lo, lo+len(reqs), b.now.Add(e.cfg.TransferTimeout))
 	}
 	return nil
 }
@@ -328,14 +417,29 @@ func (b *Batch) retain(lo, hi int) error {
 	return nil
 }
 
+// releaseSlots releases the regions retain held for slots [lo, hi).
+func (b *Batch) releaseSlots(lo, hi int) {
+	for i := lo; i < hi; {
+		g := b.reqs[i].Region
+		j := i + 1
+		for j < hi && b.reqs[j].Region == g {
+			j++
+		}
+		g.ReleaseN(int64(j - i))
+		i = j
+	}
+}
+
 func (b *Batch) clearSlots(lo, hi int) {
-	clear(b.tasks[lo:hi])
+	resetTasks(b.tasks[lo:hi])
 	clear(b.reqs[lo:hi])
 }
 
-// prepare validates request i (slot k) and fills its task and transport
-// request.
-func (e *Engine) prepare(b *Batch, i, k int, r *Request, region *segment.Region) error {
+// prepare validates request i (slot k) of the submission gen and fills its
+// task and transport request. It may call the network (refreshing a stale
+// descriptor, a transport's first contact with a peer): the caller holds
+// no lock but subMu.
+func (e *Engine) prepare(b *Batch, i, k int, gen uint64, r *Request, region *segment.Region) error {
 	tk, tr := &b.tasks[k], &b.reqs[k]
 	fail := func(code errs.Code, format string, args ...any) error {
 		return errs.New(code, "submit", "request %d: "+format, append([]any{i}, args...)...)
@@ -386,9 +490,9 @@ func (e *Engine) prepare(b *Batch, i, k int, r *Request, region *segment.Region)
 	tk.start, tk.peer = int64(b.now.Sub(epoch)), b.peerCls
 	tk.err = nil
 	tk.why.Store(whyNone)
-	tk.state.Store(int32(Pending))
+	tk.word.Store(gen<<stateBits | uint64(Pending))
 	*tr = transport.Request{Op: r.Op, Local: r.Local, Remote: r.Remote, Length: r.Length, Peer: d, Buffer: buf,
-		Key: key, Region: region, Owner: (*completer)(b), Index: k}
+		Key: key, Region: region, Owner: (*completer)(b), Index: k, Gen: gen}
 	return nil
 }
 
@@ -417,12 +521,24 @@ func (e *Engine) target(st *segState, r *Request, region *segment.Region, last l
 // transport can end a task.
 type completer Batch
 
-// Complete ends task i with the transport's outcome (transport.Completer).
-// The transport calls it once, after it stopped touching the task's memory.
-func (c *completer) Complete(i int, err error) { (*Batch)(c).complete(i, err) }
+// Complete ends task i of generation gen with the transport's outcome
+// (transport.Completer). The transport calls it once, after it stopped
+// touching the task's memory.
+func (c *completer) Complete(i int, gen uint64, err error) { (*Batch)(c).complete(i, gen, err) }
 
-func (b *Batch) complete(i int, err error) {
+func (b *Batch) complete(i int, gen uint64, err error) {
+	if i < 0 || i >= len(b.tasks) {
+		b.e.stats.strayCompletions.Add(1)
+		return
+	}
 	t := &b.tasks[i]
+	// Win the task first, then record: a completion of another generation
+	// (late, duplicated: a transport bug) finds another word and changes
+	// nothing, not even the error of the task that reuses the slot.
+	if !t.word.CompareAndSwap(gen<<stateBits|uint64(Pending), gen<<stateBits|completing) {
+		b.e.stats.strayCompletions.Add(1)
+		return
+	}
 	state := Completed
 	if err != nil {
 		switch t.why.Load() {
@@ -438,9 +554,7 @@ func (b *Batch) complete(i int, err error) {
 		}
 		t.err = err
 	}
-	if !t.state.CompareAndSwap(int32(Pending), int32(state)) {
-		return // a transport bug must not count a task twice
-	}
+	t.word.Store(gen<<stateBits | uint64(state))
 	b.reqs[i].Region.Release()
 	if err != nil {
 		b.failed(t, state, err)
@@ -574,7 +688,7 @@ func (b *Batch) cancelWhere(lo, hi int, why int32, rs []*segment.Region) {
 	byT := map[transport.Transport][]*transport.Request{}
 	for i := lo; i < hi; i++ {
 		t := &b.tasks[i]
-		if TaskState(t.state.Load()) != Pending {
+		if t.state() != Pending {
 			continue
 		}
 		if rs != nil && !holds(rs, b.reqs[i].Region) {
@@ -600,7 +714,8 @@ func holds(rs []*segment.Region, r *segment.Region) bool {
 // Cancel ends every pending task early: each ends CANCELED (or with its real
 // outcome if it finished first) once its transport has stopped touching its
 // memory, which Wait then reports. Cancel itself does not block on the
-// network.
+// network, nor on a Submit validating its requests in another goroutine;
+// that Submit's tasks are not pending yet and are not canceled.
 func (b *Batch) Cancel() error {
 	b.smu.Lock()
 	defer b.smu.Unlock()
@@ -615,16 +730,19 @@ func (b *Batch) Cancel() error {
 	return nil
 }
 
-// TaskStatus returns the state of task i (in submission order).
+// TaskStatus returns the state of task i (in submission order). It is safe
+// to call at any time, from any goroutine, Reset and Free included: a task
+// of a reset or freed batch is Invalid.
 func (b *Batch) TaskStatus(i int) (TaskStatus, error) {
+	// The slot is read under mu, which Reset and Free hold while they
+	// empty the slots and a submit holds while it publishes new ones.
 	b.mu.Lock()
-	n := b.n
-	b.mu.Unlock()
-	if i < 0 || i >= n { // a freed batch has no tasks
-		return TaskStatus{State: Invalid}, errs.New(errs.InvalidArgument, "task status", "task %d of %d", i, n)
+	defer b.mu.Unlock()
+	if i < 0 || i >= b.n { // a freed batch has no tasks
+		return TaskStatus{State: Invalid}, errs.New(errs.InvalidArgument, "task status", "task %d of %d", i, b.n)
 	}
 	t := &b.tasks[i]
-	s := TaskStatus{State: TaskState(t.state.Load()), Transport: t.t.Name()}
+	s := TaskStatus{State: t.state(), Transport: t.t.Name()}
 	if s.State == Completed {
 		s.Transferred = t.length
 	} else if s.State != Pending {
@@ -727,8 +845,8 @@ func (b *Batch) Wait(timeout time.Duration) (BatchStatus, error) {
 }
 
 // Reset empties a finished batch so its slots can take new requests; it is
-// refused with BatchBusy while tasks are pending. A reused batch allocates
-// nothing per submit.
+// refused with BatchBusy while tasks are pending or a Submit is in progress.
+// A reused batch allocates nothing per submit.
 func (b *Batch) Reset() error {
 	b.smu.Lock()
 	defer b.smu.Unlock()
@@ -740,7 +858,10 @@ func (b *Batch) Reset() error {
 	if !b.settled {
 		return errs.New(errs.BatchBusy, "reset batch", "%d tasks still in flight", b.pending.Load())
 	}
-	clear(b.tasks[:b.n])
+	if b.preparing {
+		return errs.New(errs.BatchBusy, "reset batch", "a submit is in progress")
+	}
+	resetTasks(b.tasks[:b.n])
 	clear(b.reqs[:b.n])
 	b.n = 0
 	b.gen++
@@ -754,7 +875,8 @@ func (b *Batch) Reset() error {
 }
 
 // Free releases the batch. It is refused with BatchBusy while tasks are
-// pending; freeing twice is an InvalidArgument error.
+// pending or a Submit is in progress; freeing twice is an InvalidArgument
+// error. It does not block on the network.
 func (b *Batch) Free() error {
 	b.smu.Lock()
 	defer b.smu.Unlock()
@@ -763,18 +885,25 @@ func (b *Batch) Free() error {
 		b.mu.Unlock()
 		return errs.New(errs.InvalidArgument, "free batch", "batch already freed")
 	}
-	if !b.settled {
+	if !b.settled || b.preparing {
 		n := b.pending.Load()
 		b.mu.Unlock()
+		if n == 0 {
+			return errs.New(errs.BatchBusy, "free batch", "a submit is in progress")
+		}
 		return errs.New(errs.BatchBusy, "free batch", "%d tasks still in flight", n)
 	}
 	b.freed = true
 	b.gen++
 	b.closeFD()
-	ts, rs := b.tasks, b.reqs
-	b.tasks, b.reqs, b.n = nil, nil, 0
+	b.n = 0
+	b.nDone.Store(0) // a freed batch reports nothing, like a reset one
+	b.nFail.Store(0)
+	b.bytes.Store(0)
+	b.flushDone, b.flushFail, b.flushB = 0, 0, 0
+	b.worst, b.firstErr, b.notify, b.notifyErr = 0, nil, nil, nil
 	b.mu.Unlock()
-	putSlots(ts, rs)
+	putSlots(b.tasks, b.reqs)
 	b.e.batchMu.Lock()
 	delete(b.e.batches, b)
 	b.e.batchMu.Unlock()
@@ -790,8 +919,8 @@ func (b *Batch) failUnclaimed() {
 	n := b.n
 	b.mu.Unlock()
 	for i := 0; i < n; i++ {
-		if TaskState(b.tasks[i].state.Load()) == Pending {
-			b.complete(i, errs.New(errs.Closed, "transfer", "engine closed"))
+		if w := b.tasks[i].word.Load(); TaskState(w&stateMask) == Pending {
+			b.complete(i, w>>stateBits, errs.New(errs.Closed, "transfer", "engine closed"))
 		}
 	}
 }

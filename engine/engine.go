@@ -71,9 +71,13 @@ type Engine struct {
 
 	closed    atomic.Bool
 	closeOnce sync.Once
-	lifeMu    sync.Mutex // orders wg.Add against Close's wg.Wait
-	wg        sync.WaitGroup
-	done      chan struct{}
+	// handMu orders a submit handing its requests to the transports (R)
+	// against Close (W): once Close holds it, no request reaches a
+	// transport, so nothing a transport moves can start after Close.
+	handMu sync.RWMutex
+	lifeMu sync.Mutex // orders wg.Add against Close's wg.Wait
+	wg     sync.WaitGroup
+	done   chan struct{}
 }
 
 // goTracked runs f in a goroutine Close waits for; it reports false (and does
@@ -522,6 +526,10 @@ func (e *Engine) UnregisterMemoryBatch(addrs []uint64) error {
 	if err != nil {
 		return err
 	}
+	// A window dies with the memory under it: its regions in rs refuse
+	// accesses from now on, and every transport that lets peers use a
+	// window without the owner checking each access (shm) is told.
+	wins := e.reg.CloseWindowsOver(rs)
 	if err := e.quiesce(rs); err != nil {
 		return err
 	}
@@ -533,6 +541,18 @@ func (e *Engine) UnregisterMemoryBatch(addrs []uint64) error {
 			}
 			if err := t.Unregister(r); err != nil && first == nil {
 				first = errs.Wrap(errs.CodeOf(err), "unregister", err, "transport %s on [%#x,+%d)", t.Name(), r.Addr, r.Length)
+			}
+		}
+	}
+	for _, t := range e.transports {
+		wr, ok := t.(transport.WindowRevoker)
+		if !ok {
+			continue
+		}
+		for _, w := range wins {
+			if err := wr.RevokeWindow(w); err != nil && first == nil {
+				first = errs.Wrap(errs.CodeOf(err), "unregister", err, "transport %s revoking a window over [%#x,+%d)",
+					t.Name(), w.Addr, w.Length)
 			}
 		}
 	}
@@ -630,6 +650,12 @@ func (e *Engine) Close() error {
 		e.lifeMu.Unlock()
 		close(e.done)
 		e.stopMetrics()
+		// No submit is handing requests over now, and none will: a
+		// small local copy runs inline in Submit, and must not run
+		// after Close returned.
+		e.handMu.Lock()
+		//lint:ignore SA2001 a barrier: waiting for the hand-offs in progress is the point
+		e.handMu.Unlock()
 		// Transports complete what they hold before they return; then
 		// nothing can complete late.
 		e.closeTransports()

@@ -28,15 +28,24 @@ func TestMain(m *testing.M) {
 // reaches only engines of this process that also installed it.
 type hold struct {
 	mu      sync.Mutex
-	held    []*transport.Request
+	held    []held
+	last    []transport.Ticket // every ticket ever submitted, for tests that replay one
 	arrived chan struct{}
 	stuck   bool // Cancel completes nothing: a transport that cannot let go yet
+	// reachGate, when set, makes Reachable wait until it is closed.
+	reachGate chan struct{}
 }
 
 var (
 	holdMu    sync.Mutex
 	holdPeers = map[string]*hold{}
 )
+
+// held is a request the hold transport keeps, with the ticket that ends it.
+type held struct {
+	r  *transport.Request
+	tk transport.Ticket
+}
 
 func newHold() *hold { return &hold{arrived: make(chan struct{}, 1<<16)} }
 
@@ -54,6 +63,12 @@ func (h *hold) Describe(*segment.Desc)           {}
 func (h *hold) Register(*segment.Region) error   { return nil }
 func (h *hold) Unregister(*segment.Region) error { return nil }
 func (h *hold) Reachable(d *segment.Desc) error {
+	h.mu.Lock()
+	gate := h.reachGate
+	h.mu.Unlock()
+	if gate != nil {
+		<-gate // a first contact that waits on the network (shm's attach call)
+	}
 	holdMu.Lock()
 	defer holdMu.Unlock()
 	if holdPeers[d.Instance] == nil {
@@ -64,7 +79,8 @@ func (h *hold) Reachable(d *segment.Desc) error {
 func (h *hold) Submit(reqs []transport.Request) {
 	h.mu.Lock()
 	for i := range reqs {
-		h.held = append(h.held, &reqs[i])
+		h.held = append(h.held, held{&reqs[i], reqs[i].Ticket()})
+		h.last = append(h.last, reqs[i].Ticket())
 	}
 	h.mu.Unlock()
 	for range reqs {
@@ -79,23 +95,23 @@ func (h *hold) Cancel(reqs []*transport.Request) {
 		h.mu.Unlock()
 		return
 	}
-	var out []*transport.Request
+	var out []held
 	keep := h.held[:0]
-	for _, r := range h.held {
+	for _, x := range h.held {
 		found := false
-		for _, x := range reqs {
-			found = found || x == r
+		for _, r := range reqs {
+			found = found || x.r == r
 		}
 		if found {
-			out = append(out, r)
+			out = append(out, x)
 		} else {
-			keep = append(keep, r)
+			keep = append(keep, x)
 		}
 	}
 	h.held = keep
 	h.mu.Unlock()
-	for _, r := range out {
-		r.Complete(errs.New(errs.Canceled, "hold", "canceled"))
+	for _, x := range out {
+		x.tk.Complete(errs.New(errs.Canceled, "hold", "canceled"))
 	}
 }
 
@@ -104,13 +120,13 @@ func (h *hold) Quiesce(*segment.Region) error { return nil }
 // release completes every held request with err.
 func (h *hold) release(err error) int {
 	h.mu.Lock()
-	held := h.held
+	hs := h.held
 	h.held = nil
 	h.mu.Unlock()
-	for _, r := range held {
-		r.Complete(err)
+	for _, x := range hs {
+		x.tk.Complete(err)
 	}
-	return len(held)
+	return len(hs)
 }
 
 func (h *hold) Close() error {

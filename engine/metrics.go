@@ -143,7 +143,7 @@ func (b *Batch) flushHistograms() {
 	idx := -1
 	for i := b.histFrom; i < b.n; i++ {
 		t := &b.tasks[i]
-		if TaskState(t.state.Load()) != Completed {
+		if t.state() != Completed {
 			continue
 		}
 		if t.t != lastT {

@@ -12,6 +12,7 @@ type stats struct {
 	notifiesSent, notifiesReceived        atomic.Uint64
 	windowsGranted, windowsRevoked        atomic.Uint64
 	windowsUnenforced                     atomic.Uint64
+	strayCompletions                      atomic.Uint64
 }
 
 // Stats are an engine's counters since it started.
@@ -32,6 +33,11 @@ type Stats struct {
 	WindowsGranted    uint64 `json:"windows_granted"`
 	WindowsRevoked    uint64 `json:"windows_revoked"`
 	WindowsUnenforced uint64 `json:"windows_unenforced"`
+	// StrayCompletions counts completions a transport reported for a task
+	// that was not pending under the generation it named (late or
+	// duplicated: a transport bug). They are dropped; a task that reuses
+	// the slot is not touched.
+	StrayCompletions uint64 `json:"stray_completions"`
 	// Routes says which transport served each open segment, per memory
 	// class, and why better-ranked ones were passed over.
 	Routes []Route `json:"routes,omitempty"`
@@ -121,6 +127,7 @@ func (e *Engine) Stats() Stats {
 		WindowsGranted:    e.stats.windowsGranted.Load(),
 		WindowsRevoked:    e.stats.windowsRevoked.Load(),
 		WindowsUnenforced: e.stats.windowsUnenforced.Load(),
+		StrayCompletions:  e.stats.strayCompletions.Load(),
 		Routes:            e.routes(),
 		Control:           e.controlStats(),
 		Transport:         e.TransportStats(),

@@ -450,9 +450,14 @@ int te_create(const te_config_t *cfg, te_engine_t *out);
  * connections and threads are gone, and every segment and batch handle of
  * the engine becomes invalid: its batches are freed and their eventfds
  * (te_batch_fd) closed, as if te_free_batch had been called on each. Calls
- * blocked in te_wait on its batches return.
+ * blocked in te_wait on its batches return. A te_task_status or other batch
+ * call racing it on another thread gets TE_ERR_INVALID_ARGUMENT, never
+ * another batch's data.
  * Blocks: yes, until the engine is down | Thread-safe: yes | Errors:
- * TE_ERR_INVALID_ARGUMENT (also for a second call on the same handle). */
+ * TE_ERR_INVALID_ARGUMENT (also for a second call on the same handle),
+ * TE_ERR_BATCH_BUSY (a batch could not be freed within 10 s, because a
+ * te_submit on it never returned: the engine is down, but that batch's
+ * memory and eventfd stay allocated). */
 int te_destroy(te_engine_t engine);
 
 /* te_segment_name writes the engine's own segment name (peers open it by
@@ -618,8 +623,11 @@ int te_submit_with_notify(te_batch_t batch, const te_request_t *requests, size_t
                           const char *name, const char *msg, size_t msg_len);
 
 /* te_task_status fills *out with the state of task index.
- * Blocks: no | Thread-safe: yes | Errors: TE_ERR_INVALID_ARGUMENT (index not
- * yet submitted; out->state is then TE_TASK_INVALID). */
+ * Blocks: no | Thread-safe: yes, also against te_batch_reset, te_free_batch
+ * and te_destroy on other threads (the task is then TE_TASK_INVALID) |
+ * Errors: TE_ERR_INVALID_ARGUMENT (index not yet submitted, batch reset or
+ * freed, handle not open). On every error but a NULL out, out->state is
+ * TE_TASK_INVALID. */
 int te_task_status(te_batch_t batch, size_t index, te_task_status_t *out);
 
 /* te_batch_status fills *out with the batch's summary.
@@ -647,21 +655,24 @@ int te_batch_fd(te_batch_t batch, int32_t *fd);
 /* te_batch_cancel ends every pending task of the batch early: each ends
  * TE_TASK_CANCELED (or with its real outcome if it finished first) once its
  * transport has stopped touching its memory, which te_wait then reports. A
- * task's terminal state is always such a fence. (ABI 1.2)
- * Blocks: no (does not wait for the tasks to end) | Thread-safe: yes |
- * Errors: handle only. */
+ * task's terminal state is always such a fence. Tasks of a te_submit still
+ * running in another thread are not yet pending and are not canceled.
+ * (ABI 1.2)
+ * Blocks: no (does not wait for the tasks to end, nor for a te_submit on the
+ * network) | Thread-safe: yes | Errors: handle only. */
 int te_batch_cancel(te_batch_t batch);
 
 /* te_batch_reset empties a finished batch so its slots take new requests:
  * a reused batch allocates nothing per request. (ABI 1.2)
  * Blocks: no | Thread-safe: yes | Errors: TE_ERR_BATCH_BUSY (tasks pending:
- * wait first). */
+ * wait first; or a te_submit on the batch is running in another thread). */
 int te_batch_reset(te_batch_t batch);
 
 /* te_free_batch releases the batch and its handle.
- * Blocks: no | Thread-safe: yes | Errors: TE_ERR_BATCH_BUSY (tasks pending:
- * wait first; the handle stays valid), TE_ERR_INVALID_ARGUMENT (also for a
- * batch freed before). */
+ * Blocks: no (not even while a te_submit on the batch waits on the network
+ * in another thread) | Thread-safe: yes | Errors: TE_ERR_BATCH_BUSY (tasks
+ * pending: wait first; or a te_submit on the batch is running: the handle
+ * stays valid), TE_ERR_INVALID_ARGUMENT (also for a batch freed before). */
 int te_free_batch(te_batch_t batch);
 
 /* ---- Notifications and probes ------------------------------------------ */

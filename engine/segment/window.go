@@ -180,6 +180,37 @@ func (g *Registry) CloseWindow(key uint64) (*Window, error) {
 	return w, nil
 }
 
+// WindowsOver returns the regions of the windows that lie in the registered
+// region r (one per window at most). A transport revoking r (shm) revokes
+// these with it: a window dies with the memory under it.
+func (g *Registry) WindowsOver(r *Region) []*Region {
+	var out []*Region
+	g.windows.Range(func(_, v any) bool {
+		for _, wr := range v.(*Window).regions {
+			if wr.parent == r {
+				out = append(out, wr)
+			}
+		}
+		return true
+	})
+	return out
+}
+
+// CloseWindowsOver refuses every access under the windows' regions that lie
+// in rs (which are being unregistered) and returns those regions. The
+// windows stay known: their other regions still serve, and RevokeWindow
+// still ends them.
+func (g *Registry) CloseWindowsOver(rs []*Region) []*Region {
+	var out []*Region
+	for _, r := range rs {
+		for _, wr := range g.WindowsOver(r) {
+			wr.closing.Store(true)
+			out = append(out, wr)
+		}
+	}
+	return out
+}
+
 // DropWindow forgets a closed window.
 func (g *Registry) DropWindow(w *Window) {
 	if _, ok := g.windows.LoadAndDelete(w.Key); ok {

@@ -32,9 +32,23 @@ func (o Opcode) String() string {
 // lies in Region (held for the request by the engine) and the target range
 // lies inside Buffer of Peer's descriptor.
 //
-// The engine owns the memory a Request lives in (a batch's slots). It stays
-// valid and unchanged from Submit until the transport completes the request,
-// so a transport may keep &reqs[i]; after Complete it must not touch it.
+// The engine owns the memory a Request lives in (a batch's slots), and it
+// reuses it: once the request is completed, by anyone, the slot may be
+// cleared (Batch.Reset) and filled with another request. So a transport
+// touches a Request only while it holds it, and holds it only through state
+// of its own:
+//
+//   - In Submit it copies what it needs later (at least the Ticket) into its
+//     own per-request state, and may set Priv to point at that state.
+//   - Whoever ends the request (the goroutine moving it, Cancel, Close) first
+//     claims that state (a compare-and-swap, a queue it removes it from);
+//     only the winner reads the Request, and only until it calls Complete.
+//   - Completion goes through the Ticket kept in the state, never through a
+//     slot read after the fact: a slot read late belongs to the next request.
+//
+// The Ticket's generation makes a late or duplicate completion harmless to
+// the engine (it is dropped and counted), but only a transport that keeps
+// the ticket it was given can be told apart from the slot's next owner.
 type Request struct {
 	Op     Opcode
 	Local  uint64 // local address
@@ -49,27 +63,49 @@ type Request struct {
 	// acquired by the engine until the request completes: transports take
 	// its location and keys from here instead of looking it up again.
 	Region *segment.Region
-	// Owner is told when the request ends, as Owner.Complete(Index, err).
+	// Owner is told when the request ends, as Owner.Complete(Index, Gen,
+	// err); Ticket returns the three together.
 	Owner Completer
 	Index int
+	// Gen is this submission's generation: a completion carrying another
+	// generation is not this request's and is dropped.
+	Gen uint64
 	// Priv is the transport's own per-request state (set in Submit, read
 	// in Cancel); the engine never looks at it.
 	Priv any
 }
 
-// Complete ends r: every transport reports the outcome of every request it
-// accepted exactly once, through this.
-func (r *Request) Complete(err error) { r.Owner.Complete(r.Index, err) }
+// Ticket returns what completes r: kept by the transport from Submit on, it
+// completes this submission of r and no later one.
+func (r *Request) Ticket() Ticket { return Ticket{Owner: r.Owner, Index: r.Index, Gen: r.Gen} }
+
+// Complete ends r through its slot: for a transport that still holds r
+// (Submit's own goroutine refusing it, or the claimed owner of its state).
+// Anything that completes later completes through the Ticket it kept.
+func (r *Request) Complete(err error) { r.Owner.Complete(r.Index, r.Gen, err) }
+
+// Ticket names one submission of a request: who is told its outcome, the
+// request's index there, and the submission's generation. It is a value:
+// a transport copies it into its own state in Submit.
+type Ticket struct {
+	Owner Completer
+	Index int
+	Gen   uint64
+}
+
+// Complete reports the outcome of the submission t names.
+func (t Ticket) Complete(err error) { t.Owner.Complete(t.Index, t.Gen, err) }
 
 // Completer receives the outcome of requests.
 type Completer interface {
-	// Complete reports that request index ended: err nil means every
-	// byte arrived (for a WRITE: is in the target's memory). It is called
-	// exactly once per request, from any goroutine, and only once the
-	// transport will never touch the request's local memory again nor send
-	// more of its bytes: a terminal task state is a fence. It must not
-	// block.
-	Complete(index int, err error)
+	// Complete reports that request index of generation gen ended: err nil
+	// means every byte arrived (for a WRITE: is in the target's memory).
+	// It is called exactly once per request, from any goroutine, and only
+	// once the transport will never touch the request's local memory again
+	// nor send more of its bytes: a terminal task state is a fence. It must
+	// not block. A completion whose generation is not the request's
+	// current one (late, duplicated) is ignored.
+	Complete(index int, gen uint64, err error)
 }
 
 // DoneFunc adapts a function of the outcome alone to Completer, for requests
@@ -77,13 +113,13 @@ type Completer interface {
 type DoneFunc func(err error)
 
 // Complete calls f(err).
-func (f DoneFunc) Complete(_ int, err error) { f(err) }
+func (f DoneFunc) Complete(_ int, _ uint64, err error) { f(err) }
 
-// CompleteFunc adapts a function to Completer.
+// CompleteFunc adapts a function of the index and outcome to Completer.
 type CompleteFunc func(index int, err error)
 
 // Complete calls f(index, err).
-func (f CompleteFunc) Complete(index int, err error) { f(index, err) }
+func (f CompleteFunc) Complete(index int, _ uint64, err error) { f(index, err) }
 
 // Control is the engine's control plane as seen by a transport: handlers for
 // its own message kinds and calls to a peer's RPC address.
@@ -228,7 +264,9 @@ type Transport interface {
 	// errs.Canceled or their real outcome, as soon as nothing of them can
 	// touch local memory or send bytes any more (cut the connection or
 	// queue pair carrying them if need be). Cancel may return before
-	// then; it does not block on the network.
+	// then; it does not block on the network. The requests stay unchanged
+	// for the call (the engine resets no slot meanwhile), but Cancel keeps
+	// none of them: it reaches what it ends through their Priv.
 	Cancel(reqs []*Request)
 	// Quiesce ends the accesses to r that this transport serves for peers
 	// (r is being unregistered: new ones are already refused). It returns

@@ -8,9 +8,14 @@ import (
 	"github.com/tecache/te/internal/errs"
 )
 
-// reqState is a request's Priv: whether its Submit goroutine has taken it
-// (from then on its copy may be on a stream) or Cancel has ended it first.
-type reqState struct{ s atomic.Int32 }
+// reqState is a request's Priv: the request, the ticket that completes it,
+// and whether its Submit goroutine has taken it (from then on its copy may
+// be on a stream) or Cancel has ended it first.
+type reqState struct {
+	r  *transport.Request // read only by whoever claimed s
+	tk transport.Ticket
+	s  atomic.Int32
+}
 
 const (
 	reqWaiting int32 = iota
@@ -29,8 +34,8 @@ func (s *reqState) claim() bool { return s.s.CompareAndSwap(reqWaiting, reqClaim
 // still read or write its memory.
 func (t *Transport) Cancel(reqs []*transport.Request) {
 	for _, r := range reqs {
-		if s, ok := r.Priv.(*reqState); ok && s.s.CompareAndSwap(reqWaiting, reqCanceled) {
-			r.Complete(errs.New(errs.Canceled, "cudaipc", "canceled before its copy was enqueued"))
+		if s, ok := r.Priv.(*reqState); ok && s != nil && s.s.CompareAndSwap(reqWaiting, reqCanceled) {
+			s.tk.Complete(errs.New(errs.Canceled, "cudaipc", "canceled before its copy was enqueued"))
 		}
 	}
 }

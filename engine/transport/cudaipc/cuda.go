@@ -330,16 +330,22 @@ func (t *Transport) DeviceMemory(d *segment.Desc, buf *segment.BufferDesc, _ *se
 // Submit copies the requests on the GPU: one goroutine per call enqueues
 // every copy of the call on a stream per device and waits once, so a batch
 // of small KV blocks costs one synchronisation, not one per block.
+//
+// The goroutine reaches each request through the transport's own state,
+// claimed first: Cancel may have completed a request before the goroutine
+// runs, and the engine may have reset its slot since (Batch.Reset), so an
+// unclaimed request's slot is never read.
 func (t *Transport) Submit(in []transport.Request) {
 	states := make([]reqState, len(in)) // one allocation for the call
-	reqs := make([]*transport.Request, len(in))
 	for i := range in {
+		states[i].r, states[i].tk = &in[i], in[i].Ticket()
 		in[i].Priv = &states[i]
-		reqs[i] = &in[i]
 	}
-	if !t.spawn(func() { t.run(reqs) }) {
-		for _, r := range reqs {
-			r.Complete(errs.New(errs.Closed, "cudaipc", "transport closed"))
+	if !t.spawn(func() { t.run(states) }) {
+		for i := range states {
+			if states[i].claim() {
+				states[i].tk.Complete(errs.New(errs.Closed, "cudaipc", "transport closed"))
+			}
 		}
 	}
 }
@@ -363,23 +369,26 @@ func (t *Transport) spawn(f func()) bool {
 // prepared is a request ready to copy: its span, the device that copies it
 // and what to release once the copy ended.
 type prepared struct {
-	r       *transport.Request
+	s       *reqState
 	dev     int
 	sp      span
 	release func()
 }
 
-func (t *Transport) run(reqs []*transport.Request) {
+func (t *Transport) run(states []reqState) {
 	byDev := map[int][]prepared{}
-	for _, r := range reqs {
-		if !r.Priv.(*reqState).claim() {
-			continue // canceled before anything touched it
+	var alive ownerCheck
+	for i := range states {
+		s := &states[i]
+		if !s.claim() {
+			continue // Cancel completed it: its slot is not ours to read
 		}
-		p, err := t.prepare(r)
+		p, err := t.prepare(s.r, &alive)
 		if err != nil {
-			r.Complete(err)
+			s.tk.Complete(err)
 			continue
 		}
+		p.s = s
 		byDev[p.dev] = append(byDev[p.dev], p)
 	}
 	for dev, ps := range byDev {
@@ -392,14 +401,56 @@ func (t *Transport) run(reqs []*transport.Request) {
 			// Release before Complete: the copy has ended, and an Unregister
 			// waiting on the mapping need not wait for the caller.
 			p.release()
-			p.r.Complete(errl[i])
+			p.s.tk.Complete(errl[i])
 		}
+	}
+}
+
+// ownerCheck remembers, for one run of copies, whether the last owner looked
+// at is alive (a run mostly targets one owner).
+type ownerCheck struct {
+	inst string
+	err  error
+}
+
+// ownerAlive fails a copy into another engine whose process has exited: the
+// mapping outlives it, and a WRITE into it would complete into memory
+// nobody owns any more. The owner's mappings are closed.
+func (t *Transport) ownerAlive(c *ownerCheck, d *segment.Desc) error {
+	if c.inst != "" && c.inst == d.Instance {
+		return c.err
+	}
+	c.inst, c.err = d.Instance, nil
+	if d.Host != nil && gone(d.Host.Pid) {
+		c.err = errs.New(errs.PeerUnreachable, "cudaipc", "the process of segment %q (pid %d) has exited", d.Name, d.Host.Pid)
+		t.forgetOwner(d.Instance)
+	}
+	return c.err
+}
+
+// forgetOwner closes, off the caller's goroutine, every mapping of an owner
+// that has exited.
+func (t *Transport) forgetOwner(inst string) {
+	var keys []uint64
+	t.imu.Lock()
+	for k, m := range t.imports {
+		if k.owner == inst && !m.closing {
+			keys = append(keys, k.key)
+		}
+	}
+	t.imu.Unlock()
+	for _, key := range keys {
+		t.spawn(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), t.opt.CloseTimeout)
+			defer cancel()
+			t.closeMappings(ctx, inst, key)
+		})
 	}
 }
 
 // prepare resolves a request's addresses: the target in this engine, or in
 // the owner's allocation mapped here (opening its handle on first use).
-func (t *Transport) prepare(r *transport.Request) (prepared, error) {
+func (t *Transport) prepare(r *transport.Request, alive *ownerCheck) (prepared, error) {
 	if t.closed.Load() {
 		return prepared{}, errs.New(errs.Closed, "cudaipc", "transport closed")
 	}
@@ -428,6 +479,9 @@ func (t *Transport) prepare(r *transport.Request) (prepared, error) {
 		if !ok {
 			return prepared{}, errs.New(errs.NotSupported, "cudaipc", "buffer %s at %#x of %q has no IPC handle", r.Buffer.Name, r.Buffer.Addr, r.Peer.Name)
 		}
+		if err := t.ownerAlive(alive, r.Peer); err != nil {
+			return prepared{}, err
+		}
 		if dev < 0 {
 			dev = t.deviceFor(e.UUID)
 		}
@@ -447,7 +501,7 @@ func (t *Transport) prepare(r *transport.Request) (prepared, error) {
 	if r.Op == transport.Read {
 		sp = span{dst: r.Local, src: remote, n: r.Length}
 	}
-	return prepared{r: r, dev: dev, sp: sp, release: release}, nil
+	return prepared{dev: dev, sp: sp, release: release}, nil
 }
 
 // deviceFor finds the local ordinal of the GPU with uuid, or -1.

@@ -1,4 +1,4 @@
-// Package cuda is te's same-host GPU transport, "cudaipc".
+// Package cudaipc is te's same-host GPU transport, "cudaipc".
 //
 // An engine exports each remote-accessible GPU buffer it registers: the CUDA
 // IPC handle of the allocation that holds it goes into the buffer's
@@ -19,7 +19,11 @@
 // Cancel ends a request whose copy has not been enqueued yet at once. A copy
 // on a stream cannot be withdrawn or torn mid-way, so its request completes,
 // with its real outcome, once the stream has synchronised, and never
-// earlier. Quiesce has nothing to cut: the close protocol Unregister runs is
+// earlier. The goroutine a Submit starts and Cancel both claim a request's
+// state before touching it, so a request Cancel ended (and whose slot the
+// engine may have reused since) is never read again. A copy into another
+// engine whose process has exited fails with PeerUnreachable instead of
+// landing in a mapping that outlived it. Quiesce has nothing to cut: the close protocol Unregister runs is
 // the fence for peers' mappings. Close fails what is not enqueued and waits
 // for every stream synchronisation in flight.
 //

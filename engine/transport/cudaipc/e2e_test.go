@@ -13,10 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/tecache/te/engine"
 	"github.com/tecache/te/engine/transport/cudaipc"
+	"github.com/tecache/te/engine/transport/transporttest"
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/cuda"
 	"github.com/tecache/te/internal/sys/cuda/cudatest"
@@ -31,8 +30,21 @@ func TestMain(m *testing.M) {
 	if os.Getenv(envChild) == "1" {
 		os.Exit(runChild())
 	}
+	// The real driver where TE_CUDA_REAL=1, else the fake one; child
+	// processes (this package's and the suite's peers) inherit the choice.
 	_, setupErr = cudatest.Setup()
-	goleak.VerifyTestMain(m)
+	transporttest.Main(m)
+}
+
+// TestConformance runs the shared suite over cudaipc: the target is a child
+// process whose buffer is GPU memory (the fake driver's where there is no
+// GPU, whose device memory faults on any CPU access), this side's memory is
+// host memory, so every byte goes through CUDA IPC and the driver's copies.
+// cudaipc honours no window keys (the owner does not check each access), so
+// the window cases check only what the engine does.
+func TestConformance(t *testing.T) {
+	needCUDA(t)
+	transporttest.Run(t, transporttest.Setup{Transport: cudaipc.Name, Process: true, GPU: true})
 }
 
 // size is the GPU buffer of each side: TE_CUDAIPC_SIZE bytes (the GPU check
@@ -44,52 +56,32 @@ func size() uint64 {
 	return 8 << 20
 }
 
-// gpu is one device buffer and what it takes to fill and read it.
+// gpu is the shared device buffer of package cudatest, filled with this
+// package's pattern.
 type gpu struct {
-	l    *cuda.Lib
-	ctx  cuda.Context
-	addr uint64
-	n    uint64
-	host []byte // staging for fills and checks
+	*cudatest.Buffer
+	l       *cuda.Lib
+	addr, n uint64
 }
 
 func newGPU(n uint64) (*gpu, error) {
-	l, err := cuda.Load()
+	b, err := cudatest.NewBuffer(n)
 	if err != nil {
 		return nil, err
 	}
-	d, err := l.DeviceGet(0)
-	if err != nil {
-		return nil, err
-	}
-	ctx, err := l.PrimaryCtxRetain(d)
-	if err != nil {
-		return nil, err
-	}
-	g := &gpu{l: l, ctx: ctx, n: n}
-	if g.host, err = mem.Alloc(int(n)); err != nil {
-		return nil, err
-	}
-	err = l.With(ctx, func() (err error) { g.addr, err = l.MemAlloc(n); return })
-	return g, err
+	return &gpu{Buffer: b, l: b.Lib(), addr: b.Addr, n: n}, nil
 }
 
 func (g *gpu) fill(seed byte) error {
-	for i := range g.host {
-		g.host[i] = byte(i*7) ^ seed
-	}
-	return g.l.With(g.ctx, func() error { return g.l.CopyHtoD(g.addr, mem.Addr(g.host), g.n) })
+	return g.Fill(func(i uint64) byte { return byte(i*7) ^ seed })
 }
 
 func (g *gpu) crc(off, n uint64) (uint32, error) {
-	err := g.l.With(g.ctx, func() error { return g.l.CopyDtoH(mem.Addr(g.host), g.addr+off, n) })
-	return crc32.ChecksumIEEE(g.host[:n]), err
+	b, err := g.Download(off, n)
+	return crc32.ChecksumIEEE(b), err
 }
 
-func (g *gpu) free() {
-	g.l.With(g.ctx, func() error { return g.l.MemFree(g.addr) })
-	mem.Free(g.host)
-}
+func (g *gpu) free() { g.Free() }
 
 // runChild is the owner process: a GPU buffer registered with "*" (so the
 // engine must recognise it), then commands on stdin.
@@ -231,7 +223,7 @@ func TestGPUToGPU(t *testing.T) {
 		t.Fatal(err)
 	}
 	var refTook time.Duration
-	err = g.l.With(g.ctx, func() error {
+	err = g.With(func() error {
 		// Once to warm up (first touch), then timed.
 		if err := g.l.CopyDtoD(ref.addr, g.addr, n); err != nil {
 			return err

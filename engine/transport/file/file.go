@@ -363,10 +363,13 @@ func (t *Transport) prepare(r *transport.Request) (*fileio.Op, error) {
 		region.Release()
 		return nil, errs.New(errs.NotSupported, "file", "the local side of a request must be memory, not a file")
 	}
+	// Ctx identifies the slot for Cancel; completion goes through the
+	// ticket, never through the slot.
+	tk := r.Ticket()
 	op := &fileio.Op{Write: r.Op == transport.Write, File: st.f, Off: off, Addr: r.Local, Len: r.Length, Ctx: r,
 		Done: func(op *fileio.Op, err error) {
 			region.Release()
-			op.Ctx.(*transport.Request).Complete(err)
+			tk.Complete(err)
 		}}
 	r.Priv = op
 	return op, nil

@@ -101,11 +101,14 @@ func (t *Transport) startGPU(r *transport.Request, st *Storage, off uint64, regi
 	}
 	t.wg.Add(1)
 	t.xmu.Unlock()
+	// The goroutine is the only one that completes r (Cancel just flags
+	// the job), so it may read r until it completes it through tk.
+	tk := r.Ticket()
 	go func() {
 		defer t.wg.Done()
 		err := t.runGPU(job, l, r, st, off)
 		region.Release()
-		r.Complete(err)
+		tk.Complete(err)
 	}()
 	return nil
 }

@@ -4,6 +4,7 @@ package local
 
 import (
 	"sync"
+	"sync/atomic"
 
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
@@ -35,11 +36,22 @@ type Transport struct {
 	instance string
 
 	qmu     sync.Mutex
-	queue   []*transport.Request
+	queue   []*queued
 	closed  bool
 	running int // workers alive
 	wg      sync.WaitGroup
 }
+
+// queued is a request waiting for the worker: the transport's own state,
+// which Cancel and the worker claim before either touches the request (the
+// winner alone reads it, and completes it through the ticket kept here).
+type queued struct {
+	r     *transport.Request
+	tk    transport.Ticket
+	taken atomic.Bool
+}
+
+func (q *queued) claim() bool { return q.taken.CompareAndSwap(false, true) }
 
 // New returns an unstarted transport.
 func New() *Transport { return &Transport{} }
@@ -97,16 +109,21 @@ func (t *Transport) Submit(reqs []transport.Request) {
 		}
 		return
 	}
+	qs := make([]queued, len(reqs)) // one allocation for the call
+	for i := range reqs {
+		qs[i].r, qs[i].tk = &reqs[i], reqs[i].Ticket()
+		reqs[i].Priv = &qs[i]
+	}
 	t.qmu.Lock()
 	if t.closed {
 		t.qmu.Unlock()
-		for i := range reqs {
-			reqs[i].Complete(errs.New(errs.Closed, "local", "transport closed"))
+		for i := range qs {
+			qs[i].tk.Complete(errs.New(errs.Closed, "local", "transport closed"))
 		}
 		return
 	}
-	for i := range reqs {
-		t.queue = append(t.queue, &reqs[i])
+	for i := range qs {
+		t.queue = append(t.queue, &qs[i])
 	}
 	if t.running == 0 {
 		t.running = 1
@@ -128,42 +145,25 @@ func (t *Transport) worker() {
 			t.qmu.Unlock()
 			return
 		}
-		r := t.queue[0]
+		q := t.queue[0]
 		t.queue[0] = nil
 		t.queue = t.queue[1:]
 		t.qmu.Unlock()
-		r.Complete(c.do(r))
+		if q.claim() { // else Cancel ended it
+			q.tk.Complete(c.do(q.r))
+		}
 	}
 }
 
-// Cancel completes the requests still queued with Canceled; one being copied
+// Cancel completes the requests still queued with Canceled (claiming them,
+// so the worker skips them): O(len(reqs)), under no lock. One being copied
 // ends when its memcpy does.
 func (t *Transport) Cancel(reqs []*transport.Request) {
-	t.qmu.Lock()
-	var out []*transport.Request
-	keep := t.queue[:0]
-	for _, q := range t.queue {
-		if containsReq(reqs, q) {
-			out = append(out, q)
-		} else {
-			keep = append(keep, q)
+	for _, r := range reqs {
+		if q, ok := r.Priv.(*queued); ok && q != nil && q.claim() {
+			q.tk.Complete(errs.New(errs.Canceled, "local", "canceled before it was copied"))
 		}
 	}
-	clear(t.queue[len(keep):])
-	t.queue = keep
-	t.qmu.Unlock()
-	for _, r := range out {
-		r.Complete(errs.New(errs.Canceled, "local", "canceled before it was copied"))
-	}
-}
-
-func containsReq(rs []*transport.Request, r *transport.Request) bool {
-	for _, x := range rs {
-		if x == r {
-			return true
-		}
-	}
-	return false
 }
 
 // Quiesce has nothing to cut: other engines of this process touch r only in a
@@ -221,8 +221,10 @@ func (t *Transport) Close() error {
 	q := t.queue
 	t.queue = nil
 	t.qmu.Unlock()
-	for _, r := range q {
-		r.Complete(errs.New(errs.Closed, "local", "transport closed"))
+	for _, x := range q {
+		if x.claim() {
+			x.tk.Complete(errs.New(errs.Closed, "local", "transport closed"))
+		}
 	}
 	t.wg.Wait()
 	return nil

@@ -14,7 +14,8 @@ import (
 // request, generated when it is posted, so a submit costs per request, not
 // per slice.
 type request struct {
-	r        *transport.Request
+	r        *transport.Request // read only while a slice is outstanding
+	tk       transport.Ticket   // completes it (kept: the slot is the engine's)
 	pi       *peerInfo
 	pl       *plan
 	lkeys    []uint32
@@ -69,7 +70,7 @@ func (q *request) slicesDone(k int, err error) {
 		if p := q.err.Load(); p != nil {
 			e = *p
 		}
-		q.r.Complete(e)
+		q.tk.Complete(e)
 	}
 }
 
@@ -189,6 +190,7 @@ func (t *Transport) Submit(reqs []transport.Request) {
 			r.Complete(err)
 			continue
 		}
+		q.tk = r.Ticket()
 		r.Priv = q
 		nspans += min(len(m.active(t, q, now)), int(q.n))
 	}

@@ -206,26 +206,40 @@ func (t *Transport) Describe(d *segment.Desc) {
 // (validate), under the buffer's capability key.
 func (t *Transport) Register(*segment.Region) error { return nil }
 
-// Unregister tells every peer that was granted r to stop using it and waits
-// until each has acknowledged (its accesses to r have ended) or, for a peer
-// that does not answer within RevokeTimeout, until that peer is cut off and
-// its lease has lapsed. See the package documentation for what that bound
+// Unregister tells every peer that was granted r, or a window over r, to
+// stop using it and waits until each has acknowledged (its accesses to r
+// have ended) or, for a peer that does not answer within RevokeTimeout,
+// until that peer is cut off and its lease has lapsed. A window's grant
+// dies with the memory under it: a peer keeps no key that reaches r, even
+// one nobody revoked. See the package documentation for what that bound
 // does and does not cover.
 func (t *Transport) Unregister(r *segment.Region) error {
 	if !r.Remote {
 		return nil
 	}
-	it := item{Key: r.Desc.Key, Addr: r.Addr, Len: r.Length}
+	keys := []item{{Key: r.Desc.Key, Addr: r.Addr, Len: r.Length}}
+	if r.Parent() == nil {
+		for _, w := range t.h.Registry().WindowsOver(r) {
+			keys = append(keys, item{Key: w.Desc.Key, Addr: w.Addr, Len: w.Length})
+		}
+	}
 	t.pmu.Lock()
 	var holders []*peer
+	granted := map[*peer][]item{}
 	for _, p := range t.peers {
-		if _, ok := p.grants[it.Key]; ok {
-			delete(p.grants, it.Key)
-			holders = append(holders, p)
+		for _, it := range keys {
+			if _, ok := p.grants[it.Key]; ok {
+				delete(p.grants, it.Key)
+				if granted[p] == nil {
+					holders = append(holders, p)
+				}
+				granted[p] = append(granted[p], it)
+			}
 		}
 	}
 	t.pmu.Unlock()
-	t.revokeAll(holders, func(*peer) []item { return []item{it} })
+	// One revocation per peer carries every key.
+	t.revokeAll(holders, func(p *peer) []item { return granted[p] })
 	return nil
 }
 

@@ -9,9 +9,12 @@ import (
 )
 
 // reqState tracks one request cut into spans, possibly over several jobs. It
-// is the request's Priv, which Cancel reads.
+// is the request's Priv, which Cancel reads. The request itself is read only
+// while one of its spans is held (so it is not complete yet); it completes
+// through tk, kept from Submit.
 type reqState struct {
 	r        *transport.Request
+	tk       transport.Ticket
 	left     atomic.Int32
 	err      atomic.Pointer[error]
 	canceled atomic.Bool
@@ -31,7 +34,7 @@ func (s *reqState) end(err error) {
 		if p := s.err.Load(); p != nil {
 			e = *p
 		}
-		s.r.Complete(e)
+		s.tk.Complete(e)
 	}
 }
 
@@ -119,7 +122,7 @@ func (t *Transport) Submit(reqs []transport.Request) {
 			r.Complete(errs.New(errs.InvalidArgument, "shm", "empty request"))
 			continue
 		}
-		states[i].r = r
+		states[i].r, states[i].tk = r, r.Ticket()
 		r.Priv = &states[i]
 		next[i] = -1
 		k := key{r.Peer.Instance, r.Op}

@@ -21,6 +21,7 @@ import (
 // completes only once no goroutine of the transport touches its memory.
 type op struct {
 	req       *transport.Request // not to be read once the op completed
+	tk        transport.Ticket   // completes the op (kept: the slot is the engine's)
 	p         *peer
 	inst      string // the instance the request's descriptor names
 	write     bool
@@ -47,9 +48,9 @@ func (it item) done(err error) {
 	}
 	if o.remaining.Add(-1) == 0 {
 		if b := o.err.Load(); b != nil {
-			o.req.Complete(b.err)
+			o.tk.Complete(b.err)
 		} else {
-			o.req.Complete(nil)
+			o.tk.Complete(nil)
 		}
 	}
 }
@@ -226,7 +227,7 @@ func (t *Transport) Submit(reqs []transport.Request) {
 			continue
 		}
 		o := &ops[i]
-		o.req, o.p, o.write, o.inst = r, p, r.Op == transport.Write, r.Peer.Instance
+		o.req, o.tk, o.p, o.write, o.inst = r, r.Ticket(), p, r.Op == transport.Write, r.Peer.Instance
 		if isDevice(r.Region) {
 			if _, err := cudaLoad(); err != nil {
 				r.Complete(errs.Wrap(errs.NotSupported, "tcp", err, "local %#x is GPU memory", r.Local))

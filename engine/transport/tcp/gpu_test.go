@@ -51,50 +51,30 @@ func pattern(b []byte, seed byte) {
 	}
 }
 
-// gpuBuf is device memory and the host memory used to fill and read it.
+// gpuBuf is the shared device buffer of package cudatest, filled with this
+// file's pattern.
 type gpuBuf struct {
-	l    *cuda.Lib
-	ctx  cuda.Context
+	*cudatest.Buffer
 	addr uint64
-	host []byte
 }
 
 func newGPUBuf(n int) (*gpuBuf, error) {
-	l, err := cuda.Load()
+	b, err := cudatest.NewBuffer(uint64(n))
 	if err != nil {
 		return nil, err
 	}
-	d, err := l.DeviceGet(0)
-	if err != nil {
-		return nil, err
-	}
-	ctx, err := l.PrimaryCtxRetain(d)
-	if err != nil {
-		return nil, err
-	}
-	g := &gpuBuf{l: l, ctx: ctx}
-	if g.host, err = mem.Alloc(n); err != nil {
-		return nil, err
-	}
-	err = l.With(ctx, func() (err error) { g.addr, err = l.MemAlloc(uint64(n)); return })
-	return g, err
+	return &gpuBuf{Buffer: b, addr: b.Addr}, nil
 }
 
 func (g *gpuBuf) fill(seed byte) error {
-	pattern(g.host, seed)
-	return g.l.With(g.ctx, func() error { return g.l.CopyHtoD(g.addr, mem.Addr(g.host), uint64(len(g.host))) })
+	pattern(g.Host, seed)
+	return g.Upload(0, g.N)
 }
 
-// bytes downloads the whole device buffer (into g.host).
-func (g *gpuBuf) bytes() ([]byte, error) {
-	err := g.l.With(g.ctx, func() error { return g.l.CopyDtoH(mem.Addr(g.host), g.addr, uint64(len(g.host))) })
-	return g.host, err
-}
+// bytes downloads the whole device buffer (into g.Host).
+func (g *gpuBuf) bytes() ([]byte, error) { return g.Download(0, g.N) }
 
-func (g *gpuBuf) free() {
-	g.l.With(g.ctx, func() error { return g.l.MemFree(g.addr) })
-	mem.Free(g.host)
-}
+func (g *gpuBuf) free() { g.Free() }
 
 // runGPUChild is the target process: a GPU buffer (registered with "*", so
 // the engine must recognise it) and a host buffer, then commands on stdin:

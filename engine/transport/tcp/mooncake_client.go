@@ -155,6 +155,7 @@ func (p *mcPeer) requeue(items []mcItem) {
 // its last slice, once no goroutine touches its memory.
 type mcOp struct {
 	req       *transport.Request
+	tk        transport.Ticket // completes the op (kept: the slot is the engine's)
 	p         *mcPeer
 	write     bool
 	remaining atomic.Int32
@@ -175,9 +176,9 @@ func (it mcItem) done(err error) {
 	}
 	if o.remaining.Add(-1) == 0 {
 		if b := o.err.Load(); b != nil {
-			o.req.Complete(b.err)
+			o.tk.Complete(b.err)
 		} else {
-			o.req.Complete(nil)
+			o.tk.Complete(nil)
 		}
 	}
 }
@@ -216,7 +217,7 @@ func (t *Transport) submitMooncake(reqs []*transport.Request) {
 			lastD, last = r.Peer, p
 		}
 		o := &ops[i]
-		o.req, o.p, o.write = r, p, r.Op == transport.Write
+		o.req, o.tk, o.p, o.write = r, r.Ticket(), p, r.Op == transport.Write
 		r.Priv = o
 		n := (r.Length + t.opt.Slice - 1) / t.opt.Slice
 		o.remaining.Store(int32(n))

@@ -15,7 +15,11 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/tecache/te/engine"
+	"github.com/tecache/te/internal/errs"
+	"github.com/tecache/te/internal/sys/cuda/cudatest"
 	"github.com/tecache/te/internal/sys/mem"
 	"github.com/tecache/te/internal/sys/proc"
 )
@@ -25,6 +29,13 @@ const envPeer = "TE_TRANSPORTTEST_PEER"
 
 // envSize is the size of the peer's registered buffer.
 const envSize = "TE_TRANSPORTTEST_SIZE"
+
+// envGPU, set to 1, puts the peer's buffer in GPU memory (GPU 0 of the
+// driver cudatest.Setup chose: the fake one where there is no GPU).
+const envGPU = "TE_TRANSPORTTEST_GPU"
+
+// envGrace is the peer engine's UnregisterGrace (a time.Duration string).
+const envGrace = "TE_TRANSPORTTEST_GRACE"
 
 // Pauser is a Peer that can be made to hang and come back (a child process).
 type Pauser interface {
@@ -44,6 +55,14 @@ type Peer interface {
 	Fill(b byte) error
 	// CRC returns the CRC-32 of [Addr+off, +n).
 	CRC(off, n uint64) (uint32, error)
+	// FillRange sets [Addr+off, +n) to b; FillPattern sets each byte at
+	// offset o of [off, off+n) to Pattern(seed, o).
+	FillRange(off, n uint64, b byte) error
+	FillPattern(off, n, seed uint64) error
+	// Protect makes [Addr+off, +n) (page-aligned) inaccessible (none) or
+	// readable and writable again, so that a late access faults or fails
+	// instead of landing. GPU memory cannot be protected: ErrNotSupported.
+	Protect(off, n uint64, none bool) error
 	// Grant grants a window over ranges of the buffer, given as offsets
 	// and lengths, and returns its key; Revoke revokes it.
 	Grant(ranges ...[2]uint64) (uint64, error)
@@ -60,24 +79,71 @@ type hello struct {
 	Length  uint64 `json:"length"`
 }
 
+// peerMem is the peer's buffer: host memory, or GPU memory reached through
+// the driver.
+type peerMem interface {
+	addr() uint64
+	length() uint64
+	location() string
+	// read returns a copy of [off, off+n) or the bytes themselves.
+	read(off, n uint64) ([]byte, error)
+	// write lets f change [off, off+n).
+	write(off, n uint64, f func([]byte)) error
+	protect(off, n uint64, none bool) error
+	free()
+}
+
+type hostMem []byte
+
+func (m hostMem) addr() uint64                              { return mem.Addr(m) }
+func (m hostMem) length() uint64                            { return uint64(len(m)) }
+func (m hostMem) location() string                          { return "cpu:0" }
+func (m hostMem) read(off, n uint64) ([]byte, error)        { return m[off : off+n], nil }
+func (m hostMem) write(off, n uint64, f func([]byte)) error { f(m[off : off+n]); return nil }
+func (m hostMem) free()                                     { mem.Free(m) }
+func (m hostMem) protect(off, n uint64, none bool) error {
+	prot := unix.PROT_READ | unix.PROT_WRITE
+	if none {
+		prot = unix.PROT_NONE
+	}
+	return unix.Mprotect(m[off:off+n], prot)
+}
+
+type gpuMem struct{ b *cudatest.Buffer }
+
+func (m gpuMem) addr() uint64     { return m.b.Addr }
+func (m gpuMem) length() uint64   { return m.b.N }
+func (m gpuMem) location() string { return "*" } // the engine must recognise it
+func (m gpuMem) read(off, n uint64) ([]byte, error) {
+	return m.b.Download(off, n)
+}
+func (m gpuMem) write(off, n uint64, f func([]byte)) error {
+	f(m.b.Host[off : off+n])
+	return m.b.Upload(off, n)
+}
+func (m gpuMem) protect(uint64, uint64, bool) error {
+	return errs.New(errs.NotSupported, "peer", "GPU memory cannot be protected from the CPU")
+}
+func (m gpuMem) free() { m.b.Free() }
+
 // inproc is a peer engine in this process.
 type inproc struct {
 	e   *engine.Engine
-	buf []byte
+	buf peerMem
 	mu  sync.Mutex
 }
 
 // NewInProcessPeer starts a peer engine in this process.
 func NewInProcessPeer(t testing.TB, size int, cfg engine.Config) Peer {
 	t.Helper()
-	p, err := newInproc(size, cfg)
+	p, err := newInproc(size, cfg, false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return p
 }
 
-func newInproc(size int, cfg engine.Config) (*inproc, error) {
+func newInproc(size int, cfg engine.Config, gpu bool) (*inproc, error) {
 	if cfg.ListenAddr == "" {
 		cfg.ListenAddr = "127.0.0.1:0"
 	}
@@ -85,39 +151,71 @@ func newInproc(size int, cfg engine.Config) (*inproc, error) {
 	if err != nil {
 		return nil, err
 	}
-	buf, err := mem.Alloc(size)
-	if err != nil {
-		e.Close()
-		return nil, err
+	var buf peerMem
+	if gpu {
+		b, err := cudatest.NewBuffer(uint64(size))
+		if err != nil {
+			e.Close()
+			return nil, err
+		}
+		buf = gpuMem{b}
+	} else {
+		b, err := mem.Alloc(size)
+		if err != nil {
+			e.Close()
+			return nil, err
+		}
+		buf = hostMem(b)
 	}
-	if err := e.RegisterMemory(mem.Addr(buf), uint64(size), "cpu:0", true); err != nil {
+	if err := e.RegisterMemory(buf.addr(), buf.length(), buf.location(), true); err != nil {
 		e.Close()
-		mem.Free(buf)
+		buf.free()
 		return nil, err
 	}
 	return &inproc{e: e, buf: buf}, nil
 }
 
 func (p *inproc) Segment() string { return p.e.Name() }
-func (p *inproc) Addr() uint64    { return mem.Addr(p.buf) }
-func (p *inproc) Len() uint64     { return uint64(len(p.buf)) }
+func (p *inproc) Addr() uint64    { return p.buf.addr() }
+func (p *inproc) Len() uint64     { return p.buf.length() }
 func (p *inproc) Rereg() error {
 	if err := p.e.UnregisterMemory(p.Addr()); err != nil {
 		return err
 	}
-	return p.e.RegisterMemory(p.Addr(), p.Len(), "cpu:0", true)
+	return p.e.RegisterMemory(p.Addr(), p.Len(), p.buf.location(), true)
 }
-func (p *inproc) Fill(b byte) error {
-	for i := range p.buf {
-		p.buf[i] = b
+func (p *inproc) Fill(b byte) error { return p.FillRange(0, p.Len(), b) }
+func (p *inproc) FillRange(off, n uint64, b byte) error {
+	if off+n > p.Len() || off+n < off {
+		return fmt.Errorf("range out of buffer")
 	}
-	return nil
+	return p.buf.write(off, n, func(m []byte) {
+		for i := range m {
+			m[i] = b
+		}
+	})
+}
+func (p *inproc) FillPattern(off, n, seed uint64) error {
+	if off+n > p.Len() || off+n < off {
+		return fmt.Errorf("range out of buffer")
+	}
+	return p.buf.write(off, n, func(m []byte) { fillPattern(m, seed, off) })
+}
+func (p *inproc) Protect(off, n uint64, none bool) error {
+	if off+n > p.Len() || off+n < off {
+		return fmt.Errorf("range out of buffer")
+	}
+	return p.buf.protect(off, n, none)
 }
 func (p *inproc) CRC(off, n uint64) (uint32, error) {
-	if off+n > p.Len() {
+	if off+n > p.Len() || off+n < off {
 		return 0, fmt.Errorf("range out of buffer")
 	}
-	return crc32.ChecksumIEEE(p.buf[off : off+n]), nil
+	b, err := p.buf.read(off, n)
+	if err != nil {
+		return 0, err
+	}
+	return crc32.ChecksumIEEE(b), nil
 }
 func (p *inproc) Grant(ranges ...[2]uint64) (uint64, error) {
 	var rs []engine.Range
@@ -133,7 +231,8 @@ func (p *inproc) Close() {
 	defer p.mu.Unlock()
 	if p.e != nil {
 		p.e.Close()
-		mem.Free(p.buf)
+		p.buf.protect(0, p.Len(), false)
+		p.buf.free()
 		p.e = nil
 	}
 }
@@ -222,6 +321,25 @@ func (c *child) Fill(b byte) error {
 	_, err := c.cmdLine("fill " + strconv.Itoa(int(b)))
 	return err
 }
+func (c *child) FillRange(off, n uint64, b byte) error {
+	_, err := c.cmdLine(fmt.Sprintf("fillr %d %d %d", off, n, b))
+	return err
+}
+func (c *child) FillPattern(off, n, seed uint64) error {
+	_, err := c.cmdLine(fmt.Sprintf("pattern %d %d %d", off, n, seed))
+	return err
+}
+func (c *child) Protect(off, n uint64, none bool) error {
+	v := 0
+	if none {
+		v = 1
+	}
+	r, err := c.cmdLine(fmt.Sprintf("protect %d %d %d", off, n, v))
+	if err == nil && r == "unsupported" {
+		err = errs.New(errs.NotSupported, "peer", "the peer's memory cannot be protected")
+	}
+	return err
+}
 func (c *child) CRC(off, n uint64) (uint32, error) {
 	r, err := c.cmdLine(fmt.Sprintf("crc %d %d", off, n))
 	if err != nil {
@@ -275,7 +393,11 @@ func runPeer() int {
 	if size <= 0 {
 		size = 80 << 20
 	}
-	p, err := newInproc(size, engine.Config{ListenAddr: "127.0.0.1:0", Hostname: "127.0.0.1"})
+	cfg := engine.Config{ListenAddr: "127.0.0.1:0", Hostname: "127.0.0.1"}
+	if d, err := time.ParseDuration(os.Getenv(envGrace)); err == nil {
+		cfg.UnregisterGrace = d
+	}
+	p, err := newInproc(size, cfg, os.Getenv(envGPU) == "1")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "peer:", err)
 		return 1
@@ -297,6 +419,24 @@ func runPeer() int {
 		case "fill":
 			v, _ := strconv.Atoi(f[1])
 			err = p.Fill(byte(v))
+		case "fillr", "pattern", "protect":
+			var a [3]uint64
+			for k := range a {
+				if k+1 < len(f) {
+					a[k], _ = strconv.ParseUint(f[k+1], 10, 64)
+				}
+			}
+			switch f[0] {
+			case "fillr":
+				err = p.FillRange(a[0], a[1], byte(a[2]))
+			case "pattern":
+				err = p.FillPattern(a[0], a[1], a[2])
+			default:
+				err = p.Protect(a[0], a[1], a[2] == 1)
+				if errs.CodeOf(err) == errs.NotSupported {
+					err, out = nil, "unsupported"
+				}
+			}
 		case "crc":
 			off, _ := strconv.ParseUint(f[1], 10, 64)
 			n, _ := strconv.ParseUint(f[2], 10, 64)

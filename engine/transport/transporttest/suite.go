@@ -34,6 +34,11 @@ type Setup struct {
 	Process bool
 	// Config adjusts the engines' configuration (both sides in process).
 	Config func(*engine.Config)
+	// GPU puts the target's buffer in GPU memory (GPU 0 of the driver
+	// cudatest.Setup chose; the package's TestMain calls it): the GPU leg
+	// of a transport that moves device memory. Local memory stays host
+	// memory, so the suite's checks of it hold as they are.
+	GPU bool
 }
 
 // The largest transfer the suite makes and the peer buffer that holds it.
@@ -67,9 +72,17 @@ func (s Setup) startWith(t *testing.T, adjust func(*engine.Config)) *env {
 	t.Helper()
 	var p Peer
 	if s.Process {
-		p = NewChildPeer(t, peerSize)
+		var env []string
+		if s.GPU {
+			env = append(env, envGPU+"=1")
+		}
+		p = NewChildPeer(t, peerSize, env...)
 	} else {
-		p = NewInProcessPeer(t, peerSize, s.config())
+		ip, err := newInproc(peerSize, s.config(), s.GPU)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p = ip
 	}
 	t.Cleanup(p.Close)
 	cfg := s.config()
@@ -146,6 +159,7 @@ func Run(t *testing.T, s Setup) {
 	t.Run("TimeoutIsAFence", func(t *testing.T) { testTimeout(t, s) })
 	t.Run("UnregisterInFlight", func(t *testing.T) { testUnregisterLocal(t, s) })
 	t.Run("Window", func(t *testing.T) { testWindow(t, s) })
+	t.Run("Torture", func(t *testing.T) { testTorture(t, s) })
 }
 
 func fillRandom(b []byte, seed int64) {
