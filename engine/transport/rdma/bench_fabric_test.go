@@ -78,7 +78,7 @@ func BenchmarkFabricFailover(b *testing.B) {
 		go func() { done <- x.stream(y.name, src, dst, block, per, 4*time.Second) }()
 		time.Sleep(1500 * time.Millisecond)
 		failedAt = time.Since(t0)
-		f.control(fmt.Sprintf("* rate %d", rate), "mlx5_1 fail")
+		f.control(fmt.Sprintf("* rate %d", rate), "mlx5_1 down")
 		applied := time.Since(t0)
 		r := <-done
 		// After: batches that started before the failure was applied

@@ -215,7 +215,9 @@ func (v *verbsNIC) Run(t *Transport, n *nic) {
 			continue
 		}
 		if n.outstanding() > 0 {
-			sp.idle(nanotime())
+			now := nanotime()
+			n.emptyAt.Store(now)
+			sp.idle(now)
 			if d := sp.budget(); d > 0 && v.spin(t, n, d) {
 				sp.hit(nanotime())
 				continue
@@ -235,6 +237,7 @@ func (v *verbsNIC) Run(t *Transport, n *nic) {
 		// wake-up (EAGAIN) from a channel that broke.
 		var evErr error
 		looks := 0
+		n.parked.Store(true)
 		err := rc.Read(func(uintptr) bool {
 			if v.ch.TryEvent() {
 				unacked++
@@ -249,6 +252,7 @@ func (v *verbsNIC) Run(t *Transport, n *nic) {
 			}
 			return !errors.Is(evErr, unix.EAGAIN)
 		})
+		n.parked.Store(false)
 		if unacked >= 64 {
 			v.cq.Ack(unacked)
 			unacked = 0
