@@ -66,7 +66,7 @@ type Options struct {
 	CooldownMax time.Duration
 	// StallTimeout is the floor of the stall watchdog: an endpoint with
 	// work outstanding that goes without a completion for longer than
-	// this, and than four times what its outstanding bytes take at its
+	// this, and than eight times what its outstanding bytes take at its
 	// rail's measured rate, while another rail to the same peer completes,
 	// is failed and its slices go to the other rails; a NIC's own retry
 	// timer (about 0.5 s at the default ACK timeout) would take longer.

@@ -93,6 +93,11 @@ const minSignalEvery = 16
 // slices a completion costs nothing next to the bytes).
 const signalBytes = 4 << 20
 
+// stallFactor is the margin of the stall limit over the time the bytes
+// ahead of an endpoint's next completion should take: a NIC shared with
+// other endpoints, a rate that dropped since it was measured.
+const stallFactor = 8
+
 func newQPState(ep *endpoint, q queuePair) *qpState {
 	d := q.Depth()
 	return &qpState{ep: ep, qp: q, ring: make([]wrEntry, d), sig: make([]bool, d), every: signalEvery(d)}
@@ -447,10 +452,10 @@ func (ep *endpoint) progressLocked(now int64) {
 }
 
 // stallLimitLocked is how long the endpoint may go without a completion
-// while work requests are outstanding on it: four times what the bytes
-// ahead of its next signaled work request take at its rail's measured
-// rate, and at least Options.StallTimeout. A rail not yet measured is not
-// judged (its NIC's retry timer is).
+// while work requests are outstanding on it: stallFactor times what the
+// bytes ahead of its next signaled work request take at its rail's
+// measured rate, and at least Options.StallTimeout. A rail not yet
+// measured is not judged (its NIC's retry timer is).
 func (ep *endpoint) stallLimitLocked() int64 {
 	var bytes uint64
 	for _, q := range ep.qps {
@@ -468,7 +473,7 @@ func (ep *endpoint) stallLimitLocked() int64 {
 	if rate <= 0 {
 		return math.MaxInt64
 	}
-	return max(int64(ep.t.opt.StallTimeout), int64(min(4*float64(bytes)/rate*1e9, math.MaxInt64/2)))
+	return max(int64(ep.t.opt.StallTimeout), int64(min(stallFactor*float64(bytes)/rate*1e9, math.MaxInt64/2)))
 }
 
 // watchdog fails endpoints that stall (see checkStall): while any

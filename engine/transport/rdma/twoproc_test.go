@@ -194,7 +194,7 @@ func TestTwoProcessLinkDown(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFabricSetup(t, "hgx8")
 			// One queue pair of 32 an endpoint: a completion every 16 work
-			// requests (1 MiB), so the stall limit (4x what that takes at
+			// requests (1 MiB), so the stall limit (8x what that takes at
 			// the measured rate) stays well inside the retry timer even
 			// when a loaded host moves a fraction of 100 MB/s.
 			params := envParams + "=rdma.qps=1,rdma.depth=32,rdma.cooldown=200ms,rdma.error_window=5s" + tc.params
