@@ -129,13 +129,6 @@ func (k *keyTable) refuse(r *segment.Region, why error) {
 	k.mu.Unlock()
 }
 
-// refusedCount is how many registered GPU regions have no memory regions.
-func (k *keyTable) refusedCount() int {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return len(k.refused)
-}
-
 // register registers r on every NIC and fills r.Desc.Lkey/Rkey. On failure
 // nothing stays registered.
 func (k *keyTable) register(r *segment.Region, nics []registrar, parallelMin uint64) error {
