@@ -16,7 +16,7 @@ const (
 	MinSlice       = 4 << 10
 	MaxSlice       = 1 << 30 // an SGE's length is 32 bits; keep well below
 	DefaultQPs     = 2       // queue pairs per endpoint
-	DefaultDepth   = 256     // outstanding work requests per queue pair
+	DefaultDepth   = 1024    // outstanding work requests per queue pair (at most the NIC's max_qp_wr)
 	DefaultRetries = 3       // further attempts of a failed slice
 	DefaultCQE     = 4096
 	// ParallelRegMin is the size from which a region is pre-faulted and
@@ -30,6 +30,11 @@ const (
 	DefaultErrorWindow = 10 * time.Second
 	DefaultCooldown    = 30 * time.Second
 	DefaultCooldownMax = 300 * time.Second
+	// DefaultStallTimeout is the shortest time an endpoint with work
+	// outstanding may go without a completion, while other rails to the
+	// same peer complete, before it is taken for dead (see
+	// Options.StallTimeout).
+	DefaultStallTimeout = 20 * time.Millisecond
 )
 
 // Options are the transport's settings, read from the engine's parameters.
@@ -59,6 +64,14 @@ type Options struct {
 	ErrorWindow time.Duration
 	Cooldown    time.Duration
 	CooldownMax time.Duration
+	// StallTimeout is the floor of the stall watchdog: an endpoint with
+	// work outstanding that goes without a completion for longer than
+	// this, and than eight times what its outstanding bytes take at its
+	// rail's measured rate, while another rail to the same peer completes,
+	// is failed and its slices go to the other rails; a NIC's own retry
+	// timer (about 0.5 s at the default ACK timeout) would take longer.
+	// 0 turns the watchdog off.
+	StallTimeout time.Duration
 }
 
 func (o Options) health() health {
@@ -69,7 +82,7 @@ func (o Options) health() health {
 func DefaultOptions() Options {
 	return Options{Slice: DefaultSlice, QPs: DefaultQPs, Depth: DefaultDepth, Retries: DefaultRetries,
 		GIDIndex: -1, ParallelRegMin: ParallelRegMin, ErrorLimit: DefaultErrorLimit, ErrorWindow: DefaultErrorWindow,
-		Cooldown: DefaultCooldown, CooldownMax: DefaultCooldownMax}
+		Cooldown: DefaultCooldown, CooldownMax: DefaultCooldownMax, StallTimeout: DefaultStallTimeout}
 }
 
 // ParseOptions reads rdma.* parameters; the device allow-list falls back to
@@ -130,6 +143,13 @@ func ParseOptions(param func(string) (string, bool), getenv func(string) string)
 			}
 			*p.dst = d
 		}
+	}
+	if v, ok := param("rdma.stall_timeout"); ok {
+		d, err := time.ParseDuration(strings.TrimSpace(v))
+		if err != nil || d < 0 || d > time.Hour {
+			return o, bad("rdma.stall_timeout", v, "want 0 (off) or a duration up to 1h (e.g. 20ms)")
+		}
+		o.StallTimeout = d
 	}
 	if o.CooldownMax < o.Cooldown {
 		o.CooldownMax = o.Cooldown

@@ -3,6 +3,7 @@ package rdma
 import (
 	"sync/atomic"
 
+	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/ibv"
@@ -177,7 +178,7 @@ func (t *Transport) Submit(reqs []transport.Request) {
 	qs := make([]request, len(reqs))
 	now := nanotime()
 	var pi *peerInfo
-	var abuf [maxSplit]int32
+	var m memo
 	nspans := 0
 	for i := range reqs {
 		r := &reqs[i]
@@ -185,13 +186,13 @@ func (t *Transport) Submit(reqs []transport.Request) {
 			pi = t.peerOf(r.Peer)
 		}
 		q := &qs[i]
-		if err := t.prepare(r, q, pi); err != nil {
+		if err := t.prepare(r, q, pi, &m); err != nil {
 			r.Complete(err)
 			continue
 		}
 		q.tk = r.Ticket()
 		r.Priv = q
-		nspans += min(len(pi.active(t, q.pl, now, abuf[:0])), int(q.n))
+		nspans += min(len(m.active(t, q, now)), int(q.n))
 	}
 	slab := make([]span, 0, nspans)
 	type group struct {
@@ -223,7 +224,7 @@ func (t *Transport) Submit(reqs []transport.Request) {
 		if q.r == nil {
 			continue
 		}
-		act := q.pi.active(t, q.pl, now, abuf[:0])
+		act := m.active(t, q, now)
 		if q.n == 1 || len(act) == 1 {
 			x := q.pi.pick(act, q.r.Length, t.rr.Add(1))
 			add(q, span{req: q, idx: 0, end: q.n, step: 1, rail: x, next: -1})
@@ -241,7 +242,39 @@ func (t *Transport) Submit(reqs []transport.Request) {
 	}
 }
 
-func (t *Transport) prepare(r *transport.Request, q *request, pi *peerInfo) error {
+// memo keeps what consecutive requests of a submit share: the plan of one
+// (local region, target buffer) pair and the rails of one plan usable now,
+// so a run of requests between the same buffers looks them up once.
+type memo struct {
+	pi     *peerInfo
+	region *segment.Region
+	buf    *segment.BufferDesc
+	pl     *plan
+	actPl  *plan
+	act    []int32
+	abuf   [maxSplit]int32
+}
+
+// plan returns the routing plan of q's buffers.
+func (m *memo) plan(t *Transport, q *request) *plan {
+	r := q.r
+	if m.pl == nil || m.pi != q.pi || m.region != r.Region || m.buf != r.Buffer {
+		m.pi, m.region, m.buf = q.pi, r.Region, r.Buffer
+		m.pl = q.pi.plan(t, r.Region.Location, r.Buffer.Extra[ExtraNear])
+	}
+	return m.pl
+}
+
+// active returns the rails of q's plan usable now (see peerInfo.active),
+// once per plan and submit.
+func (m *memo) active(t *Transport, q *request, now int64) []int32 {
+	if m.actPl != q.pl {
+		m.actPl, m.act = q.pl, q.pi.active(t, q.pl, now, m.abuf[:0])
+	}
+	return m.act
+}
+
+func (t *Transport) prepare(r *transport.Request, q *request, pi *peerInfo, m *memo) error {
 	if t.closing.Load() {
 		return errs.New(errs.Closed, "rdma", "transport closed")
 	}
@@ -270,7 +303,7 @@ func (t *Transport) prepare(r *transport.Request, q *request, pi *peerInfo) erro
 		return errs.New(errs.AddressNotRegistered, "rdma", "local [%#x,+%d) has no memory region on every NIC", r.Local, r.Length)
 	}
 	q.r, q.pi, q.lkeys, q.rkeys, q.size, q.n = r, pi, r.Region.Desc.Lkey, r.Buffer.Rkey, t.opt.Slice, int32(n)
-	q.pl = pi.plan(t, r.Region.Location, r.Buffer.Extra[ExtraNear])
+	q.pl = m.plan(t, q)
 	q.left.Store(int64(n))
 	return nil
 }

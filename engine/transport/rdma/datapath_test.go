@@ -56,8 +56,10 @@ func TestFabricTransfer(t *testing.T) {
 	if hs != 2 {
 		t.Fatalf("%d handshakes, want one per NIC pair (2)", hs)
 	}
-	// (1<<20+5)/16KiB = 65 slices per large request, split over both NICs.
-	if posted["a_nic0"] < 60 || posted["a_nic1"] < 60 || posted["b_nic0"] != 0 {
+	// (1<<20+5)/16KiB = 65 slices per large request (a write and a read),
+	// each one work request, split over both NICs in proportion to their
+	// measured rates (under -race the two may differ by half).
+	if posted["a_nic0"] < 20 || posted["a_nic1"] < 20 || posted["a_nic0"]+posted["a_nic1"] < 2*65 || posted["b_nic0"] != 0 {
 		t.Fatalf("work requests per NIC: %v", posted)
 	}
 }

@@ -2,6 +2,7 @@ package rdma
 
 import (
 	"context"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -38,6 +39,10 @@ type endpoint struct {
 	peerH *peerHealth
 	peer  peerRef
 	state atomic.Int32
+	// busy is when the work requests outstanding on the endpoint last made
+	// progress (a completion, or the post that ended an idle spell); 0
+	// when none is outstanding. The stall watchdog reads it (watchOnce).
+	busy atomic.Int64
 
 	mu         sync.Mutex
 	qps        []*qpState
@@ -48,12 +53,13 @@ type endpoint struct {
 	wrs        []workRequest // reused by flushLocked
 	err        error
 	torn       bool // failed on purpose, to cancel requests posted on it
+	stalled    bool // failed by the stall watchdog
 	connecting bool // connect() still owns qps
 	released   bool
 }
 
 // qpState is one queue pair of an endpoint and the work requests posted on
-// it, in posting order: a completion (signaled every signalEvery work
+// it, in posting order: a completion (signaled every sigEvery work
 // requests and at the end of every chain) accounts for its work request and
 // every earlier one. A work request's wr_id is the queue pair's slot on its
 // NIC (upper half) and its sequence number (lower half).
@@ -67,15 +73,34 @@ type qpState struct {
 	n     int
 	seq   uint32 // sequence number of ring[head]
 	unsig int    // work requests posted since the last signaled one
+	ubyte uint64 // their bytes
+	every int    // signal at least every this many work requests
 }
 
-// signalEvery is how many work requests may go unsignaled in a row: fewer
-// completions to poll, while the send queue still frees up steadily.
-const signalEvery = 16
+// signalEvery is how many work requests of a queue pair go unsignaled in a
+// row at most: a quarter of its send queue, at least minSignalEvery. Every
+// completion the NIC writes may wake the poller, so fewer of them is less
+// CPU per request; a quarter keeps the send queue freeing up steadily.
+// The end of every chain is signaled too, so a batch's last work request
+// never waits for a later post.
+func signalEvery(depth int) int { return max(minSignalEvery, depth/4) }
+
+const minSignalEvery = 16
+
+// signalBytes bounds the bytes between signaled work requests too: the
+// stall watchdog judges an endpoint by how long its next completion takes,
+// and large slices a quarter queue apart would be tens of MiB (at 64 KiB
+// slices a completion costs nothing next to the bytes).
+const signalBytes = 4 << 20
+
+// stallFactor is the margin of the stall limit over the time the bytes
+// ahead of an endpoint's next completion should take: a NIC shared with
+// other endpoints, a rate that dropped since it was measured.
+const stallFactor = 8
 
 func newQPState(ep *endpoint, q queuePair) *qpState {
 	d := q.Depth()
-	return &qpState{ep: ep, qp: q, ring: make([]wrEntry, d), sig: make([]bool, d)}
+	return &qpState{ep: ep, qp: q, ring: make([]wrEntry, d), sig: make([]bool, d), every: signalEvery(d)}
 }
 
 func (q *qpState) room() int { return len(q.ring) - q.n }
@@ -239,7 +264,7 @@ func (ep *endpoint) takePendingLocked(out []span) []span {
 }
 
 // flushLocked posts waiting slices while a queue pair has room: each time
-// as one chain on one queue pair (one doorbell), signaled every signalEvery
+// as one chain on one queue pair (one doorbell), signaled every qs.every
 // work requests and at its end. Slices of canceled requests are left out;
 // a refused post fails the endpoint and sends the rest back for a retry.
 func (ep *endpoint) flushLocked(out *outcome) {
@@ -271,9 +296,10 @@ func (ep *endpoint) flushLocked(out *outcome) {
 			}
 			local, remote, n := s.req.slice(s.idx)
 			qs.unsig++
-			sig := qs.unsig >= signalEvery
+			qs.ubyte += uint64(n)
+			sig := qs.unsig >= qs.every || qs.ubyte >= signalBytes
 			if sig {
-				qs.unsig = 0
+				qs.unsig, qs.ubyte = 0, 0
 			}
 			id := qs.push(wrEntry{req: s.req, idx: s.idx, attempt: s.attempt, rail: s.rail}, sig)
 			ep.wrs = append(ep.wrs, workRequest{id: id, read: s.req.r.Op == transport.Read, signaled: sig,
@@ -303,11 +329,15 @@ func (ep *endpoint) flushLocked(out *outcome) {
 			// later post to be accounted for.
 			ep.wrs[k-1].signaled = true
 			qs.sig[(qs.head+qs.n-1)%len(qs.ring)] = true
-			qs.unsig = 0
+			qs.unsig, qs.ubyte = 0, 0
 		}
 		posted, err := qs.qp.Post(ep.wrs)
 		ep.nic.posts.Add(1)
 		if err == nil {
+			if ep.busy.Load() == 0 {
+				ep.busy.Store(nanotime())
+				ep.t.wake()
+			}
 			continue
 		}
 		// The rest of the chain was not posted: take it back, and give up
@@ -395,6 +425,9 @@ func (ep *endpoint) completedLocked(qs *qpState, seq uint32, status uint32, err 
 		}
 	}
 	ep.nic.unreserve(k)
+	now := nanotime()
+	ep.nic.doneAt.Store(now)
+	ep.progressLocked(now)
 	if err != nil && ep.state.Load() != epFailed {
 		ep.failLocked(err)
 	}
@@ -404,6 +437,153 @@ func (ep *endpoint) completedLocked(qs *qpState, seq uint32, status uint32, err 
 		return
 	}
 	ep.flushLocked(out)
+}
+
+// progressLocked notes a completion: the endpoint made progress now, or
+// has nothing outstanding any more.
+func (ep *endpoint) progressLocked(now int64) {
+	for _, q := range ep.qps {
+		if q.n > 0 {
+			ep.busy.Store(now)
+			return
+		}
+	}
+	ep.busy.Store(0)
+}
+
+// stallLimitLocked is how long the endpoint may go without a completion
+// while work requests are outstanding on it: stallFactor times what the
+// bytes ahead of its next signaled work request take at its rail's
+// measured rate, and at least Options.StallTimeout. A rail not yet
+// measured is not judged (its NIC's retry timer is).
+func (ep *endpoint) stallLimitLocked() int64 {
+	var bytes uint64
+	for _, q := range ep.qps {
+		for k := 0; k < q.n; k++ {
+			e, sig := q.at(k)
+			if e.req != nil {
+				bytes += e.req.sliceLen(e.idx)
+			}
+			if sig {
+				break
+			}
+		}
+	}
+	rate := ep.rail.rateOf()
+	if rate <= 0 {
+		return math.MaxInt64
+	}
+	return max(int64(ep.t.opt.StallTimeout), int64(min(stallFactor*float64(bytes)/rate*1e9, math.MaxInt64/2)))
+}
+
+// watchdog fails endpoints that stall (see checkStall): while any
+// endpoint has work outstanding it looks every quarter of
+// Options.StallTimeout; otherwise it sleeps until flushLocked wakes it
+// (wake), so an idle transport costs no wake-ups and a busy one a few
+// hundred a second, none per request.
+func (t *Transport) watchdog() {
+	defer close(t.wdDone)
+	tick := max(t.opt.StallTimeout/4, time.Millisecond)
+	timer := time.NewTimer(tick)
+	defer timer.Stop()
+	for {
+		if !t.watchOnce() {
+			// Idle: say so, then look once more, so a post that found the
+			// watchdog busy a moment ago is not missed.
+			t.wdIdle.Store(true)
+			if !t.watchOnce() || !t.wdIdle.CompareAndSwap(true, false) {
+				select {
+				case <-t.wdKick:
+				case <-t.ctx.Done():
+					return
+				}
+			}
+		}
+		timer.Reset(tick)
+		select {
+		case <-timer.C:
+		case <-t.ctx.Done():
+			return
+		}
+	}
+}
+
+// wake starts the watchdog's looks if it sleeps: work was just posted on
+// an idle endpoint.
+func (t *Transport) wake() {
+	if t.wdIdle.Load() && t.wdIdle.CompareAndSwap(true, false) {
+		select {
+		case t.wdKick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// watchOnce is one look: it fails the endpoint that has gone longest
+// without a completion if that is over its stall limit while another rail
+// to the same peer completed work since and its own NIC completed nothing
+// (a NIC shared with busy endpoints may serve them first; a dead one
+// completes nothing); one endpoint a look, since
+// several rails going quiet at once is more likely the machine than as
+// many dead links, and the next look comes soon. It reports whether any
+// endpoint has work outstanding.
+//
+// A dead link or NIC shows as work requests the NIC retransmits until its
+// retry timer runs out (about half a second at the default ACK timeout)
+// while the other rails to the peer keep moving bytes. Failing the
+// endpoint moves its queue pairs to the error state, so the NIC flushes
+// what is posted: a slice goes to another rail only once its flushed
+// completion says the NIC is done with it (the fence), and what waited
+// is retried at once. With every rail to a peer quiet, the NICs' own
+// timers decide, as for a peer that went away.
+func (t *Transport) watchOnce() bool {
+	now := nanotime()
+	var worst *endpoint
+	oldest := now - int64(t.opt.StallTimeout)
+	busy := false
+	t.mu.Lock()
+	for e := range t.all {
+		b := e.busy.Load()
+		if b == 0 {
+			continue
+		}
+		busy = true
+		if b < oldest && e.peerH != nil && e.peerH.lastOK.Load() > b && e.state.Load() == epReady {
+			worst, oldest = e, b
+		}
+	}
+	t.mu.Unlock()
+	// Lock order: an endpoint's lock is never taken under the transport's.
+	if worst != nil {
+		worst.checkStall(now)
+	}
+	return busy
+}
+
+// checkStall fails the endpoint if it still has gone without a completion
+// for longer than its stall limit (see Transport.watchOnce): its queue pairs go
+// to the error state, the NIC flushes their work requests, and the flushed
+// slices go to other rails as after any failure.
+func (ep *endpoint) checkStall(now int64) {
+	var out outcome
+	ep.mu.Lock()
+	b := ep.busy.Load()
+	limit := ep.stallLimitLocked()
+	n := ep.nic
+	if ep.state.Load() != epReady || b == 0 || now-b <= limit || n.doneAt.Load() > b ||
+		(!n.parked.Load() && n.emptyAt.Load() <= b+limit) {
+		ep.mu.Unlock()
+		return
+	}
+	ep.t.st.stalls.Add(1)
+	ep.stalled = true
+	ep.failLocked(errs.New(errs.PeerUnreachable, "rdma",
+		"no completion on %s -> %s@%s for %v (limit %v) while other rails to the peer moved bytes (a dead link or NIC)",
+		ep.nic.name, ep.peer.name, ep.peer.nic, time.Duration(now-b).Round(time.Millisecond), time.Duration(limit).Round(time.Millisecond)))
+	out.spans = ep.takePendingLocked(out.spans)
+	ep.releaseIfIdleLocked()
+	ep.mu.Unlock()
+	ep.t.finish(ep, &out)
 }
 
 // cancel ends the slices of canceled requests on ep: waiting ones at once;

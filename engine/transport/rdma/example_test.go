@@ -32,5 +32,5 @@ func ExampleParseOptions() {
 		return
 	}
 	fmt.Println(o.Devices, o.Slice, o.QPs, o.Depth)
-	// Output: [mlx5_0 mlx5_1] 262144 4 256
+	// Output: [mlx5_0 mlx5_1] 262144 4 1024
 }

@@ -46,6 +46,14 @@ type nic struct {
 
 	posts atomic.Uint64 // ibv_post_send calls
 
+	// What the stall watchdog asks of the NIC (see endpoint.checkStall):
+	// when it last completed work for any endpoint, whether the poller is
+	// parked with the CQ drained, and when it last found the CQ empty. A
+	// poller the machine has not scheduled for a while is not a dead link.
+	doneAt  atomic.Int64
+	parked  atomic.Bool
+	emptyAt atomic.Int64
+
 	scratch outcome // the poller's, reused for every completion
 }
 

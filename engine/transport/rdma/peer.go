@@ -50,8 +50,12 @@ func (t *Transport) peerOf(d *segment.Desc) *peerInfo {
 	if d == nil {
 		return &peerInfo{err: errs.New(errs.InvalidArgument, "rdma", "request without a peer descriptor")}
 	}
+	if pi := t.lastPeer.Load(); pi != nil && pi.desc == d {
+		return pi // no hashing of the name for every request to one peer
+	}
 	if v, ok := t.peers.Load(d.Name); ok {
 		if pi := v.(*peerInfo); pi.desc == d {
+			t.lastPeer.Store(pi)
 			return pi
 		}
 	}
@@ -70,6 +74,7 @@ func (t *Transport) peerOf(d *segment.Desc) *peerInfo {
 			t.retire(o.desc.Instance)
 		}
 	}
+	t.lastPeer.Store(pi)
 	return pi
 }
 

@@ -101,12 +101,19 @@ type Transport struct {
 	peerH   map[string]*peerHealth // by peer instance
 	retired railTotals             // counters of rails of restarted peers
 
-	peers sync.Map // segment name -> *peerInfo of its last descriptor
+	peers    sync.Map                 // segment name -> *peerInfo of its last descriptor
+	lastPeer atomic.Pointer[peerInfo] // the one peerOf returned last
 
 	st struct {
 		gpuDmabuf, gpuPeermem, gpuRefused atomic.Uint64
 		cooldowns, unreachable            atomic.Uint64
+		stalls                            atomic.Uint64 // endpoints the watchdog failed
 	}
+	// The stall watchdog (see watchdog): whether it sleeps, its wake-up,
+	// and closed when it ended.
+	wdIdle atomic.Bool
+	wdKick chan struct{}
+	wdDone chan struct{}
 }
 
 // passiveEP is the accepting side of an endpoint: queue pairs a peer
@@ -198,6 +205,10 @@ func (t *Transport) start(nics []*nic) {
 	for _, n := range t.nics {
 		go n.hw.Run(t, n)
 	}
+	if t.opt.StallTimeout > 0 {
+		t.wdKick, t.wdDone = make(chan struct{}, 1), make(chan struct{})
+		go t.watchdog()
+	}
 	t.h.Control().Handle(wire.KindRDMA, t.handleHandshake)
 }
 
@@ -275,6 +286,9 @@ func (t *Transport) Reachable(d *segment.Desc) error {
 	if pi.err != nil {
 		return pi.err
 	}
+	if pi.health.coolUntil.Load() == 0 {
+		return nil // the engine asks per request: no clock read when healthy
+	}
 	if err := pi.health.unreachable(nanotime()); err != nil {
 		return errs.Wrap(errs.PeerUnreachable, "rdma", err, "segment %q", d.Name)
 	}
@@ -298,7 +312,9 @@ func (t *Transport) railError(ep *endpoint, err error) {
 		t.h.Logf("te: rdma: rail %s -> %s@%s cools down for %v after %d errors within %v: %v",
 			ep.nic.name, ep.peer.name, ep.peer.nic, d, t.health.limit, t.health.window, err)
 	}
-	if ep.peerH != nil && ep.peerH.failed(t.health, now, err) {
+	// A stalled endpoint's peer is reachable: other rails to it just
+	// moved bytes (see watch).
+	if ep.peerH != nil && !ep.stalled && ep.peerH.failed(t.health, now, err) {
 		t.st.unreachable.Add(1)
 		if rn, ok := t.h.(transport.ReachNotifier); ok {
 			rn.ReachChanged() // the engine's cached choice of rdma for it goes
@@ -449,6 +465,9 @@ func (t *Transport) Close() error {
 		return nil // never started
 	}
 	t.cancel()
+	if t.wdDone != nil {
+		<-t.wdDone // no watchdog look meets the teardown
+	}
 	t.mu.Lock()
 	t.closed = true
 	eps := make([]*endpoint, 0, len(t.eps))
@@ -517,7 +536,7 @@ func (t *Transport) released(ep *endpoint) {
 // (endpoint failures), slices retried elsewhere and cooldowns; per peer NIC
 // the bytes; doorbells (ibv_post_send calls) per NIC; GPU regions
 // registered through a dma-buf, by address (peer memory) and refused; and
-// peers found unreachable.
+// peers found unreachable; endpoints the stall watchdog failed (stalls).
 func (t *Transport) Stats() map[string]uint64 {
 	out := map[string]uint64{}
 	tot := railTotals{}
@@ -555,6 +574,7 @@ func (t *Transport) Stats() map[string]uint64 {
 	out["gpu_peermem"] = t.st.gpuPeermem.Load()
 	out["gpu_refused"] = t.st.gpuRefused.Load()
 	out["peers_unreachable"] = t.st.unreachable.Load()
+	out["stalls"] = t.st.stalls.Load()
 	return out
 }
 

@@ -176,6 +176,59 @@ func TestTwoProcessNICFails(t *testing.T) {
 		s["nic.mlx5_1.bytes"], s["nic.mlx5_1.errors"], s["nic.mlx5_1.retries"], s["retries"])
 }
 
+// A link that goes down in the middle of a transfer: the NIC retransmits
+// its work requests (no completion comes) until the queue pair's retry
+// timer runs out, about half a second at the default ACK timeout. The stall
+// watchdog fails the endpoint long before, since the other rails to the
+// peer keep completing; its queue pairs flush, the slices go to the other
+// rails and every byte arrives. Without the watchdog the retry timer's
+// errors do the same, later.
+func TestTwoProcessLinkDown(t *testing.T) {
+	for _, tc := range []struct {
+		name, params string
+		watchdog     bool
+	}{
+		{"watchdog", "", true},
+		{"retry-timer", ",rdma.stall_timeout=0", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFabricSetup(t, "hgx8")
+			// One queue pair of 32 an endpoint: a completion every 16 work
+			// requests (1 MiB), so the stall limit (8x what that takes at
+			// the measured rate) stays well inside the retry timer even
+			// when a loaded host moves a fraction of 100 MB/s.
+			params := envParams + "=rdma.qps=1,rdma.depth=32,rdma.cooldown=200ms,rdma.error_window=5s" + tc.params
+			a, b := f.startNode(params), f.startNode(params)
+			f.control("* rate 100000000")
+			const size = 96 << 20
+			src := a.addr("alloc cpu %d", size)
+			dst := b.addr("alloc cpu %d", size)
+			a.do("reg %d %d cpu:0", src, size)
+			b.do("reg %d %d cpu:0", dst, size)
+			a.do("fill %d %d 13", src, size)
+			a.do("open %s", b.name)
+			id := a.do("submit write %s %d %d %d %d", b.name, src, dst, size, 24)
+			time.Sleep(200 * time.Millisecond) // the rails are busy
+			f.control("* rate 100000000", "mlx5_1 down")
+			r := a.wait(id)
+			if r.State != "COMPLETED" {
+				t.Fatalf("transfer with a link going down: %+v", r)
+			}
+			if x, y := a.do("crc %d %d", src, size), b.do("crc %d %d", dst, size); x != y {
+				t.Fatalf("CRC %s at the target, %s at the source", y, x)
+			}
+			s := a.stats()
+			if s["nic.mlx5_1.errors"] == 0 {
+				t.Fatalf("no error counted on the NIC whose link went down: %v", s)
+			}
+			if got := s["stalls"] > 0; got != tc.watchdog {
+				t.Fatalf("%d stalls detected, want some: %v", s["stalls"], tc.watchdog)
+			}
+			t.Logf("mlx5_1: %d errors, %d retries away from it; stalls %d", s["nic.mlx5_1.errors"], s["nic.mlx5_1.retries"], s["stalls"])
+		})
+	}
+}
+
 // A NIC slowed to a tenth of the others gets a much smaller share.
 func TestTwoProcessSlowNIC(t *testing.T) {
 	f := newFabricSetup(t, "hgx8")

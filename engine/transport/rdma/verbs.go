@@ -1,6 +1,11 @@
 package rdma
 
 import (
+	"errors"
+	"os"
+	"runtime"
+	"time"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/tecache/te/internal/errs"
@@ -11,14 +16,18 @@ import (
 // one completion queue shared by all its queue pairs, and a non-blocking
 // completion channel the poller sleeps on.
 type verbsNIC struct {
-	name   string
-	ctx    *ibv.Context
-	pd     *ibv.PD
-	ch     *ibv.CompChannel
-	cq     *ibv.CQ
-	wcs    *ibv.WCArray
-	stopFD int // eventfd that ends Run
-	done   chan struct{}
+	name string
+	ctx  *ibv.Context
+	pd   *ibv.PD
+	ch   *ibv.CompChannel
+	cq   *ibv.CQ
+	wcs  *ibv.WCArray
+	// chFile is a duplicate of the channel's descriptor in Go's network
+	// poller: Run parks on it, Stop closes it.
+	chFile  *os.File
+	stop    chan struct{}
+	stopped bool
+	done    chan struct{}
 }
 
 // openNIC opens device i of list as NIC number idx: the first active port,
@@ -28,7 +37,7 @@ func openNIC(list *ibv.DeviceList, i, idx int, o Options) (_ *nic, err error) {
 	if err != nil {
 		return nil, err
 	}
-	v := &verbsNIC{name: ctx.Name, ctx: ctx, stopFD: -1, done: make(chan struct{})}
+	v := &verbsNIC{name: ctx.Name, ctx: ctx, stop: make(chan struct{}), done: make(chan struct{})}
 	defer func() {
 		if err != nil {
 			v.Release()
@@ -83,9 +92,12 @@ func openNIC(list *ibv.DeviceList, i, idx int, o Options) (_ *nic, err error) {
 	if v.wcs, err = ibv.NewWCArray(64); err != nil {
 		return nil, err
 	}
-	if v.stopFD, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK); err != nil {
-		return nil, errs.Wrap(errs.Internal, "rdma", err, "eventfd")
+	fd, err := unix.FcntlInt(uintptr(v.ch.FD), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, errs.Wrap(errs.Internal, "rdma", err, "completion channel of %s", n.name)
 	}
+	// A non-blocking descriptor: os.NewFile adds it to the network poller.
+	v.chFile = os.NewFile(uintptr(fd), n.name+" completion channel")
 	return n, nil
 }
 
@@ -111,7 +123,8 @@ func (v *verbsNIC) RegDmabuf(offset, length, iova uint64, fd int, access int) (m
 
 // verbsQP is an RC queue pair with the C memory its work requests are built
 // in, room for a whole send queue, so one chain is one ibv_post_send (used
-// under the endpoint's lock).
+// under the endpoint's lock). The memory comes with the first post: the
+// queue pairs that peers connect to are never posted on.
 type verbsQP struct {
 	qp    *ibv.QP
 	batch *ibv.WRBatch
@@ -124,13 +137,7 @@ func (v *verbsNIC) CreateQP(depth int) (queuePair, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := min(depth, int(qp.Cap.MaxSendWR))
-	b, err := ibv.NewWRBatch(d)
-	if err != nil {
-		_ = qp.Destroy()
-		return nil, err
-	}
-	return &verbsQP{qp: qp, batch: b, depth: d}, nil
+	return &verbsQP{qp: qp, depth: min(depth, int(qp.Cap.MaxSendWR))}, nil
 }
 
 func (q *verbsQP) Num() uint32                  { return q.qp.Num }
@@ -142,6 +149,13 @@ func (q *verbsQP) Fail() error                  { return ibv.ToError(q.qp) }
 // one ibv_post_send (a longer chain than the send queue, which the
 // transport never builds, takes more).
 func (q *verbsQP) Post(wrs []workRequest) (int, error) {
+	if q.batch == nil {
+		b, err := ibv.NewWRBatch(q.depth)
+		if err != nil {
+			return 0, err
+		}
+		q.batch = b
+	}
 	posted := 0
 	for posted < len(wrs) {
 		q.batch.Reset()
@@ -169,49 +183,151 @@ func (q *verbsQP) Post(wrs []workRequest) (int, error) {
 
 func (q *verbsQP) Destroy() error {
 	err := q.qp.Destroy()
-	q.batch.Free()
+	if q.batch != nil {
+		q.batch.Free()
+		q.batch = nil
+	}
 	return err
 }
 
-// Run is the completion poller: it drains the CQ, arms it, drains again
-// (completions that raced the arming) and sleeps on the channel's fd and
-// the stop eventfd.
+// Run is the completion poller. It drains the CQ; while work requests are
+// outstanding and completions have lately come within maxSpin of going
+// idle, it keeps polling that long (a poll is a read of the CQ, no system
+// call); then it arms the CQ, drains once more (completions that raced the
+// arming) and parks on the completion channel in Go's network poller, so a
+// waiting poller holds no thread in a system call and the wake-up is the
+// runtime's own, not a blocking poll(2) the scheduler must hand a thread
+// around for.
 func (v *verbsNIC) Run(t *Transport, n *nic) {
 	defer close(v.done)
-	fds := []unix.PollFd{{Fd: int32(v.ch.FD), Events: unix.POLLIN}, {Fd: int32(v.stopFD), Events: unix.POLLIN}}
+	rc, err := v.chFile.SyscallConn()
+	if err != nil {
+		t.h.Logf("te: rdma: completion channel of %s: %v", v.name, err)
+		<-v.stop
+		return
+	}
+	var sp spinner
+	var unacked uint32 // events read and not yet acknowledged
+	defer func() { v.cq.Ack(unacked) }()
 	for {
 		if v.drain(t, n) > 0 {
+			sp.hit(nanotime())
 			continue
+		}
+		if n.outstanding() > 0 {
+			now := nanotime()
+			n.emptyAt.Store(now)
+			sp.idle(now)
+			if d := sp.budget(); d > 0 && v.spin(t, n, d) {
+				sp.hit(nanotime())
+				continue
+			}
+		} else {
+			sp.reset() // waiting for posts, not for the NIC
 		}
 		if err := v.cq.ReqNotify(false); err != nil {
 			t.h.Logf("te: rdma: arming the CQ of %s: %v", v.name, err)
 		}
 		if v.drain(t, n) > 0 {
+			sp.hit(nanotime())
 			continue
 		}
-		fds[0].Revents, fds[1].Revents = 0, 0
-		if _, err := unix.Poll(fds, -1); err != nil && err != unix.EINTR {
-			t.h.Logf("te: rdma: poll on %s: %v", v.name, err)
-			return
+		// The first look for an event is one call into the library; only
+		// a wake-up that finds none asks for errno, to tell a spurious
+		// wake-up (EAGAIN) from a channel that broke.
+		var evErr error
+		looks := 0
+		n.parked.Store(true)
+		err := rc.Read(func(uintptr) bool {
+			if v.ch.TryEvent() {
+				unacked++
+				return true
+			}
+			if looks++; looks == 1 {
+				return false
+			}
+			if evErr = v.ch.ReadEvent(); evErr == nil {
+				unacked++
+				return true
+			}
+			return !errors.Is(evErr, unix.EAGAIN)
+		})
+		n.parked.Store(false)
+		if unacked >= 64 {
+			v.cq.Ack(unacked)
+			unacked = 0
 		}
-		if fds[1].Revents != 0 {
-			return
+		if err != nil {
+			return // Stop closed the channel's file
 		}
-		if fds[0].Revents&(unix.POLLERR|unix.POLLHUP|unix.POLLNVAL) != 0 {
+		if evErr != nil && !errors.Is(evErr, unix.EAGAIN) {
 			// The device went away: no completion will come. Close fails
 			// what is outstanding; until then, wait for it.
-			t.h.Logf("te: rdma: completion channel of %s failed (revents %#x)", v.name, fds[0].Revents)
-			for {
-				if _, err := unix.Poll(fds[1:], -1); err != unix.EINTR {
-					return
-				}
-			}
+			t.h.Logf("te: rdma: completion channel of %s failed: %v", v.name, evErr)
+			<-v.stop
+			return
 		}
-		if fds[0].Revents != 0 {
-			for v.ch.GetEvent() == nil {
+		// One event per arming: any other one that came meanwhile is read
+		// before the next park (the callback reads until EAGAIN first).
+	}
+}
+
+// spin polls the CQ for up to d while nothing completes, and reports
+// whether something did.
+func (v *verbsNIC) spin(t *Transport, n *nic, d time.Duration) bool {
+	end := nanotime() + int64(d)
+	for i := 0; ; i++ {
+		if v.drain(t, n) > 0 {
+			return true
+		}
+		if i%64 == 63 {
+			if nanotime() > end {
+				return false
 			}
+			runtime.Gosched()
 		}
 	}
+}
+
+// spinner decides how long the poller polls an idle CQ before it sleeps:
+// twice the recent wait from going idle (work outstanding, nothing
+// completed) to the next completion, when that is under maxSpin; else not
+// at all, since a wake-up costs less than spinning through a long wait.
+type spinner struct {
+	idleAt int64 // when the poller went idle with work outstanding; 0: not idle
+	avg    int64 // moving average of those waits, ns; 0: none measured
+}
+
+// maxSpin bounds a spin: about what a sleep and wake-up cost the host.
+const maxSpin = 20 * time.Microsecond
+
+func (s *spinner) idle(now int64) {
+	if s.idleAt == 0 {
+		s.idleAt = now
+	}
+}
+
+// hit records that a completion came (after idle).
+func (s *spinner) hit(now int64) {
+	if s.idleAt == 0 {
+		return
+	}
+	w := now - s.idleAt
+	s.idleAt = 0
+	if s.avg == 0 {
+		s.avg = w
+	} else {
+		s.avg += (w - s.avg) / 4
+	}
+}
+
+func (s *spinner) reset() { s.idleAt = 0 }
+
+func (s *spinner) budget() time.Duration {
+	if s.avg <= 0 || s.avg > int64(maxSpin) {
+		return 0
+	}
+	return min(2*time.Duration(s.avg), maxSpin)
 }
 
 // drain handles the completions the CQ holds and returns how many.
@@ -236,9 +352,10 @@ func (v *verbsNIC) drain(t *Transport, n *nic) int {
 
 // Stop ends Run and waits for it.
 func (v *verbsNIC) Stop() {
-	if v.stopFD >= 0 {
-		one := [8]byte{1}
-		_, _ = unix.Write(v.stopFD, one[:])
+	if v.chFile != nil && !v.stopped {
+		v.stopped = true
+		close(v.stop)
+		_ = v.chFile.Close() // wakes a parked Run
 		<-v.done
 	}
 }
@@ -257,9 +374,8 @@ func (v *verbsNIC) Release() {
 	if v.pd != nil {
 		_ = v.pd.Dealloc()
 	}
-	if v.stopFD >= 0 {
-		unix.Close(v.stopFD)
-		v.stopFD = -1
+	if v.chFile != nil && !v.stopped {
+		_ = v.chFile.Close() // never started
 	}
 	_ = v.ctx.Close()
 }

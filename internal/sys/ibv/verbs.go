@@ -281,6 +281,25 @@ func (ch *CompChannel) GetEvent() error {
 	return nil
 }
 
+// TryEvent reads one completion event (ibv_get_cq_event) from a
+// non-blocking channel without acknowledging it, in one call into the
+// library: false means none was there, or the read failed (ReadEvent says
+// why). Acknowledge what it read with CQ.Ack.
+func (ch *CompChannel) TryEvent() bool {
+	r, _, _ := purego.SyscallN(ch.c.lib.getCQEvent, ch.ptr, ch.scratch.Addr(0), ch.scratch.Addr(8))
+	return int32(r) == 0
+}
+
+// ReadEvent is TryEvent with the reason it failed: EAGAIN (as a te error)
+// when a non-blocking channel holds no event.
+func (ch *CompChannel) ReadEvent() error {
+	r, e := ch.c.lib.call(ch.c.lib.getCQEvent, ch.ptr, ch.scratch.Addr(0), ch.scratch.Addr(8))
+	if int32(r) != 0 {
+		return errnoError("ibv", e, "ibv_get_cq_event(%s)", ch.c.Name)
+	}
+	return nil
+}
+
 // Destroy destroys the channel; its CQs must be gone.
 func (ch *CompChannel) Destroy() error {
 	if ch.ptr == 0 {
@@ -339,6 +358,15 @@ func (cq *CQ) ReqNotify(solicitedOnly bool) error {
 		return errnoError("ibv", syscall.Errno(abs(int32(r))), "ibv_req_notify_cq(%s)", cq.c.Name)
 	}
 	return nil
+}
+
+// Ack acknowledges n completion events of the CQ read with TryEvent or
+// ReadEvent (ibv_ack_cq_events, which takes a lock: batch them). Every
+// event must be acknowledged before the CQ is destroyed.
+func (cq *CQ) Ack(n uint32) {
+	if n > 0 {
+		cq.c.lib.ackCQEvents(cq.ptr, n)
+	}
 }
 
 // Destroy destroys the CQ; its QPs must be gone.

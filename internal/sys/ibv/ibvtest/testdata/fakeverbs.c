@@ -42,8 +42,17 @@
  * resetting every device to healthy and unlimited:
  *
  *     NAME[@PID] fail        work requests through the device (either end)
- *                            complete with IBV_WC_RETRY_EXC_ERR, as over a
- *                            dead link
+ *                            complete with IBV_WC_RETRY_EXC_ERR at once
+ *     NAME[@PID] down        the link is down: a work request through the
+ *                            device (either end) is retransmitted, holding
+ *                            its queue pair, until the queue pair's retry
+ *                            timer runs out (its timeout and retry_cnt:
+ *                            4.096 us << timeout, retry_cnt + 1 times), then
+ *                            completes with IBV_WC_RETRY_EXC_ERR, as a NIC
+ *                            reports a dead link or a dead peer NIC; moving
+ *                            the queue pair to the error state flushes it
+ *                            at once; a link that is back ("ok") when the
+ *                            timer runs out lets it through
  *     NAME[@PID] ok          healthy again
  *     NAME[@PID] rate BPS    the device moves at most BPS bytes per second
  *
@@ -102,8 +111,10 @@
 
 /* ---- the shared fabric ------------------------------------------------ */
 
+enum { NIC_OK, NIC_FAIL, NIC_DOWN };
+
 struct fab_nic {
-	int32_t failed;
+	int32_t failed; /* NIC_OK, NIC_FAIL or NIC_DOWN */
 	int32_t pad;
 	uint64_t rate; /* bytes per second, 0 = unlimited */
 };
@@ -146,6 +157,9 @@ struct fabric {
 
 static struct fabric *fab;
 static int me = -1; /* this process's slot in fab->procs */
+static int self_pid; /* getpid() is a system call; the devices ask per work request */
+
+static void forked_child(void) { self_pid = getpid(); }
 static int shared_fabric;
 static char control_path[4096];
 static pthread_once_t fab_once = PTHREAD_ONCE_INIT;
@@ -176,7 +190,7 @@ static void init_mutex(pthread_mutex_t *m) {
 /* proc_alive reports whether the process in slot p runs (a zombie does
  * not). Called with the fabric lock held or not; reads only. */
 static int pid_alive(int pid) {
-	if (pid == getpid())
+	if (pid == self_pid)
 		return 1;
 	if (kill(pid, 0) != 0 && errno == ESRCH)
 		return 0;
@@ -270,8 +284,10 @@ static void fab_attach(void) {
 	}
 	if (ctl && *ctl)
 		snprintf(control_path, sizeof control_path, "%s", ctl);
+	self_pid = getpid();
+	pthread_atfork(NULL, NULL, forked_child);
 	fab_lock();
-	int pid = getpid();
+	int pid = self_pid;
 	for (int i = 0; i < MAXPROC && me < 0; i++) {
 		struct fab_proc *p = &fab->procs[i];
 		if (!p->used || !pid_alive(p->pid)) {
@@ -441,9 +457,11 @@ static void apply_rule(const char *line) {
 			continue;
 		struct fab_nic *nic = &fab->procs[me].nic[d];
 		if (strcmp(verb, "fail") == 0)
-			__atomic_store_n(&nic->failed, 1, __ATOMIC_RELAXED);
+			__atomic_store_n(&nic->failed, NIC_FAIL, __ATOMIC_RELAXED);
+		else if (strcmp(verb, "down") == 0)
+			__atomic_store_n(&nic->failed, NIC_DOWN, __ATOMIC_RELAXED);
 		else if (strcmp(verb, "ok") == 0)
-			__atomic_store_n(&nic->failed, 0, __ATOMIC_RELAXED);
+			__atomic_store_n(&nic->failed, NIC_OK, __ATOMIC_RELAXED);
 		else if (strcmp(verb, "rate") == 0 && k == 3)
 			__atomic_store_n(&nic->rate, (uint64_t)arg, __ATOMIC_RELAXED);
 	}
@@ -599,6 +617,8 @@ struct fake_qp {
 	int outstanding; /* send queue entries in use */
 	int uncovered;   /* of them, not yet accounted for by a completion */
 	int executing;   /* work requests the device is running now */
+	uint64_t retry_ns;    /* how long the retry timer retransmits over a dead link */
+	uint64_t stuck_until; /* retransmitting its oldest work request until then; 0: not */
 	struct pending_wr *slots; /* max_send of them, used in posting order */
 	unsigned posted;           /* work requests ever posted */
 	struct fake_qp *next;
@@ -684,6 +704,10 @@ static int exec_refs(int s) {
 
 /* ---- the devices' work ---------------------------------------------------- */
 
+/* execute's answer for a work request held by a queue pair that
+ * retransmits it over a dead link: it goes back to wait. */
+#define WC_RETRANSMIT ((enum ibv_wc_status) - 1)
+
 /* A work request posted and not yet executed. */
 struct pending_wr {
 	struct fake_qp *q;
@@ -730,7 +754,7 @@ static void wake_workers(void) {
 /* copy_remote moves n bytes between local memory and the memory of pid at
  * remote. It returns 0 or an errno. */
 static int copy_remote(int read, void *local, int pid, uint64_t remote, size_t n) {
-	if (pid == getpid()) {
+	if (pid == self_pid) {
 		if (read)
 			memcpy(local, (void *)(uintptr_t)remote, n);
 		else
@@ -777,11 +801,27 @@ static enum ibv_wc_status execute(struct fake_qp *q, struct pending_wr *w, int *
 		return IBV_WC_RETRY_EXC_ERR; /* nobody answers */
 	}
 	struct fab_nic *ln = &fab->procs[me].nic[q->dev], *rn = &fab->procs[peer->proc].nic[peer->dev];
-	if (__atomic_load_n(&ln->failed, __ATOMIC_RELAXED) || __atomic_load_n(&rn->failed, __ATOMIC_RELAXED)) {
+	int lf = __atomic_load_n(&ln->failed, __ATOMIC_RELAXED), rf = __atomic_load_n(&rn->failed, __ATOMIC_RELAXED);
+	if (lf == NIC_FAIL || rf == NIC_FAIL) {
 		fab_unlock();
 		*nic_failed = 1;
 		return IBV_WC_RETRY_EXC_ERR; /* a dead link */
 	}
+	if (lf == NIC_DOWN || rf == NIC_DOWN) {
+		fab_unlock();
+		/* No acknowledgement comes: the queue pair retransmits until its
+		 * retry timer runs out. Only this device's thread touches
+		 * stuck_until. */
+		uint64_t t = now_ns();
+		if (!q->stuck_until)
+			q->stuck_until = t + q->retry_ns;
+		if (t < q->stuck_until)
+			return WC_RETRANSMIT;
+		q->stuck_until = 0;
+		*nic_failed = 1;
+		return IBV_WC_RETRY_EXC_ERR;
+	}
+	q->stuck_until = 0; /* the link came back: the retransmission went through */
 	struct fab_mr *rm = mr_by_key(w->rkey, 1);
 	int need = w->opcode == IBV_WR_RDMA_READ ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE;
 	if (!rm || rm->proc != peer->proc || rm->dev != peer->dev || !(rm->access & need) ||
@@ -862,14 +902,26 @@ static void finish(struct pending_wr *w, enum ibv_wc_status st) {
 /* next_wr unlinks the next work request of device d to run: the oldest,
  * except that while stalled (the knob, or a peer process that stopped)
  * only those of queue pairs in the error state run (to be flushed; a queue
- * pair's work requests stay in order since they all wait or all flush).
- * *held says whether some wait. mu held. */
-static struct pending_wr *next_wr(struct worker *wk, int *held) {
+ * pair's work requests stay in order since they all wait or all flush), and
+ * none of a queue pair that retransmits over a dead link runs before its
+ * retry timer is up. *held says whether some wait; *until is the earliest
+ * end of a retry timer among them (0: none). mu held. */
+static struct pending_wr *next_wr(struct worker *wk, int *held, uint64_t *until) {
 	struct pending_wr *prev = NULL;
+	uint64_t t = now_ns();
 	*held = 0;
+	*until = 0;
 	for (struct pending_wr *w = wk->head; w; prev = w, w = w->next) {
 		if (w->q->qp.state != IBV_QPS_ERR && (stalled || proc_stalled(w->q->peer_proc))) {
 			*held = 1;
+			continue;
+		}
+		uint64_t stuck = w->q->stuck_until;
+		if (w->q->qp.state != IBV_QPS_ERR && stuck && t < stuck) {
+			/* Its queue pair retransmits an earlier one: in order. */
+			*held = 1;
+			if (!*until || stuck < *until)
+				*until = stuck;
 			continue;
 		}
 		if (prev)
@@ -891,12 +943,18 @@ static void *run_worker(void *arg) {
 	for (;;) {
 		struct pending_wr *w;
 		int held;
-		while (!(w = next_wr(wk, &held))) {
+		uint64_t until;
+		while (!(w = next_wr(wk, &held, &until))) {
 			if (held) {
-				/* Look again for a peer that came back. */
+				/* Look again for a peer that came back, or when a retry
+				 * timer runs out. */
+				uint64_t d = 10 * 1000 * 1000, t = now_ns();
+				if (until && until - t < d)
+					d = until > t ? until - t : 0;
 				struct timespec ts;
 				clock_gettime(CLOCK_REALTIME, &ts);
-				ts.tv_nsec += 10 * 1000 * 1000;
+				ts.tv_sec += (time_t)(d / 1000000000ull);
+				ts.tv_nsec += (long)(d % 1000000000ull);
 				if (ts.tv_nsec >= 1000000000) {
 					ts.tv_sec++;
 					ts.tv_nsec -= 1000000000;
@@ -912,6 +970,16 @@ static void *run_worker(void *arg) {
 		int failed_nic = 0;
 		enum ibv_wc_status st = execute(q, w, &failed_nic);
 		pthread_mutex_lock(&mu);
+		if (st == WC_RETRANSMIT) {
+			/* Back to the head: the oldest of its queue pair. */
+			w->next = wk->head;
+			wk->head = w;
+			if (!wk->tail)
+				wk->tail = w;
+			q->executing--;
+			pthread_cond_broadcast(&exec_done);
+			continue;
+		}
 		if (failed_nic)
 			stats[ST_FAILED_NIC]++;
 		finish(w, st);
@@ -1505,8 +1573,10 @@ int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask) {
 		}
 	} else if (qp->state == IBV_QPS_RTR && attr->qp_state == IBV_QPS_RTS) {
 		if (!NEED(IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC) ||
-		    attr->max_rd_atomic == 0 || attr->timeout == 0)
+		    attr->max_rd_atomic == 0 || attr->timeout == 0 || attr->timeout > 31 || attr->retry_cnt > 7)
 			rc = EINVAL;
+		else /* the local ACK timeout is 4.096 us << timeout, tried retry_cnt + 1 times */
+			q->retry_ns = (4096ull << attr->timeout) * (uint64_t)(attr->retry_cnt + 1);
 	} else {
 		rc = EINVAL;
 	}
