@@ -245,7 +245,7 @@ func TestCPrograms(t *testing.T) {
 		args [][]string
 	}{
 		{"errors", [][]string{nil}},
-		{"two_process", [][]string{{"tcp"}, {"auto"}}},
+		{"two_process", [][]string{{"tcp"}, {"auto"}, {"tcp", "encrypt"}}},
 		{"fork", [][]string{nil}},
 		{"fork_fresh", [][]string{{lib}}},
 		{"lifecycle", [][]string{nil}},

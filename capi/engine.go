@@ -97,6 +97,8 @@ func readConfig(cfg *C.te_cconfig) (glue.Config, error) {
 	c.ProgressTimeoutMS = i64(unsafe.Offsetof(z.progress_timeout_ms))
 	c.NotifyBytes = u64(unsafe.Offsetof(z.notify_bytes))
 	c.NotifyBytesPerSender = u64(unsafe.Offsetof(z.notify_bytes_per_sender))
+	// ABI 1.3
+	c.Encrypt = i32(unsafe.Offsetof(z.encrypt)) != 0
 	return c, nil
 }
 

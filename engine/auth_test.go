@@ -84,8 +84,13 @@ func describeFrame(id uint64) []byte {
 	return wire.AppendFrame(nil, wire.KindDescribe, wire.AppendCall(nil, id, wire.FlagRequest, nil))
 }
 
+// helloFrame is a version 2 HELLO (the one that opens a session) offering
+// keyIDs.
 func helloFrame(keyIDs ...[wire.AuthKeyIDSize]byte) []byte {
-	h := &wire.Hello{Version: wire.AuthVersion, Instance: "attacker", KeyIDs: keyIDs}
+	h := &wire.Hello{Version: wire.AuthVersionSession, Instance: "attacker", KeyIDs: keyIDs}
+	if len(keyIDs) > 0 {
+		h.Mode = wire.SessionIntegrity
+	}
 	return wire.AppendFrame(nil, wire.KindAuth, wire.AppendHello(nil, h))
 }
 
@@ -107,6 +112,14 @@ func TestControlPortRefusesPeersWithoutTheSecret(t *testing.T) {
 	noKey("no key", got)
 	if c, err := wire.DecodeChallenge(got[wire.FrameHeaderSize:]); err != nil || c.Status != wire.AuthSecretRequired || c.Instance != "" {
 		t.Fatalf("secretless HELLO answered %+v %v", c, err)
+	}
+	// A version 1 HELLO (no session) is refused as a version this engine
+	// does not speak with its secret: no downgrade to unsealed frames.
+	v1 := wire.AppendFrame(nil, wire.KindAuth, wire.AppendHello(nil, &wire.Hello{Version: wire.AuthVersion, Instance: "attacker", KeyIDs: [][wire.AuthKeyIDSize]byte{keyIDOf(t, secretA)}}))
+	got = attack(t, addr, v1, describeFrame(1))
+	noKey("version 1", got)
+	if c, err := wire.DecodeChallenge(got[wire.FrameHeaderSize:]); err != nil || c.Status != wire.AuthBadVersion {
+		t.Fatalf("version 1 HELLO answered %+v %v", c, err)
 	}
 	// A key id copied from the wire, a guessed proof, then Describe.
 	kid := keyIDOf(t, secretA)
@@ -130,7 +143,8 @@ func TestControlPortRefusesPeersWithoutTheSecret(t *testing.T) {
 		t.Fatal("a notification got through")
 	}
 	st := tg.Stats().Control
-	if !st.Authenticated || st.AuthRefused < 5 || st.RefusedMooncake != 1 || st.RefusedFrames != 1 {
+	// Refused frames: the Describe sent before any HELLO, and the version 1 HELLO.
+	if !st.Authenticated || st.AuthRefused < 5 || st.RefusedMooncake != 1 || st.RefusedFrames != 2 {
 		t.Fatalf("target stats %+v", st)
 	}
 	if bs := b.Stats().Control; bs.AuthFailedOutbound != 2 {

@@ -118,6 +118,10 @@ func New(cfg Config) (_ *Engine, err error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.Encrypt && secret == nil {
+		return nil, errs.New(errs.InvalidArgument, "new", "encryption (Config.Encrypt, %s) needs the cluster secret: the session keys are derived from it", EnvEncrypt).
+			WithHint("set TE_AUTH_SECRET_FILE, TE_AUTH_SECRET or Config.AuthSecret on every engine, or do not ask for encryption")
+	}
 	mc, err := newMooncakeState(&cfg, secret != nil)
 	if err != nil {
 		return nil, err
@@ -169,11 +173,15 @@ func New(cfg Config) (_ *Engine, err error) {
 			"and write its registered memory (set TE_AUTH_SECRET_FILE, TE_AUTH_SECRET or Config.AuthSecret; see SECURITY.md)",
 			"listen", ln.Addr().String())
 	} else {
+		mode := "integrity (headers and control messages sealed, data payloads in the clear)"
+		if cfg.Encrypt {
+			mode = "encryption (everything sealed)"
+		}
 		cfg.Logger.Info("te: peers authenticate with the cluster secret", "from", source, "key_ids", secret.KeyIDs(),
-			"listen", ln.Addr().String())
+			"session", mode, "listen", ln.Addr().String())
 	}
 	l := cfg.Limits
-	e.ctrl = ctrl.New(ln, ctrl.Options{Secret: secret, Instance: e.instance,
+	e.ctrl = ctrl.New(ln, ctrl.Options{Secret: secret, Encrypt: cfg.Encrypt, Instance: e.instance,
 		Limits:      ctrl.Limits{Policy: l.policy(), MaxCalls: l.MaxCalls, MaxCallsPerConn: l.MaxCallsPerConn, MaxFrame: l.MaxFrame},
 		DialTimeout: cfg.RPCTimeout, Logger: cfg.Logger, Mooncake: mc.open})
 	e.ctrl.Handle(wire.KindDescribe, e.handleDescribe)

@@ -34,6 +34,7 @@ const (
 	EnvRPCTimeout              = "TE_RPC_TIMEOUT"
 	EnvMaxNotifies             = "TE_MAX_NOTIFIES"
 	EnvAllowMooncakeWithSecret = "TE_ALLOW_MOONCAKE_WITH_SECRET"
+	EnvEncrypt                 = "TE_ENCRYPT"
 	EnvUnregisterGrace         = "TE_UNREGISTER_GRACE"
 	EnvMetricsAddr             = "TE_METRICS_ADDR"
 	EnvMaxConns                = "TE_MAX_CONNS"
@@ -155,6 +156,7 @@ func (c *Config) applyEnv(getenv func(string) string, environ []string) (envPara
 	}{
 		{EnvAcceptMooncakePeers, &c.AcceptMooncakePeers},
 		{EnvAllowMooncakeWithSecret, &c.AllowMooncakeWithSecret},
+		{EnvEncrypt, &c.Encrypt},
 	}
 	for _, b := range bools {
 		if v := getenv(b.name); v != "" {

@@ -10,6 +10,10 @@ import (
 // data path, after its preface).
 func (h host) AuthSecret() *peerauth.Secret { return h.e.secret }
 
+// Encrypt reports whether the engine seals data payloads too
+// (Config.Encrypt), for a transport whose connections open sessions.
+func (h host) Encrypt() bool { return h.e.cfg.Encrypt }
+
 // ConnPolicy returns the connection bounds a transport's listener and
 // dialled pool apply (Config.Limits with defaults filled in).
 func (h host) ConnPolicy() connlimit.Policy { return h.e.cfg.Limits.policy() }

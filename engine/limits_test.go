@@ -96,16 +96,16 @@ func settle(t *testing.T, what string, g0, fd0 int) {
 }
 
 // rawPeer dials addr from the loopback address src and runs the exchange as
-// instance inst with secret s (nil: none), as a hostile but well-formed peer
-// would before misbehaving.
-func rawPeer(t testing.TB, addr, src string, s *peerauth.Secret, inst string) net.Conn {
+// instance inst without a secret (so with no session), as a hostile but
+// well-formed peer would before misbehaving; rawSessionPeer does it with one.
+func rawPeer(t testing.TB, addr, src string, inst string) net.Conn {
 	t.Helper()
 	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 5 * time.Second}
 	c, err := d.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := peerauth.Client(c, s, inst, time.Now().Add(5*time.Second)); err != nil {
+	if _, err := peerauth.Client(c, nil, inst, time.Now().Add(5*time.Second)); err != nil {
 		c.Close()
 		t.Fatal(err)
 	}
@@ -192,7 +192,7 @@ func TestStalledFramesBoundedHeap(t *testing.T) {
 	var mu sync.Mutex
 	attackOne := func(i int, kind uint8, n uint64) {
 		defer wg.Done()
-		c := rawPeer(t, tg.RPCAddr(), "127.0.0.2", nil, fmt.Sprintf("atk-%d", i))
+		c := rawPeer(t, tg.RPCAddr(), "127.0.0.2", fmt.Sprintf("atk-%d", i))
 		mu.Lock()
 		conns = append(conns, c)
 		mu.Unlock()
@@ -251,7 +251,7 @@ func TestPipelinedCallsBoundedGoroutines(t *testing.T) {
 	l := keepCalling(a, tg)
 	s := sample(2 * time.Millisecond)
 
-	c := rawPeer(t, tg.RPCAddr(), "127.0.0.2", nil, "pipeliner")
+	c := rawPeer(t, tg.RPCAddr(), "127.0.0.2", "pipeliner")
 	var replies atomic.Int64
 	readDone := make(chan error, 1)
 	go func() {
@@ -296,7 +296,7 @@ func TestPipelinedCallsBoundedGoroutines(t *testing.T) {
 
 	// The same calls from a peer that reads no replies: the engine stops
 	// reading it, and cuts it once its replies make no progress.
-	c2 := rawPeer(t, tg.RPCAddr(), "127.0.0.2", nil, "deaf")
+	c2 := rawPeer(t, tg.RPCAddr(), "127.0.0.2", "deaf")
 	s = sample(2 * time.Millisecond)
 	writeDone := make(chan error, 1)
 	go func() {
@@ -347,31 +347,22 @@ func TestNotifyFloodRefusedOverBudget(t *testing.T) {
 		wg.Add(1)
 		go func(k int) {
 			defer wg.Done()
-			c := rawPeer(t, tg.RPCAddr(), "127.0.0.2", sec, fmt.Sprintf("made-up-%d", k))
+			// The secret opens a session: every frame sealed.
+			c, sess := rawSessionPeer(t, tg.RPCAddr(), "127.0.0.2", sec, fmt.Sprintf("made-up-%d", k))
 			defer c.Close()
+			seal, open := sess.Split()
 			r := bufio.NewReader(c)
 			for i := 0; i < 15; i++ {
 				name := fmt.Sprintf("sender-%d-%d", k, i)
 				var h []byte
-				body := wire.CallHeaderSize + 2 + len(name) + 4 + len(msg)
-				h = binary.LittleEndian.AppendUint64(h, uint64(body)+1)
-				h = append(h, wire.KindNotify)
-				h = wire.AppendCall(h, uint64(i+1), wire.FlagRequest, nil)
 				h = binary.LittleEndian.AppendUint16(h, uint16(len(name)))
 				h = append(h, name...)
 				h = binary.LittleEndian.AppendUint32(h, uint32(len(msg)))
-				bufs := net.Buffers{h, msg}
-				if _, err := bufs.WriteTo(c); err != nil {
+				if err := writeSealedCall(c, seal, wire.KindNotify, uint64(i+1), h, msg); err != nil {
 					errc <- err
 					return
 				}
-				_, n, err := wire.ReadFrameHeader(r)
-				if err != nil {
-					errc <- err
-					return
-				}
-				b, _ := wire.ReadBody(r, n, nil)
-				call, err := wire.DecodeCall(b)
+				call, err := readSealedReply(r, open)
 				if err != nil {
 					errc <- err
 					return
@@ -527,7 +518,7 @@ func TestIdleConnectionsCappedAndClosed(t *testing.T) {
 	var idle []net.Conn
 	waitFor(t, "the flood's connections to be cut at the handshake deadline", func() bool { return tg.Stats().Control.ConnsOpen <= 1 })
 	for i := 0; i < 50; i++ {
-		idle = append(idle, rawPeer(t, tg.RPCAddr(), "127.0.0.20", nil, "idler"))
+		idle = append(idle, rawPeer(t, tg.RPCAddr(), "127.0.0.20", "idler"))
 	}
 	for _, c := range idle {
 		c.SetReadDeadline(time.Now().Add(5 * time.Second))
@@ -576,7 +567,7 @@ func TestTrickledFrameCutOff(t *testing.T) {
 		{probe[:wire.FrameHeaderSize], probe[wire.FrameHeaderSize:]}, // the body, a byte at a time
 		{nil, describeFrame(1)}, // the header, a byte at a time
 	} {
-		conn := rawPeer(t, tg.RPCAddr(), "127.0.0.1", nil, "trickler")
+		conn := rawPeer(t, tg.RPCAddr(), "127.0.0.1", "trickler")
 		conn.Write(c.sent)
 		t0 := time.Now()
 		cut := false
@@ -629,7 +620,7 @@ func TestCallsBoundPerEngine(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c := rawPeer(t, tg.RPCAddr(), "127.0.0.1", nil, "pipeliner")
+			c := rawPeer(t, tg.RPCAddr(), "127.0.0.1", "pipeliner")
 			defer c.Close()
 			go func() {
 				w := bufio.NewWriter(c)
@@ -672,7 +663,7 @@ func TestCallsBoundPerEngine(t *testing.T) {
 // Limits.MaxFrame fails the fetch with TooLarge instead of being read.
 func TestOversizeFramesRefused(t *testing.T) {
 	tg := target(t)
-	c := rawPeer(t, tg.RPCAddr(), "127.0.0.1", nil, "big")
+	c := rawPeer(t, tg.RPCAddr(), "127.0.0.1", "big")
 	c.Write(wire.AppendFrame(nil, wire.KindProbe, wire.AppendCall(nil, 7, wire.FlagRequest, make([]byte, 70<<10))))
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	got, err := io.ReadAll(c)

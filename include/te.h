@@ -170,6 +170,11 @@ typedef struct te_config {
     int64_t progress_timeout_ms;  /* cut a connection whose payload makes no progress this long; 0: 10 s */
     uint64_t notify_bytes;        /* bytes of received, undrained notifications; 0: 64 MiB */
     uint64_t notify_bytes_per_sender; /* the same per sender (its proven instance, else its address); 0: 16 MiB + 4 KiB */
+    /* ABI 1.3: with a cluster secret every control and tcp data connection
+     * between two engines is an authenticated session (frame headers and
+     * control messages sealed); encrypt seals data payloads too. */
+    int32_t encrypt; /* non-zero: encrypt payloads with AES-128-GCM (either engine asking is enough; also
+                      * TE_ENCRYPT=1); needs the cluster secret: te_create fails with TE_ERR_INVALID_ARGUMENT without one */
 } te_config_t;
 
 /* Every field spelled out, so -Wmissing-field-initializers stays quiet. No
@@ -177,7 +182,7 @@ typedef struct te_config {
  * convert without a warning. */
 #define TE_CONFIG_INIT                                                                                  \
     {sizeof(te_config_t), TE_LOG_DEFAULT, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0, 0, 0, NULL, NULL, 0, \
-     0, 0, 0, 0, 0, 0, 0, 0}
+     0, 0, 0, 0, 0, 0, 0, 0, 0}
 
 /* One range for te_register_batch. */
 typedef struct te_region {

@@ -44,7 +44,8 @@ combination is run):
   --threads N            --duration D (Go duration or seconds)
   --transport tcp|shm|local|rdma|auto --conns N (tcp.conns)  --slice SIZE (tcp.slice)
   --json                 --cpuprofile FILE                   --metadata URL
-  --secret off|on|off,on (loopback: run without and/or with a cluster secret)
+  --secret off|on|enc|off,on,enc (loopback: run without a cluster secret, with
+           one (integrity sessions), and/or with one and encryption)
 Mooncake's transfer_engine_bench names are accepted too: --operation,
 --block_size, --batch_size, --segment_id, --protocol, --metadata_server.
 
@@ -230,7 +231,7 @@ func mainRun(ctx context.Context, exe string, args []string, stdout, stderr io.W
 	fs.BoolVar(&f.json, "json", false, "print one JSON object per run")
 	fs.StringVar(&f.cpuprofile, "cpuprofile", "", "write a CPU profile of the initiator to this file")
 	fs.Var(sizeFlag{&f.buffer}, "buffer", "loopback: the target's buffer size (default 256MiB)")
-	fs.StringVar(&f.secret, "secret", "", "loopback: off, on (a random cluster secret on both sides) or off,on (each run both ways, one after the other); default: the environment's")
+	fs.StringVar(&f.secret, "secret", "", "loopback: off, on (a random cluster secret on both sides: integrity sessions), enc (and encryption) or a list such as off,on,enc (each run every way, one after the other); default: the environment's")
 	fs.StringVar(&f.file, "file", "", "loopback: the target also registers this file (--buffer bytes); every run then goes to its memory and to the file")
 	fs.BoolVar(&f.fileNoDirect, "file-no-direct", false, "loopback: keep the target file's I/O in the page cache")
 	if err := fs.Parse(args); err != nil {
@@ -276,7 +277,7 @@ func mainRun(ctx context.Context, exe string, args []string, stdout, stderr io.W
 	// One target and one initiator per secret setting; each run goes to
 	// every setting in turn, so the two are measured side by side.
 	type side struct {
-		secret       bool
+		secret, enc  bool
 		in           *Initiator
 		segment, ref string
 	}
@@ -291,16 +292,21 @@ func mainRun(ctx context.Context, exe string, args []string, stdout, stderr io.W
 		os.Unsetenv(authsecret.EnvSecretFile)
 	}
 	var sides []side
+	var aesGBps float64
 	for _, st := range settings {
-		secret := ""
+		secret, enc := "", false
 		switch st {
 		case "", "off":
-		case "on":
+		case "on", "enc":
 			var b [24]byte
 			rand.Read(b[:])
 			secret = hex.EncodeToString(b[:])
+			enc = st == "enc"
+			if enc && aesGBps == 0 {
+				aesGBps = RefAESGCM()
+			}
 		default:
-			return errs.New(errs.InvalidArgument, "te-bench", "--secret %q: want off, on or off,on", st)
+			return errs.New(errs.InvalidArgument, "te-bench", "--secret %q: want off, on, enc or a list of them", st)
 		}
 		segment, ref := f.segment, f.ref
 		switch {
@@ -323,12 +329,14 @@ func mainRun(ctx context.Context, exe string, args []string, stdout, stderr io.W
 		case segment == "":
 			return errs.New(errs.InvalidArgument, "te-bench", "initiator needs --segment")
 		}
-		in, err := NewInitiatorWith(segment, f.metadata, f.transport, params, secret)
+		// Encryption asked for by the initiator alone: either side asking
+		// is enough.
+		in, err := newInitiator(segment, f.metadata, f.transport, params, secret, enc)
 		if err != nil {
 			return err
 		}
 		defer in.Close()
-		sides = append(sides, side{secret: secret != "", in: in, segment: segment, ref: ref})
+		sides = append(sides, side{secret: secret != "", enc: enc, in: in, segment: segment, ref: ref})
 	}
 	in, segment := sides[0].in, sides[0].segment
 
@@ -363,7 +371,10 @@ func mainRun(ctx context.Context, exe string, args []string, stdout, stderr io.W
 				if err != nil {
 					return err
 				}
-				r.Secret = sd.secret
+				r.Secret, r.Encrypt = sd.secret, sd.enc
+				if sd.enc {
+					r.RefAESGCMGBps = aesGBps
+				}
 				if !file {
 					memGBps = r.GBps
 				} else if memGBps > 0 {

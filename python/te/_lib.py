@@ -53,6 +53,8 @@ class Config(Structure):
         ("progress_timeout_ms", c_int64),
         ("notify_bytes", c_uint64),
         ("notify_bytes_per_sender", c_uint64),
+        # ABI 1.3
+        ("encrypt", c_int32),
     ]
 
 

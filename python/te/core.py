@@ -319,13 +319,20 @@ class Engine:
     remote accesses may finish at unregister/close before they are cut.
     limits: a te.Limits or a dict of its fields.
 
+    encrypt=True (ABI 1.3) encrypts data payloads too: with a secret, every
+    connection between two engines is an authenticated session whose frame
+    headers and control messages are sealed, and payloads cross in the clear
+    unless either engine asks for encryption. It needs the cluster secret
+    (te.InvalidArgument without one); None leaves it to $TE_ENCRYPT.
+
     Memory passed to register() as a Python object is kept alive by the
     engine until it is unregistered."""
 
     def __init__(self, *, segment_name=None, metadata=None, listen_addr=None, hostname=None, transports=None,
                  force_transport=None, params=None, transfer_timeout=None, rpc_timeout=None, max_frame=None,
                  max_notifies=None, log_level=None, auth_secret=None, auth_secret_file=None,
-                 accept_mooncake_peers=None, allow_mooncake_with_secret=None, unregister_grace=None, limits=None):
+                 accept_mooncake_peers=None, allow_mooncake_with_secret=None, unregister_grace=None, limits=None,
+                 encrypt=None):
         lib = _lib.load()
         cfg = _lib.Config()
         cfg.size = ctypes.sizeof(cfg)
@@ -361,6 +368,7 @@ class Engine:
         cfg.progress_timeout_ms = _ms("progress_timeout", lim.progress_timeout)
         cfg.notify_bytes = _count("notify_bytes", lim.notify_bytes, 64)
         cfg.notify_bytes_per_sender = _count("notify_bytes_per_sender", lim.notify_bytes_per_sender, 64)
+        cfg.encrypt = 1 if encrypt else 0
         h = _lib.engine_t()
         check(lib.te_create(byref(cfg), byref(h)), lib)
         self.handle = h.value

@@ -120,6 +120,31 @@ class FenceTest(unittest.TestCase):
         time.sleep(0.3)
         self.assertEqual(bytes(local), b"\xc3" * len(local))
 
+    def test_encrypted_transfer(self):
+        """encrypt=True with the secret: a WRITE and a READ of a random buffer
+        to the peer in another process (which only holds the secret: either
+        side asking for encryption is enough)."""
+        e = self.engine(auth_secret=SECRET, encrypt=True)
+        data = bytearray(os.urandom(4 * BLOCK))
+        back = bytearray(len(data))
+        e.register(data, remote=False)
+        e.register(back, remote=False)
+        seg = e.open_segment(self.name)
+        off = 2 << 20  # clear of the blocks the other tests read
+        b = e.allocate_batch(2)
+        self.addCleanup(b.free)
+        b.submit([(te.WRITE, te.address_of(data)[0], seg, self.raddr + off, len(data))])
+        self.assertEqual(b.wait(20).state_name, "COMPLETED")
+        b.reset()
+        b.submit([(te.READ, te.address_of(back)[0], seg, self.raddr + off, len(back))])
+        self.assertEqual(b.wait(20).state_name, "COMPLETED")
+        self.assertEqual(bytes(back), bytes(data))
+
+    def test_encrypt_needs_secret(self):
+        with self.assertRaises(te.InvalidArgument) as cm:
+            self.engine(encrypt=True)
+        self.assertIn("needs the cluster secret", str(cm.exception))
+
     def test_mooncake_drop_in_reads_secret_file(self):
         from peers import mooncake_target  # noqa: F401  (the drop-in is importable)
         from mooncake.engine import TransferEngine

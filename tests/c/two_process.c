@@ -13,7 +13,9 @@
  * The remote buffer's first half holds the target's pattern (read by the
  * initiator); the second half receives the initiator's pattern (written, then
  * read back). Requests are cut at odd sizes so every boundary is exercised.
- * Usage: two_process [transport]   (default tcp; "auto" lets the engine pick) */
+ * Usage: two_process [transport [encrypt]]   (default tcp; "auto" lets the
+ * engine pick; "encrypt": both engines hold a cluster secret and set
+ * te_config_t.encrypt, so every payload crosses as sealed records) */
 #include <signal.h>
 #include <spawn.h>
 #include <stdint.h>
@@ -31,8 +33,14 @@ extern char **environ;
 #define SEED_TARGET 11u
 #define SEED_INIT 22u
 
+static int encrypt_mode; /* argv "encrypt": a secret and encryption on both sides */
+
 static te_config_t config(const char *force) {
     te_config_t cfg = TE_CONFIG_INIT;
+    if (encrypt_mode) {
+        cfg.auth_secret = "two-process-cluster-secret-0123456789";
+        cfg.encrypt = 1;
+    }
     cfg.listen_addr = "127.0.0.1:0";
     cfg.force_transport = force;
     cfg.rpc_timeout_ms = 5000;
@@ -141,7 +149,7 @@ static int initiator(const char *self, const char *transport) {
     posix_spawn_file_actions_adddup2(&fa, from_child[1], 1);
     posix_spawn_file_actions_addclose(&fa, to_child[1]);
     posix_spawn_file_actions_addclose(&fa, from_child[0]);
-    char *argv[] = {(char *)self, "target", NULL};
+    char *argv[] = {(char *)self, "target", encrypt_mode ? "encrypt" : NULL, NULL};
     pid_t pid;
     if (posix_spawn(&pid, self, &fa, NULL, argv, environ) != 0) {
         perror("posix_spawn");
@@ -224,6 +232,7 @@ static int initiator(const char *self, const char *transport) {
 }
 
 int main(int argc, char **argv) {
+    encrypt_mode = argc > 2 && strcmp(argv[2], "encrypt") == 0;
     if (argc > 1 && strcmp(argv[1], "target") == 0) return target();
     return initiator("/proc/self/exe", argc > 1 ? argv[1] : "tcp");
 }

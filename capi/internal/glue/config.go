@@ -50,6 +50,9 @@ type Config struct {
 	ProgressTimeoutMS       int64
 	NotifyBytes             uint64
 	NotifyBytesPerSender    uint64
+
+	// ABI 1.3
+	Encrypt bool
 }
 
 // maxMS bounds the millisecond fields (about 34 years) so that none
@@ -110,6 +113,7 @@ func (c Config) EngineConfig() (engine.Config, error) {
 	ec.AuthSecretFile = c.AuthSecretFile
 	ec.AcceptMooncakePeers = c.AcceptMooncakePeers
 	ec.AllowMooncakeWithSecret = c.AllowMooncakeWithSecret
+	ec.Encrypt = c.Encrypt // false leaves engine.New to read TE_ENCRYPT
 	if c.MaxConns < 0 || c.MaxConnsPerHost < 0 {
 		return engine.Config{}, errs.New(errs.InvalidArgument, "create", "max_conns %d, max_conns_per_host %d: negative", c.MaxConns, c.MaxConnsPerHost)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/tecache/te/engine/internal/pipe"
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/peerauth"
+	"github.com/tecache/te/internal/session"
 	"github.com/tecache/te/internal/wire"
 )
 
@@ -114,29 +115,42 @@ func (d callDialect) Dial(ctx context.Context, addr string) (net.Conn, error) {
 	return nc, nil
 }
 
-// Open runs the authentication exchange under the handshake timeout.
+// Open runs the authentication exchange under the handshake timeout; with a
+// secret on both sides it opens the session every later frame is sealed in.
 func (d callDialect) Open(nc net.Conn, addr string) (pipe.Encoder[*call], pipe.Decoder[*call], error) {
 	c := d.c
-	if _, err := peerauth.Client(nc, c.opt.Secret, c.opt.Instance, time.Now().Add(c.opt.Limits.HandshakeTimeout)); err != nil {
+	o, err := peerauth.ClientSession(nc, c.opt.Secret, c.opt.Instance, time.Now().Add(c.opt.Limits.HandshakeTimeout),
+		peerauth.SessionOptions{Channel: session.Control, Encrypt: c.opt.Encrypt})
+	if err != nil {
 		if errs.CodeOf(err) == errs.Unauthenticated {
 			c.st.authFailedOut.Add(1)
 		}
 		return nil, nil, openFailed{err}
 	}
-	return &callWriter{c: c}, &replyReader{c: c}, nil
+	seal, open := o.Session.Split()
+	return &callWriter{c: c, seal: seal}, &replyReader{c: c, op: open}, nil
 }
 
 // callWriter writes call frames, many in one writev.
 type callWriter struct {
 	c           *Plane
-	sent        uint64 // calls written on the connection
+	seal        *session.Sealer // nil: no session
+	sent        uint64          // calls written on the connection
 	hdrs        []byte
+	sealed      []byte // a session's write: every frame sealed, in order
 	bufs, chunk net.Buffers
 }
+
+// keepSealed is the largest sealed-write buffer a connection keeps between
+// writes; a larger one (a burst of big notifications) is dropped.
+const keepSealed = 1 << 20
 
 func (w *callWriter) Admit(*call) error { return nil }
 
 func (w *callWriter) Encode(nc net.Conn, out []pipe.Out[*call]) (int64, error) {
+	if w.seal != nil {
+		return w.encodeSealed(nc, out)
+	}
 	if n := len(out) * callFrameHeader; cap(w.hdrs) < n {
 		w.hdrs = make([]byte, n)
 	}
@@ -159,32 +173,62 @@ func (w *callWriter) Encode(nc net.Conn, out []pipe.Out[*call]) (int64, error) {
 	return n, err
 }
 
+// encodeSealed writes the calls as records: each frame's headers one
+// record, its payload the next ones, sealed in the order they go out.
+func (w *callWriter) encodeSealed(nc net.Conn, out []pipe.Out[*call]) (int64, error) {
+	buf := w.sealed[:0]
+	for i := range out {
+		cl := out[i].Item
+		var err error
+		if buf, err = appendCall(buf, w.seal, cl.kind, out[i].ID, wire.FlagRequest, cl.body); err != nil {
+			return 0, err
+		}
+		out[i].End = int64(len(buf))
+		w.sent++
+		cl.seq.Store(w.sent)
+	}
+	w.bufs = append(w.bufs[:0], buf)
+	n, chunk, err := pipe.WriteProgress(nc, w.bufs, w.chunk, w.c.opt.Limits.ProgressTimeout)
+	w.chunk = chunk
+	clear(w.bufs)
+	if cap(buf) <= keepSealed {
+		w.sealed = buf[:0]
+	} else {
+		w.sealed = nil
+	}
+	return n, err
+}
+
 func (w *callWriter) Close() {}
 
 // replyReader reads reply frames and hands each to its call.
-type replyReader struct{ c *Plane }
+type replyReader struct {
+	c  *Plane
+	op *session.Opener // nil: no session
+}
 
 func (d *replyReader) Decode(r *pipe.Reader[*call]) error {
 	c := d.c
 	lim := &c.opt.Limits
 	r.Moved() // no deadline between replies: each call has its own
-	kind, n, err := readFrameHeader(r.Buf(), r.Conn(), lim.HandshakeTimeout)
+	h, err := readFrameHeader(r.Buf(), d.op, r.Conn(), lim.HandshakeTimeout)
 	if err != nil {
-		c.noteSlowIf(err)
-		return r.Lost(err)
+		return d.fail(r, err)
 	}
+	kind, n := h.kind, h.n
 	if limit := wire.ReplyLimit(kind, lim.MaxFrame); n > limit || kind < wire.KindDescribe || kind == wire.KindAuth {
 		c.st.refusedFrames.Add(1)
 		return errs.New(errs.TooLarge, "rpc", "%s sent a reply of kind %#x and %d bytes (limit %d); connection closed", r.Addr(), kind, n, limit).
 			WithHint("a descriptor above Limits.MaxFrame needs a larger limit on this side")
 	}
-	body, err := readBody(r.Buf(), r.Conn(), n, lim.ProgressTimeout)
+	rep, err := readPayload(r.Buf(), d.op, r.Conn(), h, lim.ProgressTimeout)
 	if err != nil {
-		c.noteSlowIf(err)
-		return r.Lost(err)
+		if code := errs.CodeOf(err); code == errs.Protocol && d.op == nil {
+			return errs.New(errs.Protocol, "rpc", "bad reply from %s", r.Addr())
+		}
+		return d.fail(r, err)
 	}
-	rep, err := wire.DecodeCall(body)
-	if err != nil || rep.Flags == wire.FlagRequest {
+	if rep.Flags == wire.FlagRequest {
 		return errs.New(errs.Protocol, "rpc", "bad reply from %s", r.Addr())
 	}
 	s, err := r.Take(rep.ID)
@@ -196,6 +240,18 @@ func (d *replyReader) Decode(r *pipe.Reader[*call]) error {
 	}
 	r.Done(s, nil)
 	return nil
+}
+
+// fail is the error a read failure ends the connection with: the session's
+// refusal of a record (Unauthenticated, Protocol) as it is, else a lost
+// connection.
+func (d *replyReader) fail(r *pipe.Reader[*call], err error) error {
+	switch errs.CodeOf(err) {
+	case errs.Unauthenticated, errs.Protocol:
+		return errs.Wrap(errs.CodeOf(err), "rpc", err, "reply from %s", r.Addr())
+	}
+	d.c.noteSlowIf(err)
+	return r.Lost(err)
 }
 
 func (d *replyReader) Close() {}

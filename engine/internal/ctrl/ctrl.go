@@ -57,8 +57,11 @@ type Limits struct {
 
 // Options are what the plane needs of the engine's config.
 type Options struct {
-	Secret      *peerauth.Secret // nil: peers are not authenticated
-	Instance    string           // this engine's, proven to peers
+	Secret *peerauth.Secret // nil: peers are not authenticated
+	// Encrypt seals control bodies with encryption rather than
+	// integrity alone (either side asking is enough); needs Secret.
+	Encrypt     bool
+	Instance    string // this engine's, proven to peers
 	Limits      Limits
 	DialTimeout time.Duration
 	Logger      *slog.Logger

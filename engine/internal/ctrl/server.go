@@ -13,6 +13,7 @@ import (
 
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/peerauth"
+	"github.com/tecache/te/internal/session"
 	"github.com/tecache/te/internal/wire"
 )
 
@@ -75,8 +76,10 @@ type srvConn struct {
 	br      *bufio.Reader
 	ctx     context.Context // canceled when the connection ends
 	cancel  context.CancelFunc
-	sender  string        // budget key, set once authenticated
-	slots   chan struct{} // calls in flight on this connection
+	sender  string          // budget key, set once authenticated
+	op      *session.Opener // the session's reading half (nil: none); the reader's
+	seal    *session.Sealer // its writing half, under wmu
+	slots   chan struct{}   // calls in flight on this connection
 	wmu     sync.Mutex
 	bw      *bufio.Writer // under wmu
 	wdl     time.Time     // write deadline set last, under wmu
@@ -148,7 +151,8 @@ func (sc *srvConn) authenticate() bool {
 		c.st.refusedFrames.Add(1)
 		return false
 	}
-	peer, err := peerauth.Server(peerauth.WithReader(sc.conn, sc.br), c.opt.Secret, c.opt.Instance, dl)
+	o, err := peerauth.ServerSession(peerauth.WithReader(sc.conn, sc.br), c.opt.Secret, c.opt.Instance, dl,
+		peerauth.SessionOptions{Channel: session.Control, Encrypt: c.opt.Encrypt})
 	if err != nil {
 		switch errs.CodeOf(err) {
 		case errs.Timeout:
@@ -163,10 +167,11 @@ func (sc *srvConn) authenticate() bool {
 		return false
 	}
 	if c.opt.Secret != nil {
-		sc.sender = "instance " + peer
+		sc.sender = "instance " + o.PeerInstance
 	} else {
 		sc.sender = "address " + hostOf(sc.conn.RemoteAddr())
 	}
+	sc.seal, sc.op = o.Session.Split()
 	// Only now: a flood that never authenticates costs no reply buffer.
 	sc.bw = bufio.NewWriterSize(sc.conn, 16<<10)
 	return true
@@ -176,10 +181,11 @@ func (sc *srvConn) authenticate() bool {
 // connection.
 func (sc *srvConn) readCall() bool {
 	c := sc.c
-	kind, n, err := sc.readHeader()
+	h, err := sc.readHeader()
 	if err != nil {
 		return false
 	}
+	kind, n := h.kind, h.n
 	if kind < wire.KindDescribe || kind == wire.KindAuth {
 		c.st.refusedFrames.Add(1)
 		return false
@@ -187,7 +193,7 @@ func (sc *srvConn) readCall() bool {
 	if limit := wire.RequestLimit(kind); n > limit || n < wire.CallHeaderSize {
 		c.st.refusedFrames.Add(1)
 		if n > limit {
-			sc.refuseOversize(kind, n, limit)
+			sc.refuseOversize(h, limit)
 		}
 		return false
 	}
@@ -199,7 +205,7 @@ func (sc *srvConn) readCall() bool {
 	done := func() { <-sc.slots }
 	c.hmu.RLock()
 	r, budgeted := c.reservers[kind]
-	h := c.handlers[kind]
+	handler := c.handlers[kind]
 	c.hmu.RUnlock()
 	var reserved uint64
 	if budgeted {
@@ -207,9 +213,14 @@ func (sc *srvConn) readCall() bool {
 			// Refused before the body is stored: drop it through a
 			// small buffer and tell the sender.
 			defer done()
-			id, err2 := sc.readCallID()
+			id, err2 := h.id, error(nil)
+			if !h.call {
+				id, err2 = sc.readCallID()
+			}
 			if err2 == nil {
-				err2 = wire.DiscardBody(sc.br, n-wire.CallHeaderSize, sc.progress)
+				// In a session its records are opened all the same: they
+				// count in the sequence.
+				err2 = sc.op.DiscardBody(sc.br, n-wire.CallHeaderSize, sc.progress)
 			}
 			if err2 != nil {
 				c.noteSlowIf(err2)
@@ -224,15 +235,14 @@ func (sc *srvConn) readCall() bool {
 			r.Release(sc.sender, reserved)
 		}
 	}
-	body, err := readBody(sc.br, sc.conn, n, c.opt.Limits.ProgressTimeout)
+	call, err := readPayload(sc.br, sc.op, sc.conn, h, c.opt.Limits.ProgressTimeout)
 	if err != nil {
 		unreserve()
 		done()
-		c.noteSlowIf(err)
+		sc.noteReadErr(err)
 		return false
 	}
-	call, err := wire.DecodeCall(body)
-	if err != nil || call.Flags != wire.FlagRequest {
+	if call.Flags != wire.FlagRequest {
 		unreserve()
 		done()
 		c.st.refusedFrames.Add(1)
@@ -254,9 +264,9 @@ func (sc *srvConn) readCall() bool {
 		ci := &CallInfo{Sender: sc.sender, Reserved: reserved}
 		var flags uint8
 		var out []byte
-		if h == nil {
+		if handler == nil {
 			flags, out = wire.FlagReplyErr, wire.AppendError(nil, errs.NotSupported, "no handler for this message kind")
-		} else if res, err := h(context.WithValue(sc.ctx, callInfoKey{}, ci), call.Payload); err != nil {
+		} else if res, err := handler(context.WithValue(sc.ctx, callInfoKey{}, ci), call.Payload); err != nil {
 			e := asError(err)
 			msg := e.Error()
 			if len(msg) > 4096 {
@@ -281,7 +291,7 @@ func (sc *srvConn) readCall() bool {
 // idle for IdleTimeout with nothing in flight), then reads the header under
 // the handshake deadline. Bytes already buffered (pipelined calls) need no
 // deadline.
-func (sc *srvConn) readHeader() (uint8, uint64, error) {
+func (sc *srvConn) readHeader() (head, error) {
 	c := sc.c
 	idle := c.opt.Limits.IdleTimeout
 	for sc.br.Buffered() == 0 {
@@ -296,7 +306,7 @@ func (sc *srvConn) readHeader() (uint8, uint64, error) {
 			break
 		}
 		if !isTimeout(err) {
-			return 0, 0, err
+			return head{}, err
 		}
 		if len(sc.slots) > 0 {
 			sc.last.Store(time.Now().UnixNano()) // busy is not idle
@@ -304,17 +314,29 @@ func (sc *srvConn) readHeader() (uint8, uint64, error) {
 		}
 		if time.Duration(time.Now().UnixNano()-sc.last.Load()) >= idle {
 			c.st.idleClosed.Add(1)
-			return 0, 0, err
+			return head{}, err
 		}
 	}
-	kind, n, err := readFrameHeader(sc.br, sc.conn, c.opt.Limits.HandshakeTimeout)
+	h, err := readFrameHeader(sc.br, sc.op, sc.conn, c.opt.Limits.HandshakeTimeout)
 	if err != nil {
-		c.noteSlowIf(err)
-		if errs.CodeOf(err) == errs.Protocol {
-			c.st.refusedFrames.Add(1)
-		}
+		sc.noteReadErr(err)
 	}
-	return kind, n, err
+	return h, err
+}
+
+// noteReadErr counts why a read ended the connection: a deadline, a
+// malformed frame, or a session record that did not open (logged: someone
+// on the path tampers with the connection, or relays it).
+func (sc *srvConn) noteReadErr(err error) {
+	c := sc.c
+	c.noteSlowIf(err)
+	switch errs.CodeOf(err) {
+	case errs.Protocol:
+		c.st.refusedFrames.Add(1)
+	case errs.Unauthenticated:
+		c.st.refusedFrames.Add(1)
+		c.logRefusal("te: closed a control connection whose frame did not authenticate", err)
+	}
 }
 
 // progress sets the deadline for the next size bytes of a body, unless they
@@ -337,14 +359,18 @@ func (sc *srvConn) readCallID() (uint64, error) {
 // refuseOversize answers the call (if its id arrives in time) with
 // TooLarge before the connection is closed: the body's claimed length
 // cannot be trusted, so nothing after it is read.
-func (sc *srvConn) refuseOversize(kind uint8, n, limit uint64) {
-	var h [wire.CallHeaderSize]byte
-	sc.conn.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
-	if _, err := io.ReadFull(sc.br, h[:]); err == nil {
-		id := binary.LittleEndian.Uint64(h[wire.OffCallID:])
-		sc.reply(kind, id, wire.FlagReplyErr, wire.AppendError(nil, errs.TooLarge,
-			errs.New(errs.TooLarge, "rpc", "a frame of %d bytes exceeds the limit of %d for kind %#x; the connection is closed", n, limit, kind).Error()))
+func (sc *srvConn) refuseOversize(h head, limit uint64) {
+	id := h.id
+	if !h.call {
+		var b [wire.CallHeaderSize]byte
+		sc.conn.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+		if _, err := io.ReadFull(sc.br, b[:]); err != nil {
+			return
+		}
+		id = binary.LittleEndian.Uint64(b[wire.OffCallID:])
 	}
+	sc.reply(h.kind, id, wire.FlagReplyErr, wire.AppendError(nil, errs.TooLarge,
+		errs.New(errs.TooLarge, "rpc", "a frame of %d bytes exceeds the limit of %d for kind %#x; the connection is closed", h.n, limit, h.kind).Error()))
 }
 
 // reply writes one reply frame; each 64 KiB of it must leave within
@@ -359,24 +385,33 @@ func (sc *srvConn) reply(kind uint8, id uint64, flags uint8, payload []byte) err
 	sc.wmu.Lock()
 	sc.waiting.Add(-1)
 	defer sc.wmu.Unlock()
-	if len(h)+len(payload) > sc.bw.Available() {
+	if int(sc.seal.Size(uint64(len(h)+len(payload)))) > sc.bw.Available() {
 		sc.writeDeadline()
 	}
-	sc.bw.Write(h[:])
-	for off := 0; off < len(payload); off += wire.BodyChunk {
-		if off > 0 {
+	// In a session, sealed here, under wmu: records go out in the order
+	// they were sealed.
+	var rec [sealedHeader]byte
+	hdr, err := sc.seal.Seal(rec[:0], h[:])
+	if err != nil {
+		return err
+	}
+	sc.bw.Write(hdr)
+	first := true
+	err = sc.seal.WriteBody(sc.bw, payload, func(int) {
+		if !first {
 			sc.writeDeadline()
 		}
-		if _, err := sc.bw.Write(payload[off:min(len(payload), off+wire.BodyChunk)]); err != nil {
-			sc.c.noteSlowIf(err)
-			return err
-		}
+		first = false
+	})
+	if err != nil {
+		sc.c.noteSlowIf(err)
+		return err
 	}
 	if sc.waiting.Load() > 0 {
 		return nil // the next replier writes this one out with its own
 	}
 	sc.writeDeadline()
-	err := sc.bw.Flush()
+	err = sc.bw.Flush()
 	sc.c.noteSlowIf(err)
 	return err
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/tecache/te/engine/internal/pipe"
 	"github.com/tecache/te/internal/errs"
+	"github.com/tecache/te/internal/session"
 	"github.com/tecache/te/internal/sys/mem"
 	"github.com/tecache/te/internal/wire"
 )
@@ -16,36 +17,102 @@ import (
 // te's data framing (internal/wire/spec.md, "Data connection"): requests
 // with ids, answered by completions in any order. Every frame te writes goes
 // out through a frameWriter, every frame header it reads comes in through
-// readFrame and every payload through readPayload (or dropPayload), on
-// either side and in either framing (mooncake.go): sealing and opening
-// frames (a MAC over each header, payloads encrypted) is a change to these
-// four, not to the pooling (internal/pipe) or the owner-side checks
-// (server.go). GPU payloads are staged through them too (gpu.go).
+// readFrame and every payload through readPayload, readPiece or dropPayload,
+// on either side and in either framing (mooncake.go). Between two engines
+// with a secret they seal and open frames as the connection's session says
+// ("Frames in a session"): each header one record, payloads in the clear in
+// Integrity mode and as records in Encryption mode. A nil Sealer or Opener
+// (no secret, a Mooncake peer) passes bytes through. GPU payloads are staged
+// through them too (gpu.go).
 
 // frameWriter gathers frames (a header, and maybe a payload in registered
-// host or device memory) into one writev.
+// host or device memory) into one writev. Without encryption, headers are
+// sealed (or not) as the frames are added, and the write is the headers and
+// payloads as they are; with it, everything is sealed in wire order while
+// it is sent, through one buffered writer (sendSealed).
 type frameWriter struct {
+	seal    *session.Sealer // nil: no session
 	hdrs    []byte
+	plain   []byte // a header being built, in a session without encryption
+	size    int    // a header's plaintext size
+	stride  int    // its size in hdrs: sealed, or plaintext for sendSealed
+	n       int    // frames in this write
 	bufs    net.Buffers
 	devs    []devPiece
+	frames  []sealedFrame // with encryption: the frames to seal and send
 	chunk   net.Buffers
 	start   int   // headers before start are in bufs already
 	counted int   // headers before counted are in end
-	end     int64 // bytes of the frames added so far
+	end     int64 // bytes of the frames added so far, as on the wire
+	err     error // a header that failed to seal
+
+	// With encryption.
+	cw  countWriter
+	bw  *bufio.Writer
+	rec [64]byte
+	one [1]devPiece
 }
 
-// begin starts a write of up to n frames with headers of size bytes and
-// returns the header space: frame i's header is at [i*size, (i+1)*size).
-func (w *frameWriter) begin(n, size int) []byte {
-	w.hdrs = grow(w.hdrs, n*size)
-	w.bufs, w.devs = w.bufs[:0], w.devs[:0]
-	w.start, w.counted, w.end = 0, 0, 0
-	return w.hdrs
+// sealedFrame is a frame of an encrypted write: its payload is bufs[from:to]
+// (host memory) or, when dev >= 0, devs[dev].
+type sealedFrame struct{ from, to, dev int }
+
+// sealedWriteBuf is the buffer an encrypted write goes out through: small
+// frames share a system call, a payload goes 64 KiB record by record.
+const sealedWriteBuf = 256 << 10
+
+func (w *frameWriter) encrypting() bool { return w.seal.Mode() == session.Encryption }
+
+// begin starts a write of up to n frames with headers of size bytes. Frame
+// i's header is written into header(i), then added with frame(i, ...),
+// deviceFrame or stagedFrame, in order.
+func (w *frameWriter) begin(n, size int) {
+	w.size, w.n, w.stride = size, n, size
+	if w.seal != nil && !w.encrypting() {
+		w.stride = int(w.seal.Size(uint64(size)))
+	}
+	w.hdrs = grow(w.hdrs, n*w.stride)
+	w.bufs, w.devs, w.frames = w.bufs[:0], w.devs[:0], w.frames[:0]
+	w.start, w.counted, w.end, w.err = 0, 0, 0, nil
 }
 
-// frame adds the frame whose header ends at hdrEnd in the header space,
-// followed by payload (nil: none), and returns where it ends in the write.
-func (w *frameWriter) frame(hdrEnd int, payload []byte) int64 {
+// header returns where frame i's plaintext header goes.
+func (w *frameWriter) header(i int) []byte {
+	if w.stride != w.size {
+		w.plain = grow(w.plain, w.size)
+		return w.plain
+	}
+	return w.hdrs[i*w.size : (i+1)*w.size]
+}
+
+// place seals frame i's header into its slot (in a session without
+// encryption) and returns where the slot ends.
+func (w *frameWriter) place(i int) int {
+	if w.stride != w.size {
+		if _, err := w.seal.Seal(w.hdrs[i*w.stride:i*w.stride], w.plain); err != nil && w.err == nil {
+			w.err = err
+		}
+	}
+	return (i + 1) * w.stride
+}
+
+// sealedHdr is a header's wire size in an encrypted write.
+func (w *frameWriter) sealedHdr() int64 { return int64(w.size + session.TagSize) }
+
+// frame adds frame i, followed by payload (nil: none), and returns where it
+// ends in the write.
+func (w *frameWriter) frame(i int, payload []byte) int64 {
+	if w.encrypting() {
+		f := sealedFrame{from: len(w.bufs), dev: -1}
+		if len(payload) > 0 {
+			w.bufs = append(w.bufs, payload)
+		}
+		f.to = len(w.bufs)
+		w.frames = append(w.frames, f)
+		w.end += w.sealedHdr() + int64(session.SealedSize(uint64(len(payload))))
+		return w.end
+	}
+	hdrEnd := w.place(i)
 	w.end += int64(hdrEnd - w.counted)
 	w.counted = hdrEnd
 	if payload != nil {
@@ -56,9 +123,16 @@ func (w *frameWriter) frame(hdrEnd int, payload []byte) int64 {
 	return w.end
 }
 
-// deviceFrame adds a frame whose payload is n bytes of device dev's memory
+// deviceFrame adds frame i, whose payload is n bytes of device dev's memory
 // at addr, staged through host memory as it is sent.
-func (w *frameWriter) deviceFrame(hdrEnd, dev int, addr, n uint64) int64 {
+func (w *frameWriter) deviceFrame(i, dev int, addr, n uint64) int64 {
+	if w.encrypting() {
+		w.frames = append(w.frames, sealedFrame{from: len(w.bufs), to: len(w.bufs), dev: len(w.devs)})
+		w.devs = append(w.devs, devPiece{dev: dev, addr: addr, n: n})
+		w.end += w.sealedHdr() + int64(session.SealedSize(n))
+		return w.end
+	}
+	hdrEnd := w.place(i)
 	w.end += int64(hdrEnd-w.counted) + int64(n)
 	w.counted = hdrEnd
 	w.bufs = append(w.bufs, w.hdrs[w.start:hdrEnd])
@@ -67,9 +141,18 @@ func (w *frameWriter) deviceFrame(hdrEnd, dev int, addr, n uint64) int64 {
 	return w.end
 }
 
-// stagedFrame adds a frame whose payload is a storage READ's staging
+// stagedFrame adds frame i, whose payload is a storage READ's staging
 // buffers (server_file.go), in order.
-func (w *frameWriter) stagedFrame(hdrEnd int, g *staged) int64 {
+func (w *frameWriter) stagedFrame(i int, g *staged) int64 {
+	if w.encrypting() {
+		f := sealedFrame{from: len(w.bufs), dev: -1}
+		w.bufs = g.payload(w.bufs)
+		f.to = len(w.bufs)
+		w.frames = append(w.frames, f)
+		w.end += w.sealedHdr() + int64(session.SealedSize(g.n))
+		return w.end
+	}
+	hdrEnd := w.place(i)
 	w.end += int64(hdrEnd-w.counted) + int64(g.n)
 	w.counted = hdrEnd
 	w.bufs = append(w.bufs, w.hdrs[w.start:hdrEnd])
@@ -81,7 +164,15 @@ func (w *frameWriter) stagedFrame(hdrEnd int, g *staged) int64 {
 // send writes the frames added, each 4 MiB within d, and returns how many
 // bytes reached the socket. It returns only once no payload is read any
 // more (device copies included).
-func (w *frameWriter) send(nc net.Conn, st *stage, hdrEnd int, d time.Duration) (int64, error) {
+func (w *frameWriter) send(nc net.Conn, st *stage, d time.Duration) (int64, error) {
+	if w.err != nil {
+		clear(w.bufs)
+		return 0, w.err
+	}
+	if w.encrypting() {
+		return w.sendSealed(nc, st, d)
+	}
+	hdrEnd := w.counted
 	if w.start < hdrEnd {
 		w.bufs = append(w.bufs, w.hdrs[w.start:hdrEnd])
 	}
@@ -96,22 +187,161 @@ func (w *frameWriter) send(nc net.Conn, st *stage, hdrEnd int, d time.Duration) 
 	return n, err
 }
 
-// readFrame reads a frame header into h.
-func readFrame(r io.Reader, h []byte) error {
-	_, err := io.ReadFull(r, h)
-	return err
+// sendSealed writes an encrypted write: each frame's header sealed into one
+// record, then its payload as records, sealed from registered memory into
+// the writer's buffer (a device payload through the staging ring, then
+// sealed piece by piece). Every write to the socket gets d.
+func (w *frameWriter) sendSealed(nc net.Conn, st *stage, d time.Duration) (int64, error) {
+	w.cw = countWriter{nc: nc, d: d}
+	if w.bw == nil {
+		w.bw = bufio.NewWriterSize(&w.cw, sealedWriteBuf)
+	} else {
+		w.bw.Reset(&w.cw)
+	}
+	defer clear(w.bufs)
+	for i, f := range w.frames {
+		rec, err := w.seal.Seal(w.rec[:0], w.hdrs[i*w.size:(i+1)*w.size])
+		if err != nil {
+			return w.cw.n, err
+		}
+		if _, err := w.bw.Write(rec); err != nil {
+			return w.cw.n, err
+		}
+		switch {
+		case f.dev >= 0:
+			p := w.devs[f.dev]
+			w.seal.StartPayload(p.n)
+			w.one[0] = p
+			if _, err := st.write(pieceWriter{w.seal, w.bw}, nil, w.one[:]); err != nil {
+				return w.cw.n, err
+			}
+		case f.to-f.from == 1:
+			// One piece: each record sealed straight into the buffer.
+			for p := w.bufs[f.from]; len(p) > 0; {
+				k := min(len(p), session.RecordSize)
+				if w.bw.Available() < k+session.TagSize {
+					if err := w.bw.Flush(); err != nil {
+						return w.cw.n, err
+					}
+				}
+				out, err := w.seal.Seal(w.bw.AvailableBuffer(), p[:k])
+				if err != nil {
+					return w.cw.n, err
+				}
+				if _, err := w.bw.Write(out); err != nil {
+					return w.cw.n, err
+				}
+				p = p[k:]
+			}
+		case f.to > f.from:
+			var n uint64
+			for _, b := range w.bufs[f.from:f.to] {
+				n += uint64(len(b))
+			}
+			w.seal.StartPayload(n)
+			for _, b := range w.bufs[f.from:f.to] {
+				if err := w.seal.WritePiece(w.bw, b, nil); err != nil {
+					return w.cw.n, err
+				}
+			}
+		}
+	}
+	err := w.bw.Flush()
+	w.bw.Reset(nil)
+	return w.cw.n, err
+}
+
+// countWriter writes to the socket, each write within d, and counts what
+// reached it.
+type countWriter struct {
+	nc net.Conn
+	d  time.Duration
+	n  int64
+}
+
+func (c *countWriter) Write(b []byte) (int, error) {
+	c.nc.SetWriteDeadline(time.Now().Add(c.d))
+	k, err := c.nc.Write(b)
+	c.n += int64(k)
+	return k, err
+}
+
+// pieceWriter seals a device payload's host chunks as they come out of the
+// staging ring (Sealer.StartPayload was called).
+type pieceWriter struct {
+	s *session.Sealer
+	w io.Writer
+}
+
+func (p pieceWriter) Write(b []byte) (int, error) {
+	if err := p.s.WritePiece(p.w, b, nil); err != nil {
+		return 0, err
+	}
+	return len(b), nil
+}
+
+// readFrame reads a frame header of n plaintext bytes into buf (which holds
+// op.Size(n)) and returns it, opened in a session: no field of it is used
+// before its record opened.
+func readFrame(r io.Reader, op *session.Opener, buf []byte, n int) ([]byte, error) {
+	return op.ReadRecord(r, buf, n)
+}
+
+// progress returns the hook that gives each next piece of a payload read
+// through br d to arrive, unless it is buffered already.
+func progress(br *bufio.Reader, nc net.Conn, d time.Duration) func(int) {
+	return func(size int) {
+		if br.Buffered() < size {
+			nc.SetReadDeadline(time.Now().Add(d))
+		}
+	}
 }
 
 // readPayload reads a frame's payload into dst, each 4 MiB within d: first
-// what br buffered, then large remainders straight from the socket.
-func readPayload(br *bufio.Reader, nc net.Conn, dst []byte, d time.Duration) error {
+// what br buffered, then large remainders straight from the socket. With
+// encryption each record is read into the Opener's buffer and copied into
+// dst only once it opened.
+func readPayload(br *bufio.Reader, nc net.Conn, op *session.Opener, dst []byte, d time.Duration) error {
+	if op.Mode() == session.Encryption {
+		return op.ReadPayload(br, dst, progress(br, nc, d))
+	}
+	return pipe.ReadProgress(br, nc, dst, d)
+}
+
+// startPayload begins a payload of n bytes read with readPiece.
+func startPayload(op *session.Opener, n uint64) {
+	if op.Mode() == session.Encryption {
+		op.StartPayload(n)
+	}
+}
+
+// readPiece reads the next len(dst) bytes of a payload begun with
+// startPayload (a payload read in chunks: staged for a GPU, a file).
+func readPiece(br *bufio.Reader, nc net.Conn, op *session.Opener, dst []byte, d time.Duration) error {
+	if op.Mode() == session.Encryption {
+		return op.ReadPiece(br, dst, progress(br, nc, d))
+	}
 	return pipe.ReadProgress(br, nc, dst, d)
 }
 
 // dropPayload reads a frame's n payload bytes through scratch and drops
-// them (a refused WRITE's, a canceled READ's), under the same bound.
-func dropPayload(br *bufio.Reader, nc net.Conn, n uint64, scratch []byte, d time.Duration) error {
+// them (a refused WRITE's, a canceled READ's), under the same bound; with
+// encryption its records are opened all the same.
+func dropPayload(br *bufio.Reader, nc net.Conn, op *session.Opener, n uint64, scratch []byte, d time.Duration) error {
+	if op.Mode() == session.Encryption {
+		return op.DiscardPayload(br, n, progress(br, nc, d))
+	}
 	return pipe.DrainProgress(br, nc, n, scratch, d)
+}
+
+// sessionErr reports whether err is the session's refusal of a record (or
+// a malformed one): the connection fails with it as it is, not as lost.
+func sessionErr(err error) bool {
+	switch errs.CodeOf(err) {
+	case errs.Unauthenticated, errs.Protocol:
+		return true
+	}
+	return false
 }
 
 // grow returns b resized to n bytes, reallocating only when it is too small.
@@ -132,10 +362,11 @@ func (d teDialect) Dial(ctx context.Context, addr string) (net.Conn, error) {
 // Open sends the preface and runs the authentication exchange; the peer's
 // proven instance decides which requests may go on the connection.
 func (d teDialect) Open(nc net.Conn, addr string) (pipe.Encoder[item], pipe.Decoder[item], error) {
-	inst, err := d.t.clientHello(nc, addr)
+	inst, sess, err := d.t.clientHello(nc, addr)
 	if err != nil {
 		return nil, nil, err
 	}
+	seal, op := sess.Split()
 	admit := func(it item) error {
 		// The endpoint may serve another engine now (it restarted, or
 		// the descriptor was rewritten): a request built for the old
@@ -145,8 +376,8 @@ func (d teDialect) Open(nc net.Conn, addr string) (pipe.Encoder[item], pipe.Deco
 		}
 		return nil
 	}
-	return &requests{t: d.t, size: wire.ReqHeaderSize, put: putTeRequest, admit: admit, st: d.t.newStage()},
-		&teCompletions{t: d.t, st: d.t.newStage()}, nil
+	return &requests{t: d.t, size: wire.ReqHeaderSize, put: putTeRequest, admit: admit, st: d.t.newStage(), w: frameWriter{seal: seal}},
+		&teCompletions{t: d.t, st: d.t.newStage(), op: op}, nil
 }
 
 func putTeRequest(h []byte, id uint64, it item) {
@@ -176,22 +407,21 @@ func (e *requests) Admit(it item) error {
 }
 
 func (e *requests) Encode(nc net.Conn, out []pipe.Out[item]) (int64, error) {
-	hdrs := e.w.begin(len(out), e.size)
+	e.w.begin(len(out), e.size)
 	for i := range out {
 		it := out[i].Item
 		local := it.op.local + it.off
-		end := (i + 1) * e.size
-		e.put(hdrs[end-e.size:end], out[i].ID, it)
+		e.put(e.w.header(i), out[i].ID, it)
 		switch {
 		case !it.op.write:
-			out[i].End = e.w.frame(end, nil)
+			out[i].End = e.w.frame(i, nil)
 		case it.op.gpu > 0:
-			out[i].End = e.w.deviceFrame(end, it.op.gpu-1, local, it.n)
+			out[i].End = e.w.deviceFrame(i, it.op.gpu-1, local, it.n)
 		default:
-			out[i].End = e.w.frame(end, mem.Bytes(local, it.n))
+			out[i].End = e.w.frame(i, mem.Bytes(local, it.n))
 		}
 	}
-	return e.w.send(nc, e.st, len(out)*e.size, e.t.opt.Progress)
+	return e.w.send(nc, e.st, e.t.opt.Progress)
 }
 
 func (e *requests) Close() {
@@ -204,15 +434,26 @@ func (e *requests) Close() {
 type teCompletions struct {
 	t       *Transport
 	st      *stage
-	h       [wire.CompHeaderSize]byte
+	op      *session.Opener // nil: no session
+	h       [wire.CompHeaderSize + session.TagSize]byte
 	scratch []byte
 }
 
-func (d *teCompletions) Decode(r *pipe.Reader[item]) error {
-	if err := readFrame(r.Buf(), d.h[:]); err != nil {
-		return r.Lost(err)
+// fail is the error a read failure ends the connection with.
+func (d *teCompletions) fail(r *pipe.Reader[item], err error) error {
+	if sessionErr(err) {
+		d.t.recordsRefused.Add(1)
+		return errs.Wrap(errs.CodeOf(err), "tcp", err, "data connection to %s", r.Addr())
 	}
-	comp, err := wire.DecodeCompletion(d.h[:])
+	return r.Lost(err)
+}
+
+func (d *teCompletions) Decode(r *pipe.Reader[item]) error {
+	h, err := readFrame(r.Buf(), d.op, d.h[:], wire.CompHeaderSize)
+	if err != nil {
+		return d.fail(r, err)
+	}
+	comp, err := wire.DecodeCompletion(h)
 	if err != nil {
 		return errs.Wrap(errs.Protocol, "tcp", err, "from %s", r.Addr())
 	}
@@ -240,8 +481,8 @@ func (d *teCompletions) Decode(r *pipe.Reader[item]) error {
 				d.scratch = make([]byte, drainChunk)
 			}
 			r.Moved()
-			if err := dropPayload(r.Buf(), r.Conn(), want, d.scratch, progress); err != nil {
-				return r.Lost(err)
+			if err := dropPayload(r.Buf(), r.Conn(), d.op, want, d.scratch, progress); err != nil {
+				return d.fail(r, err)
 			}
 		}
 		return nil
@@ -251,10 +492,10 @@ func (d *teCompletions) Decode(r *pipe.Reader[item]) error {
 		return nil
 	}
 	if want > 0 && o.gpu > 0 {
-		copyErr, ioErr := d.st.recv(r.Buf(), r.Conn(), o.gpu-1, o.local+it.off, want)
+		copyErr, ioErr := d.st.recv(r.Buf(), r.Conn(), d.op, o.gpu-1, o.local+it.off, want)
 		r.Moved()
 		if ioErr != nil {
-			return r.Lost(ioErr)
+			return d.fail(r, ioErr)
 		}
 		if copyErr != nil {
 			r.Done(s, errs.Wrap(errs.CodeOf(copyErr), "tcp", copyErr, "stage %d bytes into GPU memory at %#x", want, o.local+it.off))
@@ -262,8 +503,8 @@ func (d *teCompletions) Decode(r *pipe.Reader[item]) error {
 		}
 	} else if want > 0 {
 		r.Moved()
-		if err := readPayload(r.Buf(), r.Conn(), mem.Bytes(o.local+it.off, want), progress); err != nil {
-			return r.Lost(err)
+		if err := readPayload(r.Buf(), r.Conn(), d.op, mem.Bytes(o.local+it.off, want), progress); err != nil {
+			return d.fail(r, err)
 		}
 	}
 	r.Done(s, nil)
@@ -275,26 +516,25 @@ func (d *teCompletions) Close() { d.st.release() }
 // writeCompletions is the target's side: it writes completions, each READ's
 // followed by its payload, and returns once no payload is read any more.
 func (w *frameWriter) writeCompletions(nc net.Conn, st *stage, batch []response, d time.Duration) error {
-	hdrs := w.begin(len(batch), wire.CompHeaderSize)
+	w.begin(len(batch), wire.CompHeaderSize)
 	for i := range batch {
-		end := (i + 1) * wire.CompHeaderSize
 		batch[i].settleStaged() // a storage READ's file I/O: its status, maybe a failure
-		wire.PutCompletion(hdrs[end-wire.CompHeaderSize:], batch[i].comp)
+		wire.PutCompletion(w.header(i), batch[i].comp)
 		switch g := batch[i].region; {
 		case batch[i].stg != nil:
 			if batch[i].comp.Status == errs.OK && batch[i].comp.Length > 0 {
-				w.stagedFrame(end, batch[i].stg)
+				w.stagedFrame(i, batch[i].stg)
 			} else {
-				w.frame(end, nil)
+				w.frame(i, nil)
 			}
 		case g == nil:
-			w.frame(end, nil)
+			w.frame(i, nil)
 		case isDevice(g):
-			w.deviceFrame(end, g.Location.Index, batch[i].addr, batch[i].comp.Length)
+			w.deviceFrame(i, g.Location.Index, batch[i].addr, batch[i].comp.Length)
 		default:
-			w.frame(end, mem.Bytes(batch[i].addr, batch[i].comp.Length))
+			w.frame(i, mem.Bytes(batch[i].addr, batch[i].comp.Length))
 		}
 	}
-	_, err := w.send(nc, st, len(batch)*wire.CompHeaderSize, d)
+	_, err := w.send(nc, st, d)
 	return err
 }

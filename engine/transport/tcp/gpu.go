@@ -7,6 +7,7 @@ import (
 
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/internal/errs"
+	"github.com/tecache/te/internal/session"
 	"github.com/tecache/te/internal/sys/cuda"
 )
 
@@ -230,14 +231,15 @@ func (st *stage) write(w io.Writer, bufs net.Buffers, devs []devPiece) (sent int
 // to the device. A failed copy (or no ring) does not break the stream: the
 // rest of the payload is read and dropped and copyErr says why. ioErr means
 // the connection is lost. recv returns after every copy it started ended.
-func (st *stage) recv(br *bufio.Reader, nc net.Conn, dev int, dst, n uint64) (copyErr, ioErr error) {
+func (st *stage) recv(br *bufio.Reader, nc net.Conn, op *session.Opener, dev int, dst, n uint64) (copyErr, ioErr error) {
 	s, err := st.get(dev)
 	if err != nil {
 		if st.scratch == nil {
 			st.scratch = make([]byte, drainChunk)
 		}
-		return err, dropPayload(br, nc, n, st.scratch, st.t.opt.Progress)
+		return err, dropPayload(br, nc, op, n, st.scratch, st.t.opt.Progress)
 	}
+	startPayload(op, n)
 	depth, cs := s.Depth(), s.ChunkSize()
 	k := 0
 	for off := uint64(0); off < n; k++ {
@@ -249,7 +251,7 @@ func (st *stage) recv(br *bufio.Reader, nc net.Conn, dev int, dst, n uint64) (co
 				copyErr = err
 			}
 		}
-		if err := readPayload(br, nc, s.Chunk(slot)[:m], st.t.opt.Progress); err != nil {
+		if err := readPiece(br, nc, op, s.Chunk(slot)[:m], st.t.opt.Progress); err != nil {
 			ioErr = err
 			k++
 			break

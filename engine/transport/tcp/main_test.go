@@ -40,3 +40,31 @@ func TestConformanceInProcess(t *testing.T) {
 		c.Params = map[string]string{"tcp.conns": "2", "tcp.slice": "64KiB"}
 	}})
 }
+
+// sessionSecret is the cluster secret of the session setups.
+const sessionSecret = "conformance-cluster-secret-0123456789"
+
+// TestConformanceSession runs the suite between two processes that hold a
+// cluster secret (from the environment, which the child inherits): every
+// control and data frame travels in an integrity session.
+func TestConformanceSession(t *testing.T) {
+	if testing.Short() {
+		t.Skip("short")
+	}
+	t.Setenv("TE_AUTH_SECRET", sessionSecret)
+	transporttest.Run(t, transporttest.Setup{Transport: "tcp", Process: true})
+}
+
+// TestConformanceEncrypted runs it with a secret and encryption, both
+// engines in this process, small slices over two connections: payloads
+// travel as sealed records, many per request and per write.
+func TestConformanceEncrypted(t *testing.T) {
+	if testing.Short() {
+		t.Skip("short")
+	}
+	transporttest.Run(t, transporttest.Setup{Transport: "tcp", Config: func(c *engine.Config) {
+		c.Transports = []string{"tcp"}
+		c.AuthSecret, c.Encrypt = sessionSecret, true
+		c.Params = map[string]string{"tcp.conns": "2", "tcp.slice": "64KiB"}
+	}})
+}

@@ -111,7 +111,8 @@ type mcStatuses struct {
 }
 
 func (d *mcStatuses) Decode(r *pipe.Reader[item]) error {
-	if err := readFrame(r.Buf(), d.sb[:]); err != nil {
+	// A Mooncake peer never has a session: nil Opener.
+	if _, err := readFrame(r.Buf(), nil, d.sb[:], len(d.sb)); err != nil {
 		return r.Lost(err)
 	}
 	s, err := r.Oldest()
@@ -133,7 +134,7 @@ func (d *mcStatuses) Decode(r *pipe.Reader[item]) error {
 	if !it.op.write {
 		// A READ's payload follows its status.
 		r.Moved()
-		if err := readPayload(r.Buf(), r.Conn(), mem.Bytes(it.op.local+it.off, it.n), d.t.opt.Progress); err != nil {
+		if err := readPayload(r.Buf(), r.Conn(), nil, mem.Bytes(it.op.local+it.off, it.n), d.t.opt.Progress); err != nil {
 			return r.Lost(err)
 		}
 	}
@@ -170,11 +171,12 @@ func (s *serverConn) serveMooncake(sv *server, first []byte) {
 	var h [wire.MooncakeHeaderSize]byte
 	n := copy(h[:], first)
 	// The handshake deadline still covers the rest of the header.
-	if err := readFrame(br, h[n:]); err != nil {
+	if _, err := readFrame(br, nil, h[n:], len(h)-n); err != nil {
 		return
 	}
 	t := s.t
 	w := &sv.w
+	w.seal = nil // Mooncake's framing: no session
 	for {
 		req, err := wire.DecodeMooncakeRequest(h[:])
 		if err != nil {
@@ -208,21 +210,21 @@ func (s *serverConn) serveMooncake(sv *server, first []byte) {
 		}
 		s.cur.Store(region)
 		buf := mem.Bytes(req.Addr, req.Size)
-		st := w.begin(1, wire.MooncakeStatusSize)
-		wire.PutMooncakeStatus(st, wire.MooncakeOK)
+		w.begin(1, wire.MooncakeStatusSize)
+		wire.PutMooncakeStatus(w.header(0), wire.MooncakeOK)
 		if req.Op == wire.MooncakeWrite {
-			err = readPayload(br, s.nc, buf, t.opt.Progress)
+			err = readPayload(br, s.nc, nil, buf, t.opt.Progress)
 			s.cur.Store(nil)
 			region.Release()
 			if err != nil {
 				return
 			}
 			// Acknowledged only now that the payload is in memory.
-			w.frame(wire.MooncakeStatusSize, nil)
-			_, err = w.send(s.nc, nil, wire.MooncakeStatusSize, t.opt.Progress)
+			w.frame(0, nil)
+			_, err = w.send(s.nc, nil, t.opt.Progress)
 		} else {
-			w.frame(wire.MooncakeStatusSize, buf)
-			_, err = w.send(s.nc, nil, wire.MooncakeStatusSize, t.opt.Progress)
+			w.frame(0, buf)
+			_, err = w.send(s.nc, nil, t.opt.Progress)
 			s.cur.Store(nil)
 			region.Release()
 		}
@@ -230,7 +232,7 @@ func (s *serverConn) serveMooncake(sv *server, first []byte) {
 			return
 		}
 		t.mc.served.Add(1)
-		if err := s.readHeader(br, h[:]); err != nil {
+		if _, err := s.readHeader(br, nil, h[:], len(h)); err != nil {
 			return
 		}
 	}

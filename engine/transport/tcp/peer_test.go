@@ -18,6 +18,7 @@ import (
 	"github.com/tecache/te/engine/transport/transporttest"
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/peerauth"
+	"github.com/tecache/te/internal/session"
 	"github.com/tecache/te/internal/sys/mem"
 	"github.com/tecache/te/internal/wire"
 )
@@ -226,8 +227,8 @@ func fakeHandshake(nc net.Conn) bool {
 	if _, err := io.ReadFull(nc, pre[:]); err != nil || wire.CheckDataPreface(pre[:]) != nil {
 		return false
 	}
-	_, err := peerauth.Server(nc, nil, "fake-target", time.Now().Add(10*time.Second))
-	return err == nil
+	o, err := peerauth.ServerSession(nc, nil, "fake-target", time.Now().Add(10*time.Second), peerauth.SessionOptions{Channel: session.Data})
+	return err == nil && o.Session == nil
 }
 
 // fakeServer accepts data connections and hands each to serve.

@@ -12,6 +12,7 @@ import (
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/peerauth"
+	"github.com/tecache/te/internal/session"
 	"github.com/tecache/te/internal/sys/mem"
 	"github.com/tecache/te/internal/wire"
 )
@@ -149,7 +150,8 @@ type response struct {
 type serverConn struct {
 	t       *Transport
 	nc      net.Conn
-	release func() // the connection's slot in the listener's limiter
+	release func()          // the connection's slot in the listener's limiter
+	seal    *session.Sealer // the session's writing half (nil: none), the writer's
 
 	// cur is the region the reader is writing a payload into, if any;
 	// pushing the one a READ holds while push waits for room in the queue.
@@ -243,8 +245,8 @@ func (s *serverConn) push(r response) bool {
 // between requests for the idle timeout; once a header's first byte came, the
 // rest must follow within the header timeout. Bytes already buffered need no
 // deadline (and no system call).
-func (s *serverConn) readHeader(br *bufio.Reader, h []byte) error {
-	if br.Buffered() < len(h) {
+func (s *serverConn) readHeader(br *bufio.Reader, op *session.Opener, buf []byte, n int) ([]byte, error) {
+	if size := int(op.Size(uint64(n))); br.Buffered() < size {
 		o := &s.t.opt
 		if o.Idle > 0 {
 			s.nc.SetReadDeadline(time.Now().Add(o.Idle))
@@ -252,13 +254,13 @@ func (s *serverConn) readHeader(br *bufio.Reader, h []byte) error {
 			s.nc.SetReadDeadline(time.Time{})
 		}
 		if _, err := br.Peek(1); err != nil {
-			return err
+			return nil, err
 		}
-		if br.Buffered() < len(h) {
+		if br.Buffered() < size {
 			s.nc.SetReadDeadline(time.Now().Add(o.Header))
 		}
 	}
-	return readFrame(br, h)
+	return readFrame(br, op, buf, n)
 }
 
 func (s *serverConn) readLoop(sv *server) {
@@ -267,7 +269,7 @@ func (s *serverConn) readLoop(sv *server) {
 	defer br.Reset(nil)
 	var h [wire.DataPrefaceSize]byte
 	s.nc.SetReadDeadline(time.Now().Add(s.t.opt.Header))
-	if err := readFrame(br, h[:]); err != nil {
+	if _, err := readFrame(br, nil, h[:], len(h)); err != nil {
 		return
 	}
 	// The first bytes say the dialect: te's preface, or a Mooncake
@@ -303,24 +305,32 @@ func (s *serverConn) serveTe(sv *server, first []byte) {
 	br := sv.br
 	br.Reset(nc)
 	defer br.Reset(nil)
-	var h [wire.ReqHeaderSize]byte
-	if _, err := peerauth.Server(peerauth.WithReader(nc, br), s.t.secret, s.t.instance, time.Now().Add(s.t.opt.Header)); err != nil {
+	var hb [wire.ReqHeaderSize + session.TagSize]byte
+	o, err := peerauth.ServerSession(peerauth.WithReader(nc, br), s.t.secret, s.t.instance, time.Now().Add(s.t.opt.Header),
+		peerauth.SessionOptions{Channel: session.Data, Encrypt: s.t.encrypt})
+	if err != nil {
 		if errs.CodeOf(err) == errs.Unauthenticated {
 			s.t.authRefused.Add(1)
 		}
 		return // told why, if at all; nothing was read or touched
 	}
+	// From here every header is a record, opened before any field of it
+	// is used; a record that does not open closes the connection, and
+	// nothing more is read from it.
+	var op *session.Opener
+	s.seal, op = o.Session.Split()
 	s.startWriter()
 	st := s.t.newStage()
 	defer st.release()
 	var scratch []byte
 	progress := s.t.opt.Progress
 	for {
-		if err := s.readHeader(br, h[:]); err != nil {
-			s.t.cut(err)
+		h, err := s.readHeader(br, op, hb[:], wire.ReqHeaderSize)
+		if err != nil {
+			s.t.cutRead(err)
 			return
 		}
-		req, err := wire.DecodeDataRequest(h[:])
+		req, err := wire.DecodeDataRequest(h)
 		if err != nil {
 			// The stream cannot be trusted past a bad header (a WRITE's
 			// payload length is unknown): answer if the request is
@@ -346,7 +356,7 @@ func (s *serverConn) serveTe(sv *server, first []byte) {
 			}
 		}
 		if status == errs.OK && segment.StorageOf(region) != nil {
-			if !s.serveStorage(br, nc, req, region) { // a registered file
+			if !s.serveStorage(br, nc, op, req, region) { // a registered file
 				return
 			}
 			continue
@@ -358,26 +368,27 @@ func (s *serverConn) serveTe(sv *server, first []byte) {
 				if scratch == nil {
 					scratch = make([]byte, drainChunk)
 				}
-				if err := dropPayload(br, nc, req.Length, scratch, progress); err != nil {
-					s.t.cut(err)
+				if err := dropPayload(br, nc, op, req.Length, scratch, progress); err != nil {
+					s.t.cutRead(err)
 					return
 				}
 			} else if isDevice(region) {
 				s.cur.Store(region)
-				copyErr, ioErr := st.recv(br, nc, region.Location.Index, req.Addr, req.Length)
+				copyErr, ioErr := st.recv(br, nc, op, region.Location.Index, req.Addr, req.Length)
 				s.cur.Store(nil)
 				region.Release()
 				if ioErr != nil {
+					s.t.cutRead(ioErr)
 					return
 				}
 				status = errs.CodeOf(copyErr)
 			} else {
 				s.cur.Store(region)
-				err := readPayload(br, nc, mem.Bytes(req.Addr, req.Length), progress)
+				err := readPayload(br, nc, op, mem.Bytes(req.Addr, req.Length), progress)
 				s.cur.Store(nil)
 				region.Release()
 				if err != nil {
-					s.t.cut(err)
+					s.t.cutRead(err)
 					return
 				}
 			}
@@ -461,7 +472,7 @@ func (s *serverConn) writeLoop() {
 	st := s.t.newStage()
 	defer st.release()
 	var spare []response
-	var w frameWriter
+	w := frameWriter{seal: s.seal}
 	for {
 		<-s.wake
 		s.mu.Lock()
@@ -512,6 +523,15 @@ func (s *serverConn) writeLoop() {
 			s.signal()
 		}
 	}
+}
+
+// cutRead is cut for a read that ended a served connection; a session
+// record that did not open is counted too.
+func (t *Transport) cutRead(err error) error {
+	if sessionErr(err) {
+		t.recordsRefused.Add(1)
+	}
+	return t.cut(err)
 }
 
 // cut counts a connection ended by one of its deadlines (a stalled or

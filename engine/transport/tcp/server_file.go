@@ -8,6 +8,7 @@ import (
 
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/internal/errs"
+	"github.com/tecache/te/internal/session"
 	"github.com/tecache/te/internal/sys/mem"
 	"github.com/tecache/te/internal/wire"
 )
@@ -140,7 +141,7 @@ func (s *serverConn) stage(st segment.Storage) (uint64, bool) {
 
 // serveStorage serves one request on a storage region (acquired); it
 // reports false when the connection must close.
-func (s *serverConn) serveStorage(br *bufio.Reader, nc net.Conn, req wire.DataRequest, region *segment.Region) bool {
+func (s *serverConn) serveStorage(br *bufio.Reader, nc net.Conn, op *session.Opener, req wire.DataRequest, region *segment.Region) bool {
 	st := segment.StorageOf(region)
 	base := region.Addr
 	if p := region.Parent(); p != nil {
@@ -152,7 +153,7 @@ func (s *serverConn) serveStorage(br *bufio.Reader, nc net.Conn, req wire.DataRe
 	refuse := func(code errs.Code) bool {
 		region.Release()
 		if req.Kind == wire.DataWrite {
-			if err := dropPayload(br, nc, req.Length, make([]byte, drainChunk), s.t.opt.Progress); err != nil {
+			if err := dropPayload(br, nc, op, req.Length, make([]byte, drainChunk), s.t.opt.Progress); err != nil {
 				s.t.cut(err)
 				return false
 			}
@@ -187,12 +188,13 @@ func (s *serverConn) serveStorage(br *bufio.Reader, nc net.Conn, req wire.DataRe
 	g.bufs = []uint64{b}
 	s.cur.Store(region)
 	defer s.cur.Store(nil)
+	startPayload(op, req.Length)
 	for at := uint64(0); at < req.Length; at += size {
 		k := min(size, req.Length-at)
 		if at > 0 {
 			g.wait() // the buffer's previous chunk is on its way to the file
 		}
-		if err := readPayload(br, nc, mem.Bytes(b, k), s.t.opt.Progress); err != nil {
+		if err := readPiece(br, nc, op, mem.Bytes(b, k), s.t.opt.Progress); err != nil {
 			g.wait()
 			g.free()
 			region.Release()

@@ -18,6 +18,7 @@ import (
 	"github.com/tecache/te/internal/connlimit"
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/peerauth"
+	"github.com/tecache/te/internal/session"
 	"github.com/tecache/te/internal/wire"
 )
 
@@ -220,16 +221,21 @@ type Transport struct {
 
 	instance string             // this engine's, proven to peers
 	secret   *peerauth.Secret   // nil: peers are not authenticated
+	encrypt  bool               // sessions seal data payloads too
 	limiter  *connlimit.Limiter // accepted connections, total and per address
 
 	mc mcState // Mooncake interop (mooncake.go)
 
-	authRefused, authFailed, slowClosed atomic.Uint64
+	authRefused, authFailed, slowClosed, recordsRefused atomic.Uint64
 }
 
 // authHoster is implemented by engine hosts with a cluster secret: every data
 // connection then authenticates both ways before its first request.
 type authHoster interface{ AuthSecret() *peerauth.Secret }
+
+// encryptHoster is implemented by engine hosts that say whether sessions
+// encrypt data payloads (Config.Encrypt).
+type encryptHoster interface{ Encrypt() bool }
 
 // Stats returns the transport's counters: connections open and refused at
 // the listener's bounds, peers that failed authentication (refused here, or
@@ -245,6 +251,7 @@ func (t *Transport) Stats() map[string]uint64 {
 		"auth_refused":           t.authRefused.Load(),
 		"auth_failed":            t.authFailed.Load(),
 		"slow_closed":            t.slowClosed.Load(),
+		"records_refused":        t.recordsRefused.Load(),
 		"peer_conns_pruned":      t.pruned(),
 	}
 }
@@ -296,6 +303,9 @@ func (t *Transport) Start(h transport.Host) error {
 	t.instance = h.Instance()
 	if a, ok := h.(authHoster); ok {
 		t.secret = a.AuthSecret()
+	}
+	if e, ok := h.(encryptHoster); ok && t.secret != nil {
+		t.encrypt = e.Encrypt()
 	}
 	t.limiter = connlimit.New(o.MaxConns, o.MaxConnsPerHost)
 	addr := o.Listen
@@ -372,21 +382,22 @@ func (t *Transport) Reachable(d *segment.Desc) error {
 
 // clientHello opens a data connection: the preface, then the authentication
 // exchange (both within the handshake timeout). It returns the peer's
-// instance, proven when this engine has a secret.
-func (t *Transport) clientHello(nc net.Conn, addr string) (string, error) {
+// instance, proven when this engine has a secret, and the session every
+// later frame is sealed in (nil without a secret on either side).
+func (t *Transport) clientHello(nc net.Conn, addr string) (string, *session.Session, error) {
 	deadline := time.Now().Add(t.opt.Header)
 	nc.SetWriteDeadline(deadline)
 	if _, err := nc.Write([]byte(wire.DataPreface)); err != nil {
-		return "", errs.Wrap(errs.PeerUnreachable, "tcp", err, "send preface to %s", addr)
+		return "", nil, errs.Wrap(errs.PeerUnreachable, "tcp", err, "send preface to %s", addr)
 	}
-	inst, err := peerauth.Client(nc, t.secret, t.instance, deadline)
+	o, err := peerauth.ClientSession(nc, t.secret, t.instance, deadline, peerauth.SessionOptions{Channel: session.Data, Encrypt: t.encrypt})
 	if err != nil {
 		if errs.CodeOf(err) == errs.Unauthenticated {
 			t.authFailed.Add(1)
 		}
-		return "", errs.Wrap(errs.CodeOf(err), "tcp", err, "data connection to %s", addr)
+		return "", nil, errs.Wrap(errs.CodeOf(err), "tcp", err, "data connection to %s", addr)
 	}
-	return inst, nil
+	return o.PeerInstance, o.Session, nil
 }
 
 // Close fails every request in flight, closes the listener and every
