@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tecache/te/engine"
+	enginetransport "github.com/tecache/te/engine/transport"
 	"github.com/tecache/te/engine/transport/tcp"
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/mem"
@@ -351,7 +352,7 @@ func newInitiator(segment, metadata, transport string, params map[string]string,
 		in.conns, _ = strconv.Atoi(v)
 	}
 	if v, ok := params["tcp.slice"]; ok {
-		in.slice, _ = tcp.ParseSize(v)
+		in.slice, _ = enginetransport.ParseSize(v)
 	}
 	return in, nil
 }

@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/tecache/te/engine"
-	"github.com/tecache/te/engine/transport/tcp"
+	"github.com/tecache/te/engine/transport"
 	"github.com/tecache/te/internal/authsecret"
 	"github.com/tecache/te/internal/errs"
 )
@@ -99,7 +99,7 @@ func (s sizeFlag) String() string {
 	return FormatSize(*s.v)
 }
 func (s sizeFlag) Set(x string) error {
-	n, err := tcp.ParseSize(x)
+	n, err := transport.ParseSize(x)
 	if err != nil {
 		return err
 	}
@@ -247,7 +247,7 @@ func mainRun(ctx context.Context, exe string, args []string, stdout, stderr io.W
 	var runs []Options
 	for _, op := range list(f.ops) {
 		for _, bs := range list(f.blocks) {
-			block, err := tcp.ParseSize(bs)
+			block, err := transport.ParseSize(bs)
 			if err != nil {
 				return err
 			}

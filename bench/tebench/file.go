@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/tecache/te/engine"
-	"github.com/tecache/te/engine/transport/tcp"
+	"github.com/tecache/te/engine/transport"
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/mem"
 )
@@ -332,7 +332,7 @@ func mainFile(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	for _, op := range list(ops) {
 		for _, bs := range list(blocks) {
-			block, err := tcp.ParseSize(bs)
+			block, err := transport.ParseSize(bs)
 			if err != nil {
 				return err
 			}

@@ -40,9 +40,3 @@ func Example() {
 	// endpoint published: true
 	// COMPLETED 1048576 42
 }
-
-func ExampleParseSize() {
-	n, _ := tcp.ParseSize("64KiB")
-	fmt.Println(n)
-	// Output: 65536
-}

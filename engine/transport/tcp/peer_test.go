@@ -515,11 +515,6 @@ func TestParams(t *testing.T) {
 	if d := tcp.DefaultOptions(); d.Conns < tcp.MinConns || d.Slice < 256<<10 || d.Slice > 1<<20 {
 		t.Fatalf("defaults %+v", d)
 	}
-	for in, want := range map[string]uint64{"4096": 4096, "4KiB": 4096, "64k": 64 << 10, "1MiB": 1 << 20, "2G": 2 << 30} {
-		if got, err := tcp.ParseSize(in); err != nil || got != want {
-			t.Errorf("ParseSize(%q) = %d, %v", in, got, err)
-		}
-	}
 }
 
 // TestPruneWhileSubmitting: the janitor prunes idle peers while submits dial

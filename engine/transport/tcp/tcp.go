@@ -103,7 +103,7 @@ func parseOptions(h transport.Host) (Options, error) {
 		o.Conns = n
 	}
 	if v, ok := h.Param("tcp.slice"); ok {
-		n, err := ParseSize(v)
+		n, err := transport.ParseSize(v)
 		if err != nil || n < MinSlice || n > MaxSlice {
 			return o, bad("tcp.slice", v, "want a size from 4KiB to 64MiB")
 		}
@@ -161,43 +161,13 @@ func parseOptions(h transport.Host) (Options, error) {
 		o.AcceptMooncake = v == "1" || v == "true"
 	}
 	if v, ok := h.Param("tcp.gpu_staging"); ok {
-		n, err := ParseSize(v)
+		n, err := transport.ParseSize(v)
 		if err != nil || n < MinGPUStaging || n > MaxGPUStaging {
 			return o, bad("tcp.gpu_staging", v, "want a size from 64KiB to 1GiB")
 		}
 		o.GPUStaging = n
 	}
 	return o, nil
-}
-
-// ParseSize parses a byte count: a plain number or one with a unit (B, KiB,
-// MiB, GiB, or K, M, G meaning the same powers of two).
-func ParseSize(s string) (uint64, error) {
-	s = strings.TrimSpace(s)
-	i := len(s)
-	for i > 0 && (s[i-1] < '0' || s[i-1] > '9') {
-		i--
-	}
-	n, err := strconv.ParseUint(s[:i], 10, 64)
-	if err != nil {
-		return 0, errs.New(errs.InvalidArgument, "size", "%q is not a size", s)
-	}
-	var shift uint
-	switch strings.ToLower(strings.TrimSpace(s[i:])) {
-	case "", "b":
-	case "k", "kb", "kib":
-		shift = 10
-	case "m", "mb", "mib":
-		shift = 20
-	case "g", "gb", "gib":
-		shift = 30
-	default:
-		return 0, errs.New(errs.InvalidArgument, "size", "%q has an unknown unit", s)
-	}
-	if n > (^uint64(0))>>shift {
-		return 0, errs.New(errs.InvalidArgument, "size", "%q overflows", s)
-	}
-	return n << shift, nil
 }
 
 // Transport is the tcp transport. Use New (or the engine's factory).
