@@ -43,6 +43,16 @@
 //     a fresh one. A rail with repeated errors cools down and is probed
 //     back; a peer whose rails keep failing is unreachable for a cooldown
 //     (Reachable), so the engine takes tcp. Stats counts per rail and NIC.
+//   - A dead link fails nothing by itself until the NIC's retry timer runs
+//     out (about half a second as queue pairs are set up here). A watchdog
+//     (rdma.stall_timeout, 20 ms; 0 turns it off) fails an endpoint that
+//     has completed nothing for that long (or eight times what its queued
+//     bytes should take at the rail's measured rate) while another rail to
+//     the same peer completed work: its queue pairs go to the error state,
+//     and each slice moves to another rail only once its flushed completion
+//     came back, so the fence holds. On a heavily loaded host a
+//     descheduled poller can look like a stall: the slices then take a
+//     detour, nothing is lost (the stalls stat counts them).
 //
 // # Cancellation and unregistering
 //
