@@ -210,7 +210,8 @@ type encryptHoster interface{ Encrypt() bool }
 // Stats returns the transport's counters: connections open and refused at
 // the listener's bounds, peers that failed authentication (refused here, or
 // refusing us), connections cut by a deadline (a stalled or trickling
-// payload, a silent or idle peer), idle peer connections pruned.
+// payload, a silent or idle peer), idle peer connections pruned, Mooncake
+// initiators' requests served (MooncakeServed).
 func (t *Transport) Stats() map[string]uint64 {
 	st := t.limiter.Stats()
 	return map[string]uint64{
@@ -223,6 +224,7 @@ func (t *Transport) Stats() map[string]uint64 {
 		"slow_closed":            t.slowClosed.Load(),
 		"records_refused":        t.recordsRefused.Load(),
 		"peer_conns_pruned":      t.pruned(),
+		"mooncake_served":        t.mc.served.Load(),
 	}
 }
 

@@ -39,6 +39,16 @@ type Setup struct {
 	// of a transport that moves device memory. Local memory stays host
 	// memory, so the suite's checks of it hold as they are.
 	GPU bool
+	// Mooncake makes the target an in-process engine that accepts
+	// Mooncake peers (Config.AcceptMooncakePeers; no cluster secret on
+	// either side: Mooncake peers cannot authenticate), and opens its
+	// segment through a Mooncake handshake listener the suite runs in
+	// front of it, which answers each Metadata request with the peer's
+	// current descriptor in Mooncake's JSON. The initiator then holds a
+	// Mooncake descriptor and speaks Mooncake's tcp data framing; Transport
+	// must be "tcp". Only the fence torture runs (RunTorture; Run runs
+	// nothing else), without windows, which Mooncake peers do not have.
+	Mooncake bool
 }
 
 // The largest transfer the suite makes and the peer buffer that holds it.
@@ -147,6 +157,10 @@ func (v *env) req(op engine.Opcode, local, remoteOff, n uint64) engine.Request {
 
 // Run runs the conformance suite. Every transport passes it.
 func Run(t *testing.T, s Setup) {
+	if s.Mooncake {
+		t.Run("Torture", func(t *testing.T) { testTorture(t, s) })
+		return
+	}
 	t.Run("Sizes", func(t *testing.T) { testSizes(t, s) })
 	t.Run("ManySmall", func(t *testing.T) { testManySmall(t, s) })
 	t.Run("Concurrent", func(t *testing.T) { testConcurrent(t, s) })

@@ -2,6 +2,7 @@ package transporttest
 
 import (
 	"flag"
+	"fmt"
 	"hash/crc32"
 	"math/rand"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tecache/te/engine"
+	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/mem"
 )
@@ -30,7 +32,8 @@ import (
 //   - an unregisterer unregisters local memory under the submitters' tasks
 //     and registers it again;
 //   - the peer grants and revokes windows and re-registers its buffer
-//     (which kills the windows over it);
+//     (which kills the windows over it); a Mooncake peer (Setup.Mooncake)
+//     has no windows, so there it only re-registers;
 //   - at the end the engine is closed with all of it in flight.
 //
 // Memory is fenced the moment te says nothing touches it: a task's local
@@ -44,6 +47,12 @@ import (
 // (a pattern that changes only when the peer re-registers), so reads can be
 // checked and a late write of a canary shows up in the peer. A request
 // under a revoked window, or outside its window, must never complete.
+//
+// Over Mooncake's framing (Setup.Mooncake) requests carry an address and
+// no key, so one submitted before the peer re-registers may rightly land in
+// the new registration: there the pattern stays the same across
+// re-registrations, and the peer's fence is checked instead by filling its
+// memory with the canary while it is unregistered.
 //
 // The run is bounded by -torture.time (or TE_TORTURE_TIME; default 2 s) and
 // seeded by -torture.seed (or TE_TORTURE_SEED; default: the clock). The seed
@@ -191,9 +200,11 @@ type torture struct {
 	seed    int64
 	e       *engine.Engine
 	peer    Peer
+	front   *mcFront // the Mooncake handshake listener (Setup.Mooncake)
 	seg     *engine.Segment
-	windows bool // the transport honours window keys
-	protect bool // the peer's memory can be protected
+	desc    *segment.Desc // the initiator's descriptor of seg, as opened
+	windows bool          // the transport honours window keys
+	protect bool          // the peer's memory can be protected
 
 	slabs [tSlabs]*tslab
 
@@ -236,19 +247,61 @@ func (x *torture) peerFail(format string, args ...any) {
 
 func (x *torture) patternSeed(epoch uint64) uint64 { return uint64(x.seed)<<8 ^ epoch }
 
+// TortureResult is what a run of the fence torture leaves for its caller to
+// check beyond the torture's own checks.
+type TortureResult struct {
+	// Desc is the initiator's descriptor of the peer's segment as opened
+	// (a Mooncake one with Setup.Mooncake), and Last as it was when the
+	// engine closed (refreshed after the peer re-registered).
+	Desc, Last *segment.Desc
+	// Target is the in-process peer engine's Stats after the run; nil for
+	// a peer in a child process.
+	Target *engine.Stats
+	// Completed is the number of the submitters' tasks that completed.
+	Completed int64
+	// Metadata is the number of Metadata requests the Mooncake handshake
+	// listener answered, Refused the te openings it closed unanswered
+	// (Setup.Mooncake).
+	Metadata, Refused int64
+}
+
+// RunTorture runs only the fence torture over s, the part of the suite that
+// runs with Setup.Mooncake.
+func RunTorture(t *testing.T, s Setup) TortureResult { return testTorture(t, s) }
+
 // testTorture runs the fence torture over s.
-func testTorture(t *testing.T, s Setup) {
+func testTorture(t *testing.T, s Setup) TortureResult {
 	seed, budget := tortureParams(t)
 	t.Logf("seed %d, %v (replay the choices with -torture.seed=%d or %s=%d; run longer with -torture.time or %s)",
 		seed, budget, seed, envTortureSeed, seed, envTortureTime)
+	if s.Mooncake {
+		t.Logf("Mooncake's framing through a Mooncake handshake listener: no window grants, revokes or requests (Mooncake peers have no keys)")
+	}
 	x := &torture{t: t, s: s, seed: seed, epoch: 1}
 	x.start()
-	x.run(budget)
+	return x.run(budget)
 }
 
 func (x *torture) start() {
 	t, s := x.t, x.s
-	if s.Process {
+	if s.Mooncake && (s.Process || s.GPU) {
+		t.Fatal("Setup.Mooncake runs an in-process peer in host memory: Process and GPU do not apply")
+	}
+	if s.Mooncake && s.Transport != "tcp" {
+		t.Fatalf("Setup.Mooncake: Mooncake peers are reached over tcp, not %q", s.Transport)
+	}
+	if s.Mooncake {
+		// Mooncake peers cannot authenticate: no secret on either side.
+		cfg := s.config()
+		cfg.UnregisterGrace = tGrace
+		cfg.AcceptMooncakePeers, cfg.AuthSecret, cfg.Encrypt = true, "", false
+		p, err := newInproc(tPeerSize, cfg, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		x.peer = p
+		x.front = newMcFront(t, p)
+	} else if s.Process {
 		env := []string{envGrace + "=" + tGrace.String()}
 		if s.GPU {
 			env = append(env, envGPU+"=1")
@@ -267,13 +320,16 @@ func (x *torture) start() {
 	cfg := s.config()
 	cfg.ForceTransport = s.Transport
 	cfg.UnregisterGrace = tGrace
+	if s.Mooncake {
+		cfg.AuthSecret, cfg.Encrypt = "", false
+	}
 	e, err := engine.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	x.e = e
 	t.Cleanup(func() { e.Close() })
-	x.windows = e.Stats().Caps[s.Transport].Windows
+	x.windows = e.Stats().Caps[s.Transport].Windows && !s.Mooncake
 	for i := range x.slabs {
 		m, err := mem.Alloc(tSlabBlocks * tBlock)
 		if err != nil {
@@ -301,7 +357,14 @@ func (x *torture) start() {
 	if err != nil && errs.CodeOf(err) != errs.NotSupported {
 		t.Fatal(err)
 	}
-	if x.seg, err = e.OpenSegment(x.peer.Segment()); err != nil {
+	name := x.peer.Segment()
+	if x.front != nil {
+		name = x.front.name()
+	}
+	if x.seg, err = e.OpenSegment(name); err != nil {
+		t.Fatal(err)
+	}
+	if x.desc, err = x.seg.Descriptor(); err != nil {
 		t.Fatal(err)
 	}
 	if x.cyc, err = mem.Alloc(4 * tBlock); err != nil {
@@ -362,7 +425,7 @@ func (x *torture) cycler() {
 	}
 }
 
-func (x *torture) run(budget time.Duration) {
+func (x *torture) run(budget time.Duration) TortureResult {
 	t := x.t
 	var wg sync.WaitGroup
 	var peerDone = make(chan *peerActor, 1)
@@ -386,6 +449,8 @@ func (x *torture) run(budget time.Duration) {
 	// Close with everything in flight; from the moment it returns, nothing
 	// may touch the local memory: it is made inaccessible at once.
 	x.closing.Store(true)
+	res := TortureResult{Desc: x.desc}
+	res.Last, _ = x.seg.Descriptor()
 	for _, s := range x.slabs {
 		s.mu.Lock()
 	}
@@ -435,6 +500,20 @@ func (x *torture) run(budget time.Duration) {
 	pa.recycle(true)
 
 	n := &x.n
+	res.Completed = n.completed.Load()
+	if p, ok := x.peer.(*inproc); ok {
+		p.mu.Lock()
+		if p.e != nil {
+			st := p.e.Stats()
+			res.Target = &st
+		}
+		p.mu.Unlock()
+	}
+	label := x.s.Transport
+	if x.front != nil {
+		res.Metadata, res.Refused = x.front.metadata.Load(), x.front.refused.Load()
+		label += fmt.Sprintf(" (Mooncake's framing; %d Metadata requests answered)", res.Metadata)
+	}
 	ops := n.submits.Load() + n.cancels.Load() + n.waits.Load() + n.statuses.Load() + n.resets.Load() + n.frees.Load() +
 		n.unregisters.Load() + n.reregisters.Load() + n.grants.Load() + n.revokes.Load() + n.batch.Load() + 3*n.cycles.Load()
 	t.Logf("%s: %d operations in %v. Submitters: %d submits (%d refused), %d tasks (%d completed, %d failed, %d canceled, "+
@@ -442,7 +521,7 @@ func (x *torture) run(budget time.Duration) {
 		"cycler: %d submit-wait-reset/free cycles of %d tasks; %d batches in all, %d statuses read; "+
 		"%d local unregisters, %d peer re-registrations, %d windows granted, %d revoked; %d fences by protection, %d by canary; "+
 		"close took %v",
-		x.s.Transport, ops, budget, n.submits.Load(), n.submitErrs.Load(), n.tasks.Load(), n.completed.Load(),
+		label, ops, budget, n.submits.Load(), n.submitErrs.Load(), n.tasks.Load(), n.completed.Load(),
 		n.failed.Load(), n.canceled.Load(), n.timedOut.Load(), n.readsChecked.Load(), n.mustFail.Load(), n.cancels.Load(),
 		n.waits.Load(), n.resets.Load(), n.frees.Load(), n.cycles.Load(), n.cycled.Load(), n.batch.Load(), n.statuses.Load(),
 		n.unregisters.Load(), n.reregisters.Load(), n.grants.Load(), n.revokes.Load(), n.protects.Load(), n.canaries.Load(),
@@ -450,6 +529,7 @@ func (x *torture) run(budget time.Duration) {
 	if n.completed.Load() == 0 {
 		x.fail("no task completed: the torture tested nothing")
 	}
+	return res
 }
 
 // sleep waits a random time in [lo, hi) and reports whether to stop.
@@ -977,8 +1057,11 @@ func (x *torture) peerActor() *peerActor {
 		nopen := len(x.open)
 		x.wmu.Unlock()
 		switch v := p.r.Intn(100); {
-		case v < 8:
+		case v < 8, x.s.Mooncake && v < 15:
+			// No windows for a Mooncake peer: re-registration only,
+			// more often, for the target's fence.
 			p.rereg()
+		case x.s.Mooncake:
 		case v < 55 && nopen < 4:
 			p.grant()
 		case nopen > 0:
@@ -1079,6 +1162,10 @@ func (p *peerActor) rereg() {
 	x := p.x
 	x.peerMu.Lock()
 	defer x.peerMu.Unlock()
+	if x.s.Mooncake {
+		p.reregMooncake()
+		return
+	}
 	// A NIC cannot pin pages without access (ibv_reg_mr fails with
 	// EFAULT, as the fake fabric does): slots fenced by protection stay
 	// fenced by the canary across the registration.
@@ -1156,4 +1243,46 @@ func (p *peerActor) recycle(all bool) {
 		}
 	}
 	p.quar = keep
+}
+
+// reregMooncake re-registers a Mooncake peer's buffer. Mooncake's requests
+// carry an address and no key, so one submitted before the re-registration
+// and served after it lands in the new registration, as Mooncake's own
+// target lets it: the pattern cannot change with the registration. What
+// must hold is the target's fence: once UnregisterMemory returned, no
+// request touches the buffer until it is registered again. So the pattern
+// zone is filled with the canary while the buffer is unregistered and
+// checked before it is refilled (with the same pattern) and registered: a
+// late write shows there, a late read of the canary fails the submitters'
+// check.
+func (p *peerActor) reregMooncake() {
+	x := p.x
+	ip := x.peer.(*inproc)
+	if err := ip.e.UnregisterMemory(ip.Addr()); err != nil {
+		x.peerFail("the peer unregistering its memory: %v", err)
+		return
+	}
+	if err := x.peer.FillRange(0, tZone, tCanary); err != nil {
+		x.peerFail("fence the peer's memory: %v", err)
+	}
+	x.n.canaries.Add(1)
+	at := time.Now()
+	x.sleep(p.r, tQuarantine/4, tQuarantine)
+	canary := make([]byte, tZone)
+	for i := range canary {
+		canary[i] = tCanary
+	}
+	if got, err := x.peer.CRC(0, tZone); err != nil {
+		x.peerFail("peer crc: %v", err)
+	} else if got != crc32.ChecksumIEEE(canary) {
+		x.fail("a byte landed in the peer's memory %v after it was unregistered", time.Since(at).Round(time.Millisecond))
+	}
+	if err := x.peer.FillPattern(0, tZone, x.patternSeed(x.epoch)); err != nil {
+		x.peerFail("refill the peer: %v", err)
+	}
+	if err := ip.e.RegisterMemory(ip.Addr(), ip.Len(), ip.buf.location(), true); err != nil {
+		x.peerFail("the peer registering its memory again: %v", err)
+		return
+	}
+	x.n.reregisters.Add(1)
 }
