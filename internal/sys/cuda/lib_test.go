@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -301,6 +302,53 @@ func TestIPCSameProcessRefused(t *testing.T) {
 			return errors.New("a process opened its own IPC handle")
 		}
 		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestFakeSkipsStaleNames: a process killed before cuMemFree leaves its
+// shared-memory names in /dev/shm; a later process with the same pid must
+// still allocate (the fake once failed with OUT_OF_MEMORY on the name).
+func TestFakeSkipsStaleNames(t *testing.T) {
+	if !cudatest.Fake() {
+		t.Skip("the fake driver's names")
+	}
+	l := lib(t)
+	d, _ := l.DeviceGet(0)
+	ctx, _ := l.PrimaryCtxRetain(d)
+	defer l.PrimaryCtxRelease(d)
+	err := l.With(ctx, func() error {
+		a, err := l.MemAlloc(1 << 12)
+		if err != nil {
+			return err
+		}
+		h, err := l.IPCGetMemHandle(a)
+		l.MemFree(a)
+		if err != nil {
+			return err
+		}
+		// The handle carries the name, /fakecuda-PID-SEQ, after 24 bytes.
+		raw := h.Reserved[24:]
+		name := string(raw[:max(bytes.IndexByte(raw, 0), 0)])
+		i := strings.LastIndexByte(name, '-')
+		seq, err := strconv.Atoi(name[i+1:])
+		if err != nil {
+			return fmt.Errorf("handle name %q: %v", name, err)
+		}
+		for k := seq + 1; k <= seq+8; k++ {
+			p := "/dev/shm" + name[:i+1] + strconv.Itoa(k)
+			if err := os.WriteFile(p, nil, 0o600); err != nil {
+				return err
+			}
+			defer os.Remove(p)
+		}
+		b, err := l.MemAlloc(1 << 12)
+		if err != nil {
+			return fmt.Errorf("allocation beside stale names: %v", err)
+		}
+		return l.MemFree(b)
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -227,8 +227,14 @@ CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
   INIT(); if (need_ctx()) return INVALID_CONTEXT;
   if (!p || n == 0) return INVALID_VALUE;
   char name[40];
-  snprintf(name, sizeof name, "/fakecuda-%d-%ld", (int)getpid(), __sync_add_and_fetch(&seq, 1));
-  int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  /* A process killed before cuMemFree leaves its names behind; a later
+   * process with the same pid skips them (bounded). */
+  int fd = -1;
+  for (int tries = 0; fd < 0 && tries < 4096; tries++) {
+    snprintf(name, sizeof name, "/fakecuda-%d-%ld", (int)getpid(), __sync_add_and_fetch(&seq, 1));
+    fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0 && errno != EEXIST) break;
+  }
   if (fd < 0) return OUT_OF_MEMORY;
   if (ftruncate(fd, n) != 0) { close(fd); shm_unlink(name); return OUT_OF_MEMORY; }
   pthread_mutex_lock(&mu);
