@@ -125,16 +125,19 @@ func testSubmitLatency(t *testing.T, s Setup) {
 		t.Fatal(err)
 	}
 	took := time.Since(t0)
-	// 1 GiB takes hundreds of milliseconds to move here; a submit that
-	// waited for it would take as long.
-	if took > 100*time.Millisecond {
-		t.Errorf("submit of 64 x 16 MiB took %v: it waited for the transfers", took)
-	}
 	st, err := b.Wait(60 * time.Second)
 	if err != nil || st.State != engine.Completed {
 		t.Fatalf("%+v %v", st, err)
 	}
-	t.Logf("submit %v, transfer %v", took, time.Since(t0))
+	// 1 GiB takes hundreds of milliseconds to move here, seconds on a
+	// loaded machine; a submit that waited for it would take about as long
+	// as the whole transfer. Compared with the transfer of the same run, so
+	// a loaded machine slows both.
+	total := time.Since(t0)
+	if took > total/2 {
+		t.Errorf("submit of 64 x 16 MiB took %v of the transfer's %v: it waited for the transfers", took, total)
+	}
+	t.Logf("submit %v, transfer %v", took, total)
 }
 
 func pauser(t *testing.T, v *env) Pauser {
