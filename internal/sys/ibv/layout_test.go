@@ -1,17 +1,10 @@
 package ibv
 
 import (
-	"bufio"
-	"bytes"
-	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
-	"strconv"
-	"strings"
 	"testing"
 	"unsafe"
+
+	"github.com/tecache/te/internal/sys/clayout"
 )
 
 // cfield is one fact about a C layout: the offset and size of a member
@@ -19,13 +12,6 @@ import (
 type cfield struct {
 	ctype, member string
 	off, size     uintptr
-}
-
-func (f cfield) key() string {
-	if f.member == "" {
-		return f.ctype
-	}
-	return f.ctype + "." + f.member
 }
 
 // goLayout is what the Go mirrors claim, in the form the C program prints.
@@ -306,109 +292,18 @@ func goLayout() []cfield {
 	return out
 }
 
-// cProgram prints, for every entry of the Go table, what the C compiler says.
-func cProgram(fields []cfield) string {
-	var b strings.Builder
-	b.WriteString("#include <stddef.h>\n#include <stdio.h>\n#include <infiniband/verbs.h>\n\nint main(void) {\n")
-	for _, f := range fields {
-		if f.member == "" {
-			fmt.Fprintf(&b, "\tprintf(\"%%s 0 %%zu\\n\", %q, sizeof(%s));\n", f.key(), f.ctype)
-		} else {
-			fmt.Fprintf(&b, "\tprintf(\"%%s %%zu %%zu\\n\", %q, offsetof(%s, %s), sizeof(((%s *)0)->%s));\n",
-				f.key(), f.ctype, f.member, f.ctype, f.member)
-		}
-	}
-	b.WriteString("\treturn 0;\n}\n")
-	return b.String()
-}
-
-func parseLayout(t *testing.T, data []byte) map[string][2]uintptr {
-	t.Helper()
-	m := map[string][2]uintptr{}
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		j := strings.LastIndexByte(line[:i], ' ')
-		off, err1 := strconv.ParseUint(line[j+1:i], 10, 64)
-		size, err2 := strconv.ParseUint(line[i+1:], 10, 64)
-		if j < 0 || err1 != nil || err2 != nil {
-			t.Fatalf("bad layout line %q", line)
-		}
-		m[line[:j]] = [2]uintptr{uintptr(off), uintptr(size)}
-	}
-	return m
-}
-
-func compareLayout(t *testing.T, source string, c map[string][2]uintptr) {
-	t.Helper()
-	for _, f := range goLayout() {
-		got, ok := c[f.key()]
-		if !ok {
-			t.Errorf("%s: %s has no entry", source, f.key())
-			continue
-		}
-		if got[0] != f.off || got[1] != f.size {
-			t.Errorf("%s: offset/size mismatch: C has %d/%d, Go has %d/%d", f.key(), got[0], got[1], f.off, f.size)
-		}
-	}
-}
-
-const goldenHeader = "# offsetof/sizeof from rdma-core's verbs.h (Debian libibverbs-dev 44.0-2), " +
-	"written by TestLayout with TE_UPDATE_GOLDEN=1\n"
-
 // TestLayout compares every Go mirror with the C definitions: always with
 // the golden file of this architecture, and with the installed headers when
 // a C compiler and libibverbs-dev are present (CI installs both).
 func TestLayout(t *testing.T) {
-	golden := filepath.Join("testdata", "layout_"+runtime.GOARCH+".golden")
-	real, why := compileLayout(t)
-	if real != nil && os.Getenv("TE_UPDATE_GOLDEN") == "1" {
-		if err := os.WriteFile(golden, append([]byte(goldenHeader), real...), 0o644); err != nil {
-			t.Fatal(err)
+	var facts []clayout.Fact
+	for _, f := range goLayout() {
+		if f.member == "" {
+			facts = append(facts, clayout.Size(f.ctype, f.size))
+		} else {
+			facts = append(facts, clayout.Member(f.ctype, f.member, f.off, f.size))
 		}
 	}
-	if g, err := os.ReadFile(golden); err == nil {
-		compareLayout(t, golden, parseLayout(t, g))
-	} else if runtime.GOARCH == "amd64" {
-		t.Fatalf("golden layout missing: %v", err)
-	}
-	if real == nil {
-		t.Logf("not compared with installed headers: %s", why)
-		return
-	}
-	compareLayout(t, "verbs.h", parseLayout(t, real))
-}
-
-// compileLayout builds and runs the C side of the comparison. It returns nil
-// and the reason when the machine has no compiler or no verbs.h.
-func compileLayout(t *testing.T) ([]byte, string) {
-	cc := os.Getenv("CC")
-	if cc == "" {
-		cc = "cc"
-	}
-	if _, err := exec.LookPath(cc); err != nil {
-		return nil, "no C compiler: " + err.Error()
-	}
-	dir := t.TempDir()
-	src := filepath.Join(dir, "layout.c")
-	if err := os.WriteFile(src, []byte(cProgram(goLayout())), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	exe := filepath.Join(dir, "layout")
-	out, err := exec.Command(cc, "-o", exe, src).CombinedOutput()
-	if err != nil {
-		if bytes.Contains(out, []byte("infiniband/verbs.h")) {
-			return nil, "infiniband/verbs.h not installed (apt-get install libibverbs-dev)"
-		}
-		t.Fatalf("compiling the layout program: %v\n%s", err, out)
-	}
-	res, err := exec.Command(exe).Output()
-	if err != nil {
-		t.Fatalf("running the layout program: %v", err)
-	}
-	return res, ""
+	clayout.Check(t, "infiniband/verbs.h", "offsetof/sizeof from rdma-core's verbs.h (Debian libibverbs-dev 44.0-2), "+
+		"written by TestLayout with TE_UPDATE_GOLDEN=1", facts)
 }

@@ -1,39 +1,17 @@
 package uring
 
 import (
-	"bufio"
-	"bytes"
-	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
-	"strconv"
-	"strings"
 	"testing"
 	"unsafe"
+
+	"github.com/tecache/te/internal/sys/clayout"
 )
 
-// fact is one number the C compiler knows: a member's offset and size, a
-// type's size, or a constant's value.
-type fact struct {
-	key  string // "struct io_uring_sqe.fd", "struct io_uring_cqe", "IORING_OP_READ"
-	expr string // the C expression for the value(s)
-	goV  [2]uint64
-}
-
-func goFacts() []fact {
-	var out []fact
-	member := func(ctype, m string, off, size uintptr) {
-		out = append(out, fact{ctype + "." + m, fmt.Sprintf("offsetof(%s, %s), sizeof(((%s *)0)->%s)", ctype, m, ctype, m),
-			[2]uint64{uint64(off), uint64(size)}})
-	}
-	whole := func(ctype string, size uintptr) {
-		out = append(out, fact{ctype, fmt.Sprintf("(size_t)0, sizeof(%s)", ctype), [2]uint64{0, uint64(size)}})
-	}
-	constant := func(name string, v uint64) {
-		out = append(out, fact{name, fmt.Sprintf("(size_t)0, (size_t)(%s)", name), [2]uint64{0, v}})
-	}
+func goFacts() []clayout.Fact {
+	var out []clayout.Fact
+	member := func(ctype, m string, off, size uintptr) { out = append(out, clayout.Member(ctype, m, off, size)) }
+	whole := func(ctype string, size uintptr) { out = append(out, clayout.Size(ctype, size)) }
+	constant := func(name string, v uint64) { out = append(out, clayout.Const(name, v)) }
 
 	var s SQE
 	const ss = "struct io_uring_sqe"
@@ -125,88 +103,10 @@ func goFacts() []fact {
 	return out
 }
 
-func cProgram(fs []fact) string {
-	var b strings.Builder
-	b.WriteString("#include <stddef.h>\n#include <stdio.h>\n#include <linux/io_uring.h>\n\nint main(void) {\n")
-	for _, f := range fs {
-		fmt.Fprintf(&b, "\tprintf(\"%%s %%zu %%zu\\n\", %q, %s);\n", f.key, f.expr)
-	}
-	b.WriteString("\treturn 0;\n}\n")
-	return b.String()
-}
-
-func parse(t *testing.T, data []byte) map[string][2]uint64 {
-	t.Helper()
-	m := map[string][2]uint64{}
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		j := strings.LastIndexByte(line[:i], ' ')
-		a, err1 := strconv.ParseUint(line[j+1:i], 10, 64)
-		v, err2 := strconv.ParseUint(line[i+1:], 10, 64)
-		if j < 0 || err1 != nil || err2 != nil {
-			t.Fatalf("bad layout line %q", line)
-		}
-		m[line[:j]] = [2]uint64{a, v}
-	}
-	return m
-}
-
-const golden = "testdata/layout_amd64.golden"
-
-// TestLayoutMatchesKernelHeader compiles a program against linux/io_uring.h
-// (linux-libc-dev) that prints every offset, size and constant the Go side
-// mirrors, and compares. Without a C compiler or the header it compares with
-// the golden file that program wrote on amd64. TE_UPDATE_GOLDEN=1 rewrites it.
+// TestLayoutMatchesKernelHeader compares every offset, size and constant the
+// Go side mirrors with linux/io_uring.h (linux-libc-dev) when a C compiler
+// and the header are installed, and always with the golden file written on
+// amd64. TE_UPDATE_GOLDEN=1 rewrites it.
 func TestLayoutMatchesKernelHeader(t *testing.T) {
-	fs := goFacts()
-	var cOut []byte
-	cc, ccErr := exec.LookPath("cc")
-	_, hdrErr := os.Stat("/usr/include/linux/io_uring.h")
-	if ccErr == nil && hdrErr == nil {
-		dir := t.TempDir()
-		src := filepath.Join(dir, "layout.c")
-		if err := os.WriteFile(src, []byte(cProgram(fs)), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		bin := filepath.Join(dir, "layout")
-		if out, err := exec.Command(cc, "-o", bin, src).CombinedOutput(); err != nil {
-			t.Fatalf("compiling the layout program: %v\n%s", err, out)
-		}
-		out, err := exec.Command(bin).Output()
-		if err != nil {
-			t.Fatal(err)
-		}
-		cOut = out
-		if os.Getenv("TE_UPDATE_GOLDEN") == "1" && runtime.GOARCH == "amd64" {
-			if err := os.WriteFile(golden, append([]byte("# written by TestLayoutMatchesKernelHeader from linux/io_uring.h\n"), out...), 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}
-	} else {
-		if runtime.GOARCH != "amd64" {
-			t.Skipf("no C compiler or linux/io_uring.h, and the golden file is for amd64")
-		}
-		b, err := os.ReadFile(golden)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("no C compiler or kernel header (%v, %v): comparing with %s", ccErr, hdrErr, golden)
-		cOut = b
-	}
-	c := parse(t, cOut)
-	for _, f := range fs {
-		v, ok := c[f.key]
-		if !ok {
-			t.Errorf("%s: not in the C output", f.key)
-			continue
-		}
-		if v != f.goV {
-			t.Errorf("%s: Go says (%d, %d), C says (%d, %d)", f.key, f.goV[0], f.goV[1], v[0], v[1])
-		}
-	}
+	clayout.Check(t, "linux/io_uring.h", "written by TestLayoutMatchesKernelHeader from linux/io_uring.h", goFacts())
 }

@@ -1,0 +1,22 @@
+package clayout
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestParse(t *testing.T) {
+	m := Parse(t, []byte("# note\nstruct a.b 8 4\n\nX 0 17\n"))
+	if m["struct a.b"] != [2]uint64{8, 4} || m["X"] != [2]uint64{0, 17} || len(m) != 2 {
+		t.Fatalf("%v", m)
+	}
+}
+
+func TestProgram(t *testing.T) {
+	p := Program("linux/types.h", []Fact{Member("struct s", "m", 8, 4), Size("struct s", 16), Const("N", 3)})
+	for _, want := range []string{"#include <linux/types.h>", "offsetof(struct s, m)", "sizeof(struct s)", "(size_t)(N)"} {
+		if !strings.Contains(p, want) {
+			t.Errorf("program lacks %q:\n%s", want, p)
+		}
+	}
+}
