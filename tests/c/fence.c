@@ -127,27 +127,18 @@ static void reads(te_request_t *reqs, size_t n, te_segment_t seg, unsigned char 
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "target") == 0) return target();
 
-    int to_child[2], from_child[2];
-    if (pipe(to_child) || pipe(from_child)) return 1;
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, to_child[0], 0);
-    posix_spawn_file_actions_adddup2(&fa, from_child[1], 1);
-    posix_spawn_file_actions_addclose(&fa, to_child[1]);
-    posix_spawn_file_actions_addclose(&fa, from_child[0]);
     char *cargv[] = {argv[0], "target", NULL};
     size_t ne = 0;
     while (environ[ne]) ne++;
     char **env = calloc(ne + 2, sizeof *env);
     memcpy(env, environ, ne * sizeof *env);
     env[ne] = "TE_AUTH_SECRET=" SECRET;
+    int to_child[2] = {-1, -1}, from_child[2] = {-1, -1};
     pid_t pid;
-    if (posix_spawn(&pid, argv[0], &fa, NULL, cargv, env) != 0) {
-        perror("posix_spawn");
+    if (tu_spawn(argv[0], cargv, env, &pid, &to_child[1], &from_child[0]) != 0) {
+        perror("spawn");
         return 1;
     }
-    close(to_child[0]);
-    close(from_child[1]);
     FILE *in = fdopen(from_child[0], "r");
     char line[512], name[256];
     unsigned long long raddr = 0;

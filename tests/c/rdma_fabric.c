@@ -216,22 +216,13 @@ static void transfer(te_engine_t e, te_segment_t seg, int op, unsigned long long
 }
 
 static int initiator(const char *self) {
-    int to_child[2], from_child[2];
-    if (pipe(to_child) || pipe(from_child)) return 1;
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, to_child[0], 0);
-    posix_spawn_file_actions_adddup2(&fa, from_child[1], 1);
-    posix_spawn_file_actions_addclose(&fa, to_child[1]);
-    posix_spawn_file_actions_addclose(&fa, from_child[0]);
     char *argv[] = {(char *)self, "target", NULL};
+    int to_child[2] = {-1, -1}, from_child[2] = {-1, -1};
     pid_t pid;
-    if (posix_spawn(&pid, self, &fa, NULL, argv, environ) != 0) {
-        perror("posix_spawn");
+    if (tu_spawn(self, argv, environ, &pid, &to_child[1], &from_child[0]) != 0) {
+        perror("spawn");
         return 1;
     }
-    close(to_child[0]);
-    close(from_child[1]);
     FILE *in = fdopen(from_child[0], "r"), *out = fdopen(to_child[1], "w");
     char line[512], name[256];
     unsigned long long raddr = 0, rlen = 0;

@@ -2,9 +2,12 @@
 #ifndef TE_TESTUTIL_H
 #define TE_TESTUTIL_H
 
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
+#include <unistd.h>
 
 #include "te.h"
 
@@ -73,6 +76,38 @@ static inline int tu_done(const char *name) {
         return 1;
     }
     printf("%s: ok\n", name);
+    return 0;
+}
+
+/* tu_spawn starts path with argv and envp, its standard input and output
+ * connected to pipes: *to is the write end of its input, *from the read end
+ * of its output. Returns 0, or -1 with nothing left open. */
+static inline int tu_spawn(const char *path, char *const argv[], char *const envp[], pid_t *pid, int *to,
+                           int *from) {
+    int in[2], out[2];
+    if (pipe(in)) return -1;
+    if (pipe(out)) {
+        close(in[0]);
+        close(in[1]);
+        return -1;
+    }
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+    posix_spawn_file_actions_addclose(&fa, in[1]);
+    posix_spawn_file_actions_addclose(&fa, out[0]);
+    int err = posix_spawn(pid, path, &fa, NULL, argv, envp);
+    posix_spawn_file_actions_destroy(&fa);
+    close(in[0]);
+    close(out[1]);
+    if (err != 0) {
+        close(in[1]);
+        close(out[0]);
+        return -1;
+    }
+    *to = in[1];
+    *from = out[0];
     return 0;
 }
 
