@@ -4,7 +4,7 @@ import (
 	"testing"
 	"unsafe"
 
-	"github.com/tecache/te/internal/sys/clayout"
+	"github.com/tecache/te/internal/sys/layouttest"
 )
 
 // cfield is one fact about a C layout: the offset and size of a member
@@ -296,14 +296,14 @@ func goLayout() []cfield {
 // the golden file of this architecture, and with the installed headers when
 // a C compiler and libibverbs-dev are present (CI installs both).
 func TestLayout(t *testing.T) {
-	var facts []clayout.Fact
+	var facts []layouttest.Fact
 	for _, f := range goLayout() {
 		if f.member == "" {
-			facts = append(facts, clayout.Size(f.ctype, f.size))
+			facts = append(facts, layouttest.Size(f.ctype, f.size))
 		} else {
-			facts = append(facts, clayout.Member(f.ctype, f.member, f.off, f.size))
+			facts = append(facts, layouttest.Member(f.ctype, f.member, f.off, f.size))
 		}
 	}
-	clayout.Check(t, "infiniband/verbs.h", "offsetof/sizeof from rdma-core's verbs.h (Debian libibverbs-dev 44.0-2), "+
+	layouttest.Check(t, "infiniband/verbs.h", "offsetof/sizeof from rdma-core's verbs.h (Debian libibverbs-dev 44.0-2), "+
 		"written by TestLayout with TE_UPDATE_GOLDEN=1", facts)
 }

@@ -4,14 +4,14 @@ import (
 	"testing"
 	"unsafe"
 
-	"github.com/tecache/te/internal/sys/clayout"
+	"github.com/tecache/te/internal/sys/layouttest"
 )
 
-func goFacts() []clayout.Fact {
-	var out []clayout.Fact
-	member := func(ctype, m string, off, size uintptr) { out = append(out, clayout.Member(ctype, m, off, size)) }
-	whole := func(ctype string, size uintptr) { out = append(out, clayout.Size(ctype, size)) }
-	constant := func(name string, v uint64) { out = append(out, clayout.Const(name, v)) }
+func goFacts() []layouttest.Fact {
+	var out []layouttest.Fact
+	member := func(ctype, m string, off, size uintptr) { out = append(out, layouttest.Member(ctype, m, off, size)) }
+	whole := func(ctype string, size uintptr) { out = append(out, layouttest.Size(ctype, size)) }
+	constant := func(name string, v uint64) { out = append(out, layouttest.Const(name, v)) }
 
 	var s SQE
 	const ss = "struct io_uring_sqe"
@@ -108,5 +108,5 @@ func goFacts() []clayout.Fact {
 // and the header are installed, and always with the golden file written on
 // amd64. TE_UPDATE_GOLDEN=1 rewrites it.
 func TestLayoutMatchesKernelHeader(t *testing.T) {
-	clayout.Check(t, "linux/io_uring.h", "written by TestLayoutMatchesKernelHeader from linux/io_uring.h", goFacts())
+	layouttest.Check(t, "linux/io_uring.h", "written by TestLayoutMatchesKernelHeader from linux/io_uring.h", goFacts())
 }

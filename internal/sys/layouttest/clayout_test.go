@@ -1,4 +1,4 @@
-package clayout
+package layouttest
 
 import (
 	"strings"
