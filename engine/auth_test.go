@@ -214,11 +214,13 @@ func TestSecretRotation(t *testing.T) {
 // connection (handshake and Describe) through a proxy and replays the
 // initiator's bytes: the engine refuses, and the replay learns nothing.
 func TestReplayedControlTranscriptRefused(t *testing.T) {
-	tg := target(t, withSecret(secretA))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The target is named after the proxy, so the initiator, which checks
+	// the name the session proves, sends its Describe through it.
+	tg := target(t, withSecret(secretA), func(c *engine.Config) { c.SegmentName = ln.Addr().String() })
 	var rec bytes.Buffer
 	var wg sync.WaitGroup
 	wg.Add(1)

@@ -181,7 +181,7 @@ func New(cfg Config) (_ *Engine, err error) {
 			"session", mode, "listen", ln.Addr().String())
 	}
 	l := cfg.Limits
-	e.ctrl = ctrl.New(ln, ctrl.Options{Secret: secret, Encrypt: cfg.Encrypt, Instance: e.instance,
+	e.ctrl = ctrl.New(ln, ctrl.Options{Secret: secret, Encrypt: cfg.Encrypt, Instance: e.instance, Name: e.name, Addr: e.rpcAddr,
 		Limits:      ctrl.Limits{Policy: l.policy(), MaxCalls: l.MaxCalls, MaxCallsPerConn: l.MaxCallsPerConn, MaxFrame: l.MaxFrame},
 		DialTimeout: cfg.RPCTimeout, Logger: cfg.Logger, Mooncake: mc.open})
 	e.ctrl.Handle(wire.KindDescribe, e.handleDescribe)
@@ -403,13 +403,21 @@ func (e *Engine) publish() error {
 	if err != nil {
 		return err
 	}
+	// With a secret both records carry a MAC (spec.md, "Authenticated
+	// store records"): a store writer can delete them, not redirect them.
+	if b, err = e.secret.SignRecord(meta.KeyRAM(e.name), b); err != nil {
+		return err
+	}
+	rpc, err := e.secret.SignRecord(meta.KeyRPC(e.name), meta.EncodeRPCMeta(e.hostname, e.RPCPort()))
+	if err != nil {
+		return err
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RPCTimeout)
 	defer cancel()
 	if err := e.store.Put(ctx, meta.KeyRAM(e.name), b); err != nil {
 		return errs.Wrap(errs.Metadata, "publish", err, "segment %s", e.name)
 	}
-	port := e.RPCPort()
-	if err := e.store.Put(ctx, meta.KeyRPC(e.name), meta.EncodeRPCMeta(e.hostname, port)); err != nil {
+	if err := e.store.Put(ctx, meta.KeyRPC(e.name), rpc); err != nil {
 		return errs.Wrap(errs.Metadata, "publish", err, "rpc meta of %s", e.name)
 	}
 	return nil
@@ -780,6 +788,9 @@ func (e *Engine) rpcAddrOf(name string) (string, error) {
 			return "", errs.New(errs.SegmentNotFound, "resolve", "no segment %q in the metadata store", name)
 		}
 		return "", errs.Wrap(errs.Metadata, "resolve", err, "segment %q", name)
+	}
+	if b, err = e.verifyRecord(meta.KeyRPC(name), name, b); err != nil {
+		return "", err
 	}
 	var m meta.RPCMeta
 	if err := json.Unmarshal(b, &m); err != nil || m.RPCPort <= 0 || m.RPCPort > 65535 {

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/tecache/te/engine/internal/ctrl"
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/wire"
@@ -65,6 +66,16 @@ func newMooncakeState(cfg *Config, secret bool) (*mooncakeState, error) {
 		guess:  !secret,
 	}
 	m.open = !secret || cfg.AllowMooncakeWithSecret && m.accept
+	if cfg.Encrypt {
+		// Mooncake's protocol has no encryption: an encrypting engine
+		// never talks to a Mooncake peer, whatever else allows it.
+		if m.accept {
+			return nil, errs.New(errs.InvalidArgument, "new",
+				"Mooncake peers are to be accepted, but encryption (%s) is on and Mooncake's protocol sends KV in the clear", EnvEncrypt).
+				WithHint("an encrypting engine never talks to Mooncake peers: turn one of the two off")
+		}
+		m.call, m.open, m.guess = false, false, false
+	}
 	if m.accept && !m.call {
 		return nil, errs.New(errs.InvalidArgument, "new",
 			"Mooncake peers are to be accepted, but a cluster secret is set and Mooncake peers cannot authenticate").
@@ -197,7 +208,7 @@ func mooncakeMaybe(err error) bool {
 func (e *Engine) describe(ctx context.Context, addr, name string) ([]byte, error) {
 	var teErr error
 	if !e.mc.call || !e.mc.known(addr) {
-		b, err := e.ctrl.Call(ctx, addr, wire.KindDescribe, []byte(name))
+		b, err := e.ctrl.CallTo(ctx, ctrl.Target{Addr: addr, Name: name}, wire.KindDescribe, []byte(name))
 		if err == nil || !e.mc.guess || !mooncakeMaybe(err) || ctx.Err() != nil {
 			return b, err
 		}
@@ -216,7 +227,7 @@ func (e *Engine) describe(ctx context.Context, addr, name string) ([]byte, error
 	}
 	if json.Unmarshal(b, &id) == nil && id.Instance != "" {
 		e.mc.forget(addr)
-		return e.ctrl.Call(ctx, addr, wire.KindDescribe, []byte(name))
+		return e.ctrl.CallTo(ctx, ctrl.Target{Addr: addr, Name: name}, wire.KindDescribe, []byte(name))
 	}
 	e.mc.remember(addr)
 	return b, nil
@@ -244,6 +255,11 @@ func (e *Engine) adoptMooncake(d *segment.Desc, addr, name string) error {
 	if !d.IsMooncake() {
 		return nil
 	}
+	if e.cfg.Encrypt {
+		return errs.New(errs.Unauthenticated, "open segment",
+			"segment %q has a Mooncake Transfer Engine descriptor; this engine encrypts (%s) and Mooncake's protocol carries KV in the clear: refused", name, EnvEncrypt).
+			WithHint("a Mooncake peer is never reached with encryption on (AllowMooncakeWithSecret does not change that); check who wrote this descriptor")
+	}
 	if !e.mc.call {
 		return errs.New(errs.Unauthenticated, "open segment",
 			"segment %q has a Mooncake Transfer Engine descriptor; Mooncake peers cannot prove they hold the cluster secret, and this engine has one", name).
@@ -262,11 +278,11 @@ func (e *Engine) adoptMooncake(d *segment.Desc, addr, name string) error {
 
 // sendNotify delivers a notification: te's Notify, or Mooncake's for a
 // Mooncake engine (known, or found when te's call is closed unanswered).
-func (e *Engine) sendNotify(ctx context.Context, addr, name, msg string) error {
+func (e *Engine) sendNotify(ctx context.Context, seg, addr, name, msg string) error {
 	if e.mc.call && e.mc.known(addr) {
 		return e.notifyMooncake(ctx, addr, name, msg)
 	}
-	_, err := e.ctrl.Call(ctx, addr, wire.KindNotify, wire.AppendNotify(nil, []byte(name), []byte(msg)))
+	_, err := e.ctrl.CallTo(ctx, ctrl.Target{Addr: addr, Name: seg}, wire.KindNotify, wire.AppendNotify(nil, []byte(name), []byte(msg)))
 	if err == nil || !e.mc.guess || !mooncakeMaybe(err) || ctx.Err() != nil {
 		return err
 	}
@@ -290,7 +306,7 @@ func (e *Engine) notifyMooncake(ctx context.Context, addr, name, msg string) err
 // Mooncake's, whose answer carries no identity (only the name is filled in).
 func (e *Engine) probeCall(ctx context.Context, addr, name string) ([]byte, error) {
 	if !e.mc.call || !e.mc.known(addr) {
-		return e.ctrl.Call(ctx, addr, wire.KindProbe, nil)
+		return e.ctrl.CallTo(ctx, ctrl.Target{Addr: addr, Name: name}, wire.KindProbe, nil)
 	}
 	b, err := e.ctrl.ExchangeMooncake(ctx, addr, wire.KindMooncakeProbe, []byte("{}"), wire.MooncakeMaxHandshake)
 	if err != nil {

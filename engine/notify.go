@@ -96,7 +96,7 @@ func (e *Engine) SendNotify(segment, name, msg string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RPCTimeout)
 	defer cancel()
-	if err := e.sendNotify(ctx, addr, name, msg); err != nil { // te's, or Mooncake's (mooncake.go)
+	if err := e.sendNotify(ctx, segment, addr, name, msg); err != nil { // te's, or Mooncake's (mooncake.go)
 		return err
 	}
 	e.stats.notifiesSent.Add(1)

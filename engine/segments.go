@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"sync"
 	"sync/atomic"
@@ -9,6 +10,7 @@ import (
 	"github.com/tecache/te/engine/meta"
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/internal/errs"
+	"github.com/tecache/te/internal/peerauth"
 )
 
 // segState is the cached state of one opened remote segment, shared by every
@@ -160,6 +162,9 @@ func (e *Engine) fetch(name string) (*segment.Desc, error) {
 			}
 			return nil, errs.Wrap(errs.Metadata, "open segment", err, "segment %q", name)
 		}
+		if b, err = e.verifyRecord(meta.KeyRAM(name), name, b); err != nil {
+			return nil, err
+		}
 	}
 	d, err := segment.Decode(b)
 	if err != nil {
@@ -172,6 +177,31 @@ func (e *Engine) fetch(name string) (*segment.Desc, error) {
 		return nil, errs.New(errs.Metadata, "open segment", "asked for %q, got the descriptor of %q", name, d.Name)
 	}
 	return d, nil
+}
+
+// verifyRecord checks the MAC of a record read from the store under key
+// for segment name (spec.md, "Authenticated store records") and returns
+// the record without it. Without a secret records are taken as they are
+// (trusted peers). With one, an unsigned record is taken only if it is a
+// Mooncake engine's (which signs nothing): a Mooncake descriptor, which
+// adoptMooncake then refuses unless Mooncake peers may be reached
+// (AllowMooncakeWithSecret, no encryption), or an rpc_meta record where
+// they may. Anything else that fails is refused, naming the segment and why.
+func (e *Engine) verifyRecord(key, name string, b []byte) ([]byte, error) {
+	out, err := e.secret.VerifyRecord(key, b)
+	if err == nil {
+		return out, nil
+	}
+	if !bytes.Contains(b, []byte(`"`+peerauth.RecordField+`"`)) {
+		if d, derr := segment.Decode(b); key == meta.KeyRAM(name) && derr == nil && d.IsMooncake() {
+			return b, nil // adoptMooncake decides, and says why
+		}
+		if key == meta.KeyRPC(name) && e.mc.call {
+			return b, nil // a Mooncake engine's; each control call still checks whom it reached
+		}
+	}
+	e.stats.refusedRecords.Add(1)
+	return nil, errs.Wrap(errs.Unauthenticated, "open segment", err, "segment %q refused", name)
 }
 
 // current returns the descriptor to validate a request against, refreshing it

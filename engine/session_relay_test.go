@@ -21,6 +21,7 @@ import (
 	"github.com/tecache/te/engine"
 	"github.com/tecache/te/engine/meta"
 	"github.com/tecache/te/internal/errs"
+	"github.com/tecache/te/internal/peerauth"
 	"github.com/tecache/te/internal/session"
 	"github.com/tecache/te/internal/sys/mem"
 	"github.com/tecache/te/internal/wire"
@@ -323,13 +324,28 @@ func relayTarget(t *testing.T, tgMod func(*engine.Config), dataMode, ctrlMode re
 	}
 	raw["te_rpc"] = rv.ctrl.addr()
 	raw["te_endpoints"].(map[string]any)["tcp"] = rv.data.addr()
+	delete(raw, peerauth.RecordField)
+	// Records are signed with the secret now, so a store writer without
+	// it cannot make this rewrite; the relay stands for a party that
+	// redirects connections on the path, which the sessions must hold
+	// against: the rewrite is signed as an engine would.
+	sec, err := peerauth.ParseSecret(relaySecret)
+	if err != nil {
+		t.Fatal(err)
+	}
 	b, _ := json.Marshal(raw)
+	if b, err = sec.SignRecord(meta.KeyRAM("target"), b); err != nil {
+		t.Fatal(err)
+	}
 	storePut(t, store, meta.KeyRAM("target"), b)
 	// And the control address notifications are sent to.
 	host, port, _ := net.SplitHostPort(rv.ctrl.addr())
 	var pn int
 	fmt.Sscan(port, &pn)
 	b, _ = json.Marshal(meta.RPCMeta{IPOrHostName: host, RPCPort: pn})
+	if b, err = sec.SignRecord(meta.KeyRPC("target"), b); err != nil {
+		t.Fatal(err)
+	}
 	storePut(t, store, meta.KeyRPC("target"), b)
 	return rv
 }

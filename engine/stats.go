@@ -10,6 +10,7 @@ type stats struct {
 	completed, failed, timedOut, canceled atomic.Uint64
 	bytes                                 atomic.Uint64
 	notifiesSent, notifiesReceived        atomic.Uint64
+	refusedRecords                        atomic.Uint64 // store records that did not verify
 	windowsGranted, windowsRevoked        atomic.Uint64
 	windowsUnenforced                     atomic.Uint64
 	strayCompletions                      atomic.Uint64
@@ -28,6 +29,9 @@ type Stats struct {
 	BytesTransferred uint64                    `json:"bytes_transferred"`
 	NotifiesSent     uint64                    `json:"notifies_sent"`
 	NotifiesReceived uint64                    `json:"notifies_received"`
+	// RefusedRecords counts descriptors and rpc_meta records read from the
+	// store that did not verify (spec.md, "Authenticated store records").
+	RefusedRecords uint64 `json:"refused_records"`
 	// Windows granted and revoked (GrantWindow); requests that named a
 	// window but went over a transport that cannot honour one.
 	WindowsGranted    uint64 `json:"windows_granted"`
@@ -123,6 +127,7 @@ func (e *Engine) Stats() Stats {
 		BytesTransferred: e.stats.bytes.Load(),
 		NotifiesSent:     e.stats.notifiesSent.Load(),
 		NotifiesReceived: e.stats.notifiesReceived.Load(),
+		RefusedRecords:   e.stats.refusedRecords.Load(),
 
 		WindowsGranted:    e.stats.windowsGranted.Load(),
 		WindowsRevoked:    e.stats.windowsRevoked.Load(),

@@ -66,11 +66,18 @@ type SessionOptions struct {
 	// Encrypt asks for (initiator) or requires (server) Encryption mode;
 	// either side asking is enough. It needs a secret.
 	Encrypt bool
+	// Name and Addr are, on the server, the segment name and RPC address
+	// it proves to the initiator (version 3); an empty Name proves the
+	// instance id in its place. The initiator ignores them.
+	Name, Addr string
 }
 
 func (o *SessionOptions) check(s *Secret) error {
 	if o.Channel != session.Control && o.Channel != session.Data {
 		return errs.New(errs.InvalidArgument, "auth", "unknown session channel %q", o.Channel)
+	}
+	if len(o.Name) > wire.MaxAuthName || len(o.Addr) > wire.MaxAuthAddr {
+		return errs.New(errs.InvalidArgument, "auth", "segment name of %d or address of %d bytes (at most %d and %d)", len(o.Name), len(o.Addr), wire.MaxAuthName, wire.MaxAuthAddr)
 	}
 	if o.Encrypt && s == nil {
 		return errs.New(errs.InvalidArgument, "auth", "encryption needs the cluster secret: the session keys come from it").
@@ -95,6 +102,12 @@ type Opened struct {
 	// PeerInstance is the peer's instance id, proven when Session is not
 	// nil.
 	PeerInstance string
+	// PeerName and PeerAddr are, at the initiator, the server's segment
+	// name and RPC address, proven with Session (empty without one).
+	// Whoever holds the secret can name itself anything; what they prove
+	// is that a connection redirected on the path or by a rewritten
+	// descriptor reached another segment than the one meant.
+	PeerName, PeerAddr string
 	// Session seals what this side sends and opens what it reads, from
 	// the byte after the exchange on; nil when neither side has a secret.
 	Session *session.Session
@@ -111,7 +124,7 @@ func client(conn Conn, s *Secret, localInstance string, deadline time.Time, v2 *
 
 	h := &wire.Hello{Version: wire.AuthVersion, Instance: localInstance}
 	if v2 != nil {
-		h.Version, h.Mode = wire.AuthVersionSession, v2.mode(s)
+		h.Version, h.Mode = wire.AuthVersionIdentity, v2.mode(s)
 	}
 	rand.Read(h.Nonce[:])
 	if s != nil {
@@ -190,7 +203,7 @@ func client(conn Conn, s *Secret, localInstance string, deadline time.Time, v2 *
 	if !hmac.Equal(r.MAC[:], want[:]) {
 		return Opened{}, errs.New(errs.Unauthenticated, "auth", "peer %s (instance %s) failed to prove it holds the cluster secret; this engine refuses it", who, printable(c.Instance))
 	}
-	o := Opened{PeerInstance: c.Instance}
+	o := Opened{PeerInstance: c.Instance, PeerName: c.Name, PeerAddr: c.Addr}
 	if v2 != nil {
 		if o.Session, err = openSession(k, t, v2.Channel, c.Mode, session.Initiator); err != nil {
 			return Opened{}, err
@@ -266,7 +279,7 @@ func server(conn Conn, s *Secret, localInstance string, deadline time.Time, v2 *
 	}
 	version := hb[1]
 	speaks := version == wire.AuthVersion && (v2 == nil || s == nil) ||
-		version == wire.AuthVersionSession && v2 != nil
+		(version == wire.AuthVersionSession || version == wire.AuthVersionIdentity) && v2 != nil
 	if !speaks {
 		if version == wire.AuthVersion && v2 != nil {
 			return refuse(wire.AuthBadVersion, errs.New(errs.NotSupported, "auth",
@@ -275,7 +288,7 @@ func server(conn Conn, s *Secret, localInstance string, deadline time.Time, v2 *
 		}
 		want := wire.AuthVersion
 		if v2 != nil {
-			want = wire.AuthVersionSession
+			want = wire.AuthVersionIdentity
 		}
 		return refuse(wire.AuthBadVersion, errs.New(errs.NotSupported, "auth", "peer %s speaks authentication version %d, not %d", who, version, want))
 	}
@@ -316,6 +329,12 @@ func server(conn Conn, s *Secret, localInstance string, deadline time.Time, v2 *
 	c.Status, c.Instance = wire.AuthProceed, localInstance
 	if v2 != nil {
 		c.Mode = max(h.Mode, v2.mode(s))
+		if c.Version == wire.AuthVersionIdentity {
+			c.Name, c.Addr = v2.Name, v2.Addr
+			if c.Name == "" {
+				c.Name = localInstance
+			}
+		}
 	}
 	rand.Read(c.Nonce[:])
 	cb := wire.AppendChallenge(nil, c)

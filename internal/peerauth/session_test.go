@@ -130,14 +130,14 @@ func TestSessionRefusals(t *testing.T) {
 	wantErr(t, "version 1 initiator", outcome{err: err}, errs.NotSupported, "version 1")
 	wantErr(t, "server given version 1", outcome{err: (<-done).err}, errs.NotSupported, "opens no session")
 
-	// A version 2 initiator at a version 1 server.
+	// A version 3 initiator at a version 1 server.
 	c, s = pair(t)
 	go func() {
 		p, err := peerauth.Server(s, a, "old-server", time.Now().Add(5*time.Second))
 		done <- opened{peerauth.Opened{PeerInstance: p}, err}
 	}()
 	_, err = peerauth.ClientSession(c, a, "client", time.Now().Add(5*time.Second), ctrlOpt)
-	wantErr(t, "initiator at a version 1 server", outcome{err: err}, errs.NotSupported, "version 2")
+	wantErr(t, "initiator at a version 1 server", outcome{err: err}, errs.NotSupported, "version 3")
 	wantErr(t, "version 1 server", outcome{err: (<-done).err}, errs.NotSupported)
 
 	// Settings.
@@ -314,4 +314,68 @@ func TestRelayCannotInjectOrAlter(t *testing.T) {
 		_, err := srv.o.Session.Recv.ReadRecord(sc, make([]byte, 128), len(read))
 		wantErr(t, "crossed channel", outcome{err: err}, errs.Unauthenticated)
 	})
+}
+
+// TestSessionProvesServerName: the server's segment name and RPC address
+// reach the initiator inside the transcript both MACs cover (version 3);
+// without a secret nothing is claimed. A relay that rewrites the name on
+// the way fails the server's proof.
+func TestSessionProvesServerName(t *testing.T) {
+	s := mustSecret(t, secretA)
+	cli, srv, _, _ := runSession(t, s, s, ctrlOpt, peerauth.SessionOptions{Channel: session.Control, Name: "decode-3", Addr: "10.1.2.3:7000"})
+	if cli.err != nil || srv.err != nil {
+		t.Fatal(cli.err, srv.err)
+	}
+	if cli.o.PeerName != "decode-3" || cli.o.PeerAddr != "10.1.2.3:7000" || cli.o.PeerInstance != "server-instance" {
+		t.Fatalf("proven %q %q %q", cli.o.PeerName, cli.o.PeerAddr, cli.o.PeerInstance)
+	}
+	// A server given no name proves its instance as its name.
+	cli, _, _, _ = runSession(t, s, s, ctrlOpt, ctrlOpt)
+	if cli.err != nil || cli.o.PeerName != "server-instance" {
+		t.Fatal(cli.o.PeerName, cli.err)
+	}
+	// No secret: nothing proven, nothing claimed.
+	cli, _, _, _ = runSession(t, nil, nil, ctrlOpt, peerauth.SessionOptions{Channel: session.Control, Name: "decode-3"})
+	if cli.err != nil || cli.o.PeerName != "" || cli.o.Session != nil {
+		t.Fatal(cli.o, cli.err)
+	}
+
+	// A relay that renames the server in its CHALLENGE.
+	c, r := pair(t)
+	r2, sv := pair(t)
+	done := make(chan error, 1)
+	go func() {
+		_, err := peerauth.ServerSession(sv, s, "server-instance", time.Now().Add(5*time.Second), peerauth.SessionOptions{Channel: session.Control, Name: "segment-C"})
+		done <- err
+	}()
+	go func() {
+		// HELLO through unchanged, CHALLENGE renamed, the rest through.
+		fwd := func(from io.Reader, to io.Writer, edit func([]byte) []byte) {
+			var h [wire.FrameHeaderSize]byte
+			if _, err := io.ReadFull(from, h[:]); err != nil {
+				return
+			}
+			_, n, _ := wire.ParseFrameHeader(h[:])
+			body := make([]byte, n)
+			io.ReadFull(from, body)
+			if edit != nil {
+				body = edit(body)
+			}
+			to.Write(wire.AppendFrame(nil, wire.KindAuth, body))
+		}
+		fwd(r, r2, nil)
+		fwd(r2, r, func(b []byte) []byte {
+			ch, err := wire.DecodeChallenge(b)
+			if err != nil {
+				return b
+			}
+			ch.Name = "segment-B"
+			return wire.AppendChallenge(nil, ch)
+		})
+		fwd(r, r2, nil)
+		fwd(r2, r, nil)
+	}()
+	_, err := peerauth.ClientSession(c, s, "client-instance", time.Now().Add(5*time.Second), ctrlOpt)
+	wantErr(t, "renamed server", outcome{err: err}, errs.Unauthenticated)
+	<-done
 }

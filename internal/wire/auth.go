@@ -16,8 +16,17 @@ const (
 	// session (spec.md, "Authenticated sessions"): HELLO and CHALLENGE
 	// carry a session mode, and every frame after RESULT is sealed.
 	AuthVersionSession = 2
+	// AuthVersionIdentity is version 2 whose accepting CHALLENGE also
+	// names the server's segment and RPC address, so the session proves
+	// which segment the initiator reached, not only that it holds the
+	// secret (spec.md, "Exchange, version 3").
+	AuthVersionIdentity = 3
 	// MaxAuthBody bounds the body of an authentication frame.
-	MaxAuthBody = 256
+	MaxAuthBody = 1536
+	// MaxAuthName bounds the segment name a version 3 CHALLENGE proves.
+	MaxAuthName = 1024
+	// MaxAuthAddr bounds the RPC address a version 3 CHALLENGE proves.
+	MaxAuthAddr = 255
 	// AuthNonceSize is the size of each side's nonce.
 	AuthNonceSize = 32
 	// AuthKeyIDSize is the size of a key id.
@@ -78,6 +87,9 @@ type Challenge struct {
 	Nonce    [AuthNonceSize]byte
 	KeyIndex uint8
 	Instance string
+	// Name and Addr are the server's segment name and RPC address
+	// (version 3, status 0 only; empty otherwise).
+	Name, Addr string
 }
 
 // Result is the server's answer to the initiator's proof.
@@ -93,7 +105,7 @@ func authErr(format string, args ...any) error {
 // AppendHello appends a HELLO body in h.Version's layout.
 func AppendHello(dst []byte, h *Hello) []byte {
 	dst = append(dst, AuthMsgHello, h.Version, uint8(len(h.KeyIDs)))
-	if h.Version == AuthVersionSession {
+	if h.Version >= AuthVersionSession {
 		dst = append(dst, h.Mode)
 	}
 	dst = append(dst, h.Nonce[:]...)
@@ -109,7 +121,7 @@ func AppendHello(dst []byte, h *Hello) []byte {
 // server answers an unknown one with AuthBadVersion.
 func DecodeHello(b []byte) (*Hello, error) {
 	fixed := 3
-	if len(b) > 1 && b[1] == AuthVersionSession {
+	if len(b) > 1 && (b[1] == AuthVersionSession || b[1] == AuthVersionIdentity) {
 		fixed = 4
 	}
 	if len(b) < fixed+AuthNonceSize+1 || b[0] != AuthMsgHello {
@@ -148,12 +160,19 @@ func DecodeHello(b []byte) (*Hello, error) {
 // AppendChallenge appends a CHALLENGE body in c.Version's layout.
 func AppendChallenge(dst []byte, c *Challenge) []byte {
 	dst = append(dst, AuthMsgChallenge, c.Version, uint8(c.Status))
-	if c.Version == AuthVersionSession {
+	if c.Version >= AuthVersionSession {
 		dst = append(dst, c.Mode)
 	}
 	dst = append(dst, c.Nonce[:]...)
 	dst = append(dst, c.KeyIndex, uint8(len(c.Instance)))
-	return append(dst, c.Instance...)
+	dst = append(dst, c.Instance...)
+	if c.Version == AuthVersionIdentity && c.Status == AuthProceed {
+		dst = binary.LittleEndian.AppendUint16(dst, uint16(len(c.Name)))
+		dst = append(dst, c.Name...)
+		dst = append(dst, uint8(len(c.Addr)))
+		dst = append(dst, c.Addr...)
+	}
+	return dst
 }
 
 // DecodeChallenge decodes a CHALLENGE body: version 2's layout when its
@@ -161,7 +180,7 @@ func AppendChallenge(dst []byte, c *Challenge) []byte {
 // version is sent in version 1's).
 func DecodeChallenge(b []byte) (*Challenge, error) {
 	head := 3
-	if len(b) > 1 && b[1] == AuthVersionSession {
+	if len(b) > 1 && (b[1] == AuthVersionSession || b[1] == AuthVersionIdentity) {
 		head = 4
 	}
 	fixed := head + AuthNonceSize + 2
@@ -177,13 +196,31 @@ func DecodeChallenge(b []byte) (*Challenge, error) {
 	}
 	copy(c.Nonce[:], b[head:])
 	n := int(b[fixed-1])
-	if n > MaxAuthInstance || len(b) != fixed+n {
+	ids := c.Version == AuthVersionIdentity && c.Status == AuthProceed
+	if n > MaxAuthInstance || len(b) < fixed+n || !ids && len(b) != fixed+n {
 		return nil, authErr("CHALLENGE instance of %d bytes in %d", n, len(b)-fixed)
 	}
 	if c.Status > AuthBadVersion || c.Status == AuthBadProof {
 		return nil, authErr("CHALLENGE status %d", c.Status)
 	}
-	c.Instance = string(b[fixed:])
+	c.Instance = string(b[fixed : fixed+n])
+	if ids {
+		p := b[fixed+n:]
+		if len(p) < 2 {
+			return nil, authErr("CHALLENGE without the server's name")
+		}
+		ln := int(binary.LittleEndian.Uint16(p))
+		if ln == 0 || ln > MaxAuthName || len(p) < 2+ln+1 {
+			return nil, authErr("CHALLENGE name of %d bytes in %d", ln, len(p)-2)
+		}
+		c.Name = string(p[2 : 2+ln])
+		p = p[2+ln:]
+		la := int(p[0])
+		if la > MaxAuthAddr || len(p) != 1+la {
+			return nil, authErr("CHALLENGE address of %d bytes in %d", la, len(p)-1)
+		}
+		c.Addr = string(p[1:])
+	}
 	return c, nil
 }
 

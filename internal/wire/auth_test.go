@@ -86,6 +86,8 @@ func FuzzDecodeChallenge(f *testing.F) {
 	f.Add(AppendChallenge(nil, &Challenge{Version: 1, Status: AuthBusy}))
 	f.Add(AppendChallenge(nil, &Challenge{Version: 2, Status: AuthProceed, Mode: 1, Instance: "abc"}))
 	f.Add(AppendChallenge(nil, &Challenge{Version: 2, Status: AuthNoAuth, Instance: "abc"}))
+	f.Add(AppendChallenge(nil, &Challenge{Version: 3, Status: AuthProceed, Mode: 1, Instance: "abc", Name: "seg", Addr: "h:1"}))
+	f.Add(AppendChallenge(nil, &Challenge{Version: 3, Status: AuthBusy}))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c, err := DecodeChallenge(data)
 		if err != nil {
@@ -168,5 +170,35 @@ func TestSessionMessagesRefuseMalformed(t *testing.T) {
 		if _, err := DecodeChallenge(AppendChallenge(nil, c)); errs.CodeOf(err) != errs.Protocol {
 			t.Errorf("CHALLENGE %s: %v", name, err)
 		}
+	}
+}
+
+// TestIdentityChallengeRoundTrip: version 3's accepting CHALLENGE carries
+// the server's segment name and RPC address after the instance; a refusal
+// carries neither, and a name that does not fit is refused.
+func TestIdentityChallengeRoundTrip(t *testing.T) {
+	c := &Challenge{Version: AuthVersionIdentity, Status: AuthProceed, Mode: SessionIntegrity, Instance: "srv", Name: "prefill-0", Addr: "10.0.0.1:7000"}
+	b := AppendChallenge(nil, c)
+	c2, err := DecodeChallenge(b)
+	if err != nil || *c2 != *c {
+		t.Fatal(c2, err)
+	}
+	if _, err := DecodeChallenge(b[:len(b)-1]); errs.CodeOf(err) != errs.Protocol {
+		t.Fatal("short address decoded:", err)
+	}
+	noName := AppendChallenge(nil, &Challenge{Version: AuthVersionIdentity, Status: AuthProceed, Mode: 1, Instance: "srv"})
+	if _, err := DecodeChallenge(noName); errs.CodeOf(err) != errs.Protocol {
+		t.Fatal("empty name decoded:", err)
+	}
+	long := AppendChallenge(nil, &Challenge{Version: AuthVersionIdentity, Status: AuthProceed, Mode: 1, Instance: "srv", Name: string(bytes.Repeat([]byte{'n'}, MaxAuthName+1))})
+	if _, err := DecodeChallenge(long); errs.CodeOf(err) != errs.Protocol {
+		t.Fatal("long name decoded:", err)
+	}
+	if len(long) > MaxAuthBody+2 {
+		t.Fatalf("largest challenge %d bytes over the bound %d", len(long), MaxAuthBody)
+	}
+	busy := AppendChallenge(nil, &Challenge{Version: AuthVersionIdentity, Status: AuthBusy, Name: "x"})
+	if r, err := DecodeChallenge(busy); err != nil || r.Name != "" {
+		t.Fatal(r, err)
 	}
 }

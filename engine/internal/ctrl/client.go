@@ -14,8 +14,21 @@ import (
 	"github.com/tecache/te/internal/wire"
 )
 
+// Target is the peer a call is meant for: the address to dial and, when
+// known, the segment and instance the connection must have proven there.
+type Target struct {
+	Addr string
+	// Name: the segment meant (its name or RPC address must be the one
+	// the server proved); empty: any.
+	Name string
+	// Instance: the engine start meant (from an authenticated
+	// descriptor); empty: any.
+	Instance string
+}
+
 // call is one control call on a pooled connection (internal/pipe).
 type call struct {
+	to       Target
 	kind     uint8
 	body     []byte
 	done     chan struct{} // closed by Done
@@ -41,10 +54,19 @@ func (c *call) Done(err error) {
 // Call sends a request to the peer's control address and waits for its reply,
 // the context's end, or the connection's loss, whichever comes first.
 func (c *Plane) Call(ctx context.Context, addr string, kind uint8, body []byte) ([]byte, error) {
+	return c.CallTo(ctx, Target{Addr: addr}, kind, body)
+}
+
+// CallTo is Call to the peer t names: with a cluster secret the call is
+// written only on a connection whose server proved t.Name and t.Instance
+// (those that are set); else it fails unsent, Unauthenticated when the
+// server is another segment, StaleDescriptor when it is another start of
+// the segment meant.
+func (c *Plane) CallTo(ctx context.Context, t Target, kind uint8, body []byte) ([]byte, error) {
 	if limit := wire.RequestLimit(kind); uint64(len(body))+wire.CallHeaderSize > limit {
 		return nil, errs.New(errs.TooLarge, "rpc", "message of %d bytes exceeds the limit of %d for kind %#x", len(body), limit-wire.CallHeaderSize, kind)
 	}
-	res, seq, err := c.call(ctx, addr, kind, body)
+	res, seq, err := c.call(ctx, t, kind, body)
 	var of openFailed
 	if errors.As(err, &of) {
 		return nil, of.error // the peer as it is now refused or failed the opening
@@ -54,7 +76,7 @@ func (c *Plane) Call(ctx context.Context, addr string, kind uint8, body []byte) 
 		// (the peer restarted under the same address, or closed it as
 		// idle): once more, on a new one. A call that was the first on a
 		// fresh connection met the peer as it is now.
-		res, _, err = c.call(ctx, addr, kind, body)
+		res, _, err = c.call(ctx, t, kind, body)
 		if errors.As(err, &of) {
 			err = of.error
 		}
@@ -70,12 +92,13 @@ type openFailed struct{ error }
 func (o openFailed) Unwrap() error { return o.error }
 
 // call makes one attempt; seq says where the call went (call.seq).
-func (c *Plane) call(ctx context.Context, addr string, kind uint8, body []byte) ([]byte, uint64, error) {
+func (c *Plane) call(ctx context.Context, t Target, kind uint8, body []byte) ([]byte, uint64, error) {
+	addr := t.Addr
 	pe, err := c.pool.Peer(addr)
 	if err != nil {
 		return nil, 1, err
 	}
-	cl := &call{kind: kind, body: body, done: make(chan struct{})}
+	cl := &call{to: t, kind: kind, body: body, done: make(chan struct{})}
 	pe.Send(0, cl)
 	select {
 	case <-cl.done:
@@ -128,24 +151,52 @@ func (d callDialect) Open(nc net.Conn, addr string) (pipe.Encoder[*call], pipe.D
 		return nil, nil, openFailed{err}
 	}
 	seal, open := o.Session.Split()
-	return &callWriter{c: c, seal: seal}, &replyReader{c: c, op: open}, nil
+	w := &callWriter{c: c, seal: seal, addr: addr}
+	if o.Session != nil {
+		w.name, w.peerAddr, w.instance = o.PeerName, o.PeerAddr, o.PeerInstance
+	}
+	return w, &replyReader{c: c, op: open}, nil
 }
 
 // callWriter writes call frames, many in one writev.
 type callWriter struct {
-	c           *Plane
-	seal        *session.Sealer // nil: no session
-	sent        uint64          // calls written on the connection
-	hdrs        []byte
-	sealed      []byte // a session's write: every frame sealed, in order
-	bufs, chunk net.Buffers
+	c    *Plane
+	seal *session.Sealer // nil: no session
+	sent uint64          // calls written on the connection
+	addr string          // dialled
+	// What the server proved (a session only): its segment name, RPC
+	// address and instance.
+	name, peerAddr, instance string
+	hdrs                     []byte
+	sealed                   []byte // a session's write: every frame sealed, in order
+	bufs, chunk              net.Buffers
 }
 
 // keepSealed is the largest sealed-write buffer a connection keeps between
 // writes; a larger one (a burst of big notifications) is dropped.
 const keepSealed = 1 << 20
 
-func (w *callWriter) Admit(*call) error { return nil }
+// Admit refuses a call meant for another segment or instance than the
+// one this connection's server proved: a rewritten rpc_meta record or
+// descriptor, or a connection redirected on the path, reached a peer that
+// holds the secret but is not the one meant. Nothing of the call is sent.
+func (w *callWriter) Admit(cl *call) error {
+	if w.seal == nil {
+		return nil // no secret: peers are trusted (spec.md)
+	}
+	t := cl.to
+	if t.Name != "" && t.Name != w.name && t.Name != w.peerAddr {
+		w.c.st.wrongPeer.Add(1)
+		return errs.New(errs.Unauthenticated, "rpc", "%s is segment %q (instance %s), not %q: refused to send it a call meant for %q",
+			w.addr, w.name, w.instance, t.Name, t.Name).
+			WithHint("the metadata store's rpc_meta or descriptor for this segment points at another engine (rewritten, or stale)")
+	}
+	if t.Instance != "" && t.Instance != w.instance {
+		return errs.New(errs.StaleDescriptor, "rpc", "%s is instance %s of segment %q, not instance %s: the segment restarted",
+			w.addr, w.instance, w.name, t.Instance)
+	}
+	return nil
+}
 
 func (w *callWriter) Encode(nc net.Conn, out []pipe.Out[*call]) (int64, error) {
 	if w.seal != nil {

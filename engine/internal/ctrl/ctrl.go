@@ -60,8 +60,11 @@ type Options struct {
 	Secret *peerauth.Secret // nil: peers are not authenticated
 	// Encrypt seals control bodies with encryption rather than
 	// integrity alone (either side asking is enough); needs Secret.
-	Encrypt     bool
-	Instance    string // this engine's, proven to peers
+	Encrypt  bool
+	Instance string // this engine's, proven to peers
+	// Name and Addr are this engine's segment name and RPC address,
+	// proven to peers with the secret (version 3 of the exchange).
+	Name, Addr  string
 	Limits      Limits
 	DialTimeout time.Duration
 	Logger      *slog.Logger
@@ -76,7 +79,7 @@ type counters struct {
 	authRefused, authFailedOut, handshakeTimeouts atomic.Uint64
 	idleClosed, slowClosed, refusedFrames         atomic.Uint64
 	refusedMooncake, refusedNotifies, throttled   atomic.Uint64
-	acceptErrors                                  atomic.Uint64
+	acceptErrors, wrongPeer                       atomic.Uint64
 	callsInFlight                                 atomic.Int64
 	lastRefusalLog                                atomic.Int64
 	suppressedRefusalLogs                         atomic.Uint64
@@ -91,6 +94,9 @@ type Stats struct {
 	RefusedFrames, RefusedMooncake, RefusedNotifies    uint64
 	CallsInFlight                                      int64
 	CallsThrottled, AcceptErrors                       uint64
+	// WrongPeer counts calls refused unsent because the connection's
+	// server proved another segment than the one meant.
+	WrongPeer uint64
 }
 
 // workerIdle is how long a pool goroutine waits for another call before it
@@ -241,6 +247,7 @@ func (c *Plane) Stats() Stats {
 		CallsInFlight:       c.st.callsInFlight.Load(),
 		CallsThrottled:      c.st.throttled.Load(),
 		AcceptErrors:        c.st.acceptErrors.Load(),
+		WrongPeer:           c.st.wrongPeer.Load(),
 	}
 }
 

@@ -190,6 +190,7 @@ type Transport struct {
 	gpu    gpuPool                  // pinned rings for GPU payloads (gpu.go)
 
 	instance string             // this engine's, proven to peers
+	segName  string             // this engine's segment name, proven to peers
 	secret   *peerauth.Secret   // nil: peers are not authenticated
 	encrypt  bool               // sessions seal data payloads too
 	limiter  *connlimit.Limiter // accepted connections, total and per address
@@ -273,6 +274,7 @@ func (t *Transport) Start(h transport.Host) error {
 	t.reg = h.Registry()
 	t.logf = h.Logf
 	t.instance = h.Instance()
+	t.segName = h.SegmentName()
 	if a, ok := h.(authHoster); ok {
 		t.secret = a.AuthSecret()
 	}
