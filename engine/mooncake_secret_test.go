@@ -126,3 +126,48 @@ func TestMooncakeDescriptorInStoreWithSecret(t *testing.T) {
 		b.Free()
 	}
 }
+
+// TestEncryptNeverMooncake: an engine with TE_ENCRYPT never talks to a
+// Mooncake (plaintext) peer, even with AllowMooncakeWithSecret: a store
+// rewrite that turns a segment into a Mooncake one is refused by name
+// (before, the encrypting engine wrote KV in the clear to a listener
+// without the secret and the task COMPLETED), and accepting Mooncake peers
+// with encryption fails engine creation.
+func TestEncryptNeverMooncake(t *testing.T) {
+	atk := newEngine(t, func(c *engine.Config) { c.Transports = []string{"tcp"}; c.AcceptMooncakePeers = true })
+	abuf := alloc(t, 64<<10)
+	if err := atk.RegisterMemory(mem.Addr(abuf), uint64(len(abuf)), "cpu", true); err != nil {
+		t.Fatal(err)
+	}
+	conn := "mem://encrypt-mooncake-" + strconv.FormatInt(time.Now().UnixNano(), 10)
+	st, err := meta.Open(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	_, port, _ := net.SplitHostPort(atk.RPCAddr())
+	rpcPort, _ := strconv.Atoi(port)
+	ctx := context.Background()
+	if err := st.Put(ctx, meta.KeyRAM("victim"), mcDescriptor("victim", atk.Descriptor().TCPDataPort, abuf)); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Put(ctx, meta.KeyRPC("victim"), meta.EncodeRPCMeta("127.0.0.1", rpcPort)); err != nil {
+		t.Fatal(err)
+	}
+	e := newEngine(t, func(c *engine.Config) {
+		c.Transports, c.Metadata, c.SegmentName = []string{"tcp"}, conn, "encrypting"
+		c.AuthSecret, c.AllowMooncakeWithSecret, c.Encrypt = mcSecret, true, true
+	})
+	_, err = e.OpenSegment("victim")
+	if errs.CodeOf(err) != errs.Unauthenticated || !bytes.Contains([]byte(err.Error()), []byte(`"victim"`)) || !bytes.Contains([]byte(err.Error()), []byte("encrypts")) {
+		t.Fatalf("encrypting engine opening a Mooncake descriptor: %v", err)
+	}
+	if err := e.SendNotify("victim", "kv", "ready"); err == nil {
+		t.Fatal("encrypting engine notified a Mooncake peer")
+	}
+	_, err = engine.New(engine.Config{ListenAddr: "127.0.0.1:0", Transports: []string{"tcp"}, AuthSecret: mcSecret,
+		AllowMooncakeWithSecret: true, AcceptMooncakePeers: true, Encrypt: true})
+	if errs.CodeOf(err) != errs.InvalidArgument {
+		t.Fatalf("encryption with Mooncake peers accepted: %v", err)
+	}
+}
