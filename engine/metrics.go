@@ -20,6 +20,7 @@ import (
 
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
+	"github.com/tecache/te/internal/connlimit"
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/tlog"
 )
@@ -449,6 +450,7 @@ func (e *Engine) startMetrics() error {
 		WriteTimeout: 10 * time.Second, IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10}
 	e.metrics.done = make(chan struct{})
 	e.metrics.addr = ln.Addr().String()
+	ln = &cappedListener{Listener: ln, lim: connlimit.New(metricsMaxConns, metricsMaxPerHost)}
 	e.cfg.Logger.Info("te: serving metrics", "addr", "http://"+ln.Addr().String()+"/metrics")
 	go func() {
 		defer close(e.metrics.done)
@@ -475,4 +477,45 @@ func (e *Engine) stopMetrics() {
 	}
 	e.metrics.srv.Close()
 	<-e.metrics.done
+}
+
+// The metrics listener's connection bounds: a scraper needs one or two; a
+// flood of idle connections must not take the process's descriptors.
+const (
+	metricsMaxConns   = 64
+	metricsMaxPerHost = 8
+)
+
+// cappedListener closes, at accept, a connection over its limiter's
+// bounds; the others give their slot back when closed.
+type cappedListener struct {
+	net.Listener
+	lim *connlimit.Limiter
+}
+
+func (l *cappedListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		release, err := l.lim.Admit(c.RemoteAddr())
+		if err != nil {
+			c.Close()
+			continue
+		}
+		return &releasingConn{Conn: c, release: release}, nil
+	}
+}
+
+type releasingConn struct {
+	net.Conn
+	once    sync.Once
+	release func()
+}
+
+func (c *releasingConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.release)
+	return err
 }

@@ -184,3 +184,46 @@ func TestMetricsPortRange(t *testing.T) {
 		}
 	}
 }
+
+// TestMetricsListenerCapped: idle connections from one address past the
+// metrics listener's per-host cap are closed at once (a flood no longer
+// takes the process's descriptors), and a scraper from another address is
+// served meanwhile.
+func TestMetricsListenerCapped(t *testing.T) {
+	a := newEngine(t, func(c *engine.Config) { c.MetricsAddr = "127.0.0.1:0" })
+	addr := a.MetricsAddr()
+	var held []net.Conn
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	for range 40 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	open := 0
+	for _, c := range held {
+		c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		var b [1]byte
+		if _, err := c.Read(b[:]); err != nil && isTimeout(err) {
+			open++ // still held by the server
+		}
+	}
+	if open > 8 {
+		t.Fatalf("%d of 40 idle connections from one address held open (cap 8)", open)
+	}
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}
+	cl := http.Client{Transport: &http.Transport{DialContext: d.DialContext}, Timeout: 5 * time.Second}
+	resp, err := cl.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatal(resp.Status)
+	}
+}

@@ -404,9 +404,16 @@ func (x *Executor) Open(path string, base, size uint64, o OpenOptions) (*File, e
 	}
 	fl := acc | unix.O_CLOEXEC
 	if o.Create {
-		fl |= unix.O_CREAT
+		// A file te creates is never reached through a symbolic link: a
+		// link planted at the path would make te create or grow the
+		// file it points at.
+		fl |= unix.O_CREAT | unix.O_NOFOLLOW
 	}
 	bfd, err := unix.Open(path, fl, 0o600)
+	if err != nil && o.Create && errors.Is(err, unix.ELOOP) {
+		return nil, errs.Wrap(errs.AccessDenied, "register file", err, "%s is a symbolic link; a file registered with create is opened without following links", path).
+			WithHint("register the link's target by its own path")
+	}
 	if err != nil && !o.ReadOnly && !o.Create && (errors.Is(err, unix.EACCES) || errors.Is(err, unix.EROFS)) {
 		acc, o.ReadOnly = unix.O_RDONLY, true
 		bfd, err = unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)

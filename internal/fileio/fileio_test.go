@@ -746,3 +746,34 @@ func TestSetFixed(t *testing.T) {
 		x.SetFixed(nil)
 	})
 }
+
+// TestCreateDoesNotFollowLinks: a symbolic link planted where a file is to
+// be created is refused (AccessDenied), and the file it points at is left
+// as it was (before, it was grown to the registered size).
+func TestCreateDoesNotFollowLinks(t *testing.T) {
+	x, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Close()
+	dir := t.TempDir()
+	victim := filepath.Join(dir, "victim.conf")
+	if err := os.WriteFile(victim, []byte("keep"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "kv.bin")
+	if err := os.Symlink(victim, link); err != nil {
+		t.Fatal(err)
+	}
+	f, err := x.Open(link, 0, 1<<20, OpenOptions{Create: true})
+	if err == nil {
+		f.Close()
+		t.Fatal("created through a symbolic link")
+	}
+	if errs.CodeOf(err) != errs.AccessDenied || !strings.Contains(err.Error(), "symbolic link") {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(victim); string(b) != "keep" {
+		t.Fatalf("victim is now %d bytes", len(b))
+	}
+}

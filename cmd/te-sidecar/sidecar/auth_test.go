@@ -123,6 +123,17 @@ func TestNoSecretLoopbackOnly(t *testing.T) {
 	if err != nil || o.Addr != ":8080" {
 		t.Fatalf("default with a secret: %q %v", o.Addr, err)
 	}
+	// In a pod (POD_IP from the downward API) the default is the pod's
+	// own address, and -h says what the default binds.
+	pod := map[string]string{authsecret.EnvSecret: secretNow, sidecar.EnvPodIP: "10.4.5.6"}
+	if o, err = sidecar.ParseOptions(nil, func(k string) string { return pod[k] }, io.Discard); err != nil || o.Addr != "10.4.5.6:8080" {
+		t.Fatalf("default with a secret in a pod: %q %v", o.Addr, err)
+	}
+	var help strings.Builder
+	sidecar.ParseOptions([]string{"-h"}, none, &help)
+	if !strings.Contains(help.String(), "every interface") || !strings.Contains(help.String(), "POD_IP") {
+		t.Fatalf("-h does not say what the default binds:\n%s", help.String())
+	}
 	env = map[string]string{authsecret.EnvSecret: secretNow, "TE_SIDECAR_ADDR": "0.0.0.0:9"}
 	if _, err := sidecar.ParseOptions(nil, func(k string) string { return env[k] }, io.Discard); err != nil {
 		t.Fatalf("secret from the environment: %v", err)

@@ -24,7 +24,7 @@ import (
 // variable; a flag given on the command line wins over the variable, which
 // wins over the default.
 type Options struct {
-	Addr            string        // -addr, TE_SIDECAR_ADDR ("" picks by secret: :8080 with one, 127.0.0.1:8080 without)
+	Addr            string        // -addr, TE_SIDECAR_ADDR ("" picks by secret: $POD_IP:8080 or :8080 with one, 127.0.0.1:8080 without)
 	Version         bool          // -version: print the version and exit
 	LogLevel        string        // -log-level, TE_LOG_LEVEL: debug, info, warn, error
 	LogFormat       string        // -log-format, TE_LOG_FORMAT: text or json
@@ -53,6 +53,10 @@ type Options struct {
 }
 
 // ParseOptions reads args and the environment (through getenv).
+// EnvPodIP is the pod's IP (Kubernetes' downward API, status.podIP): with
+// a secret and no -addr the sidecar binds it rather than every interface.
+const EnvPodIP = "POD_IP"
+
 func ParseOptions(args []string, getenv func(string) string, out io.Writer) (Options, error) {
 	var o Options
 	fs := flag.NewFlagSet("te-sidecar", flag.ContinueOnError)
@@ -112,7 +116,7 @@ func ParseOptions(args []string, getenv func(string) string, out io.Writer) (Opt
 		}
 	}
 	fs.StringVar(&o.Addr, "addr", getenv("TE_SIDECAR_ADDR"),
-		"listen address (env TE_SIDECAR_ADDR; default :8080 with a secret, 127.0.0.1:8080 without)")
+		"listen address (env TE_SIDECAR_ADDR; default without a secret 127.0.0.1:8080; with one $POD_IP:8080 when POD_IP is set, else :8080, every interface of the host or pod)")
 	fs.BoolVar(&o.Version, "version", false, "print the version and exit")
 	fs.StringVar(&o.LogLevel, "log-level", env("TE_LOG_LEVEL", "info"), "debug, info, warn or error (env TE_LOG_LEVEL)")
 	fs.StringVar(&o.LogFormat, "log-format", env("TE_LOG_FORMAT", "text"), "text (log/slog's key=value) or json (env TE_LOG_FORMAT)")
@@ -187,7 +191,12 @@ func ParseOptions(args []string, getenv func(string) string, out io.Writer) (Opt
 	if o.Addr == "" {
 		o.Addr = "127.0.0.1:8080"
 		if sec != nil {
+			// The pod's own address when Kubernetes gives it (the
+			// downward API's status.podIP), else every interface.
 			o.Addr = ":8080"
+			if ip := net.ParseIP(strings.TrimSpace(getenv(EnvPodIP))); ip != nil {
+				o.Addr = net.JoinHostPort(ip.String(), "8080")
+			}
 		}
 	}
 	if sec == nil && !o.Insecure && !Loopback(o.Addr) {
