@@ -152,6 +152,9 @@ type serverConn struct {
 	nc      net.Conn
 	release func()          // the connection's slot in the listener's limiter
 	seal    *session.Sealer // the session's writing half (nil: none), the writer's
+	// openBy is when the preface and the exchange must both be done: one
+	// deadline from the first read to the session (spec.md).
+	openBy time.Time
 
 	// cur is the region the reader is writing a payload into, if any;
 	// pushing the one a READ holds while push waits for room in the queue.
@@ -268,7 +271,8 @@ func (s *serverConn) readLoop(sv *server) {
 	br.Reset(s.nc)
 	defer br.Reset(nil)
 	var h [wire.DataPrefaceSize]byte
-	s.nc.SetReadDeadline(time.Now().Add(s.t.opt.Header))
+	s.openBy = time.Now().Add(s.t.opt.Header)
+	s.nc.SetReadDeadline(s.openBy)
 	if _, err := readFrame(br, nil, h[:], len(h)); err != nil {
 		return
 	}
@@ -306,7 +310,7 @@ func (s *serverConn) serveTe(sv *server, first []byte) {
 	br.Reset(nc)
 	defer br.Reset(nil)
 	var hb [wire.ReqHeaderSize + session.TagSize]byte
-	o, err := peerauth.ServerSession(peerauth.WithReader(nc, br), s.t.secret, s.t.instance, time.Now().Add(s.t.opt.Header),
+	o, err := peerauth.ServerSession(peerauth.WithReader(nc, br), s.t.secret, s.t.instance, s.openBy,
 		peerauth.SessionOptions{Channel: session.Data, Encrypt: s.t.encrypt, Name: s.t.segName})
 	if err != nil {
 		if errs.CodeOf(err) == errs.Unauthenticated {
