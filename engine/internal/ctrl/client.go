@@ -71,17 +71,31 @@ func (c *Plane) CallTo(ctx context.Context, t Target, kind uint8, body []byte) (
 	if errors.As(err, &of) {
 		return nil, of.error // the peer as it is now refused or failed the opening
 	}
-	if err != nil && seq != 1 && errs.CodeOf(err) == errs.PeerUnreachable && ctx.Err() == nil {
+	if err != nil && retryable(kind, seq) && errs.CodeOf(err) == errs.PeerUnreachable && ctx.Err() == nil {
 		// A pooled connection can be dead before its reader has noticed
 		// (the peer restarted under the same address, or closed it as
 		// idle): once more, on a new one. A call that was the first on a
-		// fresh connection met the peer as it is now.
+		// fresh connection met the peer as it is now. A call that was
+		// written may have been served (only its reply was lost): it goes
+		// again only if serving it twice changes nothing.
 		res, _, err = c.call(ctx, t, kind, body)
 		if errors.As(err, &of) {
 			err = of.error
 		}
 	}
 	return res, err
+}
+
+// retryable says whether a call that failed with its connection may be sent
+// again on a new one: never written (seq 0), or written, not as the first
+// call of a fresh connection, and of a kind that serving twice leaves as
+// once (Describe, Probe). A notification or a transport's control message
+// that was written is not: the peer may have acted on it.
+func retryable(kind uint8, seq uint64) bool {
+	if seq == 0 {
+		return true
+	}
+	return seq != 1 && (kind == wire.KindDescribe || kind == wire.KindProbe)
 }
 
 // openFailed marks the failure of a connection's dial or opening exchange:

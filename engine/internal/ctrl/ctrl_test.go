@@ -237,3 +237,43 @@ func TestAuthFailureNotRetried(t *testing.T) {
 		t.Fatalf("auth_failed_outbound %d, want 1", n)
 	}
 }
+
+// TestServedCallNotResent: a call that is not first on its connection and
+// whose reply is lost after the peer served it (a dropped reply) is not
+// sent again: a notification is queued once and the sender learns it may
+// not have arrived, instead of a second copy and a success. A Probe, which
+// serving twice leaves as once, is still retried.
+func TestServedCallNotResent(t *testing.T) {
+	srv := newPlane(t, nil)
+	var notifies, probes atomic.Int32
+	srv.Handle(wire.KindNotify, func(context.Context, []byte) ([]byte, error) { notifies.Add(1); return nil, nil })
+	srv.Handle(wire.KindProbe, func(context.Context, []byte) ([]byte, error) { probes.Add(1); return nil, nil })
+	cli := newPlane(t, nil)
+	addr := srv.Addr().String()
+	ctx := context.Background()
+	if _, err := cli.Call(ctx, addr, wire.KindProbe, nil); err != nil { // first on the connection
+		t.Fatal(err)
+	}
+	var drop atomic.Int32
+	drop.Store(1)
+	hook := func(kind uint8) bool { return drop.CompareAndSwap(1, 0) }
+	testHookDropReply.Store(&hook)
+	defer testHookDropReply.Store(nil)
+	_, err := cli.Call(ctx, addr, wire.KindNotify, wire.AppendNotify(nil, []byte("kv"), []byte("ready")))
+	if errs.CodeOf(err) != errs.PeerUnreachable {
+		t.Fatalf("notify whose reply was lost: %v", err)
+	}
+	if n := notifies.Load(); n != 1 {
+		t.Fatalf("notification served %d times", n)
+	}
+	if _, err := cli.Call(ctx, addr, wire.KindProbe, nil); err != nil { // a fresh connection
+		t.Fatal(err)
+	}
+	drop.Store(1)
+	if _, err := cli.Call(ctx, addr, wire.KindProbe, nil); err != nil {
+		t.Fatalf("probe whose reply was lost is retried: %v", err)
+	}
+	if n := probes.Load(); n != 4 {
+		t.Fatalf("probes served %d times, want 4 (one retried)", n)
+	}
+}

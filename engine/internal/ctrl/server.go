@@ -378,7 +378,15 @@ func (sc *srvConn) refuseOversize(h head, limit uint64) {
 // Replies are buffered and the last of a run of concurrent repliers
 // flushes, so pipelined calls share system calls and no reply waits for
 // a call still running.
+// testHookDropReply, when set, is asked before each reply is written; true
+// cuts the connection instead (the call was served, its reply is lost).
+var testHookDropReply atomic.Pointer[func(kind uint8) bool]
+
 func (sc *srvConn) reply(kind uint8, id uint64, flags uint8, payload []byte) error {
+	if h := testHookDropReply.Load(); h != nil && (*h)(kind) {
+		sc.conn.Close()
+		return errs.New(errs.PeerUnreachable, "rpc", "reply dropped (test)")
+	}
 	var h [callFrameHeader]byte
 	putCallHeader(h[:], kind, id, flags, len(payload))
 	sc.waiting.Add(1)
