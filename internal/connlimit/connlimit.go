@@ -65,10 +65,12 @@ type Stats struct {
 // peerauth.Refuse).
 //
 // Addresses are keyed by IP (an IPv4-mapped IPv6 address counts as the IPv4
-// one); an address that is not IP (a pipe, a Unix socket) counts against
+// one), IPv6 addresses by their /64 prefix: one host is usually given a
+// whole /64, so keying on the full address would leave it unlimited; an address that is not IP (a pipe, a Unix socket) counts against
 // the total only.
 func (l *Limiter) Admit(remote net.Addr) (release func(), err error) {
 	ip, hasIP := ipOf(remote)
+	ip = hostKey(ip)
 	l.mu.Lock()
 	if l.max > 0 && l.open >= l.max {
 		l.mu.Unlock()
@@ -78,7 +80,7 @@ func (l *Limiter) Admit(remote net.Addr) (release func(), err error) {
 	if hasIP && l.perHost > 0 && l.hosts[ip] >= l.perHost {
 		l.mu.Unlock()
 		l.refusedHost.Add(1)
-		return nil, errs.New(errs.ResourceExhausted, "accept", "%d connections open from %s, the limit per address", l.perHost, ip)
+		return nil, errs.New(errs.ResourceExhausted, "accept", "%d connections open from %s, the limit per address", l.perHost, keyName(ip))
 	}
 	l.open++
 	if hasIP {
@@ -140,4 +142,21 @@ func ipOf(a net.Addr) (netip.Addr, bool) {
 		return netip.Addr{}, false
 	}
 	return ad.Unmap(), true
+}
+
+// hostKey is the per-address budget key of ip: the address itself for
+// IPv4, the /64 prefix's first address for IPv6.
+func hostKey(ip netip.Addr) netip.Addr {
+	if !ip.Is6() || ip.Is4In6() {
+		return ip
+	}
+	return netip.PrefixFrom(ip, 64).Masked().Addr()
+}
+
+// keyName names a budget key in a message.
+func keyName(k netip.Addr) string {
+	if k.Is6() {
+		return k.String() + "/64"
+	}
+	return k.String()
 }

@@ -3,6 +3,7 @@ package connlimit_test
 import (
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -163,5 +164,28 @@ func TestAdmitErrorsAndRelease(t *testing.T) {
 	}
 	if _, err := lim.Admit(p1.RemoteAddr()); errs.CodeOf(err) != errs.ResourceExhausted {
 		t.Fatal("total bound not applied to a pipe")
+	}
+}
+
+// TestIPv6PerPrefix: IPv6 addresses of one /64 share one per-address
+// budget (one host given a /64 cannot open unlimited connections by
+// changing its low bits); another /64 has its own.
+func TestIPv6PerPrefix(t *testing.T) {
+	l := connlimit.New(100, 2)
+	at := func(s string) net.Addr { return &net.TCPAddr{IP: net.ParseIP(s), Port: 1} }
+	for _, a := range []string{"2001:db8:1:2::1", "2001:db8:1:2:ffff::9"} {
+		if _, err := l.Admit(at(a)); err != nil {
+			t.Fatal(a, err)
+		}
+	}
+	_, err := l.Admit(at("2001:db8:1:2:abcd::1"))
+	if errs.CodeOf(err) != errs.ResourceExhausted || !strings.Contains(err.Error(), "2001:db8:1:2::/64") {
+		t.Fatalf("third address of one /64: %v", err)
+	}
+	if _, err := l.Admit(at("2001:db8:1:3::1")); err != nil {
+		t.Fatalf("another /64: %v", err)
+	}
+	if _, err := l.Admit(at("::ffff:10.0.0.1")); err != nil {
+		t.Fatal(err)
 	}
 }
