@@ -108,6 +108,9 @@ type ControlStats struct {
 	CallsThrottled uint64 `json:"calls_throttled"`
 	// AcceptErrors counts failed accepts (e.g. out of file descriptors).
 	AcceptErrors uint64 `json:"accept_errors"`
+	// EvictedPending counts connections closed before they authenticated
+	// to make room for a new one (oldest first).
+	EvictedPending uint64 `json:"evicted_pending"`
 }
 
 // Stats returns the engine's counters.
@@ -165,5 +168,6 @@ func (e *Engine) controlStats() ControlStats {
 		CallsInFlight:       s.CallsInFlight,
 		CallsThrottled:      s.CallsThrottled,
 		AcceptErrors:        s.AcceptErrors,
+		EvictedPending:      s.EvictedPending,
 	}
 }

@@ -79,7 +79,7 @@ type counters struct {
 	authRefused, authFailedOut, handshakeTimeouts atomic.Uint64
 	idleClosed, slowClosed, refusedFrames         atomic.Uint64
 	refusedMooncake, refusedNotifies, throttled   atomic.Uint64
-	acceptErrors, wrongPeer                       atomic.Uint64
+	acceptErrors, wrongPeer, evicted              atomic.Uint64
 	callsInFlight                                 atomic.Int64
 	lastRefusalLog                                atomic.Int64
 	suppressedRefusalLogs                         atomic.Uint64
@@ -97,6 +97,9 @@ type Stats struct {
 	// WrongPeer counts calls refused unsent because the connection's
 	// server proved another segment than the one meant.
 	WrongPeer uint64
+	// EvictedPending counts connections closed before they authenticated
+	// to make room for a new one.
+	EvictedPending uint64
 }
 
 // workerIdle is how long a pool goroutine waits for another call before it
@@ -248,6 +251,7 @@ func (c *Plane) Stats() Stats {
 		CallsThrottled:      c.st.throttled.Load(),
 		AcceptErrors:        c.st.acceptErrors.Load(),
 		WrongPeer:           c.st.wrongPeer.Load(),
+		EvictedPending:      c.st.evicted.Load(),
 	}
 }
 

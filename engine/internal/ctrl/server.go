@@ -39,6 +39,9 @@ func (c *Plane) acceptLoop() {
 		}
 		backoff = 5 * time.Millisecond
 		release, err := c.lim.Admit(conn.RemoteAddr())
+		if err != nil && c.evictPending(conn.RemoteAddr()) {
+			release, err = c.lim.Admit(conn.RemoteAddr())
+		}
 		if err != nil {
 			// A fresh socket's send buffer is empty: this write does
 			// not wait for the peer.
@@ -51,7 +54,7 @@ func (c *Plane) acceptLoop() {
 		}
 		ctx, cancel := context.WithCancel(c.ctx)
 		sc := &srvConn{c: c, conn: conn, br: bufio.NewReader(conn), ctx: ctx, cancel: cancel,
-			slots: make(chan struct{}, c.opt.Limits.MaxCallsPerConn)}
+			slots: make(chan struct{}, c.opt.Limits.MaxCallsPerConn), release: release, since: time.Now(), gone: make(chan struct{})}
 		c.mu.Lock()
 		if c.closed {
 			c.mu.Unlock()
@@ -85,10 +88,66 @@ type srvConn struct {
 	wdl     time.Time     // write deadline set last, under wmu
 	waiting atomic.Int32  // repliers waiting for wmu
 	last    atomic.Int64  // unix nanoseconds of the last reply
+	// release gives back the connection's slot (idempotent); since is
+	// when it was accepted; state is pending, authenticated or evicted.
+	release func()
+	since   time.Time
+	state   atomic.Int32
+	gone    chan struct{} // closed when serve has returned
+}
+
+// Connection states: a pending connection has not authenticated yet and is
+// the first to go when a slot is needed.
+const (
+	statePending int32 = iota
+	stateAuthenticated
+	stateEvicted
+)
+
+// evictPending makes room for a connection from remote that the limiter
+// refused: it closes the oldest connection that has not authenticated, from
+// remote's address if there is one (the per-address cap), else from any,
+// and gives its slot back at once. It reports whether it closed one. A
+// flood of connections that never authenticate thus delays a peer with the
+// secret by one exchange, never locks it out.
+func (c *Plane) evictPending(remote net.Addr) bool {
+	host := hostOf(remote)
+	c.mu.Lock()
+	var oldest, oldestHere *srvConn
+	for sc := range c.conns {
+		if sc.state.Load() != statePending {
+			continue
+		}
+		if oldest == nil || sc.since.Before(oldest.since) {
+			oldest = sc
+		}
+		if hostOf(sc.conn.RemoteAddr()) == host && (oldestHere == nil || sc.since.Before(oldestHere.since)) {
+			oldestHere = sc
+		}
+	}
+	c.mu.Unlock()
+	victim := oldestHere
+	if victim == nil {
+		victim = oldest
+	}
+	if victim == nil || !victim.state.CompareAndSwap(statePending, stateEvicted) {
+		return false
+	}
+	c.st.evicted.Add(1)
+	victim.conn.Close()
+	// Its reader ends at once on the closed socket: wait for it (a short
+	// bound), so goroutines stay within the connection cap too.
+	select {
+	case <-victim.gone:
+	case <-time.After(200 * time.Millisecond):
+	}
+	victim.release()
+	return true
 }
 
 func (sc *srvConn) serve(release func()) {
 	c := sc.c
+	defer close(sc.gone)
 	defer c.wg.Done()
 	defer c.served.Done()
 	defer release()
@@ -172,6 +231,9 @@ func (sc *srvConn) authenticate() bool {
 		sc.sender = "address " + hostOf(sc.conn.RemoteAddr())
 	}
 	sc.seal, sc.op = o.Session.Split()
+	if !sc.state.CompareAndSwap(statePending, stateAuthenticated) {
+		return false // evicted while it authenticated
+	}
 	// Only now: a flood that never authenticates costs no reply buffer.
 	sc.bw = bufio.NewWriterSize(sc.conn, 16<<10)
 	return true
