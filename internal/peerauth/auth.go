@@ -66,6 +66,10 @@ type SessionOptions struct {
 	// Encrypt asks for (initiator) or requires (server) Encryption mode;
 	// either side asking is enough. It needs a secret.
 	Encrypt bool
+	// HeadersOnly asks for Headers mode (payloads in the clear,
+	// unauthenticated) rather than Integrity mode. Only a session both
+	// sides asked Headers of gets it: the stronger of the two modes wins.
+	HeadersOnly bool
 }
 
 func (o *SessionOptions) check(s *Secret) error {
@@ -86,6 +90,8 @@ func (o *SessionOptions) mode(s *Secret) uint8 {
 		return wire.SessionNone
 	case o.Encrypt:
 		return wire.SessionEncryption
+	case o.HeadersOnly:
+		return wire.SessionHeaders
 	}
 	return wire.SessionIntegrity
 }
@@ -164,7 +170,7 @@ func client(conn Conn, s *Secret, localInstance string, deadline time.Time, v2 *
 	if err := checkInstance(c.Instance); err != nil {
 		return Opened{}, errs.New(errs.Protocol, "auth", "peer %s sent an unusable instance id", who)
 	}
-	if c.Mode < h.Mode {
+	if wire.StrongerMode(c.Mode, h.Mode) != c.Mode {
 		// The mode is in the transcript, so only a server with the secret
 		// can have chosen it: a broken one. Refused all the same.
 		return Opened{}, errs.New(errs.Protocol, "auth", "peer %s chose session mode %d where this engine asked for %d", who, c.Mode, h.Mode)
@@ -315,7 +321,7 @@ func server(conn Conn, s *Secret, localInstance string, deadline time.Time, v2 *
 	}
 	c.Status, c.Instance = wire.AuthProceed, localInstance
 	if v2 != nil {
-		c.Mode = max(h.Mode, v2.mode(s))
+		c.Mode = wire.StrongerMode(h.Mode, v2.mode(s))
 	}
 	rand.Read(c.Nonce[:])
 	cb := wire.AppendChallenge(nil, c)

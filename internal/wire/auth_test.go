@@ -148,7 +148,7 @@ func TestSessionMessagesRefuseMalformed(t *testing.T) {
 	hellos := map[string]*Hello{
 		"mode without key": {Version: AuthVersionSession, Mode: SessionIntegrity, Instance: "x"},
 		"key without mode": {Version: AuthVersionSession, KeyIDs: key, Instance: "x"},
-		"unknown mode":     {Version: AuthVersionSession, Mode: 3, KeyIDs: key, Instance: "x"},
+		"unknown mode":     {Version: AuthVersionSession, Mode: 4, KeyIDs: key, Instance: "x"},
 	}
 	for name, h := range hellos {
 		if _, err := DecodeHello(AppendHello(nil, h)); errs.CodeOf(err) != errs.Protocol {
@@ -167,6 +167,20 @@ func TestSessionMessagesRefuseMalformed(t *testing.T) {
 	for name, c := range challenges {
 		if _, err := DecodeChallenge(AppendChallenge(nil, c)); errs.CodeOf(err) != errs.Protocol {
 			t.Errorf("CHALLENGE %s: %v", name, err)
+		}
+	}
+}
+
+// TestStrongerMode: the server's choice is the mode that protects more,
+// whatever the order of the mode bytes' values.
+func TestStrongerMode(t *testing.T) {
+	order := []uint8{SessionHeaders, SessionIntegrity, SessionEncryption}
+	for i, a := range order {
+		for j, b := range order {
+			want := order[max(i, j)]
+			if got := StrongerMode(a, b); got != want {
+				t.Fatalf("StrongerMode(%d, %d) = %d, want %d", a, b, got, want)
+			}
 		}
 	}
 }

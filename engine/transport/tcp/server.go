@@ -307,7 +307,7 @@ func (s *serverConn) serveTe(sv *server, first []byte) {
 	defer br.Reset(nil)
 	var hb [wire.ReqHeaderSize + session.TagSize]byte
 	o, err := peerauth.ServerSession(peerauth.WithReader(nc, br), s.t.secret, s.t.instance, time.Now().Add(s.t.opt.Header),
-		peerauth.SessionOptions{Channel: session.Data, Encrypt: s.t.encrypt})
+		s.t.sessionOptions())
 	if err != nil {
 		if errs.CodeOf(err) == errs.Unauthenticated {
 			s.t.authRefused.Add(1)
