@@ -20,8 +20,8 @@ import (
 // readFrame and every payload through readPayload, readPiece or dropPayload,
 // on either side and in either framing (mooncake.go). Between two engines
 // with a secret they seal and open frames as the connection's session says
-// ("Frames in a session"): each header one record, payloads in the clear in
-// Integrity mode and as records in Encryption mode. A nil Sealer or Opener
+// ("Frames in a session"): each header one record, payloads as records in
+// Integrity and Encryption modes and in the clear in Headers mode. A nil Sealer or Opener
 // (no secret, a Mooncake peer) passes bytes through. GPU payloads are staged
 // through them too (gpu.go).
 
