@@ -72,12 +72,21 @@ type Config struct {
 	AuthSecretFile string
 	// Encrypt seals data payloads too: with a secret, every control and
 	// tcp data connection between two engines runs in an authenticated
-	// session that protects every frame header and control message;
-	// payloads cross in the clear unless Encrypt is set here or on the
-	// peer (either side asking is enough), then AES-128-GCM encrypts them
-	// (about 4 GB/s per core). Needs the cluster secret: New refuses
-	// Encrypt without one. Also turned on by TE_ENCRYPT=1.
+	// session that protects every frame header, control message and
+	// payload (a GMAC tag per 64 KiB record, checked before a byte lands
+	// in registered memory); payloads cross in the clear unless Encrypt is
+	// set here or on the peer (either side asking is enough), then
+	// AES-128-GCM encrypts them (about 4 GB/s per core). Needs the cluster
+	// secret: New refuses Encrypt without one. Also turned on by
+	// TE_ENCRYPT=1.
 	Encrypt bool
+	// HeadersOnly opts out of payload integrity on tcp data connections:
+	// headers and control messages stay authenticated, payloads cross
+	// unauthenticated, so a party on the path can alter KV bytes unseen.
+	// It takes effect only where the peer opts out too (the stronger mode
+	// asked for wins), and only with a secret. Also turned on by
+	// TE_INTEGRITY=headers (TE_INTEGRITY=payload is the default).
+	HeadersOnly bool
 	// AcceptMooncakePeers lets Mooncake Transfer Engine peers, which cannot
 	// authenticate and carry no capability key, read and write this
 	// engine's remote-accessible memory over tcp. Off by default; also

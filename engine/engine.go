@@ -173,9 +173,12 @@ func New(cfg Config) (_ *Engine, err error) {
 			"and write its registered memory (set TE_AUTH_SECRET_FILE, TE_AUTH_SECRET or Config.AuthSecret; see SECURITY.md)",
 			"listen", ln.Addr().String())
 	} else {
-		mode := "integrity (headers and control messages sealed, data payloads in the clear)"
-		if cfg.Encrypt {
+		mode := "integrity (headers, control messages and data payloads authenticated, payloads readable on the path)"
+		switch {
+		case cfg.Encrypt:
 			mode = "encryption (everything sealed)"
+		case cfg.HeadersOnly:
+			mode = "headers (headers and control messages authenticated; data payloads unauthenticated unless a peer asks for more: " + EnvIntegrity + "=headers)"
 		}
 		cfg.Logger.Info("te: peers authenticate with the cluster secret", "from", source, "key_ids", secret.KeyIDs(),
 			"session", mode, "listen", ln.Addr().String())

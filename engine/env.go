@@ -35,6 +35,7 @@ const (
 	EnvMaxNotifies             = "TE_MAX_NOTIFIES"
 	EnvAllowMooncakeWithSecret = "TE_ALLOW_MOONCAKE_WITH_SECRET"
 	EnvEncrypt                 = "TE_ENCRYPT"
+	EnvIntegrity               = "TE_INTEGRITY"
 	EnvUnregisterGrace         = "TE_UNREGISTER_GRACE"
 	EnvMetricsAddr             = "TE_METRICS_ADDR"
 	EnvMaxConns                = "TE_MAX_CONNS"
@@ -165,6 +166,17 @@ func (c *Config) applyEnv(getenv func(string) string, environ []string) (envPara
 				return nil, nil, err
 			}
 			*b.dst = *b.dst || on
+		}
+	}
+
+	if v := getenv(EnvIntegrity); v != "" {
+		fromEnv = append(fromEnv, envValue{name: EnvIntegrity, value: v})
+		switch strings.ToLower(strings.TrimSpace(v)) {
+		case "headers":
+			c.HeadersOnly = true
+		case "payload":
+		default:
+			return nil, nil, envError(EnvIntegrity, v, "want payload (the default: payloads authenticated) or headers (headers only, payloads unauthenticated)")
 		}
 	}
 

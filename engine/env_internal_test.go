@@ -28,7 +28,7 @@ func TestApplyEnvEveryField(t *testing.T) {
 		EnvIdleTimeout: "1m", EnvHandshakeTimeout: "3s", EnvProgressTimeout: "4s", EnvMaxFrame: "64KiB",
 		EnvMaxCallsPerConn: "5", EnvMaxCalls: "50", EnvNotifyBytes: "1MiB", EnvNotifyBytesPerSender: "65536",
 		EnvPeerIdleTimeout: "never", EnvTCPListen: "127.0.0.1:0", "TE_PARAM_TCP_CONNS": "4",
-		"TE_PARAM_shm_job_bytes": "1MiB",
+		"TE_PARAM_shm_job_bytes": "1MiB", EnvIntegrity: "Headers",
 	})
 	var c Config
 	params, _, err := c.applyEnv(getenv, environ)
@@ -43,7 +43,7 @@ func TestApplyEnvEveryField(t *testing.T) {
 		t.Fatalf("transports: %+v", c)
 	case c.TransferTimeout != -1, c.RPCTimeout != 2*time.Second, c.UnregisterGrace != 500*time.Millisecond:
 		t.Fatalf("timeouts: %+v", c)
-	case c.MaxNotifies != 10, !c.AcceptMooncakePeers, !c.AllowMooncakeWithSecret:
+	case c.MaxNotifies != 10, !c.AcceptMooncakePeers, !c.AllowMooncakeWithSecret, !c.HeadersOnly:
 		t.Fatalf("notifies, mooncake: %+v", c)
 	case l.MaxConns != 7, l.MaxConnsPerHost != 3, l.IdleTimeout != time.Minute, l.HandshakeTimeout != 3*time.Second,
 		l.ProgressTimeout != 4*time.Second, l.MaxFrame != 64<<10, l.MaxCallsPerConn != 5, l.MaxCalls != 50,

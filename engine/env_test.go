@@ -22,6 +22,7 @@ func TestEnvRefusedAtNew(t *testing.T) {
 		"TE_PARAM_tcp_conns":          "banana", // tcp refuses the value
 		engine.EnvTCPListen:           "nowhere",
 		engine.EnvMetricsAddr:         "no port",
+		engine.EnvIntegrity:           "none",
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Setenv(name, v)

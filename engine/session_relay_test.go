@@ -534,7 +534,7 @@ func TestRelayCannotInjectControl(t *testing.T) {
 func TestRelayTampering(t *testing.T) {
 	const n, size = 8, 64 << 10
 	upRec := wire.ReqHeaderSize + session.TagSize
-	downRec := wire.CompHeaderSize + session.TagSize + size // a READ's completion and its payload (integrity)
+	downRec := wire.CompHeaderSize + session.TagSize + size + session.TagSize // a READ's completion and its payload record
 	flip := func(at int) func([][]byte) [][]byte {
 		return func(r [][]byte) [][]byte { r[0][at] ^= 0x10; return r }
 	}
@@ -610,6 +610,107 @@ func TestRelayTampering(t *testing.T) {
 	}
 }
 
+// TestRelayTamperPayload: a relay flips one byte of a WRITE's payload on
+// its way to the target, or of a READ's on its way back. With a secret the
+// payload is authenticated by default: the request fails, and the flipped
+// byte lands nowhere (each range of the target, or of the READ's
+// destination, holds its old bytes or the sender's, whole). Only where both
+// engines opt out (HeadersOnly, TE_INTEGRITY=headers) does the altered byte
+// arrive, and the request completes: the case the opt-out documents.
+func TestRelayTamperPayload(t *testing.T) {
+	const n, size = 4, 64 << 10
+	for _, c := range []struct {
+		name         string
+		tgHdr, inHdr bool
+		enc          bool
+	}{
+		{"integrity", false, false, false},
+		{"initiator opts out alone", false, true, false},
+		{"target opts out alone", true, false, false},
+		{"encryption", false, false, true},
+		{"headers only", true, true, false},
+	} {
+		tampered := c.tgHdr && c.inHdr
+		payTag := session.TagSize
+		if tampered {
+			payTag = 0
+		}
+		const at = 1000 // the payload byte flipped
+		for _, op := range []engine.Opcode{engine.Write, engine.Read} {
+			opName := map[engine.Opcode]string{engine.Write: "write", engine.Read: "read"}[op]
+			t.Run(c.name+"/"+opName, func(t *testing.T) {
+				var mode relayMode
+				flip := func(off int) func([][]byte) [][]byte {
+					return func(r [][]byte) [][]byte { r[0][off] ^= 0x01; return r }
+				}
+				if op == engine.Write {
+					hdr := wire.ReqHeaderSize + session.TagSize
+					mode = relayMode{up: flip(hdr + at), upRec: hdr + size + payTag}
+				} else {
+					hdr := wire.CompHeaderSize + session.TagSize
+					mode = relayMode{down: flip(hdr + at), downRec: hdr + size + payTag}
+				}
+				rv := relayTarget(t, func(cf *engine.Config) { cf.HeadersOnly = c.tgHdr; cf.Encrypt = c.enc }, mode, relayMode{})
+				a := rv.initiator(t, func(cf *engine.Config) { cf.HeadersOnly = c.inHdr })
+				local := alloc(t, n*size)
+				var before []byte
+				if op == engine.Write {
+					rand.Read(local)
+					before = append([]byte(nil), rv.buf[:n*size]...)
+				} else {
+					for i := range local {
+						local[i] = 0x3C
+					}
+					before = append([]byte(nil), local...)
+				}
+				st, ts := relayTransfer(t, a, op, local, n, size, mem.Addr(rv.buf))
+				// got is where the bytes land, sent is what was sent.
+				got, sent := rv.buf[:n*size], local
+				if op == engine.Read {
+					got, sent = local, rv.buf[:n*size]
+				}
+				altered := 0
+				for i, s := range ts {
+					g, w, b := got[i*size:(i+1)*size], sent[i*size:(i+1)*size], before[i*size:(i+1)*size]
+					switch {
+					case bytes.Equal(g, w):
+					case s.State == engine.Completed || !bytes.Equal(g, b):
+						altered++
+						if !tampered {
+							t.Fatalf("task %d (%v): its range holds bytes that are neither the old ones nor the sender's", i, s.State)
+						}
+					}
+				}
+				rv.canaryIntact(t)
+				if tampered {
+					if st.State != engine.Completed || altered == 0 {
+						t.Fatalf("headers only: batch %v with %d altered ranges; the opt-out should let the flipped byte through", st.State, altered)
+					}
+					return
+				}
+				if st.State == engine.Completed {
+					t.Fatal("every task completed although a payload byte was flipped on the path")
+				}
+				for i, s := range ts {
+					if s.State == engine.Completed {
+						continue
+					}
+					if c := errs.CodeOf(s.Err); c != errs.PeerUnreachable && c != errs.Unauthenticated && c != errs.Protocol {
+						t.Fatalf("task %d failed with %v", i, s.Err)
+					}
+				}
+				if op == engine.Write {
+					if got := rv.tg.TransportStats()["tcp"]["records_refused"]; got == 0 {
+						t.Fatal("the target did not count a refused record")
+					}
+				} else if c := errs.CodeOf(st.Err); c != errs.Unauthenticated {
+					t.Fatalf("batch error %v, want Unauthenticated", st.Err)
+				}
+			})
+		}
+	}
+}
+
 // visible reports whether the capture holds a 64-byte window of plain:
 // every such window contains a 32-byte block of plain at a multiple of 32,
 // which is looked for at every offset of the capture.
@@ -627,7 +728,8 @@ func visible(capture, plain []byte) bool {
 }
 
 // TestRelayCapture: what a relay (or anyone on the path) sees. In
-// integrity mode the payloads cross in the clear (the test can see them);
+// integrity mode the payloads cross in the clear (authenticated, not
+// hidden) (the test can see them);
 // with encryption on either side, no 64-byte window of a random buffer
 // written or read, nor a notification's text, crosses the wire.
 func TestRelayCapture(t *testing.T) {

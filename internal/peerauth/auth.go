@@ -70,6 +70,10 @@ type SessionOptions struct {
 	// it proves to the initiator (version 3); an empty Name proves the
 	// instance id in its place. The initiator ignores them.
 	Name, Addr string
+	// HeadersOnly asks for Headers mode (payloads in the clear,
+	// unauthenticated) rather than Integrity mode. Only a session both
+	// sides asked Headers of gets it: the stronger of the two modes wins.
+	HeadersOnly bool
 }
 
 func (o *SessionOptions) check(s *Secret) error {
@@ -93,6 +97,8 @@ func (o *SessionOptions) mode(s *Secret) uint8 {
 		return wire.SessionNone
 	case o.Encrypt:
 		return wire.SessionEncryption
+	case o.HeadersOnly:
+		return wire.SessionHeaders
 	}
 	return wire.SessionIntegrity
 }
@@ -177,7 +183,7 @@ func client(conn Conn, s *Secret, localInstance string, deadline time.Time, v2 *
 	if err := checkInstance(c.Instance); err != nil {
 		return Opened{}, errs.New(errs.Protocol, "auth", "peer %s sent an unusable instance id", who)
 	}
-	if c.Mode < h.Mode {
+	if wire.StrongerMode(c.Mode, h.Mode) != c.Mode {
 		// The mode is in the transcript, so only a server with the secret
 		// can have chosen it: a broken one. Refused all the same.
 		return Opened{}, errs.New(errs.Protocol, "auth", "peer %s chose session mode %d where this engine asked for %d", who, c.Mode, h.Mode)
@@ -328,7 +334,7 @@ func server(conn Conn, s *Secret, localInstance string, deadline time.Time, v2 *
 	}
 	c.Status, c.Instance = wire.AuthProceed, localInstance
 	if v2 != nil {
-		c.Mode = max(h.Mode, v2.mode(s))
+		c.Mode = wire.StrongerMode(h.Mode, v2.mode(s))
 		if c.Version == wire.AuthVersionIdentity {
 			c.Name, c.Addr = v2.Name, v2.Addr
 			if c.Name == "" {

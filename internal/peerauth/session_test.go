@@ -52,15 +52,28 @@ func frame(t *testing.T, s *session.Sealer, w io.Writer, o *session.Opener, r io
 }
 
 // TestSessionOpens: with one secret both ends get sessions that fit each
-// other, both ways; either side asking for encryption gets it.
+// other, both ways; either side asking for encryption gets it; payload
+// integrity is the default, and headers only needs both sides to ask.
 func TestSessionOpens(t *testing.T) {
 	s := mustSecret(t, secretA)
 	for _, c := range []struct {
 		cliEnc, srvEnc bool
+		cliHdr, srvHdr bool
 		want           session.Mode
-	}{{false, false, session.Integrity}, {true, false, session.Encryption}, {false, true, session.Encryption}, {true, true, session.Encryption}} {
+	}{
+		{false, false, false, false, session.Integrity},
+		{true, false, false, false, session.Encryption},
+		{false, true, false, false, session.Encryption},
+		{true, true, false, false, session.Encryption},
+		{false, false, true, false, session.Integrity},
+		{false, false, false, true, session.Integrity},
+		{false, false, true, true, session.Headers},
+		{true, false, true, true, session.Encryption},
+		{false, true, true, true, session.Encryption},
+	} {
 		cli, srv, cc, sc := runSession(t, s, s,
-			peerauth.SessionOptions{Channel: session.Data, Encrypt: c.cliEnc}, peerauth.SessionOptions{Channel: session.Data, Encrypt: c.srvEnc})
+			peerauth.SessionOptions{Channel: session.Data, Encrypt: c.cliEnc, HeadersOnly: c.cliHdr},
+			peerauth.SessionOptions{Channel: session.Data, Encrypt: c.srvEnc, HeadersOnly: c.srvHdr})
 		if cli.err != nil || srv.err != nil {
 			t.Fatal(cli.err, srv.err)
 		}
@@ -68,7 +81,7 @@ func TestSessionOpens(t *testing.T) {
 			t.Fatal(cli.o.PeerInstance, srv.o.PeerInstance)
 		}
 		if cli.o.Session.Mode != c.want || srv.o.Session.Mode != c.want {
-			t.Fatalf("encrypt %v/%v: modes %v %v", c.cliEnc, c.srvEnc, cli.o.Session.Mode, srv.o.Session.Mode)
+			t.Fatalf("encrypt %v/%v headers %v/%v: modes %v %v, want %v", c.cliEnc, c.srvEnc, c.cliHdr, c.srvHdr, cli.o.Session.Mode, srv.o.Session.Mode, c.want)
 		}
 		frame(t, cli.o.Session.Send, cc, srv.o.Session.Recv, sc, "READ addr len key")
 		frame(t, srv.o.Session.Send, sc, cli.o.Session.Recv, cc, "COMPLETION id")
@@ -278,7 +291,7 @@ func TestRelayCannotInjectOrAlter(t *testing.T) {
 				if err != nil {
 					return
 				}
-				body[3] = wire.SessionIntegrity // the HELLO asked for encryption
+				body[3] = wire.SessionHeaders // the HELLO asked for encryption
 				rs.Write(wire.AppendFrame(nil, wire.KindAuth, body))
 				go func() { io.Copy(rs, rc); rs.Close() }()
 				io.Copy(rc, rs)
@@ -293,7 +306,7 @@ func TestRelayCannotInjectOrAlter(t *testing.T) {
 				wantErr(t, "target given a rewritten HELLO", outcome{err: srvErr}, errs.Unauthenticated, "wrong proof")
 				wantErr(t, "initiator", outcome{err: err}, errs.Unauthenticated, "refused this engine's proof")
 			} else {
-				wantErr(t, "initiator offered integrity", outcome{err: err}, errs.Protocol, "session mode 1")
+				wantErr(t, "initiator offered integrity", outcome{err: err}, errs.Protocol, "session mode 3")
 				if srvErr == nil {
 					t.Fatal("the target opened a session the initiator refused")
 				}

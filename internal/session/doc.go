@@ -14,16 +14,18 @@
 //     data path's request and completion headers: opcode, id, address,
 //     length, key) is one record, opened before any field of it is used;
 //   - a control body is records of at most RecordSize bytes;
-//   - a data payload is records too in Encryption mode, and crosses in the
-//     clear in Integrity mode (a MAC over bulk data costs about as much as
-//     encrypting it: the spec has the measurements).
+//   - a data payload is records too in Integrity mode (the default: the
+//     plaintext and a GMAC tag per record, checked before any byte of it
+//     reaches the receiver's memory) and in Encryption mode; it crosses in
+//     the clear, unauthenticated, only in Headers mode, an explicit
+//     opt-out.
 //
 // Each record consumes the next value of a per-direction sequence number
 // that is never sent: it is part of the nonce, so a record that is dropped,
 // replayed, reordered, moved to the other direction or to another
-// connection fails to open. In Integrity mode a record is its plaintext
-// followed by a 16-byte GMAC tag; in Encryption mode it is the AES-GCM
-// ciphertext and tag. Both are the same size, so framing code is the same
+// connection fails to open. In Headers and Integrity modes a record is
+// its plaintext followed by a 16-byte GMAC tag; in Encryption mode it is
+// the AES-GCM ciphertext and tag. Both are the same size, so framing code is the same
 // in both modes.
 //
 // A Session is one Sealer (the sending direction) and one Opener (the

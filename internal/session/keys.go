@@ -35,16 +35,24 @@ const (
 type Mode uint8
 
 const (
-	// Integrity authenticates every header and control body; data
-	// payloads cross in the clear, unauthenticated.
-	Integrity Mode = 1
+	// Headers authenticates every header and control body; data payloads
+	// cross in the clear, unauthenticated (an opt-out: a party on the path
+	// can alter KV bytes unnoticed).
+	Headers Mode = 1
 	// Encryption seals everything, data payloads included, with AES-GCM:
 	// a party on the path can neither read nor alter any byte.
 	Encryption Mode = 2
+	// Integrity authenticates everything, data payloads included: each
+	// payload record is its plaintext and a GMAC tag, checked before any
+	// byte of it reaches the receiver's memory. A party on the path can
+	// read payloads but not alter them. The default with a secret.
+	Integrity Mode = 3
 )
 
 func (m Mode) String() string {
 	switch m {
+	case Headers:
+		return "headers"
 	case Integrity:
 		return "integrity"
 	case Encryption:
@@ -52,6 +60,26 @@ func (m Mode) String() string {
 	}
 	return "none"
 }
+
+// label is the mode's name in the key schedule: mode 1 keeps the name it
+// had before payload integrity existed, so its keys are what older
+// engines derive.
+func (m Mode) label() string {
+	switch m {
+	case Headers:
+		return "integrity"
+	case Integrity:
+		return "payload-integrity"
+	}
+	return m.String()
+}
+
+// SealsPayload reports whether data payloads travel as records (tagged,
+// or encrypted and tagged) in this mode.
+func (m Mode) SealsPayload() bool { return m == Integrity || m == Encryption }
+
+// encrypts reports whether records carry ciphertext rather than plaintext.
+func (m Mode) encrypts() bool { return m == Encryption }
 
 // Channels: which listener a connection was made to. The channel is bound
 // into the keys, so frames of one kind of connection can never be taken
@@ -130,7 +158,7 @@ func New(p Params, role Role) (*Session, error) {
 	if p.Channel != Control && p.Channel != Data {
 		return nil, errs.New(errs.InvalidArgument, "session", "unknown channel %q", p.Channel)
 	}
-	if p.Mode != Integrity && p.Mode != Encryption {
+	if p.Mode != Headers && p.Mode != Integrity && p.Mode != Encryption {
 		return nil, errs.New(errs.InvalidArgument, "session", "unknown mode %d", p.Mode)
 	}
 	if role != Initiator && role != Server {
@@ -168,7 +196,7 @@ type direction struct {
 }
 
 func newDir(prk []byte, p Params, label string, dir uint32) (*direction, error) {
-	info := labelPrefix + p.Channel + " " + p.Mode.String() + " " + label + "\x00" + string(p.KeyID[:])
+	info := labelPrefix + p.Channel + " " + p.Mode.label() + " " + label + "\x00" + string(p.KeyID[:])
 	ts, err := hkdf.Expand(sha256.New, prk, info, sha256.Size)
 	if err != nil {
 		return nil, errs.Wrap(errs.Internal, "session", err, "expand")

@@ -60,18 +60,18 @@ func (o *Opener) Size(n uint64) uint64 {
 }
 
 // PayloadSize is the wire size of an n-byte data payload: records in
-// Encryption mode, n otherwise.
+// Integrity and Encryption modes, n otherwise.
 func (s *Sealer) PayloadSize(n uint64) uint64 {
-	if s.Mode() != Encryption {
+	if !s.Mode().SealsPayload() {
 		return n
 	}
 	return SealedSize(n)
 }
 
 // PayloadSize is the wire size of an n-byte data payload: records in
-// Encryption mode, n otherwise.
+// Integrity and Encryption modes, n otherwise.
 func (o *Opener) PayloadSize(n uint64) uint64 {
-	if o.Mode() != Encryption {
+	if !o.Mode().SealsPayload() {
 		return n
 	}
 	return SealedSize(n)
@@ -105,10 +105,10 @@ func (s *Sealer) record(dst, p []byte) ([]byte, error) {
 		s.err = err
 		return dst, err
 	}
-	if s.d.mode == Encryption {
+	if s.d.mode.encrypts() {
 		return s.d.aead.Seal(dst, s.d.nonce[:], p, nil), nil
 	}
-	// Integrity: the plaintext, then GMAC over it (AES-GCM with the record
+	// Headers and Integrity: the plaintext, then GMAC over it (AES-GCM with the record
 	// as additional data and nothing to encrypt).
 	start := len(dst)
 	dst = append(dst, p...)
@@ -134,7 +134,7 @@ func (o *Opener) Open(rec []byte) ([]byte, error) {
 		return nil, o.fail(err)
 	}
 	n := len(rec) - TagSize
-	if o.d.mode == Encryption {
+	if o.d.mode.encrypts() {
 		// Go's AES-GCM checks the tag before it hands the plaintext
 		// back; here the plaintext replaces the ciphertext in rec, which
 		// the caller does not use unless Open succeeds.

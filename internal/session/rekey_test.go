@@ -11,7 +11,7 @@ import (
 // in step, so records keep opening; a record sealed under the old key
 // after the boundary does not.
 func TestRekey(t *testing.T) {
-	for _, mode := range []Mode{Integrity, Encryption} {
+	for _, mode := range []Mode{Headers, Integrity, Encryption} {
 		p := Params{Secret: []byte("correct horse battery staple 1"), Transcript: []byte("t"), Channel: Control, Mode: mode}
 		ini, _ := New(p, Initiator)
 		srv, _ := New(p, Server)

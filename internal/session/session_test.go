@@ -17,7 +17,7 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-var modes = []session.Mode{session.Integrity, session.Encryption}
+var modes = []session.Mode{session.Headers, session.Integrity, session.Encryption}
 
 func params(mode session.Mode, transcript string) session.Params {
 	return session.Params{
@@ -70,7 +70,8 @@ func wantCode(t *testing.T, what string, err error, code errs.Code) {
 
 // TestRoundTrip: headers, bodies and payloads of every size class cross in
 // both directions and come out as they went in; Encryption hides them on
-// the wire, Integrity leaves them readable with a tag per record.
+// the wire, Headers and Integrity leave them readable with a tag per
+// record (Headers: none on payloads).
 func TestRoundTrip(t *testing.T) {
 	sizes := []int{0, 1, 40, session.RecordSize - 1, session.RecordSize, session.RecordSize + 1, 3*session.RecordSize + 5}
 	for _, mode := range modes {
@@ -102,10 +103,10 @@ func TestRoundTrip(t *testing.T) {
 						t.Fatalf("%s %d: %d bytes on the wire, sizes say %d", dir.name, n, wire.Len(), want)
 					}
 					raw := wire.Bytes()
-					if got := bytes.Contains(raw, hdr); got != (mode == session.Integrity) {
+					if got := bytes.Contains(raw, hdr); got != (mode != session.Encryption) {
 						t.Fatalf("%s %d: header in clear on the wire: %v", dir.name, n, got)
 					}
-					if n >= 40 && bytes.Contains(raw, payload[:40]) != (mode == session.Integrity) {
+					if n >= 40 && bytes.Contains(raw, payload[:40]) != (mode != session.Encryption) {
 						t.Fatalf("%s %d: payload in clear on the wire in %v", dir.name, n, mode)
 					}
 					buf := make([]byte, 40+session.TagSize)
@@ -208,8 +209,8 @@ func TestDropDuplicateReorder(t *testing.T) {
 
 // TestTruncation: a record cut short fails (Protocol below a tag's size),
 // and a stream that ends inside a body, payload or header is an error, not
-// a short success; in Encryption mode nothing of the cut record reaches
-// the destination.
+// a short success; where payloads are records nothing of the cut record
+// reaches the destination.
 func TestTruncation(t *testing.T) {
 	for _, mode := range modes {
 		ini, srv := pairOf(t, params(mode, "trunc"))
@@ -237,7 +238,7 @@ func TestTruncation(t *testing.T) {
 			if !errors.Is(err, io.ErrUnexpectedEOF) {
 				t.Fatalf("%v cut %d: %v", mode, cut, err)
 			}
-			if mode == session.Encryption && bytes.ContainsFunc(dst[2*session.RecordSize:], func(r rune) bool { return r != 0 }) {
+			if mode.SealsPayload() && bytes.ContainsFunc(dst[2*session.RecordSize:], func(r rune) bool { return r != 0 }) {
 				t.Fatalf("cut %d: bytes of an unchecked record reached the destination", cut)
 			}
 			ini, srv = pairOf(t, params(mode, "trunc"))
@@ -250,11 +251,26 @@ func TestTruncation(t *testing.T) {
 	}
 }
 
-// TestTamperedPayloadNeverLands: in Encryption mode a payload record
-// altered on the path fails, and the destination keeps what it held for
-// that record: no unauthenticated byte is written to it.
+// TestTamperedPayloadNeverLands: in Integrity and Encryption modes a
+// payload record altered on the path fails, and the destination keeps what
+// it held for that record: no unauthenticated byte is written to it. In
+// Headers mode (the opt-out) the altered byte arrives.
 func TestTamperedPayloadNeverLands(t *testing.T) {
-	ini, srv := pairOf(t, params(session.Encryption, "land"))
+	for _, mode := range []session.Mode{session.Integrity, session.Encryption} {
+		t.Run(mode.String(), func(t *testing.T) { tamperedPayload(t, mode) })
+	}
+	ini, srv := pairOf(t, params(session.Headers, "land"))
+	var wire bytes.Buffer
+	ini.Send.WritePayload(&wire, pattern(1000, 5), nil)
+	wire.Bytes()[10] ^= 4
+	dst := make([]byte, 1000)
+	if err := srv.Recv.ReadPayload(&wire, dst, nil); err != nil || dst[10] == pattern(1000, 5)[10] {
+		t.Fatalf("headers only: %v; the altered byte should have arrived unnoticed", err)
+	}
+}
+
+func tamperedPayload(t *testing.T, mode session.Mode) {
+	ini, srv := pairOf(t, params(mode, "land"))
 	var wire bytes.Buffer
 	n := 3 * session.RecordSize
 	ini.Send.WritePayload(&wire, pattern(n, 5), nil)
@@ -270,7 +286,7 @@ func TestTamperedPayloadNeverLands(t *testing.T) {
 		t.Fatal("bytes of the tampered record reached the destination")
 	}
 	// The same read in pieces (a device payload's staging chunks).
-	_, srv = pairOf(t, params(session.Encryption, "land"))
+	_, srv = pairOf(t, params(mode, "land"))
 	clear(dst)
 	srv.Recv.StartPayload(uint64(n))
 	rd := bytes.NewReader(b)
@@ -305,7 +321,7 @@ func TestNoCrossing(t *testing.T) {
 		p.Channel = session.Control
 		others["another channel"] = p
 		p = params(mode, "connection A")
-		p.Mode = session.Integrity + session.Encryption - mode
+		p.Mode = map[session.Mode]session.Mode{session.Headers: session.Integrity, session.Integrity: session.Encryption, session.Encryption: session.Headers}[mode]
 		others["another mode"] = p
 		p = params(mode, "connection A")
 		p.Secret = []byte("another cluster's secret value")
@@ -442,7 +458,8 @@ func TestZeroAllocs(t *testing.T) {
 
 // TestModesMatchWire: the modes are the exchange's mode bytes.
 func TestModesMatchWire(t *testing.T) {
-	if session.Integrity != session.Mode(wire.SessionIntegrity) || session.Encryption != session.Mode(wire.SessionEncryption) ||
+	if session.Headers != session.Mode(wire.SessionHeaders) || session.Integrity != session.Mode(wire.SessionIntegrity) ||
+		session.Encryption != session.Mode(wire.SessionEncryption) ||
 		session.KeyIDSize != wire.AuthKeyIDSize || session.RecordSize != wire.BodyChunk {
 		t.Fatal("session constants drifted from the wire's")
 	}

@@ -96,12 +96,13 @@ func (o *Opener) DiscardBody(r io.Reader, n uint64, beforeChunk func(size int)) 
 }
 
 // ReadPayload reads a data payload of len(dst) bytes into dst: records in
-// Encryption mode, each opened in the Opener's own buffer and copied into
-// dst only once its tag checked out; the bytes as they come otherwise.
-// On an error dst holds part of the payload (never unauthenticated bytes
-// in Encryption mode) and the connection must be closed.
+// Integrity and Encryption modes, each opened in the Opener's own buffer
+// and copied into dst only once its tag checked out; the bytes as they
+// come in Headers mode. On an error dst holds part of the payload (never
+// unauthenticated bytes, except in Headers mode) and the connection must
+// be closed.
 func (o *Opener) ReadPayload(r io.Reader, dst []byte, beforeChunk func(size int)) error {
-	if o.Mode() != Encryption {
+	if !o.Mode().SealsPayload() {
 		if o != nil && o.err != nil {
 			return o.err
 		}
@@ -120,9 +121,9 @@ func (o *Opener) ReadPayload(r io.Reader, dst []byte, beforeChunk func(size int)
 }
 
 // DiscardPayload reads and drops an n-byte data payload (a refused WRITE's,
-// a canceled READ's), checking its records in Encryption mode.
+// a canceled READ's), checking its records where payloads are records.
 func (o *Opener) DiscardPayload(r io.Reader, n uint64, beforeChunk func(size int)) error {
-	if o.Mode() != Encryption {
+	if !o.Mode().SealsPayload() {
 		if o != nil && o.err != nil {
 			return o.err
 		}
@@ -167,10 +168,11 @@ func (s *Sealer) WriteBody(w io.Writer, p []byte, beforeChunk func(size int)) er
 	return s.records(w, p, beforeChunk)
 }
 
-// WritePayload writes a data payload: records in Encryption mode, the
-// bytes as they are otherwise (written straight from src, no copy).
+// WritePayload writes a data payload: records in Integrity mode (the
+// bytes straight from src, each record's tag after them) and Encryption
+// mode, the bytes as they are in Headers mode.
 func (s *Sealer) WritePayload(w io.Writer, src []byte, beforeChunk func(size int)) error {
-	if s.Mode() != Encryption {
+	if !s.Mode().SealsPayload() {
 		if s != nil && s.err != nil {
 			return s.err
 		}
@@ -188,7 +190,7 @@ func (s *Sealer) records(w io.Writer, p []byte, beforeChunk func(size int)) erro
 		n := min(len(p), RecordSize)
 		var rec []byte
 		var err error
-		if s.d.mode == Integrity {
+		if !s.d.mode.encrypts() {
 			// The plaintext goes out from where it is, then its tag.
 			if rec, err = s.tagOnly(p[:n]); err != nil {
 				return err
@@ -258,11 +260,11 @@ func (s *Sealer) StartPayload(n uint64) {
 }
 
 // WritePiece writes the next piece of the payload begun with StartPayload.
-// In Encryption mode a record goes out each time one is complete (the last
-// one when the payload's last byte arrives); otherwise the piece goes out
-// as it is. Writing more than the payload's size is an error.
+// In Integrity and Encryption modes a record goes out each time one is
+// complete (the last one when the payload's last byte arrives); in Headers
+// mode the piece goes out as it is. Writing more than the payload's size is an error.
 func (s *Sealer) WritePiece(w io.Writer, p []byte, beforeChunk func(size int)) error {
-	if s.Mode() != Encryption {
+	if !s.Mode().SealsPayload() {
 		if s != nil {
 			if s.err != nil {
 				return s.err
@@ -319,11 +321,12 @@ func (o *Opener) StartPayload(n uint64) {
 }
 
 // ReadPiece fills dst with the next bytes of the payload begun with
-// StartPayload. In Encryption mode it reads and opens records as it needs
-// them, and copies out only bytes of records that opened. Reading past the
+// StartPayload. In Integrity and Encryption modes it reads and opens
+// records as it needs them, and copies out only bytes of records that
+// opened. Reading past the
 // payload's end is an error.
 func (o *Opener) ReadPiece(r io.Reader, dst []byte, beforeChunk func(size int)) error {
-	if o.Mode() != Encryption {
+	if !o.Mode().SealsPayload() {
 		if o != nil {
 			if o.err != nil {
 				return o.err

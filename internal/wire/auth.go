@@ -46,11 +46,40 @@ const (
 
 // Session modes: the mode byte of a version 2 HELLO (what the initiator
 // asks for) and CHALLENGE (what the server chose).
+//
+// The values are not in order of strength (SessionIntegrity came after the
+// other two): StrongerMode compares them.
 const (
 	SessionNone       uint8 = 0 // no secret: no session
-	SessionIntegrity  uint8 = 1 // headers and bodies authenticated
+	SessionHeaders    uint8 = 1 // headers and bodies authenticated, payloads in the clear
 	SessionEncryption uint8 = 2 // everything sealed with AES-GCM
+	SessionIntegrity  uint8 = 3 // headers, bodies and payloads authenticated, nothing encrypted
 )
+
+// modeRank orders the modes by what they protect.
+func modeRank(m uint8) int {
+	switch m {
+	case SessionHeaders:
+		return 1
+	case SessionIntegrity:
+		return 2
+	case SessionEncryption:
+		return 3
+	}
+	return 0
+}
+
+// StrongerMode returns the one of a and b that protects more: the mode a
+// server chooses from the HELLO's and its own.
+func StrongerMode(a, b uint8) uint8 {
+	if modeRank(b) > modeRank(a) {
+		return b
+	}
+	return a
+}
+
+// validMode reports whether m is a mode a version 2 message may carry.
+func validMode(m uint8) bool { return m <= SessionIntegrity }
 
 // AuthStatus is the status byte of a CHALLENGE or RESULT.
 type AuthStatus uint8
@@ -70,7 +99,8 @@ const (
 type Hello struct {
 	Version uint8
 	// Mode is the session mode asked for (version 2 only): SessionNone
-	// without a key id, else SessionIntegrity or SessionEncryption.
+	// without a key id, else SessionHeaders, SessionIntegrity or
+	// SessionEncryption.
 	Mode     uint8
 	Nonce    [AuthNonceSize]byte
 	KeyIDs   [][AuthKeyIDSize]byte
@@ -82,7 +112,8 @@ type Challenge struct {
 	Version uint8
 	Status  AuthStatus
 	// Mode is the session mode chosen (version 2 only): at least the
-	// HELLO's, with status 0; SessionNone with any other status.
+	// HELLO's (StrongerMode), with status 0; SessionNone with any other
+	// status.
 	Mode     uint8
 	Nonce    [AuthNonceSize]byte
 	KeyIndex uint8
@@ -134,7 +165,7 @@ func DecodeHello(b []byte) (*Hello, error) {
 	}
 	if fixed == 4 {
 		h.Mode = b[3]
-		if h.Mode > SessionEncryption || (h.Mode == SessionNone) != (k == 0) {
+		if !validMode(h.Mode) || (h.Mode == SessionNone) != (k == 0) {
 			return nil, authErr("HELLO asks for session mode %d with %d keys", h.Mode, k)
 		}
 	}
@@ -190,7 +221,7 @@ func DecodeChallenge(b []byte) (*Challenge, error) {
 	c := &Challenge{Version: b[1], Status: AuthStatus(b[2]), KeyIndex: b[head+AuthNonceSize]}
 	if head == 4 {
 		c.Mode = b[3]
-		if c.Mode > SessionEncryption || (c.Mode == SessionNone) != (c.Status != AuthProceed) {
+		if !validMode(c.Mode) || (c.Mode == SessionNone) != (c.Status != AuthProceed) {
 			return nil, authErr("CHALLENGE status %d with session mode %d", c.Status, c.Mode)
 		}
 	}

@@ -150,7 +150,7 @@ func TestSessionMessagesRefuseMalformed(t *testing.T) {
 	hellos := map[string]*Hello{
 		"mode without key": {Version: AuthVersionSession, Mode: SessionIntegrity, Instance: "x"},
 		"key without mode": {Version: AuthVersionSession, KeyIDs: key, Instance: "x"},
-		"unknown mode":     {Version: AuthVersionSession, Mode: 3, KeyIDs: key, Instance: "x"},
+		"unknown mode":     {Version: AuthVersionSession, Mode: 4, KeyIDs: key, Instance: "x"},
 	}
 	for name, h := range hellos {
 		if _, err := DecodeHello(AppendHello(nil, h)); errs.CodeOf(err) != errs.Protocol {
@@ -200,5 +200,19 @@ func TestIdentityChallengeRoundTrip(t *testing.T) {
 	busy := AppendChallenge(nil, &Challenge{Version: AuthVersionIdentity, Status: AuthBusy, Name: "x"})
 	if r, err := DecodeChallenge(busy); err != nil || r.Name != "" {
 		t.Fatal(r, err)
+	}
+}
+
+// TestStrongerMode: the server's choice is the mode that protects more,
+// whatever the order of the mode bytes' values.
+func TestStrongerMode(t *testing.T) {
+	order := []uint8{SessionHeaders, SessionIntegrity, SessionEncryption}
+	for i, a := range order {
+		for j, b := range order {
+			want := order[max(i, j)]
+			if got := StrongerMode(a, b); got != want {
+				t.Fatalf("StrongerMode(%d, %d) = %d, want %d", a, b, got, want)
+			}
+		}
 	}
 }

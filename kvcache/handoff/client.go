@@ -77,14 +77,19 @@ type Client struct {
 	opts  Options
 	token string
 
-	nmu     sync.Mutex
-	notices map[string]proto.Notice
+	nmu sync.Mutex
+	// notices holds completions received for transfers this client
+	// declared and has not finished (open); a notice for any other id is
+	// dropped, so nobody can plant one ahead of a transfer.
+	notices map[string][]proto.Notice
+	open    map[string]int
 	other   []engine.Notification
 }
 
-// maxNotices bounds the completions kept for transfers nobody waits for
-// yet; older ones are dropped first.
-const maxNotices = 4096
+// maxNoticesPerID bounds the notices kept for one open transfer until its
+// waiting side checks them (the paired mover's, and whatever others sent
+// under its id); older ones are dropped first.
+const maxNoticesPerID = 4
 
 // New returns a client for engine e and the sidecar in opts.
 func New(e *engine.Engine, opts Options) (*Client, error) {
@@ -137,7 +142,7 @@ func New(e *engine.Engine, opts Options) (*Client, error) {
 			}
 		}
 	}
-	return &Client{e: e, base: base, hc: hc, opts: opts, token: token, notices: map[string]proto.Notice{}}, nil
+	return &Client{e: e, base: base, hc: hc, opts: opts, token: token, notices: map[string][]proto.Notice{}, open: map[string]int{}}, nil
 }
 
 // usableName reports whether te-sidecar takes name as a client name (at
@@ -175,26 +180,53 @@ func (c *Client) drainLocked() {
 		if json.Unmarshal([]byte(n.Msg), &nt) != nil || nt.ID == "" {
 			continue // not ours after all; a malformed notice cannot be matched to a transfer
 		}
-		if len(c.notices) >= maxNotices {
-			for k := range c.notices {
-				delete(c.notices, k)
-				break
-			}
+		if c.open[nt.ID] == 0 {
+			continue // no transfer of ours by that id: never stored, never counted
 		}
-		c.notices[nt.ID] = nt
+		q := c.notices[nt.ID]
+		if len(q) >= maxNoticesPerID {
+			q = q[1:]
+		}
+		c.notices[nt.ID] = append(q, nt)
 	}
 }
 
-// notice returns and forgets the completion received for id, if any.
-func (c *Client) notice(id string) (proto.Notice, bool) {
+// track notes that this client declared transfer id: notices for it are
+// kept until untrack.
+func (c *Client) track(id string) {
+	c.nmu.Lock()
+	c.open[id]++
+	c.nmu.Unlock()
+}
+
+// untrack forgets one declaration of id and, with the last, its notices.
+func (c *Client) untrack(id string) {
+	c.nmu.Lock()
+	defer c.nmu.Unlock()
+	if c.open[id]--; c.open[id] <= 0 {
+		delete(c.open, id)
+		delete(c.notices, id)
+	}
+}
+
+// notice returns and forgets the first completion received for id that
+// verifies under key (the transfer's notice key), if any; the others
+// received so far are dropped.
+func (c *Client) notice(id, key string) (proto.Notice, bool) {
 	c.nmu.Lock()
 	defer c.nmu.Unlock()
 	c.drainLocked()
-	n, ok := c.notices[id]
-	if ok {
-		delete(c.notices, id)
+	q := c.notices[id]
+	if len(q) == 0 || key == "" {
+		return proto.Notice{}, false // unchecked notices wait for the key
 	}
-	return n, ok
+	delete(c.notices, id)
+	for _, n := range q {
+		if n.Verify(key) {
+			return n, true
+		}
+	}
+	return proto.Notice{}, false
 }
 
 // httpError is a sidecar answer other than 200.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -499,5 +500,68 @@ func abortedAt(t *testing.T, tx *handoff.Transfer) {
 			t.Fatalf("transfer %s not aborted: %+v", tx.ID(), st)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestPlantedNotice: a te.handoff notice planted before the transfer pairs
+// (by an engine that holds whatever the cluster needs, but is not the
+// paired mover and has no notice key), unsigned or with a made-up MAC, and
+// one for an id nobody declared, complete nothing: decode's Wait returns
+// only once the real mover moved every byte, and its cache is right.
+func TestPlantedNotice(t *testing.T) {
+	sc := startSidecar(t)
+	ctx := context.Background()
+	pre := newLocal(t, sc, "tcp", prefillShape, time.Second)
+	dec := newLocal(t, sc, "tcp", decodeShape, time.Second)
+	forger := newLocal(t, sc, "tcp", prefillShape, time.Second)
+	pre.cache.Fill(srcBlocks)
+	dec.cache.Clear(0)
+	const id = "planted"
+	plant := func(id string, mac string) {
+		t.Helper()
+		msg := `{"id":"` + id + `","ok":true,"bytes":` + strconv.FormatUint(moved(), 10) + `,"mac":"` + mac + `"}`
+		if err := forger.e.SendNotify(dec.e.Name(), handoff.NotifyName, msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	plant("not-declared", "")
+	tx, err := dec.c.Expect(ctx, handoff.Request{ID: id, Layout: &dec.cache.Layout, Blocks: dstBlocks, Mode: handoff.Push})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plant(id, "")
+	plant(id, strings.Repeat("ab", 32))
+	type out struct {
+		res handoff.Result
+		err error
+	}
+	waited := make(chan out, 1)
+	go func() {
+		res, err := tx.Wait(ctx)
+		waited <- out{res, err}
+	}()
+	ptx, err := pre.c.Ready(ctx, handoff.Request{ID: id, Layout: &pre.cache.Layout, Blocks: srcBlocks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plant(id, "") // after pairing too
+	select {
+	case o := <-waited:
+		t.Fatalf("decode's Wait returned before the mover moved anything: %+v, %v", o.res, o.err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if _, err := ptx.Send(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case o := <-waited:
+		if o.err != nil || o.res.Bytes != moved() {
+			t.Fatalf("decode's Wait: %+v, %v", o.res, o.err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("decode's Wait did not return after the transfer")
+	}
+	if bad, first := dec.cache.Check(srcBlocks, dstBlocks, 0); bad != 0 {
+		t.Fatalf("decode cache: %d bad words, first: %s", bad, first)
 	}
 }

@@ -87,10 +87,14 @@ type Transfer struct {
 	// peerWindow is the peer's window key, presented by this side's
 	// requests when it moves the bytes.
 	peerWindow uint64
-	done       bool          // the outcome is being or was reported
-	fin        chan struct{} // closed once result and err are set
-	result     *Result
-	err        error
+	// noticeKey signs (mover) or checks (waiting side) the completion
+	// notice; from the paired record.
+	noticeKey string
+	untracked bool
+	done      bool          // the outcome is being or was reported
+	fin       chan struct{} // closed once result and err are set
+	result    *Result
+	err       error
 }
 
 // Expect declares, on the decode side, where transfer r.ID's KV must go. It
@@ -167,8 +171,9 @@ func (c *Client) declare(ctx context.Context, role proto.Role, r Request) (*Tran
 		c.e.RevokeWindow(window)
 		return nil, err
 	}
+	c.track(r.ID)
 	return &Transfer{c: c, role: role, id: r.ID, layout: r.Layout, blocks: append([]int(nil), r.Blocks...),
-		instance: rec.Instance, rec: rec, cap: rec.Capability, window: window}, nil
+		instance: rec.Instance, rec: rec, cap: rec.Capability, window: window, noticeKey: rec.NoticeKey}, nil
 }
 
 // blockRanges lists the memory of blocks in every layer of l, coalesced (a
@@ -221,6 +226,9 @@ func (t *Transfer) record(op string, rec proto.Record) error {
 	t.mu.Lock()
 	if rec.Version >= t.rec.Version || rec.State.Terminal() {
 		t.rec = rec
+	}
+	if rec.NoticeKey != "" {
+		t.noticeKey = rec.NoticeKey
 	}
 	t.mu.Unlock()
 	return nil
@@ -351,9 +359,14 @@ func (t *Transfer) Send(ctx context.Context) (Result, error) { return t.Wait(ctx
 // returning earlier would let the caller free memory the engine still uses.
 // When ctx ends on the waiting side, Wait returns a Canceled error and the
 // transfer goes on; call Abort to end it and settle.
-func (t *Transfer) Wait(ctx context.Context) (Result, error) {
+func (t *Transfer) Wait(ctx context.Context) (res Result, err error) {
 	t.waitMu.Lock()
 	defer t.waitMu.Unlock()
+	defer func() {
+		if !(errs.CodeOf(err) == errs.Canceled && ctx.Err() != nil) {
+			t.untrack() // finished: its notices are no longer kept
+		}
+	}()
 	t.mu.Lock()
 	if t.done {
 		t.mu.Unlock()
@@ -378,7 +391,7 @@ func (t *Transfer) Wait(ctx context.Context) (Result, error) {
 	if t.isMover(rec) {
 		return t.move(ctx, rec)
 	}
-	res, err := t.await(ctx)
+	res, err = t.await(ctx)
 	if errs.CodeOf(err) == errs.Canceled && ctx.Err() != nil {
 		return res, err // ctx ended: the transfer goes on; Abort ends it
 	}
@@ -441,10 +454,24 @@ func (t *Transfer) opcode() engine.Opcode {
 	return engine.Read
 }
 
-// notice is the completion message the engine sends to the peer.
+// notice is the completion message the engine sends to the peer, signed
+// with the transfer's notice key. Callers hold t.mu.
 func (t *Transfer) notice(ok bool, bytes uint64, code errs.Code) string {
-	b, _ := json.Marshal(proto.Notice{ID: t.id, OK: ok, Bytes: bytes, Code: int32(code)})
+	n := proto.Notice{ID: t.id, OK: ok, Bytes: bytes, Code: int32(code)}
+	n.Sign(t.noticeKey)
+	b, _ := json.Marshal(n)
 	return string(b)
+}
+
+// untrack ends this transfer's claim on the client's notices, once.
+func (t *Transfer) untrack() {
+	t.mu.Lock()
+	done := t.untracked
+	t.untracked = true
+	t.mu.Unlock()
+	if !done {
+		t.c.untrack(t.id)
+	}
 }
 
 // submitLayers submits the given layers; the one that completes the plan
@@ -614,13 +641,17 @@ func (t *Transfer) finish(ctx context.Context, submitErr error) (Result, error) 
 	// The report must reach the sidecar even when the caller's ctx has
 	// ended: it is what settles the transfer for the peer.
 	rctx := context.WithoutCancel(ctx)
+	var failNotice string
+	if peer != "" {
+		failNotice = t.notice(false, st.Transferred, errs.CodeOf(failure))
+	}
 	t.mu.Unlock()
 	// This side's own window was never handed to anyone (the sidecar gives
 	// a declaration's window to the mover only): dropping it is immediate.
 	t.revoke()
 	if peer != "" {
 		// Best effort: the sidecar tells the peer too.
-		t.c.e.SendNotify(peer, NotifyName, t.notice(false, st.Transferred, errs.CodeOf(failure)))
+		t.c.e.SendNotify(peer, NotifyName, failNotice)
 	}
 	rec, he, err := t.c.call(rctx, http.MethodPost, "/handoff/complete", c, t.c.opts.RequestTimeout, t.cap)
 	if err == nil {
@@ -677,7 +708,10 @@ func (t *Transfer) await(ctx context.Context) (Result, error) {
 	var lostAt time.Time
 	var lostErr error
 	for {
-		if n, ok := t.c.notice(t.id); ok {
+		t.mu.Lock()
+		key := t.noticeKey
+		t.mu.Unlock()
+		if n, ok := t.c.notice(t.id, key); ok {
 			res.Elapsed = time.Since(start)
 			res.Bytes = n.Bytes
 			if n.OK {
@@ -745,6 +779,7 @@ func (t *Transfer) Abort(ctx context.Context, reason string) error {
 	t.aborted = true
 	b := t.batch
 	t.mu.Unlock()
+	t.untrack()
 	if t.isMover(rec) && !rec.Settled {
 		// This side moves: its requests are canceled and end once the
 		// engine let go of them, then its report settles the transfer.

@@ -36,9 +36,11 @@ What differs from NIXL:
   notifications to ip_addr:port. ip_addr "" (a central etcd server) is not
   supported (nixlNotSupportedError). These calls need the listener on
   (nixlNotAllowedError otherwise).
-* Host: te binds the host it advertises (its first non-loopback IPv4
-  address), not every interface. TE_NIXL_HOST sets it (127.0.0.1 for one
-  machine; 0.0.0.0 binds every interface as NIXL does).
+* Host: with the listener on, te binds every address (0.0.0.0) as NIXL's
+  listener does, so peers reach it on 127.0.0.1 as well as on the host's
+  addresses; with it off, the host it advertises (its first non-loopback
+  IPv4 address). TE_NIXL_HOST sets it (127.0.0.1 keeps an agent on one
+  machine).
   TE_NIXL_TRANSPORTS / TE_NIXL_FORCE_TRANSPORT choose te's transports
   (e.g. TE_NIXL_FORCE_TRANSPORT=tcp), TE_NIXL_PARAMS passes te transport
   parameters (e.g. rdma.devices=mlx5_0).

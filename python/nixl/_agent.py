@@ -1222,15 +1222,20 @@ def _json(msg):
 def _engine_args(cfg, listening):
     """te.Engine keyword arguments for an agent.
 
-    TE_NIXL_HOST: the host te binds and advertises (default: te's own
-    choice, the first non-loopback IPv4 address; 0.0.0.0 binds every
-    interface as NIXL's listener does). The listener port is listen_port
-    when the listener is on, else a free port. TE_NIXL_TRANSPORTS and
+    TE_NIXL_HOST: the host te binds (default with the listener on: every
+    address, 0.0.0.0, as NIXL's own listener accepts wherever its users
+    dial, 127.0.0.1 included; with it off, te's own choice, the first
+    non-loopback IPv4 address). Every connection to it authenticates when
+    there is a cluster secret; without one te trusts the network, as NIXL
+    does, and says so in its log. The listener port is listen_port when
+    the listener is on, else a free port. TE_NIXL_TRANSPORTS and
     TE_NIXL_FORCE_TRANSPORT pick te's transports, TE_NIXL_PARAMS passes
     transport parameters ("rdma.devices=mlx5_0,tcp.conns=4"). The cluster secret comes
     from TE_AUTH_SECRET_FILE or TE_AUTH_SECRET, read when the agent is made.
     """
     host = os.environ.get("TE_NIXL_HOST", "").strip()
+    if not host and listening:
+        host = "0.0.0.0"
     port = int(getattr(cfg, "listenPort", 0)) if listening else 0
     if not 0 <= port < 65536:
         raise nixlInvalidParamError(f"listen_port {port} out of range")

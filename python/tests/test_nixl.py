@@ -616,6 +616,23 @@ class BoundsTest(unittest.TestCase):
         self.assertTrue(b.check_remote_metadata("ranges-a", b.get_xfer_descs(rows(x.ctypes.data, 4, 4096), "DRAM")))
 
 
+class ListenerAddressTest(unittest.TestCase):
+    """Without TE_NIXL_HOST a listening agent accepts on every address, as
+    NIXL's listener does: a peer dialling 127.0.0.1 reaches it."""
+
+    def test_listener_on_every_address(self):
+        old = os.environ.pop("TE_NIXL_HOST")
+        try:
+            a = agent(self, "everywhere", enable_listen_thread=True, listen_port=0)
+        finally:
+            os.environ["TE_NIXL_HOST"] = old
+        self.assertTrue(a.agent._engine.name.split(":")[0] != "0.0.0.0", a.agent._engine.name)
+        port = a.agent._engine.rpc_port
+        b = agent(self, "dialler", enable_listen_thread=True, listen_port=0)
+        b.fetch_remote_metadata("everywhere", "127.0.0.1", port)
+        wait_until(lambda: b.check_remote_metadata("everywhere"), 10, "metadata over 127.0.0.1")
+
+
 class ListenerTest(unittest.TestCase):
     """Metadata over the listener (te's RPC listener at listen_port)."""
 

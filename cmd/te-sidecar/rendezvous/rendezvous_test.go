@@ -167,7 +167,7 @@ func layout(t *testing.T, blocks int, base uint64) json.RawMessage {
 }
 
 func decl(t *testing.T, id string, blocks []int, mode proto.Mode, timeoutMS int64) proto.Decl {
-	return proto.Decl{ID: id, Segment: "127.0.0.1:1", Layout: layout(t, 32, 1<<30), Blocks: blocks, Mode: mode, TimeoutMS: timeoutMS}
+	return proto.Decl{ID: id, Segment: "127.0.0.1:1", Layout: layout(t, 32, 1<<30), Blocks: blocks, Mode: mode, TimeoutMS: timeoutMS, Window: 7}
 }
 
 // eventually polls cond until it holds or the deadline passes.
@@ -372,6 +372,7 @@ func TestBadRequests(t *testing.T) {
 		{"negative timeout", "/handoff/expect", proto.Decl{ID: "x", Segment: "s", Layout: good.Layout, Blocks: []int{1}, TimeoutMS: -1}},
 		{"huge timeout", "/handoff/expect", proto.Decl{ID: "x", Segment: "s", Layout: good.Layout, Blocks: []int{1}, TimeoutMS: 1 << 50}},
 		{"abort bad role", "/handoff/abort", proto.Abort{ID: "x", Role: "router"}},
+		{"no window", "/handoff/expect", proto.Decl{ID: "x", Segment: "s", Layout: good.Layout, Blocks: []int{1}}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			s.refused("POST", c.path, c.body, 400, errs.InvalidArgument)

@@ -124,13 +124,17 @@ type usage struct {
 }
 
 type rec struct {
-	id        string
-	mode      proto.Mode
-	decl      [2]*proto.Decl // by side: decode, prefill
-	caps      [2]string      // capability of each side that declared
-	client    [2]string      // the client that declared each side
-	creator   string         // the client whose declaration created it
-	cost      [2]int64       // Cost of each declaration while held
+	id   string
+	mode proto.Mode
+	decl [2]*proto.Decl // by side: decode, prefill
+	caps [2]string      // capability of each side that declared
+	// noticeKey is minted at pairing and given to both sides (and no one
+	// else): the mover's completion notice carries an HMAC under it, so
+	// the waiting side counts only the paired mover's word.
+	noticeKey string
+	client    [2]string // the client that declared each side
+	creator   string    // the client whose declaration created it
+	cost      [2]int64  // Cost of each declaration while held
 	state     proto.State
 	version   uint64
 	bytes     uint64
@@ -283,6 +287,12 @@ func (t *Table) checkDecl(role proto.Role, d *proto.Decl) (*kvcache.Layout, *Ref
 			}
 		}
 	}
+	if d.Window == 0 {
+		// Without a window the mover would present the buffers' keys:
+		// whoever paired first could aim it anywhere in the segment, and
+		// the side could not fence the transfer's access alone.
+		return bad("no window: a declaration carries the key of the engine window the side granted over its blocks (engine.GrantWindow)")
+	}
 	return &l, nil
 }
 
@@ -373,6 +383,7 @@ func (t *Table) Declare(role proto.Role, d proto.Decl, client string) (proto.Rec
 	t.hold(r, role, &d, client, cost)
 	t.unwait(r)
 	r.paired = now
+	r.noticeKey = newCapability()
 	if dl := now.Add(timeout); dl.After(r.deadline) {
 		r.deadline = dl
 	}
@@ -872,6 +883,9 @@ func (r *rec) record(t *Table, role proto.Role, now time.Time) proto.Record {
 	}
 	if !r.state.Terminal() {
 		out.ExpiresInMS = max(1, r.deadline.Sub(now).Milliseconds())
+	}
+	if role != "" {
+		out.NoticeKey = r.noticeKey
 	}
 	if r.state == proto.Transferring && role != "" && role == r.mode.Mover() {
 		if o := r.decl[1-side(role)]; o != nil {

@@ -49,7 +49,7 @@ func declBody(t *testing.T, id string, blocks ...int) []byte {
 	l := kvcache.Layout{Format: kvcache.VLLM, Order: kvcache.NHD, DType: kvcache.BF16, NumBlocks: 32,
 		BlockSize: 16, NumHeads: 2, HeadDim: 64, Bases: []uint64{1 << 30, 1<<30 + 1<<24}}
 	lb, _ := json.Marshal(&l)
-	b, _ := json.Marshal(proto.Decl{ID: id, Segment: "127.0.0.1:1", Layout: lb, Blocks: blocks})
+	b, _ := json.Marshal(proto.Decl{ID: id, Segment: "127.0.0.1:1", Layout: lb, Blocks: blocks, Window: 7})
 	return b
 }
 

@@ -163,7 +163,7 @@ const layoutJSON = `{"format":"vllm","order":"NHD","dtype":"bf16","num_blocks":1
 // declaration returns a prefill declaration body of about n bytes: blocks
 // of id 0 (prefill may repeat a block).
 func declaration(id string, n int64) *gen {
-	prefix := `{"id":"` + id + `","segment":"127.0.0.1:1","timeout_ms":600000,"layout":` + layoutJSON + `,"blocks":[`
+	prefix := `{"id":"` + id + `","segment":"127.0.0.1:1","window":7,"timeout_ms":600000,"layout":` + layoutJSON + `,"blocks":[`
 	suffix := `0]}`
 	if (n-int64(len(prefix)+len(suffix)))%2 != 0 {
 		n++

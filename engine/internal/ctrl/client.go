@@ -157,7 +157,7 @@ func (d callDialect) Dial(ctx context.Context, addr string) (net.Conn, error) {
 func (d callDialect) Open(nc net.Conn, addr string) (pipe.Encoder[*call], pipe.Decoder[*call], error) {
 	c := d.c
 	o, err := peerauth.ClientSession(nc, c.opt.Secret, c.opt.Instance, time.Now().Add(c.opt.Limits.HandshakeTimeout),
-		peerauth.SessionOptions{Channel: session.Control, Encrypt: c.opt.Encrypt})
+		c.opt.sessionOptions())
 	if err != nil {
 		if errs.CodeOf(err) == errs.Unauthenticated {
 			c.st.authFailedOut.Add(1)

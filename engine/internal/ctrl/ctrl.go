@@ -16,6 +16,7 @@ import (
 	"github.com/tecache/te/internal/connlimit"
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/peerauth"
+	"github.com/tecache/te/internal/session"
 )
 
 // Handler serves one kind of call: the body in, the reply out, or an error
@@ -293,4 +294,13 @@ func asError(err error) *errs.Error {
 		return e
 	}
 	return errs.Wrap(errs.Internal, "", err, "")
+}
+
+// sessionOptions are the control connections' session settings. A control
+// connection carries no data payloads, so headers mode already
+// authenticates every byte after the opening; asking for it (rather than
+// payload integrity) keeps control connections open to engines that
+// predate that mode.
+func (o Options) sessionOptions() peerauth.SessionOptions {
+	return peerauth.SessionOptions{Channel: session.Control, Encrypt: o.Encrypt, HeadersOnly: true, Name: o.Name, Addr: o.Addr}
 }

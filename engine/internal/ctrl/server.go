@@ -211,7 +211,7 @@ func (sc *srvConn) authenticate() bool {
 		return false
 	}
 	o, err := peerauth.ServerSession(peerauth.WithReader(sc.conn, sc.br), c.opt.Secret, c.opt.Instance, dl,
-		peerauth.SessionOptions{Channel: session.Control, Encrypt: c.opt.Encrypt, Name: c.opt.Name, Addr: c.opt.Addr})
+		c.opt.sessionOptions())
 	if err != nil {
 		switch errs.CodeOf(err) {
 		case errs.Timeout:

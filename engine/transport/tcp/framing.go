@@ -20,8 +20,8 @@ import (
 // readFrame and every payload through readPayload, readPiece or dropPayload,
 // on either side and in either framing (mooncake.go). Between two engines
 // with a secret they seal and open frames as the connection's session says
-// ("Frames in a session"): each header one record, payloads in the clear in
-// Integrity mode and as records in Encryption mode. A nil Sealer or Opener
+// ("Frames in a session"): each header one record, payloads as records in
+// Integrity and Encryption modes and in the clear in Headers mode. A nil Sealer or Opener
 // (no secret, a Mooncake peer) passes bytes through. GPU payloads are staged
 // through them too (gpu.go).
 
@@ -61,7 +61,9 @@ type sealedFrame struct{ from, to, dev int }
 // frames share a system call, a payload goes 64 KiB record by record.
 const sealedWriteBuf = 256 << 10
 
-func (w *frameWriter) encrypting() bool { return w.seal.Mode() == session.Encryption }
+// encrypting reports whether payloads go out as records (sealed in wire
+// order through sendSealed): in Integrity and Encryption modes.
+func (w *frameWriter) encrypting() bool { return w.seal.Mode().SealsPayload() }
 
 // begin starts a write of up to n frames with headers of size bytes. Frame
 // i's header is written into header(i), then added with frame(i, ...),
@@ -302,7 +304,7 @@ func progress(br *bufio.Reader, nc net.Conn, d time.Duration) func(int) {
 // encryption each record is read into the Opener's buffer and copied into
 // dst only once it opened.
 func readPayload(br *bufio.Reader, nc net.Conn, op *session.Opener, dst []byte, d time.Duration) error {
-	if op.Mode() == session.Encryption {
+	if op.Mode().SealsPayload() {
 		return op.ReadPayload(br, dst, progress(br, nc, d))
 	}
 	return pipe.ReadProgress(br, nc, dst, d)
@@ -310,7 +312,7 @@ func readPayload(br *bufio.Reader, nc net.Conn, op *session.Opener, dst []byte, 
 
 // startPayload begins a payload of n bytes read with readPiece.
 func startPayload(op *session.Opener, n uint64) {
-	if op.Mode() == session.Encryption {
+	if op.Mode().SealsPayload() {
 		op.StartPayload(n)
 	}
 }
@@ -318,7 +320,7 @@ func startPayload(op *session.Opener, n uint64) {
 // readPiece reads the next len(dst) bytes of a payload begun with
 // startPayload (a payload read in chunks: staged for a GPU, a file).
 func readPiece(br *bufio.Reader, nc net.Conn, op *session.Opener, dst []byte, d time.Duration) error {
-	if op.Mode() == session.Encryption {
+	if op.Mode().SealsPayload() {
 		return op.ReadPiece(br, dst, progress(br, nc, d))
 	}
 	return pipe.ReadProgress(br, nc, dst, d)
@@ -328,7 +330,7 @@ func readPiece(br *bufio.Reader, nc net.Conn, op *session.Opener, dst []byte, d 
 // them (a refused WRITE's, a canceled READ's), under the same bound; with
 // encryption its records are opened all the same.
 func dropPayload(br *bufio.Reader, nc net.Conn, op *session.Opener, n uint64, scratch []byte, d time.Duration) error {
-	if op.Mode() == session.Encryption {
+	if op.Mode().SealsPayload() {
 		return op.DiscardPayload(br, n, progress(br, nc, d))
 	}
 	return pipe.DrainProgress(br, nc, n, scratch, d)

@@ -311,7 +311,7 @@ func (s *serverConn) serveTe(sv *server, first []byte) {
 	defer br.Reset(nil)
 	var hb [wire.ReqHeaderSize + session.TagSize]byte
 	o, err := peerauth.ServerSession(peerauth.WithReader(nc, br), s.t.secret, s.t.instance, s.openBy,
-		peerauth.SessionOptions{Channel: session.Data, Encrypt: s.t.encrypt, Name: s.t.segName})
+		s.t.sessionOptions())
 	if err != nil {
 		if errs.CodeOf(err) == errs.Unauthenticated {
 			s.t.authRefused.Add(1)

@@ -189,11 +189,14 @@ type Transport struct {
 	wg     sync.WaitGroup           // the listener's goroutines
 	gpu    gpuPool                  // pinned rings for GPU payloads (gpu.go)
 
-	instance string             // this engine's, proven to peers
-	segName  string             // this engine's segment name, proven to peers
-	secret   *peerauth.Secret   // nil: peers are not authenticated
-	encrypt  bool               // sessions seal data payloads too
-	limiter  *connlimit.Limiter // accepted connections, total and per address
+	instance string           // this engine's, proven to peers
+	segName  string           // this engine's segment name, proven to peers
+	secret   *peerauth.Secret // nil: peers are not authenticated
+	encrypt  bool             // sessions seal data payloads too
+	// headersOnly asks for sessions that leave payloads unauthenticated
+	// (Config.HeadersOnly); the peer must ask for it too.
+	headersOnly bool
+	limiter     *connlimit.Limiter // accepted connections, total and per address
 
 	mc mcState // Mooncake interop (mooncake.go)
 
@@ -207,6 +210,15 @@ type authHoster interface{ AuthSecret() *peerauth.Secret }
 // encryptHoster is implemented by engine hosts that say whether sessions
 // encrypt data payloads (Config.Encrypt).
 type encryptHoster interface{ Encrypt() bool }
+
+// sessionOptions are the data connections' session settings.
+func (t *Transport) sessionOptions() peerauth.SessionOptions {
+	return peerauth.SessionOptions{Channel: session.Data, Encrypt: t.encrypt, HeadersOnly: t.headersOnly, Name: t.segName}
+}
+
+// headersOnlyHoster is implemented by engine hosts that say whether sessions
+// leave data payloads unauthenticated (Config.HeadersOnly).
+type headersOnlyHoster interface{ HeadersOnly() bool }
 
 // Stats returns the transport's counters: connections open and refused at
 // the listener's bounds, peers that failed authentication (refused here, or
@@ -280,6 +292,9 @@ func (t *Transport) Start(h transport.Host) error {
 	}
 	if e, ok := h.(encryptHoster); ok && t.secret != nil {
 		t.encrypt = e.Encrypt()
+	}
+	if e, ok := h.(headersOnlyHoster); ok && t.secret != nil {
+		t.headersOnly = e.HeadersOnly()
 	}
 	t.limiter = connlimit.New(o.MaxConns, o.MaxConnsPerHost)
 	addr := o.Listen
@@ -364,7 +379,7 @@ func (t *Transport) clientHello(nc net.Conn, addr string) (string, *session.Sess
 	if _, err := nc.Write([]byte(wire.DataPreface)); err != nil {
 		return "", nil, errs.Wrap(errs.PeerUnreachable, "tcp", err, "send preface to %s", addr)
 	}
-	o, err := peerauth.ClientSession(nc, t.secret, t.instance, deadline, peerauth.SessionOptions{Channel: session.Data, Encrypt: t.encrypt})
+	o, err := peerauth.ClientSession(nc, t.secret, t.instance, deadline, t.sessionOptions())
 	if err != nil {
 		if errs.CodeOf(err) == errs.Unauthenticated {
 			t.authFailed.Add(1)

@@ -1,6 +1,10 @@
 package proto
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 
 	"github.com/tecache/te/internal/errs"
@@ -61,6 +65,36 @@ type Notice struct {
 	OK    bool   `json:"ok"`
 	Bytes uint64 `json:"bytes"`
 	Code  int32  `json:"code,omitempty"` // errs.Code when !OK
+	// MAC is NoticeMAC under the transfer's Record.NoticeKey, in hex: the
+	// waiting side counts a notice only when it verifies, so only the
+	// paired mover can end its wait.
+	MAC string `json:"mac,omitempty"`
+}
+
+// NoticeMAC is HMAC-SHA256, keyed with the transfer's notice key (its hex
+// text as bytes), over a label and the notice's id, outcome, bytes and code.
+func NoticeMAC(key string, n Notice) []byte {
+	m := hmac.New(sha256.New, []byte(key))
+	var b [13]byte
+	if n.OK {
+		b[0] = 1
+	}
+	binary.LittleEndian.PutUint64(b[1:], n.Bytes)
+	binary.LittleEndian.PutUint32(b[9:], uint32(n.Code))
+	m.Write([]byte("te.handoff notice v1\x00"))
+	m.Write([]byte(n.ID))
+	m.Write([]byte{0})
+	m.Write(b[:])
+	return m.Sum(nil)
+}
+
+// Sign sets n.MAC under key.
+func (n *Notice) Sign(key string) { n.MAC = hex.EncodeToString(NoticeMAC(key, *n)) }
+
+// Verify reports whether n carries a MAC under key (a non-empty key).
+func (n Notice) Verify(key string) bool {
+	got, err := hex.DecodeString(n.MAC)
+	return key != "" && err == nil && hmac.Equal(got, NoticeMAC(key, n))
 }
 
 // CapabilityHeader carries a side's capability on complete, abort, status
@@ -154,6 +188,11 @@ type Record struct {
 	// Peer is the other side's declaration, given to the mover once both
 	// sides have declared.
 	Peer *Peer `json:"peer,omitempty"`
+	// NoticeKey is the transfer's notice key (32 hex digits), minted when
+	// it pairs and shown only to the two sides that declared it (in
+	// answers to requests carrying their capability): the mover signs its
+	// completion notice with it (Notice.MAC).
+	NoticeKey string `json:"notice_key,omitempty"`
 	// Capability is the declaring side's capability for this transfer,
 	// in the answer to its declaration only: a random 128-bit value (32 hex
 	// digits) that the side presents in CapabilityHeader on every later

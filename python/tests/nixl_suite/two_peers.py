@@ -28,7 +28,10 @@ def free_port():
 def main(nixl_dir):
     example = os.path.join(nixl_dir, "examples", "basic_two_peers.py")
     runner = os.path.join(HERE, "run_example.py")
-    env = dict(os.environ, TE_NIXL_HOST="127.0.0.1", NIXL_LOG_LEVEL="INFO", PYTHONUNBUFFERED="1")
+    # No TE_NIXL_HOST: the example runs as NIXL's users run it, the target
+    # listening on its listen_port and the initiator dialling 127.0.0.1.
+    env = dict(os.environ, NIXL_LOG_LEVEL="INFO", PYTHONUNBUFFERED="1")
+    env.pop("TE_NIXL_HOST", None)
     port = str(free_port())
     cmd = [sys.executable, runner, example, "--ip", "127.0.0.1", "--port", port, "--mode"]
     target = subprocess.Popen(cmd + ["target"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
