@@ -465,15 +465,10 @@ func undeclared(ctx *fasthttp.RequestCtx, r *api.Route) string {
 	return ""
 }
 
-// authorized checks the request's bearer token for access a. A client
+// unauthorized checks the request's bearer token for access a. A client
 // token for the name in X-Te-Client is accepted wherever the cluster token
 // is, and records that name as the request's client (for quotas).
-func (s *Server) authorized(ctx *fasthttp.RequestCtx, a api.Auth) bool {
-	return s.unauthorized(ctx, a) == ""
-}
-
-// unauthorized is why the request may not use a route of access a, "" when
-// it may.
+// It returns why the request may not use the route, "" when it may.
 func (s *Server) unauthorized(ctx *fasthttp.RequestCtx, a api.Auth) string {
 	want, wrong := s.tokens, wrongToken
 	switch a {
