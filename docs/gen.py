@@ -1,7 +1,9 @@
 """Writes te's API reference pages from their sources:
 
     docs/c-api.md       from include/te.h: every function, type and constant
-                        with the comment te.h gives it
+                        with the comment te.h gives it; the error codes'
+                        meanings from internal/errs/errs.go (the codes' names
+                        and doc comments), checked against te.h's numbers
     docs/python-api.md  from the docstrings of the te and mooncake.engine
                         packages (imported from python/, without loading libte)
 
@@ -21,6 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADER = ROOT / "include" / "te.h"
+ERRS = ROOT / "internal" / "errs" / "errs.go"
 BANNER = "<!-- Written by docs/gen.py from {src}: edit the source, then run python3 docs/gen.py. -->\n\n"
 
 
@@ -74,8 +77,37 @@ def _contract(text):
     return text[:m.start()].rstrip(), [re.sub(r"\s+", " ", p) for p in parts if p]
 
 
+def error_meanings():
+    """{code: meaning} from internal/errs/errs.go: the code's name in the
+    names map, with the first sentence of its doc comment when it has one."""
+    src = ERRS.read_text()
+    block = re.search(r"const \(\n(.*?)\n\)", src, re.S).group(1)
+    numbers, docs, comment = {}, {}, []
+    for line in block.split("\n"):
+        line = line.strip()
+        if line.startswith("//"):
+            comment.append(line[2:].strip())
+            continue
+        m = re.match(r"(\w+)\s+Code = (\d+)$", line)
+        if m:
+            numbers[m.group(1)] = int(m.group(2))
+            if comment:
+                text = " ".join(comment)
+                text = re.sub(r"^" + m.group(1) + r" means ", "", text)
+                docs[m.group(1)] = re.split(r"(?<=[.])\s", text, 1)[0].rstrip(".")
+        comment = []
+    names = dict(re.findall(r"^\t(\w+):\s+\"([^\"]*)\",$", src, re.M))
+    out = {}
+    for go, n in numbers.items():
+        if go not in names:
+            raise SystemExit(f"gen.py: internal/errs: code {go} has no name")
+        out[n] = names[go] + (f": {docs[go]}" if go in docs else "")
+    return out
+
+
 def c_reference():
     src = HEADER.read_text()
+    meanings = error_meanings()
     # Items: comment blocks, preprocessor lines, declarations up to ";".
     tokens = re.findall(r"/\*.*?\*/|#[^\n]*(?:\\\n[^\n]*)*|typedef\s+struct[^{;]*\{.*?\}\s*\w+\s*;|[^\s;#/][^;#/]*?;|\s+", src, re.S)
     out = [BANNER.format(src="include/te.h"), "# te's C API (include/te.h)\n\n"]
@@ -136,6 +168,11 @@ def c_reference():
                 out.append(_markdown(pending))
                 pending = None
             note = re.sub(r"\s+", " ", (m.group(4) or "").strip()).replace("|", "\\|")
+            if m.group(1).startswith("TE_ERR_"):
+                code = -int(m.group(2).strip("() "))
+                if code not in meanings:
+                    raise SystemExit(f"gen.py: te.h's {m.group(1)} ({-code}) is no code of internal/errs")
+                note = meanings[code].replace("|", "\\|")
             defines.append((m.group(1), m.group(2).strip(), note))
             continue
         if t.startswith("#"):

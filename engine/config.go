@@ -56,7 +56,8 @@ type Config struct {
 	// ResourceExhausted when it is full. Default 65536. Limits.NotifyBytes
 	// bounds their bytes.
 	MaxNotifies int
-	// Logger receives the engine's log lines. Default: slog.Default().
+	// Logger receives the engine's log lines. Default (New): te's style on
+	// stderr, at TE_LOG_LEVEL in TE_LOG_FORMAT (info, text when unset).
 	Logger *slog.Logger
 
 	// AuthSecret is the cluster secret: peers prove to each other that they

@@ -62,9 +62,11 @@
 //
 // WriteMetrics writes the engine's counters in Prometheus's text format
 // (Config.MetricsAddr serves them at /metrics), and Version names the build.
-// The engine logs through Config.Logger, else through te's slog handler when
-// TE_LOG_LEVEL or TE_LOG_FORMAT is set, else through slog.Default(); at
-// debug level it logs each segment opened and each batch's outcome.
+// The engine logs through Config.Logger, else in te's style on stderr at
+// the level and in the format TE_LOG_LEVEL and TE_LOG_FORMAT set (info,
+// text by default); at debug level it logs each segment opened and each
+// batch's outcome. Pass slog.Default() as Config.Logger to log through the
+// application's default logger instead.
 //
 // Every error is an *Error with a stable Code; errors.Is matches the
 // sentinels (ErrTimeout, ...). No method panics on bad input or blocks

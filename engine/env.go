@@ -338,15 +338,17 @@ func maps(m map[string]string) map[string]string {
 	return out
 }
 
-// envLogger is the logger of a Config without one: te's log style when
-// TE_LOG_LEVEL or TE_LOG_FORMAT is set (info level by default), otherwise
-// slog.Default(), which the application may have configured.
+// envLogger is the logger of a Config without one: te's log style on
+// stderr (time=... level=... msg="te: ..." key=value, or JSON lines), at
+// the level and in the format TE_LOG_LEVEL and TE_LOG_FORMAT set (info and
+// text by default), as every other te program logs. An application that
+// wants its own slog.Default() passes it as Config.Logger.
 func envLogger(c *Config, getenv func(string) string) error {
-	o, set, err := tlog.FromEnv(getenv, tlog.Options{Level: slog.LevelInfo})
+	o, _, err := tlog.FromEnv(getenv, tlog.Options{Level: slog.LevelInfo})
 	if err != nil {
 		return err
 	}
-	if c.Logger == nil && set {
+	if c.Logger == nil {
 		c.Logger = tlog.New(os.Stderr, o)
 	}
 	return nil

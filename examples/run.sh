@@ -72,7 +72,26 @@ step "mooncake/connector_style.py" py examples/mooncake/connector_style.py
 step "make install into a scratch prefix" install_te
 step "c/ (CMake, find_package(te)): transfer_c, transfer_cpp" c_cmake
 step "c/transfer.c (pkg-config)" c_pkgconfig
-step "go/ (go run)" timeout 300 "$GO" run ./examples/go
+# The Go example, stamped with the version make stamps into every other
+# artefact, must say that version and log in te's style (README.md, "Logs").
+go_example() {
+  local version=${TE_VERSION:-$(mk/version.sh)}
+  timeout 300 "$GO" run -ldflags "-X github.com/tecache/te/engine.Version=$version" ./examples/go \
+    >"$work/go.out" 2>"$work/go.err"
+  local rc=$?
+  cat "$work/go.out" "$work/go.err"
+  [ "$rc" -eq 0 ] || return "$rc"
+  if ! grep -qx "te $version" "$work/go.out"; then
+    echo "the Go example does not say te $version"
+    return 1
+  fi
+  if grep -v '^time=[^ ]* level=[A-Z]* msg="te: ' "$work/go.err" | grep -q .; then
+    echo "the Go example logs lines not in te's style (time=... level=... msg=\"te: ...\"):"
+    grep -v '^time=[^ ]* level=[A-Z]* msg="te: ' "$work/go.err"
+    return 1
+  fi
+}
+step "go/ (go run)" go_example
 step "sidecar/handoff-curl.sh" timeout 120 examples/sidecar/handoff-curl.sh "$TE_SIDECAR"
 
 echo "--- examples"

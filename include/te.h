@@ -582,7 +582,7 @@ int te_unregister_batch(te_engine_t engine, void *const *addrs, size_t n);
  * Blocks: yes (RPC timeout) | Thread-safe: yes | Errors:
  * TE_ERR_INVALID_ARGUMENT (empty name; with P2PHANDSHAKE a name that is not
  * host:port), TE_ERR_SEGMENT_NOT_FOUND (unknown or not answering),
- * TE_ERR_METADATA. */
+ * TE_ERR_METADATA, TE_ERR_AUTH (the peer holds another cluster secret). */
 int te_open_segment(te_engine_t engine, const char *name, te_segment_t *out);
 
 /* te_close_segment releases a segment handle.
@@ -686,7 +686,9 @@ int te_free_batch(te_batch_t batch);
  * waits until it is queued there. msg is msg_len bytes (NULL when 0).
  * Blocks: yes (RPC timeout) | Thread-safe: yes | Errors: TE_ERR_TOO_LARGE
  * (name over 4096 bytes, msg over 16 MiB), TE_ERR_PEER_UNREACHABLE,
- * TE_ERR_TIMEOUT, TE_ERR_NO_MEMORY (the receiver's queue is full),
+ * TE_ERR_TIMEOUT, TE_ERR_RESOURCE_EXHAUSTED (the receiver's queue or its
+ * notification bytes for this sender are full: nothing was queued),
+ * TE_ERR_AUTH (the peer holds another cluster secret),
  * TE_ERR_INVALID_ARGUMENT (segment name not host:port in P2P mode). */
 int te_notify_send(te_engine_t engine, const char *segment, const char *name, const char *msg, size_t msg_len);
 
@@ -706,6 +708,7 @@ int te_notify_free(te_notify_t *list);
  * receives its identity and the round-trip time.
  * Blocks: yes (RPC timeout) | Thread-safe: yes | Errors:
  * TE_ERR_PEER_UNREACHABLE, TE_ERR_TIMEOUT, TE_ERR_SEGMENT_NOT_FOUND,
+ * TE_ERR_AUTH (the peer holds another cluster secret),
  * TE_ERR_INVALID_ARGUMENT (name not host:port in P2P mode). */
 int te_probe(te_engine_t engine, const char *segment, te_probe_t *out);
 

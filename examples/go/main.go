@@ -2,7 +2,11 @@
 // a decode), a batch of WRITEs with a notification, the batch's status, and
 // the engine's metrics in Prometheus's text format.
 //
-//	go run ./examples/go
+//	go run -ldflags "-X github.com/tecache/te/engine.Version=$(mk/version.sh)" ./examples/go
+//
+// (without -ldflags the version reads "+dev": go run stamps no commit; make
+// test-examples runs it as above). The engines log in te's style on stderr
+// (TE_LOG_LEVEL, TE_LOG_FORMAT).
 //
 // The blank import of engine/std links the standard transports (local, shm,
 // tcp, rdma, cudaipc) and metadata stores; without it an engine has none.

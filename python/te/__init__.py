@@ -1,11 +1,15 @@
 """te: a KV-cache transfer engine, through its C ABI (libte.so, te.h).
 
-    import te
-    with te.Engine(listen_addr="127.0.0.1:0") as e:
-        buf = bytearray(1 << 20)
-        e.register(buf)
-        seg = e.open_segment(peer_name)
-        e.write(seg, buf, remote_addr)
+```python
+import te
+
+with te.Engine(listen_addr="127.0.0.1:0") as e:
+    src, dst = bytearray(b"kv" * (1 << 19)), bytearray(1 << 20)
+    src_addr, dst_addr = e.register(src), e.register(dst)  # addresses
+    seg = e.open_segment(e.name)  # a peer's segment name (host:port) in real use
+    e.write(seg, src_addr, dst_addr, len(src))
+    assert dst == src
+```
 
 Install with `pip install .` at the repository root: the wheel carries
 libte.so inside this package, so nothing needs to be set. $TE_LIBRARY still
@@ -33,8 +37,9 @@ from ._logging import apply_env_level as _apply_env_level
 _apply_env_level()
 
 #: te's version, as te_version() of the bundled libte.so says (the wheel's
-#: te/_version.py). In a source checkout without a wheel: te.h's ABI
-#: version + "+dev". Reading it does not load the library.
+#: te/_version.py). In a source checkout without a wheel: what
+#: mk/version.sh says, as make stamps it into libte.so and te-sidecar.
+#: Reading it does not load the library.
 __version__ = _version_string()
 
 

@@ -1,8 +1,13 @@
 """te.__version__ without loading libte: the wheel's _version.py, else (a
-source checkout) te.h's ABI version + "+dev"."""
+source checkout) what mk/version.sh says, the string make stamps into
+libte.so, te-sidecar and the wheel of the same checkout; te.h's ABI version
++ "+dev" only when neither is there (a copy without git or bash)."""
 
 import re
+import subprocess
 from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 def version_string():
@@ -11,7 +16,16 @@ def version_string():
         return version
     except ImportError:
         pass
-    header = Path(__file__).resolve().parent.parent.parent / "include" / "te.h"
+    script = _ROOT / "mk" / "version.sh"
+    if script.is_file():
+        try:
+            out = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=10, check=True)
+            v = out.stdout.strip()
+            if v:
+                return v
+        except (OSError, subprocess.SubprocessError):
+            pass
+    header = _ROOT / "include" / "te.h"
     try:
         text = header.read_text()
     except OSError:

@@ -41,7 +41,7 @@ AccessDenied = _cls("AccessDenied", 13, PermissionError, doc="The peer refused t
 TooLarge = _cls("TooLarge", 14, doc="Over a size limit.")
 ProtocolError = _cls("ProtocolError", 15, doc="A malformed message.")
 Canceled = _cls("Canceled", 16, doc="Canceled.")
-NoMemory = _cls("NoMemory", 17, MemoryError, doc="Out of memory or queue space.")
+NoMemory = _cls("NoMemory", 17, MemoryError, doc="Out of memory (TE_ERR_NO_MEMORY); a full queue is ResourceExhausted.")
 InternalError = _cls("InternalError", 18, doc="A bug in te.")
 NotFound = _cls("NotFound", 19, LookupError, doc="Not found.")
 BufferTooSmall = _cls("BufferTooSmall", 20, doc="An output buffer was too small.")
@@ -52,7 +52,7 @@ ForkError = _cls("ForkError", 23, RuntimeError,
                  doc="Called in a child forked after libte was loaded: its Go runtime cannot run there "
                      "(TE_ERR_FORKED). Use multiprocessing's \"spawn\" start method.")
 ResourceExhausted = _cls("ResourceExhausted", 24,
-                         doc="Over a bound on connections, calls or notification bytes (TE_ERR_RESOURCE_EXHAUSTED).")
+                         doc="Over a bound on connections, calls, notification bytes or a receiver's queue (TE_ERR_RESOURCE_EXHAUSTED).")
 StorageError = _cls("StorageError", 25, OSError,
                     doc="Storage failed a read or write: EIO, a file truncated while registered (TE_ERR_IO).")
 NoSpace = _cls("NoSpace", 26, OSError, doc="Storage is full: ENOSPC, EDQUOT, the file size limit (TE_ERR_NO_SPACE).")

@@ -1,16 +1,42 @@
 """KV-cache layouts, transfer plans and the prefill-to-decode handoff.
 
-    from te.kvcache import Layout, Plan, Handoff
+A layout describes one rank's KV cache; registered, its tensors are what
+peers read and write (here two layers in host memory; vLLM's tensors'
+data_ptr() in a server):
 
-    layout = Layout(format="vllm", order="HND", dtype="bf16", num_blocks=512, block_size=16,
-                    num_heads=8, head_dim=128, bases=[t.data_ptr() for t in kv_caches])
-    layout.register(engine)                      # its tensors, remote-accessible
+```python
+import te
+from te.kvcache import Layout
 
-    # decode                                     # prefill
-    h = Handoff(engine, "127.0.0.1:8080")        h = Handoff(engine, "127.0.0.1:8080")
-    x = h.expect("req-1", layout, [7, 3, 9])     x = h.ready("req-1", layout, [0, 1, 2])
-    x.wait(timeout=30)                           for layer in ...: x.send_layer(layer)
-                                                 x.send(timeout=30)
+shape = Layout(format="vllm", order="HND", dtype="bf16", num_blocks=64, block_size=16,
+               num_heads=8, head_dim=128)
+kv_caches = [bytearray(shape.layer_bytes) for _ in range(2)]  # one buffer per layer
+with te.Engine(listen_addr="127.0.0.1:0") as engine:
+    layout = shape.with_bases(bases=[te.address_of(t)[0] for t in kv_caches])
+    layout.register(engine)  # its tensors, remote-accessible
+    assert layout.info()["num_layers"] == 2
+    layout.unregister(engine)
+```
+
+The handoff pairs decode's and prefill's declarations through the pod's
+te-sidecar; each side runs in its own process with its engine and layout:
+
+<!-- docs-test: skip (needs te-sidecar on 127.0.0.1:8080 and the other side's process) -->
+```python
+from te.kvcache import Handoff
+
+# decode
+h = Handoff(engine, "127.0.0.1:8080")
+x = h.expect("req-1", layout, [7, 3, 9])
+x.wait(timeout=30)
+
+# prefill
+h = Handoff(engine, "127.0.0.1:8080")
+x = h.ready("req-1", layout, [0, 1, 2])
+for layer in range(2):
+    x.send_layer(layer)
+x.send(timeout=30)
+```
 
 Layouts, plans and transfers hold library handles; close() (or a with block)
 releases them, and garbage collection does too. A Transfer that no wait or

@@ -34,13 +34,41 @@ class VersionTest(unittest.TestCase):
             # one build.
             self.assertEqual(te.version(), v)
         else:
-            self.assertTrue(te.version().startswith(f"{major}.{minor}.0"), te.version())
+            # A source checkout: mk/version.sh is the one source, as for
+            # libte.so and te-sidecar that make built from it (make exports
+            # TE_VERSION, which mk/version.sh then repeats).
+            root = os.path.join(os.path.dirname(os.path.abspath(te.__file__)), "..", "..")
+            script = os.path.join(root, "mk", "version.sh")
+            want = subprocess.run(["bash", script], capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+            self.assertEqual(v, want)
+            self.assertNotIn("+dev", v)
+            if os.environ.get("TE_VERSION"):
+                self.assertEqual(te.version(), v)
+            else:
+                self.assertTrue(te.version().startswith(f"{major}.{minor}.0"), te.version())
         bench = os.environ.get("TE_BENCH")
         if not bench:
             self.skipTest("TE_BENCH (te-bench of the same build) not set")
         out = subprocess.run([bench, "-version"], capture_output=True, text=True, timeout=60)
         self.assertEqual(out.returncode, 0, out.stderr)
         self.assertEqual(out.stdout.strip(), f"te-bench {te.version()}")
+
+
+class SourceCheckoutVersionTest(unittest.TestCase):
+    def test_source_checkout_says_what_mk_version_says(self):
+        """te imported from python/ of a checkout reports mk/version.sh's
+        version, the one make stamps into libte.so, te-sidecar and the
+        wheel, not a "+dev" of its own."""
+        root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+        script = os.path.join(root, "mk", "version.sh")
+        if not os.path.isfile(script):
+            self.skipTest("not run from a source checkout")
+        want = subprocess.run(["bash", script], capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+        out = subprocess.run([sys.executable, "-c", "import te; print(te.__version__)"], cwd=root,
+                             env=dict(os.environ, PYTHONPATH=os.path.join(root, "python")),
+                             capture_output=True, text=True, timeout=60)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(out.stdout.strip(), want)
 
 
 class MetricsTest(unittest.TestCase):

@@ -4,11 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -99,58 +99,59 @@ func named(l []any, name string) obj {
 var dns1123 = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
 
 type manifests struct {
-	deployment, service, monitor obj
-	files                        []string
+	deployments, services map[string]obj // by metadata.name
+	monitor               obj
 }
 
+// load reads the resources of base/ (what deploy/kubernetes applies) and
+// of the monitoring component: every file listed exists, every manifest file is listed
+// by one of them, and the base does not need the Prometheus Operator.
 func load(t *testing.T) manifests {
 	t.Helper()
 	dir := filepath.Join(root, "deploy", "kubernetes")
-	kust := decodeAll(t, filepath.Join(dir, "kustomization.yaml"))
-	if len(kust) != 1 || str(kust[0], "kind") != "Kustomization" {
-		t.Fatalf("kustomization.yaml: %v", kust)
+	m := manifests{deployments: map[string]obj{}, services: map[string]obj{}}
+	listed := map[string]bool{}
+	for _, k := range []struct{ dir, kind, field string }{
+		{"base", "Kustomization", "resources"}, {"monitoring", "Component", "resources"},
+	} {
+		kust := decodeAll(t, filepath.Join(dir, k.dir, "kustomization.yaml"))
+		if len(kust) != 1 || str(kust[0], "kind") != k.kind {
+			t.Fatalf("%s/kustomization.yaml: want one %s, got %v", k.dir, k.kind, kust)
+		}
+		for _, r := range list(kust[0], k.field) {
+			base := filepath.Join(k.dir, r.(string))
+			listed[base] = true
+			for _, o := range decodeAll(t, filepath.Join(dir, base)) {
+				kind, api, name := str(o, "kind"), str(o, "apiVersion"), str(o, "metadata", "name")
+				if !dns1123.MatchString(name) || len(name) > 63 {
+					t.Errorf("%s: %s name %q is not a DNS-1123 label", base, kind, name)
+				}
+				want := map[string]string{"Deployment": "apps/v1", "Service": "v1", "ServiceMonitor": "monitoring.coreos.com/v1"}[kind]
+				if want == "" || api != want {
+					t.Errorf("%s: kind %q apiVersion %q (want one of Deployment, Service, ServiceMonitor with their API)", base, kind, api)
+				}
+				switch {
+				case kind == "ServiceMonitor" && k.dir == "base":
+					t.Errorf("%s: a ServiceMonitor in the base needs the Prometheus Operator: it belongs in monitoring/", base)
+				case kind == "Deployment":
+					m.deployments[name] = o
+				case kind == "Service":
+					m.services[name] = o
+				case kind == "ServiceMonitor":
+					m.monitor = o
+				}
+			}
+		}
 	}
-	var m manifests
-	var listed []string
-	for _, r := range list(kust[0], "resources") {
-		listed = append(listed, r.(string))
-	}
-	files, _ := filepath.Glob(filepath.Join(dir, "*.yaml"))
+	files, _ := filepath.Glob(filepath.Join(dir, "*", "*.yaml"))
 	for _, f := range files {
-		base := filepath.Base(f)
-		if base == "kustomization.yaml" {
-			continue
-		}
-		if !slices.Contains(listed, base) {
-			t.Errorf("%s is not in kustomization.yaml's resources", base)
-		}
-		m.files = append(m.files, base)
-		for _, o := range decodeAll(t, f) {
-			kind, api, name := str(o, "kind"), str(o, "apiVersion"), str(o, "metadata", "name")
-			if !dns1123.MatchString(name) || len(name) > 63 {
-				t.Errorf("%s: %s name %q is not a DNS-1123 label", base, kind, name)
-			}
-			want := map[string]string{"Deployment": "apps/v1", "Service": "v1", "ServiceMonitor": "monitoring.coreos.com/v1"}[kind]
-			if want == "" || api != want {
-				t.Errorf("%s: kind %q apiVersion %q (want one of Deployment, Service, ServiceMonitor with their API)", base, kind, api)
-			}
-			switch kind {
-			case "Deployment":
-				m.deployment = o
-			case "Service":
-				m.service = o
-			case "ServiceMonitor":
-				m.monitor = o
-			}
+		rel, _ := filepath.Rel(dir, f)
+		if filepath.Base(rel) != "kustomization.yaml" && !listed[rel] {
+			t.Errorf("%s is in no kustomization's resources", rel)
 		}
 	}
-	for _, l := range listed {
-		if _, err := os.Stat(filepath.Join(dir, l)); err != nil {
-			t.Errorf("kustomization.yaml lists %s: %v", l, err)
-		}
-	}
-	if m.deployment == nil || m.service == nil || m.monitor == nil {
-		t.Fatalf("want a Deployment, a Service and a ServiceMonitor in %v", m.files)
+	if m.deployments["llm-prefill"] == nil || m.deployments["llm-decode"] == nil || m.monitor == nil {
+		t.Fatalf("want Deployments llm-prefill and llm-decode and a ServiceMonitor; have %d Deployments", len(m.deployments))
 	}
 	return m
 }
@@ -178,15 +179,34 @@ func containerPorts(t *testing.T, pod obj) map[string]int {
 	return out
 }
 
-// TestDeployment: te-sidecar is a sidecar container of the serving pod, both
-// read the cluster secret from one mounted Secret, te-sidecar is probed on
-// /healthz at the port it listens on, and everything runs as the image's
-// unprivileged user.
+func num(v any) (int, bool) {
+	switch x := v.(type) {
+	case float64:
+		return int(x), true
+	case string:
+		n, err := strconv.Atoi(x)
+		return n, err == nil
+	}
+	return 0, false
+}
+
+// TestDeployment: prefill and decode are the same pod but for the KV role:
+// te-sidecar is a sidecar container of the serving pod, both read the
+// cluster secret from one mounted Secret, te-sidecar is probed on /healthz
+// at the port it listens on and runs as the image's unprivileged user
+// (set on its container: the serving image keeps its own user), and the
+// serving container asks for a GPU, CPU and memory and is probed.
 func TestDeployment(t *testing.T) {
 	m := load(t)
-	pod := get(m.deployment, "spec", "template", "spec").(obj)
-	labels := get(m.deployment, "spec", "template", "metadata", "labels").(obj)
-	for k, v := range get(m.deployment, "spec", "selector", "matchLabels").(obj) {
+	for name, role := range map[string]string{"llm-prefill": "kv_producer", "llm-decode": "kv_consumer"} {
+		t.Run(name, func(t *testing.T) { checkDeployment(t, m.deployments[name], role) })
+	}
+}
+
+func checkDeployment(t *testing.T, d obj, role string) {
+	pod := get(d, "spec", "template", "spec").(obj)
+	labels := get(d, "spec", "template", "metadata", "labels").(obj)
+	for k, v := range get(d, "spec", "selector", "matchLabels").(obj) {
 		if labels[k] != v {
 			t.Errorf("selector %s=%v does not match the pod's labels", k, v)
 		}
@@ -196,6 +216,13 @@ func TestDeployment(t *testing.T) {
 	server := named(list(pod, "containers"), "server")
 	if side == nil || server == nil {
 		t.Fatal("want containers server and te-sidecar")
+	}
+	roleSeen := false
+	for _, a := range list(server, "args") {
+		roleSeen = roleSeen || strings.Contains(a.(string), `"kv_role":"`+role+`"`)
+	}
+	if !roleSeen {
+		t.Errorf("the server's args do not set kv_role %s: %v", role, list(server, "args"))
 	}
 
 	// The secret: a Secret volume, mounted read-only in both containers
@@ -246,49 +273,91 @@ func TestDeployment(t *testing.T) {
 		t.Errorf("TE_METRICS_ADDR %q, container port te-metrics %d", env(server, "TE_METRICS_ADDR"), ports["te-metrics"])
 	}
 
-	// The pod runs as the image's user, not root.
+	// te-sidecar runs as the image's user, not root; the pod does not
+	// force a user on the serving container, and its fsGroup lets
+	// te-sidecar read the Secret.
 	uid := dockerUser(t)
-	if get(pod, "securityContext", "runAsNonRoot") != true || strconv.Itoa(int(get(pod, "securityContext", "runAsUser").(float64))) != uid ||
-		strconv.Itoa(int(get(pod, "securityContext", "fsGroup").(float64))) != uid {
-		t.Errorf("pod securityContext %v: want runAsNonRoot, runAsUser and fsGroup %s (the Dockerfile's USER)",
-			get(pod, "securityContext"), uid)
+	sc := get(side, "securityContext")
+	if get(sc, "runAsNonRoot") != true || fmt.Sprint(get(sc, "runAsUser")) != uid {
+		t.Errorf("te-sidecar securityContext %v: want runAsNonRoot and runAsUser %s (the Dockerfile's USER)", sc, uid)
+	}
+	for _, k := range []string{"runAsUser", "runAsGroup", "runAsNonRoot"} {
+		if get(pod, "securityContext", k) != nil {
+			t.Errorf("the pod's securityContext sets %s, which applies to the serving container too: set it on te-sidecar", k)
+		}
+	}
+	if fmt.Sprint(get(pod, "securityContext", "fsGroup")) != uid {
+		t.Errorf("pod fsGroup %v: want %s, so te-sidecar can read the Secret", get(pod, "securityContext", "fsGroup"), uid)
+	}
+
+	// The serving container: a GPU (requests and limits equal, as the
+	// device plugin requires), CPU and memory, and probes on its port.
+	if g, ok := num(get(server, "resources", "limits", "nvidia.com/gpu")); !ok || g < 1 ||
+		fmt.Sprint(get(server, "resources", "requests", "nvidia.com/gpu")) != fmt.Sprint(get(server, "resources", "limits", "nvidia.com/gpu")) {
+		t.Errorf("server resources %v: want nvidia.com/gpu >= 1 in limits and the same in requests", get(server, "resources"))
+	}
+	for _, r := range []string{"cpu", "memory"} {
+		if get(server, "resources", "requests", r) == nil {
+			t.Errorf("the server requests no %s", r)
+		}
+	}
+	for _, probe := range []string{"startupProbe", "readinessProbe", "livenessProbe"} {
+		p := str(server, probe, "httpGet", "port")
+		if str(server, probe, "httpGet", "path") == "" || ports[p] == 0 {
+			t.Errorf("server %s %v: want an httpGet on a port the pod declares", probe, get(server, probe))
+		}
 	}
 }
 
-// TestServiceAndMonitor: the Service selects the pod and targets ports that
-// exist; the ServiceMonitor selects the Service and scrapes /metrics on
-// ports the Service has.
+// TestServiceAndMonitor: each Deployment has a Service that selects its
+// pods and targets ports that exist; the ServiceMonitor selects every
+// Service and scrapes /metrics on ports they have.
 func TestServiceAndMonitor(t *testing.T) {
 	m := load(t)
-	labels := get(m.deployment, "spec", "template", "metadata", "labels").(obj)
-	for k, v := range get(m.service, "spec", "selector").(obj) {
-		if labels[k] != v {
-			t.Errorf("Service selector %s=%v matches no pod label", k, v)
+	svcLabelsOK := 0
+	for name, d := range m.deployments {
+		svc := m.services[name]
+		if svc == nil {
+			t.Errorf("Deployment %s has no Service of its name", name)
+			continue
+		}
+		labels := get(d, "spec", "template", "metadata", "labels").(obj)
+		for k, v := range get(svc, "spec", "selector").(obj) {
+			if labels[k] != v {
+				t.Errorf("Service %s selector %s=%v matches no pod label", name, k, v)
+			}
+		}
+		ports := containerPorts(t, get(d, "spec", "template", "spec").(obj))
+		svcPorts := map[string]bool{}
+		for _, p := range list(svc, "spec", "ports") {
+			svcPorts[str(p, "name")] = true
+			if target := str(p, "targetPort"); ports[target] == 0 {
+				t.Errorf("Service %s port %s targets %q, which no container names", name, str(p, "name"), target)
+			}
+		}
+		svcLabels := get(svc, "metadata", "labels").(obj)
+		selected := true
+		for k, v := range get(m.monitor, "spec", "selector", "matchLabels").(obj) {
+			selected = selected && svcLabels[k] == v
+		}
+		if !selected {
+			t.Errorf("the ServiceMonitor does not select Service %s", name)
+			continue
+		}
+		svcLabelsOK++
+		scraped := map[string]bool{}
+		for _, e := range list(m.monitor, "spec", "endpoints") {
+			if str(e, "path") != "/metrics" || !svcPorts[str(e, "port")] {
+				t.Errorf("ServiceMonitor endpoint %v: want path /metrics on a port of Service %s", e, name)
+			}
+			scraped[str(e, "port")] = true
+		}
+		if !scraped["te-sidecar"] || !scraped["te-metrics"] {
+			t.Errorf("the ServiceMonitor scrapes %v; want te-sidecar and te-metrics", scraped)
 		}
 	}
-	ports := containerPorts(t, get(m.deployment, "spec", "template", "spec").(obj))
-	svcPorts := map[string]bool{}
-	for _, p := range list(m.service, "spec", "ports") {
-		svcPorts[str(p, "name")] = true
-		if target := str(p, "targetPort"); ports[target] == 0 {
-			t.Errorf("Service port %s targets %q, which no container names", str(p, "name"), target)
-		}
-	}
-	svcLabels := get(m.service, "metadata", "labels").(obj)
-	for k, v := range get(m.monitor, "spec", "selector", "matchLabels").(obj) {
-		if svcLabels[k] != v {
-			t.Errorf("ServiceMonitor selects %s=%v, which the Service lacks", k, v)
-		}
-	}
-	scraped := map[string]bool{}
-	for _, e := range list(m.monitor, "spec", "endpoints") {
-		if str(e, "path") != "/metrics" || !svcPorts[str(e, "port")] {
-			t.Errorf("ServiceMonitor endpoint %v: want path /metrics on a Service port", e)
-		}
-		scraped[str(e, "port")] = true
-	}
-	if !scraped["te-sidecar"] || !scraped["te-metrics"] {
-		t.Errorf("the ServiceMonitor scrapes %v; want te-sidecar and te-metrics", scraped)
+	if svcLabelsOK != 2 {
+		t.Errorf("the ServiceMonitor selects %d Services, want prefill's and decode's", svcLabelsOK)
 	}
 }
 

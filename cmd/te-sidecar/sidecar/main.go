@@ -75,7 +75,7 @@ func ParseOptions(args []string, getenv func(string) string, out io.Writer) (Opt
 		}
 		n, err := strconv.Atoi(v)
 		if err != nil {
-			bad = append(bad, name+"="+v)
+			bad = append(bad, fmt.Sprintf("%s=%q: want a whole number such as %d", name, v, def))
 			return def
 		}
 		return n
@@ -87,7 +87,7 @@ func ParseOptions(args []string, getenv func(string) string, out io.Writer) (Opt
 		}
 		d, err := time.ParseDuration(v)
 		if err != nil {
-			bad = append(bad, name+"="+v)
+			bad = append(bad, fmt.Sprintf("%s=%q: want a duration with its unit such as %s", name, v, def))
 			return def
 		}
 		return d
@@ -99,7 +99,7 @@ func ParseOptions(args []string, getenv func(string) string, out io.Writer) (Opt
 		}
 		f, err := strconv.ParseFloat(v, 64)
 		if err != nil {
-			bad = append(bad, name+"="+v)
+			bad = append(bad, fmt.Sprintf("%s=%q: want a number such as %g", name, v, def))
 			return def
 		}
 		return f
@@ -111,7 +111,7 @@ func ParseOptions(args []string, getenv func(string) string, out io.Writer) (Opt
 		case "1", "true":
 			return true
 		default:
-			bad = append(bad, name+"="+v)
+			bad = append(bad, fmt.Sprintf("%s=%q: want 1, true, 0 or false", name, v))
 			return false
 		}
 	}
@@ -122,7 +122,7 @@ func ParseOptions(args []string, getenv func(string) string, out io.Writer) (Opt
 	fs.StringVar(&o.LogFormat, "log-format", env("TE_LOG_FORMAT", "text"), "text (log/slog's key=value) or json (env TE_LOG_FORMAT)")
 	fs.StringVar(&o.AuthSecretFile, "auth-secret-file", getenv(authsecret.EnvSecretFile),
 		"file with the cluster secret, optionally a second line with the previous one (env "+authsecret.EnvSecretFile+
-			"; else the secret itself in "+authsecret.EnvSecret+"). Every route but /healthz and /metrics then needs "+
+			"; else the secret itself in "+authsecret.EnvSecret+"). Every route but "+OpenRoutes+" then needs "+
 			"Authorization: Bearer hex(HMAC-SHA256(secret, \""+authsecret.TokenMessage+"\"))")
 	fs.BoolVar(&o.Insecure, "insecure", envBool("TE_SIDECAR_INSECURE"),
 		"serve a non-loopback address without a secret: anyone who reaches it can use every route (env TE_SIDECAR_INSECURE=1)")
@@ -177,11 +177,8 @@ func ParseOptions(args []string, getenv func(string) string, out io.Writer) (Opt
 	if o.MaxConnsPerIP < 0 || o.ReservedConns < 0 || o.ReservedConns >= o.MaxConns {
 		return o, errors.New("-max-conns-per-ip must not be negative, -reserved-conns must be 0..max-conns-1")
 	}
-	if o.MaxValue <= 0 || o.MaxKeys <= 0 || o.ShutdownTimeout <= 0 || o.MaxConns <= 0 || o.MaxBodyInFlight <= 0 || o.MaxMetaBytes <= 0 ||
-		o.MaxPendingPerIP <= 0 || o.HeaderTimeout <= 0 || o.RefusalLogRate <= 0 ||
-		o.HandoffMaxBody <= 0 || o.HandoffMaxTransfers <= 0 || o.HandoffMaxBytes <= 0 ||
-		o.HandoffClientTransfers <= 0 || o.HandoffClientBytes <= 0 {
-		return o, errors.New("sizes, counts and the shutdown timeout must be positive")
+	if err := positive(fs); err != nil {
+		return o, err
 	}
 	sec, err := authsecret.Load("", o.AuthSecretFile, getenv)
 	if err != nil {
@@ -204,6 +201,67 @@ func ParseOptions(args []string, getenv func(string) string, out io.Writer) (Opt
 			"or pass -insecure to trust the network", o.Addr, authsecret.EnvSecretFile, authsecret.EnvSecret)
 	}
 	return o, nil
+}
+
+// mustBePositive names the flags whose value must be over zero: sizes,
+// counts, rates and timeouts.
+var mustBePositive = []string{"max-value", "max-keys", "max-metadata-bytes", "max-conns", "max-pending-conns-per-ip",
+	"header-timeout", "log-refusals-per-second", "max-body-in-flight", "shutdown-timeout", "handoff-max-body",
+	"handoff-max-transfers", "handoff-max-bytes", "handoff-client-transfers", "handoff-client-bytes"}
+
+// positive refuses the first flag of mustBePositive that is not over
+// zero, naming it and, when the value came from there, its variable.
+func positive(fs *flag.FlagSet) error {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	for _, name := range mustBePositive {
+		f := fs.Lookup(name)
+		g, ok := f.Value.(flag.Getter)
+		if !ok {
+			continue
+		}
+		var over bool
+		switch v := g.Get().(type) {
+		case int:
+			over = v > 0
+		case float64:
+			over = v > 0
+		case time.Duration:
+			over = v > 0
+		default:
+			continue
+		}
+		if over {
+			continue
+		}
+		from := "-" + name + "=" + f.Value.String()
+		if !given[name] {
+			if env, ok := envOf(f.Usage); ok {
+				from = env + "=" + f.Value.String()
+			}
+		}
+		want := "a whole number of at least 1"
+		if _, ok := g.Get().(time.Duration); ok {
+			want = "a duration over 0 such as " + f.DefValue
+		} else if _, ok := g.Get().(float64); ok {
+			want = "a number over 0 such as " + f.DefValue
+		}
+		return fmt.Errorf("%s: must be positive: want %s (-%s: %s)", from, want, name, f.Usage)
+	}
+	return nil
+}
+
+// envOf is the variable a flag's usage names ("env TE_SIDECAR_...").
+func envOf(usage string) (string, bool) {
+	_, rest, ok := strings.Cut(usage, "(env ")
+	if !ok {
+		return "", false
+	}
+	end := strings.IndexAny(rest, ";)= ")
+	if end < 0 {
+		return "", false
+	}
+	return rest[:end], true
 }
 
 // Loopback reports whether addr (host:port) listens on loopback only.
@@ -278,7 +336,7 @@ func Main(ctx context.Context, args []string, getenv func(string) string, logOut
 	go func() { errc <- s.Serve(ln) }()
 	switch {
 	case o.secret != nil:
-		log.Info("authentication on: every route but /healthz and /metrics needs the cluster secret's token",
+		log.Info("authentication on: every route but "+OpenRoutes+" needs the cluster secret's token",
 			"rotation", o.secret.Previous != nil, "metadata_token", o.Token != "")
 	case !Loopback(o.Addr):
 		log.Warn("no cluster secret and -insecure: te-sidecar trusts the network, anyone who reaches it can use every route",

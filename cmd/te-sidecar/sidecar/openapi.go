@@ -1,12 +1,36 @@
 package sidecar
 
 import (
+	"fmt"
 	"reflect"
+	"strings"
 
 	"github.com/tecache/te/cmd/te-sidecar/api"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/kvcache"
 	"github.com/tecache/te/kvcache/handoff/proto"
 )
+
+// OpenRoutes names the routes that answer without a token, as -h, the log
+// and the OpenAPI document say it; TestOpenRoutes checks it against the
+// route table.
+const OpenRoutes = "/healthz, /metrics and /openapi.json"
+
+// Answered are the codes the sidecar's refusals carry, in the order the
+// document lists them; TestAnsweredCodes checks that every code the source
+// refuses with, and every status codeOf maps, is one of them.
+var Answered = []errs.Code{errs.InvalidArgument, errs.Timeout, errs.Closed, errs.Internal, errs.NotFound,
+	errs.Unauthenticated, errs.ResourceExhausted}
+
+// answeredCodes lists Answered as "1 invalid argument, 8 timeout, ...",
+// numbers and names from internal/errs.
+func answeredCodes() string {
+	parts := make([]string, len(Answered))
+	for i, c := range Answered {
+		parts[i] = fmt.Sprintf("%d %s", int32(c), c)
+	}
+	return strings.Join(parts, ", ")
+}
 
 // apiInfo describes the document's types beyond what their Go types say.
 func (s *Server) apiInfo() api.Info {
@@ -18,9 +42,9 @@ func (s *Server) apiInfo() api.Info {
 		Title:   "te-sidecar",
 		Version: s.cfg.Version,
 		Description: "te's per-pod daemon: the prefill-to-decode handoff rendezvous, Mooncake's HTTP metadata protocol, " +
-			"health and Prometheus metrics. With a cluster secret every route but /healthz, /metrics and /openapi.json needs " +
+			"health and Prometheus metrics. With a cluster secret every route but " + OpenRoutes + " needs " +
 			"Authorization: Bearer <token>. Every refusal is a JSON ErrorBody with a stable code (te's error codes: " +
-			"3 invalid argument, 19 not found, 22 unauthenticated, 24 resource exhausted, ...). Bodies are decoded strictly: " +
+			answeredCodes() + "). Bodies are decoded strictly: " +
 			"an unknown field is refused by name, and so is a query parameter a route does not declare.",
 		Error: reflect.TypeFor[proto.ErrorBody](),
 		Enums: map[reflect.Type][]string{
@@ -43,7 +67,7 @@ func (s *Server) apiInfo() api.Info {
 			"Record.peer":           "The other side's declaration, for the mover once paired.",
 			"Record.code":           "te's error code of a failed, aborted or expired transfer.",
 			"Record.instance":       "The sidecar's instance (random per start): another one means the transfer was lost.",
-			"ErrorBody.code":        "te's error code: 3 invalid argument, 19 not found, 22 unauthenticated, 24 resource exhausted, ...",
+			"ErrorBody.code":        "te's error code: " + answeredCodes() + ".",
 			"ErrorBody.record":      "The transfer's record when the request conflicted with its state (409).",
 			"Complete.ok":           "Whether the mover moved every byte.",
 			"Complete.code":         "te's error code of the mover's failure.",

@@ -318,9 +318,9 @@ func (s *Server) expect(ctx *fasthttp.RequestCtx) int {
 	switch {
 	case r == nil:
 		return fasthttp.StatusContinue // the handler answers 404 or 405
-	case !s.authorized(ctx, r.Auth):
+	case s.unauthorized(ctx, r.Auth) != "":
 		s.refused.Inc("unauthenticated")
-		status, reason = fasthttp.StatusUnauthorized, unauthenticated
+		status, reason = fasthttp.StatusUnauthorized, s.unauthorized(ctx, r.Auth)
 		ctx.Response.Header.Set("WWW-Authenticate", "Bearer")
 	case ctx.Request.Header.ContentLength() > s.limit(r):
 		s.refused.Inc("too_large")
@@ -334,7 +334,16 @@ func (s *Server) expect(ctx *fasthttp.RequestCtx) int {
 	return status
 }
 
-const unauthenticated = "unauthenticated: this route needs Authorization: Bearer <token> (see te-sidecar -h)"
+// The reasons of a 401. They say which of the three it is (no token, a
+// header that is not a bearer token, a token that matches none this route
+// accepts) and nothing about the token itself: not its length, not how
+// much of it matched.
+const (
+	noToken       = "unauthenticated: no token: this route needs Authorization: Bearer <token> (see te-sidecar -h)"
+	notBearer     = "unauthenticated: the Authorization header is not \"Bearer <token>\" (see te-sidecar -h)"
+	wrongToken    = "unauthenticated: the bearer token does not match this sidecar's cluster secret (made from another secret, or a client token for another X-Te-Client; see te-sidecar -h)"
+	wrongMetadata = "unauthenticated: the bearer token is neither the cluster secret's nor -metadata-token (see te-sidecar -h)"
+)
 
 // clientKey is the request's user value holding the client name its
 // token proved.
@@ -364,8 +373,8 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx) {
 		s.refused.Inc("method")
 		s.refuse(ctx, fasthttp.StatusMethodNotAllowed, errs.InvalidArgument, reason)
 		ctx.Response.Header.Set("Allow", allow)
-	case !s.authorized(ctx, r.Auth):
-		reason = unauthenticated
+	case s.unauthorized(ctx, r.Auth) != "":
+		reason = s.unauthorized(ctx, r.Auth)
 		s.refused.Inc("unauthenticated")
 		s.refuse(ctx, fasthttp.StatusUnauthorized, errs.Unauthenticated, reason)
 		ctx.Response.Header.Set("WWW-Authenticate", "Bearer")
@@ -456,28 +465,40 @@ func undeclared(ctx *fasthttp.RequestCtx, r *api.Route) string {
 	return ""
 }
 
-// authorized checks the request's bearer token for access a. A client
+// unauthorized checks the request's bearer token for access a. A client
 // token for the name in X-Te-Client is accepted wherever the cluster token
 // is, and records that name as the request's client (for quotas).
-func (s *Server) authorized(ctx *fasthttp.RequestCtx, a api.Auth) bool {
-	want := s.tokens
+// It returns why the request may not use the route, "" when it may.
+func (s *Server) unauthorized(ctx *fasthttp.RequestCtx, a api.Auth) string {
+	want, wrong := s.tokens, wrongToken
 	switch a {
 	case api.Open:
-		return true
+		return ""
 	case api.Metadata:
 		want = s.mdToken
+		if s.cfg.Token != "" {
+			wrong = wrongMetadata
+		}
 	}
-	got, ok := strings.CutPrefix(string(ctx.Request.Header.Peek("Authorization")), "Bearer ")
+	header := ctx.Request.Header.Peek("Authorization")
+	got, ok := strings.CutPrefix(string(header), "Bearer ")
 	if s.cfg.Secret != nil && ok {
 		if name, valid := clientName(ctx); valid && name != "" && authsecret.Match(got, s.cfg.Secret.ClientTokens(name)) {
 			ctx.SetUserValue(clientKey, name)
-			return true
+			return ""
 		}
 	}
-	if len(want) == 0 {
-		return true
+	switch {
+	case len(want) == 0:
+		return ""
+	case len(header) == 0:
+		return noToken
+	case !ok || got == "":
+		return notBearer
+	case !authsecret.Match(got, want):
+		return wrong
 	}
-	return ok && authsecret.Match(got, want)
+	return ""
 }
 
 // maxDrain bounds what is read and discarded of a body refused for its
