@@ -2,6 +2,7 @@ package cxl
 
 import (
 	"strconv"
+	"sync"
 	"sync/atomic"
 
 	"github.com/tecache/te/engine/segment"
@@ -24,8 +25,9 @@ func init() {
 // memcpy. It is safe for concurrent use.
 type Transport struct {
 	*shm.Transport
-	cfg Config
-	med *medium
+	cfg      Config
+	med      *medium
+	released sync.Once
 }
 
 // New returns an unstarted transport for the device c names; zero fields
@@ -142,9 +144,11 @@ func (t *Transport) ReachesBuffer(d *segment.Desc, buf *segment.BufferDesc) bool
 // when no other engine of the process uses it.
 func (t *Transport) Close() error {
 	err := t.Transport.Close()
+	// The mapping stays known (selection may still ask about a buffer,
+	// with no copy to follow: none runs after shm's Close); only the
+	// reference goes, once.
 	if m := t.med.m; m != nil {
-		m.release()
-		t.med.m = nil
+		t.released.Do(m.release)
 	}
 	return err
 }
