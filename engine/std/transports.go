@@ -10,3 +10,7 @@ import (
 	_ "github.com/tecache/te/engine/transport/shm"
 	_ "github.com/tecache/te/engine/transport/tcp"
 )
+
+// The GPU runtimes besides CUDA (which the engine loads itself): each
+// registers with internal/sys/gpu under its location kind.
+import _ "github.com/tecache/te/internal/sys/hip"
