@@ -1,6 +1,19 @@
 package cuda
 
-import "github.com/tecache/te/internal/sys/gpu"
+import (
+	"sync"
+
+	"github.com/tecache/te/internal/sys/gpu"
+)
+
+// streamCtx maps a stream made by Driver.StreamCreate to its device's
+// primary context: the copies and syncs on it run with that current.
+var streamCtx sync.Map // gpu.Stream -> streamOwner
+
+type streamOwner struct {
+	dev Device
+	ctx Context
+}
 
 func init() {
 	gpu.Register("cuda", func() (gpu.Driver, error) {
@@ -65,26 +78,53 @@ func (d Driver) HostFree(p uint64) error {
 	return d.onDevice(0, func() error { return d.L.MemFreeHost(p) })
 }
 
-// StreamCreate makes a non-blocking stream in dev's primary context.
-func (d Driver) StreamCreate(dev int) (s gpu.Stream, err error) {
-	err = d.onDevice(dev, func() error {
-		st, err := d.L.StreamCreate(StreamNonBlocking)
-		s = gpu.Stream(st)
+// StreamCreate makes a non-blocking stream in dev's primary context, which
+// it keeps retained until StreamDestroy.
+func (d Driver) StreamCreate(dev int) (gpu.Stream, error) {
+	c, err := d.L.PrimaryCtxRetain(Device(dev))
+	if err != nil {
+		return 0, err
+	}
+	var st Stream
+	err = d.L.With(c, func() (err error) {
+		st, err = d.L.StreamCreate(StreamNonBlocking)
 		return err
 	})
-	return s, err
+	if err != nil {
+		d.L.PrimaryCtxRelease(Device(dev))
+		return 0, err
+	}
+	streamCtx.Store(gpu.Stream(st), streamOwner{Device(dev), c})
+	return gpu.Stream(st), nil
 }
 
-// StreamDestroy ends a stream.
-func (d Driver) StreamDestroy(s gpu.Stream) error { return d.L.StreamDestroy(Stream(s)) }
+// onStream runs fn with s's context current.
+func (d Driver) onStream(s gpu.Stream, fn func() error) error {
+	o, ok := streamCtx.Load(s)
+	if !ok {
+		return fn() // the default stream, or one made elsewhere
+	}
+	return d.L.With(o.(streamOwner).ctx, fn)
+}
+
+// StreamDestroy ends a stream and releases its context.
+func (d Driver) StreamDestroy(s gpu.Stream) error {
+	err := d.onStream(s, func() error { return d.L.StreamDestroy(Stream(s)) })
+	if o, ok := streamCtx.LoadAndDelete(s); ok {
+		d.L.PrimaryCtxRelease(o.(streamOwner).dev)
+	}
+	return err
+}
 
 // CopyAsync is cuMemcpyAsync (unified addressing infers the direction).
 func (d Driver) CopyAsync(dst, src, n uint64, s gpu.Stream) error {
-	return d.L.CopyAsync(dst, src, n, Stream(s))
+	return d.onStream(s, func() error { return d.L.CopyAsync(dst, src, n, Stream(s)) })
 }
 
 // StreamSync is cuStreamSynchronize.
-func (d Driver) StreamSync(s gpu.Stream) error { return d.L.StreamSynchronize(Stream(s)) }
+func (d Driver) StreamSync(s gpu.Stream) error {
+	return d.onStream(s, func() error { return d.L.StreamSynchronize(Stream(s)) })
+}
 
 // IPCExport is cuIpcGetMemHandle.
 func (d Driver) IPCExport(ptr uint64) (gpu.IPCHandle, error) {
