@@ -116,9 +116,19 @@ func (d Driver) StreamDestroy(s gpu.Stream) error {
 	return err
 }
 
-// CopyAsync is cuMemcpyAsync (unified addressing infers the direction).
-func (d Driver) CopyAsync(dst, src, n uint64, s gpu.Stream) error {
-	return d.onStream(s, func() error { return d.L.CopyAsync(dst, src, n, Stream(s)) })
+// CopyAsync is cuMemcpyHtoDAsync, DtoH, DtoD or cuMemcpyAsync (Default).
+func (d Driver) CopyAsync(dst, src, n uint64, dir gpu.Dir, s gpu.Stream) error {
+	return d.onStream(s, func() error {
+		switch dir {
+		case gpu.HostToDevice:
+			return d.L.CopyHtoDAsync(dst, src, n, Stream(s))
+		case gpu.DeviceToHost:
+			return d.L.CopyDtoHAsync(dst, src, n, Stream(s))
+		case gpu.DeviceToDevice:
+			return d.L.CopyDtoDAsync(dst, src, n, Stream(s))
+		}
+		return d.L.CopyAsync(dst, src, n, Stream(s))
+	})
 }
 
 // StreamSync is cuStreamSynchronize.

@@ -8,6 +8,19 @@ import (
 // Stream is a runtime's stream handle (0 is the default stream).
 type Stream uintptr
 
+// Dir is the direction of a copy. An explicit one lets the runtime refuse
+// an address that is not the memory the caller said (a host range registered
+// as device memory), where Default would copy whatever it finds.
+type Dir int
+
+// Copy directions.
+const (
+	Default Dir = iota // inferred from the addresses (unified addressing)
+	HostToDevice
+	DeviceToHost
+	DeviceToDevice
+)
+
 // IPCHandle is an exported device allocation: cudaIpcMemHandle_t and
 // hipIpcMemHandle_t are both 64 opaque bytes.
 type IPCHandle [64]byte
@@ -31,9 +44,9 @@ type Driver interface {
 	// StreamCreate makes a stream on device dev; StreamDestroy ends it.
 	StreamCreate(dev int) (Stream, error)
 	StreamDestroy(s Stream) error
-	// CopyAsync queues a copy of n bytes (any direction the runtime
-	// infers from the addresses); StreamSync waits for s.
-	CopyAsync(dst, src, n uint64, s Stream) error
+	// CopyAsync queues a copy of n bytes in direction dir; StreamSync
+	// waits for s.
+	CopyAsync(dst, src, n uint64, dir Dir, s Stream) error
 	StreamSync(s Stream) error
 	// IPCExport exports the allocation holding ptr for another process;
 	// IPCImport maps a peer's export here and IPCClose unmaps it.

@@ -2,6 +2,7 @@ package gpu
 
 import (
 	"errors"
+	"sync"
 
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/mem"
@@ -65,7 +66,7 @@ func (s *Stager) ToHost(i int, src, n uint64) error {
 	if err := s.check(i, n); err != nil {
 		return err
 	}
-	return s.d.CopyAsync(s.bufs[i], src, n, s.streams[i])
+	return s.d.CopyAsync(s.bufs[i], src, n, DeviceToHost, s.streams[i])
 }
 
 // ToDevice starts copying the first n bytes of chunk i to dst.
@@ -73,7 +74,7 @@ func (s *Stager) ToDevice(i int, dst, n uint64) error {
 	if err := s.check(i, n); err != nil {
 		return err
 	}
-	return s.d.CopyAsync(dst, s.bufs[i], n, s.streams[i])
+	return s.d.CopyAsync(dst, s.bufs[i], n, HostToDevice, s.streams[i])
 }
 
 // Wait waits for the copies started on chunk i.
@@ -95,4 +96,61 @@ func (s *Stager) Close() error {
 	}
 	s.streams, s.bufs = nil, nil
 	return errors.Join(all...)
+}
+
+// StagerPool keeps rings between the requests of a transport, by device,
+// so pinned memory is allocated once per ring and not per request. The zero
+// value is ready; it is safe for concurrent use.
+type StagerPool struct {
+	mu     sync.Mutex
+	closed bool
+	free   map[int][]*Stager
+}
+
+// Take returns a ring of device dev from the pool, or a new one (alloc)
+// when it has none; once the pool is closed it fails with Closed.
+func (p *StagerPool) Take(dev int, alloc func() (*Stager, error)) (*Stager, error) {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil, errs.New(errs.Closed, "gpu", "staging pool closed")
+	}
+	if f := p.free[dev]; len(f) > 0 {
+		s := f[len(f)-1]
+		p.free[dev] = f[:len(f)-1]
+		p.mu.Unlock()
+		return s, nil
+	}
+	p.mu.Unlock()
+	return alloc()
+}
+
+// Put gives back a ring whose copies have all ended. A ring whose copies
+// failed (ok false), or one given back after Close, is freed instead.
+func (p *StagerPool) Put(dev int, s *Stager, ok bool) {
+	p.mu.Lock()
+	if ok && !p.closed {
+		if p.free == nil {
+			p.free = map[int][]*Stager{}
+		}
+		p.free[dev] = append(p.free[dev], s)
+		p.mu.Unlock()
+		return
+	}
+	p.mu.Unlock()
+	s.Close()
+}
+
+// Close frees the pooled rings; rings taken before are freed when put back.
+func (p *StagerPool) Close() {
+	p.mu.Lock()
+	p.closed = true
+	free := p.free
+	p.free = nil
+	p.mu.Unlock()
+	for _, f := range free {
+		for _, s := range f {
+			s.Close()
+		}
+	}
 }

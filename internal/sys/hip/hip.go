@@ -425,9 +425,19 @@ func (d Driver) StreamDestroy(s gpu.Stream) error {
 	return nil
 }
 
-// CopyAsync is hipMemcpyAsync with hipMemcpyDefault.
-func (d Driver) CopyAsync(dst, src, n uint64, s gpu.Stream) error {
-	if r := d.L.hipMemcpyAsync(dst, src, uintptr(n), memcpyDefault, uintptr(s)); r != Success {
+// CopyAsync is hipMemcpyAsync, its hipMemcpyKind the direction
+// (hipMemcpyHostToDevice 1, DeviceToHost 2, DeviceToDevice 3, Default 4).
+func (d Driver) CopyAsync(dst, src, n uint64, dir gpu.Dir, s gpu.Stream) error {
+	kind := int32(memcpyDefault)
+	switch dir {
+	case gpu.HostToDevice:
+		kind = 1
+	case gpu.DeviceToHost:
+		kind = 2
+	case gpu.DeviceToDevice:
+		kind = 3
+	}
+	if r := d.L.hipMemcpyAsync(dst, src, uintptr(n), kind, uintptr(s)); r != Success {
 		return d.L.err(r, "hipMemcpyAsync", "%d bytes", n)
 	}
 	return nil
