@@ -96,7 +96,6 @@ type Lib struct {
 
 	mu    sync.Mutex // one out-parameter page
 	page  []byte
-	devMu sync.Mutex // hipSetDevice is per thread: calls that need it lock one
 }
 
 type symbol struct {
