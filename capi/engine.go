@@ -225,6 +225,24 @@ func tego_rpc_port(h C.te_engine_t, port *C.int32_t) (rc C.int) {
 	return 0
 }
 
+//export tego_cxl_memory
+func tego_cxl_memory(h C.te_engine_t, addr, size *C.uint64_t) (rc C.int) {
+	defer enter("cxl memory", &rc)()
+	e, err := getEngine("cxl memory", h)
+	if err != nil {
+		return fail(err)
+	}
+	if addr == nil || size == nil {
+		return null("cxl memory", "addr or size")
+	}
+	a, n, err := e.CXLMemory()
+	if err != nil {
+		return fail(err)
+	}
+	*addr, *size = C.uint64_t(a), C.uint64_t(n)
+	return 0
+}
+
 //export tego_stats
 func tego_stats(h C.te_engine_t, out *C.te_stats_t) (rc C.int) {
 	defer enter("stats", &rc)()

@@ -117,6 +117,11 @@ int te_segment_name(te_engine_t engine, char *buf, size_t len) {
     return tego_segment_name(engine, buf, len);
 }
 
+int te_cxl_memory(te_engine_t engine, uint64_t *addr, uint64_t *size) {
+    if (tecapi_child(__func__)) return TE_ERR_FORKED;
+    return tego_cxl_memory(engine, addr, size);
+}
+
 int te_rpc_port(te_engine_t engine, int32_t *port) {
     if (tecapi_child(__func__)) return TE_ERR_FORKED;
     return tego_rpc_port(engine, port);

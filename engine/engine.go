@@ -495,14 +495,31 @@ func (e *Engine) RegisterMemoryBatch(rs []MemoryRegion) error {
 	}
 	var done []*segment.Region
 	for _, r := range fresh {
+		var held int
+		var partialErr error
 		for i, t := range e.transports {
 			if err := t.Register(r); err != nil {
+				if _, partial := t.(transport.BufferReacher); partial && errs.CodeOf(err) == errs.NotSupported {
+					// A range it cannot serve (outside its mapping):
+					// the other transports serve it.
+					partialErr = errs.Wrap(errs.NotSupported, "register", err, "transport %s refused [%#x,+%d)", t.Name(), r.Addr, r.Length)
+					continue
+				}
 				for _, u := range e.transports[:i] {
 					u.Unregister(r)
 				}
 				e.rollback(done)
 				return errs.Wrap(errs.CodeOf(err), "register", err, "transport %s refused [%#x,+%d)", t.Name(), r.Addr, r.Length)
 			}
+			held++
+		}
+		if held == 0 && partialErr != nil {
+			// No transport would serve it.
+			for _, t := range e.transports {
+				t.Unregister(r)
+			}
+			e.rollback(done)
+			return partialErr
 		}
 		done = append(done, r)
 	}

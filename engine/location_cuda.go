@@ -4,6 +4,7 @@ import (
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/cuda"
+	"github.com/tecache/te/internal/sys/gpu"
 )
 
 // GPU memory in the engine: registration recognises it and requests that
@@ -21,6 +22,12 @@ var cudaLoad = cuda.Load
 // host memory: no device memory can exist in a process without a driver.
 func resolveLocations(rs []*segment.Region) error {
 	for _, r := range rs {
+		if k := r.Location.Kind; k != "cuda" && k != "cpu" && k != "*" && k != "file" {
+			if err := otherGPU(r); err != nil {
+				return err
+			}
+			continue
+		}
 		switch r.Location.Kind {
 		case "cuda":
 			l, err := cudaLoad()
@@ -53,6 +60,31 @@ func resolveLocations(rs []*segment.Region) error {
 		}
 	}
 	return nil
+}
+
+// otherGPU answers for device memory of a runtime other than CUDA (hip:N):
+// the runtime registered under the location's kind must load and own the
+// range, and even then no transport moves such memory yet, so the region is
+// refused with NotSupported naming the cause rather than handed to
+// transports that would touch it with the CPU.
+func otherGPU(r *segment.Region) error {
+	kind := r.Location.Kind
+	d, known, err := gpu.Load(kind)
+	switch {
+	case !known:
+		return errs.New(errs.NotSupported, "register", "[%#x,+%d) is at %s: no %s runtime is built in", r.Addr, r.Length, r.Location, kind)
+	case err != nil:
+		return errs.Wrap(errs.NotSupported, "register", err, "[%#x,+%d) is at %s but the %s runtime is not available", r.Addr, r.Length, r.Location, kind)
+	}
+	dev, isDev, err := d.PointerDevice(r.Addr)
+	if err != nil {
+		return errs.Wrap(errs.CodeOf(err), "register", err, "query the %s runtime about %#x", kind, r.Addr)
+	}
+	if !isDev || dev != r.Location.Index {
+		return errs.New(errs.InvalidArgument, "register", "[%#x,+%d) registered as %s, but the %s runtime says it is not that device's memory", r.Addr, r.Length, r.Location, kind)
+	}
+	return errs.New(errs.NotSupported, "register", "[%#x,+%d) is %s memory, which no transport moves yet", r.Addr, r.Length, r.Location).
+		WithHint("HIP GPU IPC, rdma by dma-buf and staging are not built yet; use cuda:N or host memory")
 }
 
 // checkDevice verifies that both ends of r are device memory of device dev.

@@ -108,15 +108,19 @@ func (e *Engine) pick(st *segState, d *segment.Desc, buf *segment.BufferDesc, lo
 		}
 	}
 	var why []string
+	perBuffer := false // the choice depends on the buffer: not cached per descriptor
 	for _, t := range e.transports {
 		if hint != "" && t.Name() != hint {
 			continue
+		}
+		if _, ok := t.(transport.BufferReacher); ok {
+			perBuffer = true
 		}
 		if reason := qualifies(t, d, buf, local, class); reason != "" {
 			why = append(why, t.Name()+": "+reason)
 			continue
 		}
-		if class == hostMem && hint == "" {
+		if class == hostMem && hint == "" && !perBuffer {
 			e.cachePick(st, d, t, nil, len(why) > 0)
 		}
 		e.noteRoute(st, class, t.Name(), why)
@@ -146,7 +150,7 @@ func (e *Engine) pick(st *segState, d *segment.Desc, buf *segment.BufferDesc, lo
 	default:
 		err = errs.New(errs.TransportUnavailable, "submit", "no transport reaches segment %q: %s", d.Name, strings.Join(why, "; "))
 	}
-	if class == hostMem && hint == "" {
+	if class == hostMem && hint == "" && !perBuffer {
 		e.cachePick(st, d, nil, err, true)
 	}
 	return nil, err
@@ -163,6 +167,9 @@ func qualifies(t transport.Transport, d *segment.Desc, buf *segment.BufferDesc, 
 	case hostMem:
 		if !caps.HostMemory || caps.StorageOnly {
 			return "it does not move host memory"
+		}
+		if br, ok := t.(transport.BufferReacher); ok && !br.ReachesBuffer(d, buf) {
+			return "the target buffer is not in memory it shares with the peer"
 		}
 	case storageMem:
 		if !caps.FileMemory {

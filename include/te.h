@@ -470,6 +470,18 @@ int te_destroy(te_engine_t engine);
  * Blocks: no | Thread-safe: yes | Errors: TE_ERR_BUFFER_TOO_SMALL. */
 int te_segment_name(te_engine_t engine, char *buf, size_t len);
 
+/* te_cxl_memory stores where the shared CXL memory device (TE_CXL_DEVICE or
+ * MC_CXL_DEV_PATH, mapped by the cxl transport) lies in this process and its
+ * size in bytes. Buffers allocated from [*addr, *addr + *size) and registered
+ * are reached by engines that map the same device with a memcpy; ranges
+ * outside it go over the engine's other transports. The mapping stays until
+ * the engine is destroyed (the last engine of the process naming the device
+ * unmaps it): stop using it before te_destroy.
+ * Blocks: no | Thread-safe: yes | Errors: TE_ERR_NOT_SUPPORTED (no device
+ * mapped: the variable is unset or the device could not be mapped; the
+ * engine's log says why), TE_ERR_INVALID_ARGUMENT (a NULL pointer). */
+int te_cxl_memory(te_engine_t engine, uint64_t *addr, uint64_t *size);
+
 /* te_rpc_port stores the RPC listener's port in *port.
  * Blocks: no | Thread-safe: yes | Errors: handle and pointer only. */
 int te_rpc_port(te_engine_t engine, int32_t *port);

@@ -55,6 +55,9 @@ type Target struct {
 	e    *engine.Engine
 	buf  []byte
 	ref  *RefServer
+	// shared: buf lies in the engine's CXL mapping, which the engine
+	// unmaps; it is not freed here.
+	shared bool
 }
 
 // StartTarget starts a target.
@@ -71,7 +74,11 @@ func StartTarget(o TargetOptions) (*Target, error) {
 		return nil, err
 	}
 	t := &Target{e: e}
-	if t.buf, err = mem.Alloc(int(o.Buffer)); err != nil {
+	if a, n, err := e.CXLMemory(); err == nil && n >= o.Buffer {
+		// A shared CXL device is mapped: the buffer lies in it, so cxl
+		// can serve it and every transport moves the same bytes.
+		t.buf, t.shared = mem.Bytes(a, o.Buffer), true
+	} else if t.buf, err = mem.Alloc(int(o.Buffer)); err != nil {
 		e.Close()
 		return nil, err
 	}
@@ -105,7 +112,7 @@ func (t *Target) Close() {
 		t.ref.Close()
 	}
 	t.e.Close()
-	if t.buf != nil {
+	if t.buf != nil && !t.shared {
 		mem.Free(t.buf)
 	}
 }
@@ -248,9 +255,9 @@ func (o *Options) check() error {
 	switch o.Transport {
 	case "", "auto":
 		o.Transport = "auto"
-	case "tcp", "shm", "local", "rdma":
+	case "tcp", "shm", "cxl", "local", "rdma":
 	default:
-		return bad("--transport %q: want tcp, shm, local, rdma or auto", o.Transport)
+		return bad("--transport %q: want tcp, shm, cxl, local, rdma or auto", o.Transport)
 	}
 	if o.Block == 0 || o.Block > 1<<30 {
 		return bad("--block %d: want 1B..1GiB", o.Block)

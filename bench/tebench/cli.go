@@ -42,7 +42,7 @@ run flags (op, block, batch and threads take comma-separated lists; every
 combination is run):
   --op read|write        --block SIZE (4096, 64KiB, 1MiB)   --batch N
   --threads N            --duration D (Go duration or seconds)
-  --transport tcp|shm|local|rdma|auto --conns N (tcp.conns)  --slice SIZE (tcp.slice)
+  --transport tcp|shm|cxl|local|rdma|auto --conns N (tcp.conns)  --slice SIZE (tcp.slice)
   --json                 --cpuprofile FILE                   --metadata URL
   --secret off|on|enc|off,on,enc (loopback: run without a cluster secret, with
            one (integrity sessions), and/or with one and encryption)

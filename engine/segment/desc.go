@@ -45,6 +45,18 @@ type Desc struct {
 	Endpoints map[string]string `json:"te_endpoints,omitempty"`
 	// Host identifies the machine and process, for same-host transports.
 	Host *HostID `json:"te_host,omitempty"`
+
+	// CXLName and CXLBase are Mooncake's cxl fields: the shared device
+	// this engine mapped and where it mapped it. A buffer inside the
+	// mapping also carries its Offset there. Mooncake publishes cxl
+	// buffers by offset alone; Validate derives their Addr (CXLBase +
+	// Offset), so both kinds are addressed the same way.
+	CXLName string `json:"cxl_name,omitempty"`
+	CXLBase uint64 `json:"cxl_base_addr,omitempty"`
+	// CXLID identifies the device (te only): engines whose IDs match map
+	// the same memory. CXLSize is the size of the mapping.
+	CXLID   string `json:"te_cxl_id,omitempty"`
+	CXLSize uint64 `json:"te_cxl_size,omitempty"`
 }
 
 // Device is an RDMA device as Mooncake publishes it.
@@ -75,6 +87,11 @@ type BufferDesc struct {
 	Key uint64 `json:"te_key,omitempty"`
 	// Extra carries transport-specific fields (an IPC handle, say).
 	Extra map[string]string `json:"te_extra,omitempty"`
+	// Offset is where a buffer inside the owner's cxl mapping starts in
+	// the device (Mooncake's "offset"); Protocol is Mooncake's per-buffer
+	// protocol ("cxl" for such a buffer).
+	Offset   uint64 `json:"offset,omitempty"`
+	Protocol string `json:"protocol,omitempty"`
 }
 
 // End returns Addr+Length.
@@ -156,6 +173,17 @@ func (d *Desc) Validate() error {
 	}
 	if len(d.Buffers) > MaxBuffers {
 		return errs.New(errs.Metadata, "segment", "descriptor has %d buffers, more than %d", len(d.Buffers), MaxBuffers)
+	}
+	if d.CXLName != "" {
+		for i := range d.Buffers {
+			// A Mooncake cxl buffer has an offset and no address.
+			if b := &d.Buffers[i]; b.Addr == 0 && b.Length != 0 {
+				if d.CXLBase+b.Offset < d.CXLBase {
+					return errs.New(errs.Metadata, "segment", "cxl buffer %d of %q overflows", i, d.Name)
+				}
+				b.Addr = d.CXLBase + b.Offset
+			}
+		}
 	}
 	sort.Slice(d.Buffers, func(i, j int) bool { return d.Buffers[i].Addr < d.Buffers[j].Addr })
 	for i := range d.Buffers {

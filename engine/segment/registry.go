@@ -40,13 +40,14 @@ func ParseLocation(s string) (Location, error) {
 		return Location{Kind: "*", Index: -1}, nil
 	}
 	kind, idx, ok := strings.Cut(s, ":")
-	if ok && (kind == "cpu" || kind == "cuda") {
+	// hip:N is AMD device memory, named as Mooncake's ROCm builds name it.
+	if ok && (kind == "cpu" || kind == "cuda" || kind == "hip") {
 		n, err := strconv.Atoi(idx)
 		if err == nil && n >= 0 && n < 1<<16 {
 			return Location{Kind: kind, Index: n}, nil
 		}
 	}
-	return Location{}, errs.New(errs.InvalidArgument, "register", "location %q is not cpu, cpu:N, cuda:N or *", s)
+	return Location{}, errs.New(errs.InvalidArgument, "register", "location %q is not cpu, cpu:N, cuda:N, hip:N or *", s)
 }
 
 // Region is one registered range of local memory.

@@ -3,6 +3,7 @@ package segment
 import (
 	"encoding/json"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 
@@ -242,5 +243,33 @@ func TestWindowAcrossBuffers(t *testing.T) {
 	}
 	if _, err := g.GrantWindow([]Range{{Addr: 1<<20 + 6000, Length: 4096}}); errs.CodeOf(err) != errs.AddressNotRegistered {
 		t.Fatalf("range past the registered buffers: %v", err)
+	}
+}
+
+// TestMooncakeCXLDescriptor decodes a descriptor as a Mooncake engine with
+// the cxl transport publishes it: buffers by offset in the device, no
+// address. Each gets the owner's address (cxl_base_addr + offset), so
+// requests name it as any other buffer.
+func TestMooncakeCXLDescriptor(t *testing.T) {
+	js := `{"name":"mc","protocol":"cxl","cxl_name":"/dev/dax0.0","cxl_base_addr":140000000000000,
+	"buffers":[{"name":"mc","offset":4096,"length":8192},{"name":"mc","offset":0,"length":4096}]}`
+	d, err := Decode([]byte(js))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.CXLName != "/dev/dax0.0" || d.CXLBase != 140000000000000 {
+		t.Fatalf("%+v", d)
+	}
+	if d.Buffers[0].Addr != 140000000000000 || d.Buffers[1].Addr != 140000000000000+4096 || d.Buffers[1].Offset != 4096 {
+		t.Fatalf("buffers %+v", d.Buffers)
+	}
+	b, err := d.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{`"cxl_name":"/dev/dax0.0"`, `"cxl_base_addr":140000000000000`, `"offset":4096`} {
+		if !strings.Contains(string(b), f) {
+			t.Fatalf("re-encoded descriptor lacks %s: %s", f, b)
+		}
 	}
 }

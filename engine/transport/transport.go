@@ -205,6 +205,23 @@ type DeviceMover interface {
 	DeviceMemory(d *segment.Desc, buf *segment.BufferDesc, local *segment.Region) bool
 }
 
+// BufferReacher is implemented by transports that reach only some of a
+// peer's buffers: cxl, those inside the device both engines mapped.
+// Selection asks ReachesBuffer for the target buffer of each request, and
+// the engine keeps a local region registered with its other transports
+// when such a transport refuses it with NotSupported (a range outside its
+// mapping).
+type BufferReacher interface {
+	ReachesBuffer(d *segment.Desc, buf *segment.BufferDesc) bool
+}
+
+// SharedMemory is implemented by transports that serve memory from a
+// mapping they made (cxl's device): Memory returns where it lies in this
+// process and its size, for applications to allocate buffers from.
+type SharedMemory interface {
+	Memory() (addr, size uint64)
+}
+
 // ReachNotifier is implemented by the engine's Host: a transport whose
 // Reachable answer for a peer changes on its own (a peer's NICs failing and
 // cooling down) calls ReachChanged, so that choices the engine cached on the

@@ -134,6 +134,7 @@ PROTOTYPES = {
     "te_destroy": [engine_t],
     "te_segment_name": [engine_t, c_char_p, c_size_t],
     "te_rpc_port": [engine_t, POINTER(c_int32)],
+    "te_cxl_memory": [engine_t, POINTER(c_uint64), POINTER(c_uint64)],
     "te_stats": [engine_t, POINTER(Stats)],
     "te_stats_json": [engine_t, c_char_p, c_size_t],
     "te_version": [c_char_p, c_size_t],  # ABI 1.3

@@ -5,7 +5,7 @@ import json
 import os
 import threading
 import weakref
-from ctypes import byref, c_int32, c_size_t, c_void_p
+from ctypes import byref, c_int32, c_size_t, c_uint64, c_void_p
 
 from . import _lib
 from .errors import BufferTooSmall, InvalidArgument, TeError, error_for
@@ -392,6 +392,18 @@ class Engine:
         p = c_int32()
         check(lib.te_rpc_port(self.handle, byref(p)), lib)
         return p.value
+
+    def cxl_memory(self):
+        """Where the shared CXL memory device (TE_CXL_DEVICE or
+        MC_CXL_DEV_PATH) is mapped in this process, as (addr, size).
+        Allocate the KV buffers to register from [addr, addr+size): engines
+        that map the same device reach them with a memcpy. The mapping goes
+        with the engine; stop using it before close(). Raises
+        te.NotSupported when no device is mapped."""
+        lib = _lib.load()
+        a, n = c_uint64(), c_uint64()
+        check(lib.te_cxl_memory(self.handle, byref(a), byref(n)), lib)
+        return a.value, n.value
 
     def stats(self):
         """Counters, segment name and installed transports as a dict;

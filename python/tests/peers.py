@@ -149,3 +149,31 @@ def file_node(conn, path, size, secret):
             e.close()
             conn.send("bye")
             return
+
+
+def cxl_target(conn, size, seed):
+    """A te.Engine with the cxl and tcp transports whose buffer is the first
+    size bytes of the shared CXL device (TE_CXL_DEVICE), filled from seed.
+    Answers ("crc", off, n) with the CRC-32 of its bytes there."""
+    import ctypes
+    import random
+    import zlib
+
+    import te
+
+    e = te.Engine(listen_addr="127.0.0.1:0", hostname="127.0.0.1", transports="cxl,tcp", rpc_timeout=5)
+    base, n = e.cxl_memory()
+    assert n >= size
+    view = (ctypes.c_char * size).from_address(base)
+    view[:] = random.Random(seed).randbytes(size)
+    e.register(base, size)
+    conn.send((e.name, base, zlib.crc32(bytes(view))))
+    while True:
+        cmd = conn.recv()
+        if cmd == "exit":
+            e.unregister(base)
+            e.close()
+            conn.send("bye")
+            return
+        _, off, k = cmd
+        conn.send(zlib.crc32(bytes(view[off:off + k])))

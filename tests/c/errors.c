@@ -193,6 +193,10 @@ int main(void) {
     CHECK_OK(te_rpc_port(e, &port));
     CHECK(port > 0);
     CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_rpc_port(e, NULL));
+    uint64_t cxl_addr = 0, cxl_size = 0;
+    CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_cxl_memory(e, NULL, &cxl_size));
+    if (!getenv("TE_CXL_DEVICE") && !getenv("MC_CXL_DEV_PATH"))
+        CHECK_RC(TE_ERR_NOT_SUPPORTED, te_cxl_memory(e, &cxl_addr, &cxl_size));
     te_stats_t st = {0};
     CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_stats(e, &st)); /* size not set */
     st.size = sizeof st;

@@ -23,7 +23,7 @@
 // goes to tcp.
 //
 // GPU memory to and from files is staged through pinned host chunks
-// (cuda.Stager) when CUDA loads: a device-to-file write copies a chunk to
+// (gpu.Stager) when CUDA loads: a device-to-file write copies a chunk to
 // the host and writes it; a file-to-device read reads a chunk and copies it
 // up. NVIDIA GPUDirect Storage (cuFile), which would skip the host copy, is
 // not used yet: internal/sys/cufile loads libcufile at run time (purego) and

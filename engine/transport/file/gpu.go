@@ -7,12 +7,13 @@ import (
 	"github.com/tecache/te/engine/transport"
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/cuda"
+	"github.com/tecache/te/internal/sys/gpu"
 	"github.com/tecache/te/internal/sys/mem"
 )
 
 // GPU memory to and from files. The kernel cannot read a file into device
 // memory (nor write one from it), so each request is moved through a ring of
-// two pinned host chunks (cuda.Stager): for a write, chunk k+1 is copied off
+// two pinned host chunks (gpu.Stager, over the runtime's interface): for a write, chunk k+1 is copied off
 // the device while chunk k is being written to the file; for a read, chunk
 // k+1 is read from the file while chunk k is copied up. Pinned chunks are
 // page-aligned, so their file I/O goes O_DIRECT.
@@ -27,19 +28,19 @@ const stagerDepth = 2
 type gpuJob struct{ canceled atomic.Bool }
 
 // gpuPool keeps the rings between requests, by device.
-type gpuPool struct{ rings cuda.StagerPool }
+type gpuPool struct{ rings gpu.StagerPool }
 
 func (g *gpuPool) available() bool {
 	_, err := cudaLoad()
 	return err == nil
 }
 
-func (g *gpuPool) take(l *cuda.Lib, dev int, chunk uint64) (*cuda.Stager, error) {
-	return g.rings.Take(dev, func() (*cuda.Stager, error) { return cuda.NewStager(l, dev, chunk, stagerDepth) })
+func (g *gpuPool) take(l *cuda.Lib, dev int, chunk uint64) (*gpu.Stager, error) {
+	return g.rings.Take(dev, func() (*gpu.Stager, error) { return gpu.NewStager(cuda.Driver{L: l}, dev, chunk, stagerDepth) })
 }
 
 // put keeps a ring whose copies all ended; a failed one is freed.
-func (g *gpuPool) put(dev int, s *cuda.Stager, ok bool) { g.rings.Put(dev, s, ok) }
+func (g *gpuPool) put(dev int, s *gpu.Stager, ok bool) { g.rings.Put(dev, s, ok) }
 
 func (g *gpuPool) close() { g.rings.Close() }
 

@@ -54,12 +54,11 @@ func (t *Transport) handleAttach(ctx context.Context, body []byte) ([]byte, erro
 	if err != nil {
 		return nil, err
 	}
-	switch {
-	case m.BootID != t.self.BootID || m.PidNS != t.self.PidNS:
-		return nil, errs.New(errs.NotSupported, "shm attach", "peer is not on this host or not in this pid namespace")
-	case int(m.Pid) == t.self.Pid || m.Pid == 0:
-		return nil, errs.New(errs.InvalidArgument, "shm attach", "bad peer pid %d", m.Pid)
-	case m.RPC == "" || m.Instance == "":
+	local, err := t.spec.Medium.Admit(t.self, m.BootID, m.PidNS, int(m.Pid))
+	if err != nil {
+		return nil, err
+	}
+	if m.RPC == "" || m.Instance == "" {
 		return nil, errs.New(errs.InvalidArgument, "shm attach", "peer gave no control address or instance")
 	}
 	cctx, cancel := context.WithTimeout(ctx, t.opt.RevokeTimeout)
@@ -71,9 +70,13 @@ func (t *Transport) handleAttach(ctx context.Context, body []byte) ([]byte, erro
 	if err != nil {
 		return nil, errs.Wrap(errs.PeerUnreachable, "shm attach", err, "cannot call the peer back at %s", m.RPC)
 	}
-	fd, ferr := unix.PidfdOpen(int(m.Pid), 0)
-	if ferr != nil {
-		fd = -1
+	fd := -1
+	if local {
+		// Watching the peer exit ends its lease early; a pid of another
+		// host names nothing here.
+		if f, ferr := unix.PidfdOpen(int(m.Pid), 0); ferr == nil {
+			fd = f
+		}
 	}
 	p := &peer{
 		session: newSession(), instance: m.Instance, rpc: m.RPC, pid: int(m.Pid), pidfd: fd,

@@ -20,6 +20,7 @@ import (
 type owner struct {
 	name, inst, rpc string
 	pid             int
+	desc            *segment.Desc // as first seen: the medium's probe reads it
 
 	attachMu sync.Mutex // one attach at a time
 	retryAt  time.Time  // after a failed attach; guarded by attachMu
@@ -96,7 +97,10 @@ func (t *Transport) ownerFor(d *segment.Desc) *owner {
 	defer t.omu.Unlock()
 	o := t.owners[d.Instance]
 	if o == nil {
-		o = &owner{name: d.Name, inst: d.Instance, rpc: d.RPC, pid: d.Host.Pid}
+		o = &owner{name: d.Name, inst: d.Instance, rpc: d.RPC, desc: d}
+		if d.Host != nil {
+			o.pid = d.Host.Pid
+		}
 		// A new instance at a known control address is a restarted
 		// engine: the old one's state goes.
 		for inst, old := range t.owners {
@@ -167,7 +171,7 @@ func (o *owner) attach(t *Transport) error {
 	probed := o.probed
 	o.mu.Unlock()
 	if !probed {
-		if err := probe(o.pid, rep.Probe, rep.Token); err != nil {
+		if err := t.spec.Medium.Probe(o.desc, rep.Probe, rep.Token); err != nil {
 			t.st.probeRefused.Add(1)
 			err = errs.Wrap(errs.TransportUnavailable, "shm", err, "segment %q (pid %d)", o.name, o.pid)
 			o.refuse(err)

@@ -15,7 +15,6 @@ import (
 	"github.com/tecache/te/engine/transport"
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/mem"
-	"github.com/tecache/te/internal/wire"
 )
 
 // Name is the transport's name.
@@ -139,18 +138,20 @@ type Transport struct {
 
 	started bool
 	wg      sync.WaitGroup
-	vms     sync.Pool // *vm for jobs run in Submit's caller
+	vms     sync.Pool // Movers for jobs run in Submit's caller
+
+	spec Spec // name, caps, control kind and medium
 }
 
 // New returns a transport with default options; the engine calls Start.
-func New() *Transport { return &Transport{opt: DefaultOptions()} }
+func New() *Transport { return &Transport{opt: DefaultOptions(), spec: shmSpec()} }
 
 // Name returns "shm".
-func (t *Transport) Name() string { return Name }
+func (t *Transport) Name() string { return t.spec.Name }
 
 // Caps declares the transport's reach and the memory it moves.
 func (t *Transport) Caps() transport.Caps {
-	return transport.Caps{SameHost: true, HostMemory: true, Windows: true, Rank: 10}
+	return t.spec.Caps
 }
 
 // Options returns the options in force (after Start, the engine's params).
@@ -183,8 +184,8 @@ func (t *Transport) Start(h transport.Host) error {
 	t.peers = map[uint64]*peer{}
 	t.qcond = sync.NewCond(&t.qmu)
 	t.started = true
-	t.vms.New = func() any { return newVM() }
-	h.Control().Handle(wire.KindShm, t.handle)
+	t.vms.New = func() any { return t.spec.Medium.NewMover() }
+	h.Control().Handle(t.spec.Kind, t.handle)
 	for i := 0; i < opt.Workers; i++ {
 		t.wg.Add(1)
 		go t.worker()
@@ -304,22 +305,13 @@ type reachable struct {
 	o *owner
 }
 
+// sameHost says whether the medium reaches the peer d describes, and that d
+// publishes what a session needs.
 func (t *Transport) sameHost(d *segment.Desc) error {
-	h := d.Host
-	switch {
-	case h == nil:
-		return errs.New(errs.TransportUnavailable, "shm", "segment %q publishes no host identity", d.Name)
-	case h.BootID != t.self.BootID:
-		return errs.New(errs.TransportUnavailable, "shm", "segment %q runs on another host (boot id differs)", d.Name)
-	case h.PidNS != t.self.PidNS:
-		return errs.New(errs.TransportUnavailable, "shm", "segment %q runs in another pid namespace", d.Name).
-			WithHint("containers need a shared pid namespace for shm")
-	case h.Pid == t.self.Pid:
-		return errs.New(errs.TransportUnavailable, "shm", "segment %q is in this process (the local transport's job)", d.Name)
-	case h.Pid <= 0 || d.RPC == "" || d.Instance == "":
-		return errs.New(errs.TransportUnavailable, "shm", "segment %q publishes no pid, control address or instance", d.Name)
+	if d.RPC == "" || d.Instance == "" {
+		return errs.New(errs.TransportUnavailable, t.spec.Name, "segment %q publishes no control address or instance", d.Name)
 	}
-	return nil
+	return t.spec.Medium.Reach(t.self, d)
 }
 
 // Close fails the queued requests, waits for the copies in progress, detaches
@@ -389,7 +381,7 @@ func (t *Transport) handle(ctx context.Context, body []byte) ([]byte, error) {
 }
 
 func (t *Transport) call(ctx context.Context, rpc string, body []byte) ([]byte, error) {
-	return t.h.Control().Call(ctx, rpc, wire.KindShm, body)
+	return t.h.Control().Call(ctx, rpc, t.spec.Kind, body)
 }
 
 // pidfdExited reports whether the process behind a pidfd has exited.

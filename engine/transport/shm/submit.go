@@ -75,7 +75,7 @@ func (j *job) dropCanceled(out []*reqState) []*reqState {
 	for i, s := range j.rs {
 		if s.canceled.Load() {
 			out = append(out, s)
-			j.bytes -= j.spans[i].n
+			j.bytes -= j.spans[i].N
 			continue
 		}
 		j.spans[k], j.rs[k] = j.spans[i], s
@@ -162,7 +162,7 @@ func (t *Transport) Submit(reqs []transport.Request) {
 					out = append(out, j)
 				}
 				n := min(size-j.bytes, r.Length-off)
-				j.spans = append(j.spans, span{local: r.Local + off, remote: r.Remote + off, n: n})
+				j.spans = append(j.spans, span{Local: r.Local + off, Remote: r.Remote + off, N: n})
 				j.rs = append(j.rs, rs)
 				rs.left.Add(1)
 				j.bytes += n
@@ -196,7 +196,7 @@ func (t *Transport) runInline(j *job) bool {
 	if !t.holdGranted(o, j) {
 		return false
 	}
-	v := t.vms.Get().(*vm)
+	v := t.vms.Get().(Mover)
 	t.copyHeld(v, o, j)
 	t.vms.Put(v)
 	return true
@@ -224,7 +224,7 @@ func (t *Transport) enqueue(jobs []*job) {
 // worker runs queued jobs until Close.
 func (t *Transport) worker() {
 	defer t.wg.Done()
-	v := newVM()
+	v := t.spec.Medium.NewMover()
 	for {
 		t.qmu.Lock()
 		for len(t.queue) == 0 && !t.qclosed {
@@ -286,7 +286,7 @@ func (t *Transport) Quiesce(*segment.Region) error { return nil }
 // run moves one job: attach and renew the lease if needed, make sure every
 // key is one the owner granted, hold the buffers' entries (a revocation waits
 // for them), then copy with as few syscalls as the kernel allows.
-func (t *Transport) run(v *vm, j *job) {
+func (t *Transport) run(v Mover, j *job) {
 	if t.shut.Load() {
 		j.failAll(errClosed)
 		return
@@ -321,7 +321,7 @@ func (t *Transport) endCanceled(j *job) bool {
 
 // copyHeld copies the spans of j whose entries are held (hold set them; the
 // others ended already) and releases the entries.
-func (t *Transport) copyHeld(v *vm, o *owner, j *job) {
+func (t *Transport) copyHeld(v Mover, o *owner, j *job) {
 	done := make([]bool, len(j.spans))
 	fail := func(i int, err error) {
 		if !done[i] {
@@ -357,10 +357,11 @@ func (t *Transport) copyHeld(v *vm, o *owner, j *job) {
 		}
 		return nil
 	}
-	calls, short := v.calls, v.short
-	v.move(j.d.Host.Pid, j.op == transport.Write, j.spans, skip, check, fail)
-	t.st.syscalls.Add(v.calls - calls)
-	t.st.shortSyscalls.Add(v.short - short)
+	calls, short := v.Counts()
+	v.Move(j.d, j.op == transport.Write, j.spans, skip, check, fail)
+	calls2, short2 := v.Counts()
+	t.st.syscalls.Add(calls2 - calls)
+	t.st.shortSyscalls.Add(short2 - short)
 	var moved int64
 	for i := range j.spans {
 		if done[i] {
@@ -369,7 +370,7 @@ func (t *Transport) copyHeld(v *vm, o *owner, j *job) {
 		j.ents[i].release()
 		j.ents[i] = nil
 		if !j.rs[i].failed() {
-			moved += int64(j.spans[i].n)
+			moved += int64(j.spans[i].N)
 		}
 		// A span left out because its request failed (or was canceled)
 		// elsewhere ends without an error of its own: the request carries
@@ -413,15 +414,15 @@ func (t *Transport) hold(o *owner, j *job) {
 			k := j.rs[i].r.Key
 			if k == 0 {
 				resolved[i] = true
-				j.rs[i].end(errs.New(errs.StaleDescriptor, "shm", "buffer at %#x has no capability key", s.remote))
+				j.rs[i].end(errs.New(errs.StaleDescriptor, "shm", "buffer at %#x has no capability key", s.Remote))
 				continue
 			}
-			if e := o.allowed[k]; e != nil && e.covers(s.remote, s.n) {
+			if e := o.allowed[k]; e != nil && e.covers(s.Remote, s.N) {
 				continue
 			}
-			if _, ok := index[askKey{k, s.remote}]; !ok {
-				index[askKey{k, s.remote}] = len(ask)
-				ask = append(ask, item{Key: k, Addr: s.remote, Len: s.n})
+			if _, ok := index[askKey{k, s.Remote}]; !ok {
+				index[askKey{k, s.Remote}] = len(ask)
+				ask = append(ask, item{Key: k, Addr: s.Remote, Len: s.N})
 			}
 		}
 		o.mu.Unlock()
@@ -440,10 +441,10 @@ func (t *Transport) hold(o *owner, j *job) {
 			if resolved[i] {
 				continue
 			}
-			if x, ok := index[askKey{j.rs[i].r.Key, j.spans[i].remote}]; ok && grants[x].Code != 0 {
+			if x, ok := index[askKey{j.rs[i].r.Key, j.spans[i].Remote}]; ok && grants[x].Code != 0 {
 				resolved[i] = true
 				t.st.staleRefused.Add(1)
-				j.rs[i].end(errs.New(grants[x].Code, "shm", "owner refused [%#x,+%d): %v", j.spans[i].remote, j.spans[i].n, grants[x].Code))
+				j.rs[i].end(errs.New(grants[x].Code, "shm", "owner refused [%#x,+%d): %v", j.spans[i].Remote, j.spans[i].N, grants[x].Code))
 			}
 		}
 	}
@@ -472,7 +473,7 @@ func (t *Transport) holdGranted(o *owner, j *job) bool {
 	}
 	for i := range j.spans {
 		k := j.rs[i].r.Key
-		if e := o.allowed[k]; k == 0 || e == nil || !e.covers(j.spans[i].remote, j.spans[i].n) {
+		if e := o.allowed[k]; k == 0 || e == nil || !e.covers(j.spans[i].Remote, j.spans[i].N) {
 			return false
 		}
 	}
@@ -491,11 +492,11 @@ func (t *Transport) acquireLocked(o *owner, j *job, i int) {
 	var err error
 	switch {
 	case e == nil:
-		err = errs.New(errs.StaleDescriptor, "shm", "buffer at %#x was revoked", s.remote)
-	case !e.covers(s.remote, s.n):
-		err = errs.New(errs.AccessDenied, "shm", "[%#x,+%d) is outside the buffer the owner granted", s.remote, s.n)
+		err = errs.New(errs.StaleDescriptor, "shm", "buffer at %#x was revoked", s.Remote)
+	case !e.covers(s.Remote, s.N):
+		err = errs.New(errs.AccessDenied, "shm", "[%#x,+%d) is outside the buffer the owner granted", s.Remote, s.N)
 	case !e.acquire():
-		err = errs.New(errs.StaleDescriptor, "shm", "buffer at %#x was revoked", s.remote)
+		err = errs.New(errs.StaleDescriptor, "shm", "buffer at %#x was revoked", s.Remote)
 	}
 	if err != nil {
 		t.st.staleRefused.Add(1)

@@ -31,11 +31,14 @@ func hostID() (segment.HostID, error) {
 	return segment.HostID{BootID: strings.TrimSpace(string(b)), PidNS: ns, Pid: os.Getpid()}, nil
 }
 
-// span is one contiguous piece of a transfer: n bytes between local and
-// remote.
-type span struct {
-	local, remote, n uint64
+// Span is one contiguous piece of a transfer: N bytes between Local (this
+// process) and Remote (the owner's address).
+type Span struct {
+	Local, Remote, N uint64
 }
+
+// span is the package's own name for Span.
+type span = Span
 
 // vm moves spans with process_vm_readv/writev, many per call. It is not safe
 // for concurrent use: each worker owns one and reuses its iovec arrays.
@@ -87,7 +90,7 @@ func (v *vm) move(pid int, write bool, spans []span, skip func(int) bool, check 
 				continue
 			}
 			s := spans[j]
-			l, r, n := s.local+o, s.remote+o, s.n-o
+			l, r, n := s.Local+o, s.Remote+o, s.N-o
 			// Spans that continue the previous one on a side share its
 			// iovec: the kernel walks both sides independently, and each
 			// remote iovec costs it a page-pinning call.
@@ -132,7 +135,7 @@ func (v *vm) move(pid int, write bool, spans []span, skip func(int) bool, check 
 			err = unix.EFAULT // no progress and no error: do not spin
 		}
 		if err != nil {
-			e := vmError(err, pid, spans[pos].remote+off, write)
+			e := vmError(err, pid, spans[pos].Remote+off, write)
 			if errors.Is(err, unix.EFAULT) {
 				// The kernel reports a fault only when nothing moved, so
 				// it is at the first byte asked: that span fails alone.
@@ -155,7 +158,7 @@ func (v *vm) move(pid int, write bool, spans []span, skip func(int) bool, check 
 			if x == 0 {
 				base = off
 			}
-			if r := spans[j].n - base; left >= r {
+			if r := spans[j].N - base; left >= r {
 				left -= r
 				pos, off = j+1, 0
 				continue

@@ -33,7 +33,7 @@ func TestMoveManySpans(t *testing.T) {
 	perm := rand.New(rand.NewSource(1)).Perm(n)
 	spans := make([]span, n)
 	for i := range spans {
-		spans[i] = span{local: mem.Addr(src) + uint64(i*bs*2), remote: mem.Addr(dst) + uint64(perm[i]*bs*2), n: bs}
+		spans[i] = span{Local: mem.Addr(src) + uint64(i*bs*2), Remote: mem.Addr(dst) + uint64(perm[i]*bs*2), N: bs}
 	}
 	for _, write := range []bool{true, false} {
 		clear(dst)
@@ -42,7 +42,7 @@ func TestMoveManySpans(t *testing.T) {
 		if !write { // read: the "remote" side is the source
 			ss = make([]span, n)
 			for i, s := range spans {
-				ss[i] = span{local: s.remote, remote: s.local, n: s.n}
+				ss[i] = span{Local: s.Remote, Remote: s.Local, N: s.N}
 			}
 		}
 		v.move(os.Getpid(), write, ss, noSkip, noCheck, func(i int, err error) { t.Fatalf("span %d: %v", i, err) })
@@ -92,8 +92,8 @@ func TestMovePartial(t *testing.T) {
 		t.Fatal("the kernel did not stop short at the guard page")
 	}
 	for _, i := range []int{0, 2, 4} {
-		off := spans[i].remote - d
-		if !bytes.Equal(dst[off:off+spans[i].n], src[spans[i].local-s:spans[i].local-s+spans[i].n]) {
+		off := spans[i].Remote - d
+		if !bytes.Equal(dst[off:off+spans[i].N], src[spans[i].Local-s:spans[i].Local-s+spans[i].N]) {
 			t.Fatalf("span %d did not move", i)
 		}
 	}
@@ -141,7 +141,7 @@ func TestMoveCoalesces(t *testing.T) {
 	fillRand(src)
 	spans := make([]span, n)
 	for i := range spans {
-		spans[i] = span{local: mem.Addr(src) + uint64(i*bs), remote: mem.Addr(dst) + uint64(i*bs), n: bs}
+		spans[i] = span{Local: mem.Addr(src) + uint64(i*bs), Remote: mem.Addr(dst) + uint64(i*bs), N: bs}
 	}
 	v := newVM()
 	v.move(os.Getpid(), true, spans, noSkip, noCheck, func(i int, err error) { t.Fatalf("span %d: %v", i, err) })
@@ -151,7 +151,7 @@ func TestMoveCoalesces(t *testing.T) {
 	// Locally contiguous, remotely every other slot (reversed).
 	clear(dst)
 	for i := range spans {
-		spans[i].remote = mem.Addr(dst) + uint64((n-1-i)*bs*2)
+		spans[i].Remote = mem.Addr(dst) + uint64((n-1-i)*bs*2)
 	}
 	v = newVM()
 	v.move(os.Getpid(), true, spans, noSkip, noCheck, func(i int, err error) { t.Fatalf("span %d: %v", i, err) })
@@ -190,7 +190,7 @@ func BenchmarkMove(b *testing.B) {
 				for i := range spans {
 					o := uint64(perm[k%len(perm)] * c.bs)
 					k++
-					spans[i] = span{local: mem.Addr(src) + o, remote: mem.Addr(dst) + o, n: uint64(c.bs)}
+					spans[i] = span{Local: mem.Addr(src) + o, Remote: mem.Addr(dst) + o, N: uint64(c.bs)}
 				}
 				v.move(os.Getpid(), true, spans, noSkip, noCheck, func(i int, err error) { b.Fatal(err) })
 			}

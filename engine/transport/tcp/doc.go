@@ -53,7 +53,7 @@
 //
 // GPU memory (a region registered as cuda:N) is never touched by the CPU:
 // each side stages its own device memory through rings of pinned host
-// chunks (internal/sys/cuda.Stager), so the wire format is unchanged and a
+// chunks (internal/sys/gpu.Stager), so the wire format is unchanged and a
 // peer cannot tell. Sending, chunk k+depth is copied device to host on a
 // stream while chunk k is on the wire, across the requests of one writev
 // batch; receiving, chunk k is read from the socket while chunk k-1 is

@@ -9,11 +9,12 @@ import (
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/session"
 	"github.com/tecache/te/internal/sys/cuda"
+	"github.com/tecache/te/internal/sys/gpu"
 )
 
 // GPU memory over tcp. The socket can only read and write host memory, and
 // the CPU must never touch device memory, so device payloads go through
-// rings of pinned host chunks (cuda.Stager): a device payload is copied to
+// rings of pinned host chunks (gpu.Stager, over the runtime's interface): a device payload is copied to
 // the host chunk by chunk on a stream while earlier chunks are on the wire,
 // and a payload arriving for device memory is read into one chunk while the
 // previous chunk is copied to the device. The wire format does not change:
@@ -41,7 +42,7 @@ const (
 type gpuPool struct {
 	chunk uint64
 	depth int
-	rings cuda.StagerPool
+	rings gpu.StagerPool
 }
 
 // setGeometry derives the rings from the options: chunks of at most a
@@ -55,20 +56,20 @@ func (g *gpuPool) setGeometry(o Options) {
 	g.depth = int(max(2, min(ring/chunk, maxStageDepth)))
 }
 
-func (t *Transport) takeStager(dev int) (*cuda.Stager, error) {
+func (t *Transport) takeStager(dev int) (*gpu.Stager, error) {
 	g := &t.gpu
-	return g.rings.Take(dev, func() (*cuda.Stager, error) {
+	return g.rings.Take(dev, func() (*gpu.Stager, error) {
 		l, err := cudaLoad()
 		if err != nil {
 			return nil, errs.Wrap(errs.NotSupported, "tcp", err, "GPU memory needs CUDA")
 		}
-		return cuda.NewStager(l, dev, g.chunk, g.depth)
+		return gpu.NewStager(cuda.Driver{L: l}, dev, g.chunk, g.depth)
 	})
 }
 
 // putStager returns a ring to the pool once its copies have ended; a ring
 // whose copies failed, or one returned after Close, is freed.
-func (t *Transport) putStager(dev int, s *cuda.Stager) {
+func (t *Transport) putStager(dev int, s *gpu.Stager) {
 	ok := true
 	for i := 0; i < s.Depth(); i++ {
 		if s.Wait(i) != nil {
@@ -110,7 +111,7 @@ type devPiece struct {
 
 // stageChunk is one chunk of a device payload on its way to the socket.
 type stageChunk struct {
-	s       *cuda.Stager
+	s       *gpu.Stager
 	piece   int
 	addr, n uint64
 }
@@ -118,7 +119,7 @@ type stageChunk struct {
 // stage is the rings of one goroutine, by device ordinal.
 type stage struct {
 	t       *Transport
-	rings   map[int]*cuda.Stager
+	rings   map[int]*gpu.Stager
 	chunks  []stageChunk
 	out     net.Buffers
 	scratch []byte
@@ -126,7 +127,7 @@ type stage struct {
 
 func (t *Transport) newStage() *stage { return &stage{t: t} }
 
-func (st *stage) get(dev int) (*cuda.Stager, error) {
+func (st *stage) get(dev int) (*gpu.Stager, error) {
 	if s := st.rings[dev]; s != nil {
 		return s, nil
 	}
@@ -135,7 +136,7 @@ func (st *stage) get(dev int) (*cuda.Stager, error) {
 		return nil, err
 	}
 	if st.rings == nil {
-		st.rings = map[int]*cuda.Stager{}
+		st.rings = map[int]*gpu.Stager{}
 	}
 	st.rings[dev] = s
 	return s, nil

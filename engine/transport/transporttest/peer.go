@@ -34,6 +34,10 @@ const envSize = "TE_TRANSPORTTEST_SIZE"
 // driver cudatest.Setup chose: the fake one where there is no GPU).
 const envGPU = "TE_TRANSPORTTEST_GPU"
 
+// envShared, set to 1, puts the peer's buffer at the start of the engine's
+// shared memory (Engine.CXLMemory).
+const envShared = "TE_TRANSPORTTEST_SHARED"
+
 // envGrace is the peer engine's UnregisterGrace (a time.Duration string).
 const envGrace = "TE_TRANSPORTTEST_GRACE"
 
@@ -144,6 +148,16 @@ func NewInProcessPeer(t testing.TB, size int, cfg engine.Config) Peer {
 }
 
 func newInproc(size int, cfg engine.Config, gpu bool) (*inproc, error) {
+	return newInprocMem(size, cfg, gpu, false)
+}
+
+// sharedMem is a buffer in the engine's shared mapping: the engine unmaps
+// it when it closes.
+type sharedMem struct{ hostMem }
+
+func (sharedMem) free() {}
+
+func newInprocMem(size int, cfg engine.Config, gpu, shared bool) (*inproc, error) {
 	if cfg.ListenAddr == "" {
 		cfg.ListenAddr = "127.0.0.1:0"
 	}
@@ -152,7 +166,17 @@ func newInproc(size int, cfg engine.Config, gpu bool) (*inproc, error) {
 		return nil, err
 	}
 	var buf peerMem
-	if gpu {
+	if shared {
+		addr, n, err := e.CXLMemory()
+		if err == nil && n < uint64(size) {
+			err = fmt.Errorf("shared memory of %d bytes cannot hold %d", n, size)
+		}
+		if err != nil {
+			e.Close()
+			return nil, err
+		}
+		buf = sharedMem{hostMem(mem.Bytes(addr, uint64(size)))}
+	} else if gpu {
 		b, err := cudatest.NewBuffer(uint64(size))
 		if err != nil {
 			e.Close()
@@ -397,7 +421,7 @@ func runPeer() int {
 	if d, err := time.ParseDuration(os.Getenv(envGrace)); err == nil {
 		cfg.UnregisterGrace = d
 	}
-	p, err := newInproc(size, cfg, os.Getenv(envGPU) == "1")
+	p, err := newInprocMem(size, cfg, os.Getenv(envGPU) == "1", os.Getenv(envShared) == "1")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "peer:", err)
 		return 1

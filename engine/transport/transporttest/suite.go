@@ -49,6 +49,11 @@ type Setup struct {
 	// must be "tcp". Only the fence torture runs (RunTorture; Run runs
 	// nothing else), without windows, which Mooncake peers do not have.
 	Mooncake bool
+	// Shared puts the target's buffer in the shared memory the target
+	// engine maps (Engine.CXLMemory: the cxl transport's device), at its
+	// start; the initiator's own buffers stay private memory, which the
+	// shared-memory transport copies from and into without registering.
+	Shared bool
 }
 
 // The largest transfer the suite makes and the peer buffer that holds it.
@@ -86,9 +91,12 @@ func (s Setup) startWith(t *testing.T, adjust func(*engine.Config)) *env {
 		if s.GPU {
 			env = append(env, envGPU+"=1")
 		}
+		if s.Shared {
+			env = append(env, envShared+"=1")
+		}
 		p = NewChildPeer(t, peerSize, env...)
 	} else {
-		ip, err := newInproc(peerSize, s.config(), s.GPU)
+		ip, err := newInprocMem(peerSize, s.config(), s.GPU, s.Shared)
 		if err != nil {
 			t.Fatal(err)
 		}

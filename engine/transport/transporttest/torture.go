@@ -306,11 +306,14 @@ func (x *torture) start() {
 		if s.GPU {
 			env = append(env, envGPU+"=1")
 		}
+		if s.Shared {
+			env = append(env, envShared+"=1")
+		}
 		x.peer = NewChildPeer(t, tPeerSize, env...)
 	} else {
 		cfg := s.config()
 		cfg.UnregisterGrace = tGrace
-		p, err := newInproc(tPeerSize, cfg, s.GPU)
+		p, err := newInprocMem(tPeerSize, cfg, s.GPU, s.Shared)
 		if err != nil {
 			t.Fatal(err)
 		}

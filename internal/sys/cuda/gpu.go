@@ -1,0 +1,154 @@
+package cuda
+
+import (
+	"sync"
+
+	"github.com/tecache/te/internal/sys/gpu"
+)
+
+// streamCtx maps a stream made by Driver.StreamCreate to its device's
+// primary context: the copies and syncs on it run with that current.
+var streamCtx sync.Map // gpu.Stream -> streamOwner
+
+type streamOwner struct {
+	dev Device
+	ctx Context
+}
+
+func init() {
+	gpu.Register("cuda", func() (gpu.Driver, error) {
+		l, err := Load()
+		if err != nil {
+			return nil, err
+		}
+		return Driver{l}, nil
+	})
+}
+
+// Driver is the CUDA driver as a gpu.Driver. Calls that need a context run
+// under the device's primary context.
+type Driver struct{ L *Lib }
+
+var _ gpu.Driver = Driver{}
+
+// Kind returns "cuda".
+func (Driver) Kind() string { return "cuda" }
+
+// DeviceCount returns cuDeviceGetCount.
+func (d Driver) DeviceCount() (int, error) { return d.L.DeviceCount() }
+
+// PointerDevice asks cuPointerGetAttributes.
+func (d Driver) PointerDevice(ptr uint64) (int, bool, error) {
+	pi, err := d.L.PointerInfo(ptr)
+	if err != nil {
+		return -1, false, err
+	}
+	if pi.Type != MemoryDevice {
+		return -1, false, nil
+	}
+	return pi.Device, true, nil
+}
+
+// PCIBusID returns device dev's bus id, normalised.
+func (d Driver) PCIBusID(dev int) (string, error) {
+	id, err := d.L.DevicePCIBusID(Device(dev))
+	return NormalizeBusID(id), err
+}
+
+func (d Driver) onDevice(dev int, fn func() error) error {
+	c, err := d.L.PrimaryCtxRetain(Device(dev))
+	if err != nil {
+		return err
+	}
+	defer d.L.PrimaryCtxRelease(Device(dev))
+	return d.L.With(c, fn)
+}
+
+// HostAlloc returns pinned, portable host memory (cuMemHostAlloc).
+func (d Driver) HostAlloc(n uint64) (p uint64, err error) {
+	err = d.onDevice(0, func() error {
+		p, err = d.L.MemHostAlloc(n, HostAllocPortable)
+		return err
+	})
+	return p, err
+}
+
+// HostFree frees HostAlloc's memory.
+func (d Driver) HostFree(p uint64) error {
+	return d.onDevice(0, func() error { return d.L.MemFreeHost(p) })
+}
+
+// StreamCreate makes a non-blocking stream in dev's primary context, which
+// it keeps retained until StreamDestroy.
+func (d Driver) StreamCreate(dev int) (gpu.Stream, error) {
+	c, err := d.L.PrimaryCtxRetain(Device(dev))
+	if err != nil {
+		return 0, err
+	}
+	var st Stream
+	err = d.L.With(c, func() (err error) {
+		st, err = d.L.StreamCreate(StreamNonBlocking)
+		return err
+	})
+	if err != nil {
+		d.L.PrimaryCtxRelease(Device(dev))
+		return 0, err
+	}
+	streamCtx.Store(gpu.Stream(st), streamOwner{Device(dev), c})
+	return gpu.Stream(st), nil
+}
+
+// onStream runs fn with s's context current.
+func (d Driver) onStream(s gpu.Stream, fn func() error) error {
+	o, ok := streamCtx.Load(s)
+	if !ok {
+		return fn() // the default stream, or one made elsewhere
+	}
+	return d.L.With(o.(streamOwner).ctx, fn)
+}
+
+// StreamDestroy ends a stream and releases its context.
+func (d Driver) StreamDestroy(s gpu.Stream) error {
+	err := d.onStream(s, func() error { return d.L.StreamDestroy(Stream(s)) })
+	if o, ok := streamCtx.LoadAndDelete(s); ok {
+		d.L.PrimaryCtxRelease(o.(streamOwner).dev)
+	}
+	return err
+}
+
+// CopyAsync is cuMemcpyHtoDAsync, DtoH, DtoD or cuMemcpyAsync (Default).
+func (d Driver) CopyAsync(dst, src, n uint64, dir gpu.Dir, s gpu.Stream) error {
+	return d.onStream(s, func() error {
+		switch dir {
+		case gpu.HostToDevice:
+			return d.L.CopyHtoDAsync(dst, src, n, Stream(s))
+		case gpu.DeviceToHost:
+			return d.L.CopyDtoHAsync(dst, src, n, Stream(s))
+		case gpu.DeviceToDevice:
+			return d.L.CopyDtoDAsync(dst, src, n, Stream(s))
+		}
+		return d.L.CopyAsync(dst, src, n, Stream(s))
+	})
+}
+
+// StreamSync is cuStreamSynchronize.
+func (d Driver) StreamSync(s gpu.Stream) error {
+	return d.onStream(s, func() error { return d.L.StreamSynchronize(Stream(s)) })
+}
+
+// IPCExport is cuIpcGetMemHandle.
+func (d Driver) IPCExport(ptr uint64) (gpu.IPCHandle, error) {
+	h, err := d.L.IPCGetMemHandle(ptr)
+	return gpu.IPCHandle(h.Reserved), err
+}
+
+// IPCImport is cuIpcOpenMemHandle (lazy peer access).
+func (d Driver) IPCImport(h gpu.IPCHandle) (uint64, error) {
+	return d.L.IPCOpenMemHandle(IPCMemHandle{Reserved: h}, IPCLazyEnablePeerAccess)
+}
+
+// IPCClose is cuIpcCloseMemHandle.
+func (d Driver) IPCClose(ptr uint64) error { return d.L.IPCCloseMemHandle(ptr) }
+
+// DmabufFD is cuMemGetHandleForAddressRange.
+func (d Driver) DmabufFD(ptr, size uint64) (int, error) { return d.L.DmabufFD(ptr, size) }
