@@ -3,6 +3,7 @@ package std
 // The transports: each registers itself with package transport in init.
 import (
 	_ "github.com/tecache/te/engine/transport/cudaipc"
+	_ "github.com/tecache/te/engine/transport/fabric"
 	_ "github.com/tecache/te/engine/transport/file"
 	_ "github.com/tecache/te/engine/transport/local"
 	_ "github.com/tecache/te/engine/transport/rdma"

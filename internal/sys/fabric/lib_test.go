@@ -69,7 +69,7 @@ func open(t *testing.T, o *Offer) *side {
 	if s.av, err = d.OpenAV(16); err != nil {
 		t.Fatal(err)
 	}
-	if s.cq, err = d.OpenCQ(256, true); err != nil {
+	if s.cq, err = d.OpenCQ(1024, false); err != nil {
 		t.Fatal(err)
 	}
 	if s.ep, err = d.Endpoint(s.av, s.cq); err != nil {
