@@ -74,13 +74,16 @@ func (t *Transport) Caps() transport.Caps {
 	return transport.Caps{SameHost: true, CrossHost: true, HostMemory: true, Rank: 35}
 }
 
-// Probe reports whether libfabric loads and offers a domain of the default
-// providers for addr ("" for any): the offers' names, or a NotSupported
-// error that says why not.
-func Probe(addr string) ([]string, error) {
+// Probe reports whether libfabric loads and offers a domain of provider
+// ("" for the default order) for addr ("" for any): the offers' names, or
+// a NotSupported error that says why not.
+func Probe(addr, provider string) ([]string, error) {
 	o, err := optionsFrom(func(k string) (string, bool) {
-		if k == "fabric.addr" {
+		switch k {
+		case "fabric.addr":
 			return addr, addr != ""
+		case "fabric.provider":
+			return provider, provider != ""
 		}
 		return "", false
 	})
@@ -113,14 +116,14 @@ func loadLib(o Options) (*fab.Lib, error) {
 // choose returns the offers of the first provider in o.Providers that has
 // any for o.Addr, refusing by name those whose modes te cannot meet. The
 // offers are valid until free is called.
-func choose(lib *fab.Lib, o Options) (_ []*fab.Offer, free func(), _ string, err error) {
+func choose(lib *fab.Lib, o Options) (_ []*fab.Offer, _ func(), _ string, err error) {
 	q := fab.Query{Node: o.Addr, Caps: rmaCaps, MRMode: fab.MRHandled, OpFlags: fab.FlagDeliveryComp}
 	list, err := lib.GetInfo(q)
 	if err != nil {
 		return nil, nil, "", err
 	}
 	var anyAddr *fab.Offers
-	free = func() {
+	free := func() {
 		list.Free()
 		if anyAddr != nil {
 			anyAddr.Free()
@@ -231,6 +234,9 @@ func (t *Transport) Start(h transport.Host) error {
 	for _, n := range t.nics {
 		h.Logf("te: fabric: %s (mr_mode %s, %d-byte keys, queue %d, %s progress)", n.name, mrModes(n.mrMode), n.keySize, n.depth, progressName(n.progress))
 		go n.run()
+	}
+	if e, ok := h.(interface{ Encrypt() bool }); ok && e.Encrypt() {
+		h.Logf("te: fabric: payloads move NIC to NIC and are not sealed; the control plane (endpoint exchange) is")
 	}
 	h.Control().Handle(wire.KindFabric, t.handleHandshake)
 	return nil

@@ -3,6 +3,7 @@ package fabric
 import (
 	"errors"
 	"math/rand/v2"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -90,7 +91,10 @@ func openNIC(t *Transport, idx int, of *fab.Offer) (_ *nic, err error) {
 		return nil, err
 	}
 	if n.av, err = n.d.OpenAV(maxPeers); err != nil {
-		return nil, err
+		// shm bounds its address vector by its peer map (256 in 1.17).
+		if n.av, err = n.d.OpenAV(256); err != nil {
+			return nil, err
+		}
 	}
 	// The queue holds every completion of the NIC's endpoints: room for
 	// a full queue of each of many peers is not needed, the poller reads
@@ -198,7 +202,14 @@ func (n *nic) run() {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	spins := 0
+	last := time.Now()
 	for {
+		if os.Getenv("FABDBG") != "" && time.Since(last) > 300*time.Millisecond {
+			last = time.Now()
+			n.mu.Lock()
+			println("POLL", n.t.h.Instance()[:4], n.out, len(n.backlog), len(n.queue), len(n.open), n.peers.Load(), n.posts.Load(), n.bytes.Load())
+			n.mu.Unlock()
+		}
 		select {
 		case <-n.quit:
 			return
@@ -333,7 +344,13 @@ func (n *nic) reapCQ(cq *fab.CQ, ctx []uintptr) int {
 			if e, ok := cq.ReadErr(); ok {
 				total++
 				n.t.st.errors.Add(1)
+				if os.Getenv("FABDBG") != "" {
+					println("ERRCOMP", e.Err.Error())
+				}
 				if o := n.take(e.Context); o != nil {
+					if os.Getenv("FABDBG") != "" {
+						println("ERROP", o.write, o.remote, o.n, o.key, o.local, o.tries)
+					}
 					n.t.opDone(o, remoteError(o, e.Err))
 					broken = append(broken, o.pe)
 				}
@@ -428,6 +445,9 @@ func (n *nic) hasCanceled(pe *peerEP) bool {
 // Completions already queued are read first, so that none of them can be
 // taken for a later operation in the same slot.
 func (n *nic) teardown(pe *peerEP) {
+	if os.Getenv("FABDBG") != "" {
+		println("TEARDOWN", pe.peerName, pe.out)
+	}
 	if pe.shared() {
 		// Under FI_MR_ENDPOINT every peer shares the NIC's endpoint:
 		// closing it is not a flush of one peer. The operations end at

@@ -1,8 +1,11 @@
 package fabric
 
 import (
+	"fmt"
+	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/tecache/te/internal/errs"
@@ -146,6 +149,8 @@ func callPtr(fn uintptr, args ...uintptr) uintptr {
 	return uintptr(callSize(fn, args...))
 }
 
+var shmSeq atomic.Uint64
+
 // Domain is an opened fabric and domain of one offer (fi_fabric,
 // fi_domain), with the copy of its fi_info that endpoints are opened from.
 type Domain struct {
@@ -175,6 +180,23 @@ func (o *Offer) OpenDomain() (*Domain, error) {
 	}
 	out := s.addr(0)
 	in := at[Info](d.info)
+	if o.HasProvider("shm") {
+		// shm names its endpoints after the source address, by default
+		// this process's pid: a name of its own per domain keeps several
+		// engines of one process (and a pid reused after a crash left
+		// its region behind) from colliding (EBUSY at fi_enable).
+		name := fmt.Sprintf("fi_shm://te-%d-%d", os.Getpid(), shmSeq.Add(1))
+		p := callPtr(l.malloc, uintptr(len(name)+1))
+		if p == 0 {
+			d.Close()
+			return nil, errs.New(errs.NoMemory, "fabric", "malloc")
+		}
+		copy(unsafe.Slice(at[byte](p), len(name)+1), name+"\x00")
+		if in.SrcAddr != 0 {
+			call(l.free, in.SrcAddr)
+		}
+		in.SrcAddr, in.SrcAddrLen = p, uint64(len(name)+1)
+	}
 	if rc := call(l.fabric, in.FabricAttr, out, 0); rc != 0 {
 		d.Close()
 		return nil, l.fail("fi_fabric("+o.Name()+")", rc)

@@ -26,6 +26,8 @@ type Lib struct {
 	freeinfo uintptr // fi_freeinfo
 	dupinfo  uintptr // fi_dupinfo
 	fabric   uintptr // fi_fabric
+	malloc   uintptr // libc's, for fields of an fi_info te replaces
+	free     uintptr
 	version  func() uint32
 	strerror func(errnum int32) string
 }
@@ -81,6 +83,8 @@ func Open(path string) (*Lib, error) {
 	l.freeinfo = sym("fi_freeinfo")
 	l.dupinfo = sym("fi_dupinfo")
 	l.fabric = sym("fi_fabric")
+	l.malloc = sym("malloc")
+	l.free = sym("free")
 	if a := sym("fi_version"); a != 0 {
 		purego.RegisterFunc(&l.version, a)
 	}

@@ -3,6 +3,7 @@ package fabric
 import (
 	"bytes"
 	"errors"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -247,5 +248,49 @@ func testRMA(t *testing.T, l *Lib, prov string) {
 	}
 	if !bytes.Equal(dst[:64], before) {
 		t.Fatal("a write under a wrong key changed the target")
+	}
+	// The target serves other initiators after refusing one: a new
+	// domain's endpoint writes under the right key.
+	c := a
+	if os.Getenv("FABNEW") != "" {
+		c = open(t, o)
+		defer c.close(t)
+	}
+	mc := c.reg(t, src, 0x3333)
+	defer mc.Close()
+	peerC, err := c.av.Insert(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src[5] ^= 0xff
+	for i := 0; ; i++ {
+		err := c.ep.Write(mem.Addr(src), 64, mc.Desc, peerC, raddr(0), mb.Key, 0xD4)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, ErrAgain) || i > 100000 {
+			t.Fatal(err)
+		}
+		c.cq.Read(ctx)
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for {
+		k, err := c.cq.Read(ctx)
+		if errors.Is(err, ErrAvail) {
+			e, _ := c.cq.ReadErr()
+			t.Fatalf("write after a refused one: error completion %v", e.Err)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if k == 1 && ctx[0] == 0xD4 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no completion for a write after a refused one")
+		}
+	}
+	if !bytes.Equal(dst[:64], src[:64]) {
+		t.Fatal("write after a refused one: target bytes differ")
 	}
 }
