@@ -3,7 +3,6 @@ package fabric
 import (
 	"errors"
 	"math/rand/v2"
-	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -36,6 +35,8 @@ type nic struct {
 	progress int
 	hostOnly bool // shm: reaches this host only
 	shared   bool // FI_MR_ENDPOINT: regions bind to ep, so every operation goes through it
+	sread    bool // the passive goroutine progresses cq with fi_cq_sread
+	pdone    chan struct{}
 
 	avMu   sync.Mutex
 	avAddr map[string]uint64 // fi_addr of each address inserted
@@ -99,8 +100,20 @@ func openNIC(t *Transport, idx int, of *fab.Offer) (_ *nic, err error) {
 	// The queue holds every completion of the NIC's endpoints: room for
 	// a full queue of each of many peers is not needed, the poller reads
 	// as they come; the provider's own default size is enough.
-	if n.cq, err = n.d.OpenCQ(4*n.depth, false); err != nil {
-		return nil, err
+	// The NIC's own endpoint only serves peers (te's operations go
+	// through per-peer endpoints) unless regions bind to it: its queue
+	// gets a wait object where the provider's blocking read works (not
+	// shm's in 1.17, which never returns), so that progressing peers'
+	// RMA costs a thread blocked in the kernel, not a polling loop.
+	n.sread = !n.shared && !of.HasProvider("shm") && of.DataProgress == fab.ProgressManual
+	if n.cq, err = n.d.OpenCQ(4*n.depth, n.sread); err != nil {
+		if !n.sread {
+			return nil, err
+		}
+		n.sread = false
+		if n.cq, err = n.d.OpenCQ(4*n.depth, false); err != nil {
+			return nil, err
+		}
 	}
 	if n.ep, err = n.d.Endpoint(n.av, n.cq); err != nil {
 		return nil, err
@@ -202,14 +215,7 @@ func (n *nic) run() {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	spins := 0
-	last := time.Now()
 	for {
-		if os.Getenv("FABDBG") != "" && time.Since(last) > 300*time.Millisecond {
-			last = time.Now()
-			n.mu.Lock()
-			println("POLL", n.t.h.Instance()[:4], n.out, len(n.backlog), len(n.queue), len(n.open), n.peers.Load(), n.posts.Load(), n.bytes.Load())
-			n.mu.Unlock()
-		}
 		select {
 		case <-n.quit:
 			return
@@ -235,7 +241,7 @@ func (n *nic) run() {
 		switch {
 		case n.out > 0 || len(n.backlog) > 0:
 			wait = 50 * time.Microsecond
-		case n.progress == fab.ProgressManual && n.peers.Load() > 0:
+		case n.progress == fab.ProgressManual && n.peers.Load() > 0 && !n.sread:
 			wait = 200 * time.Microsecond
 		}
 		timer.Reset(wait)
@@ -309,7 +315,10 @@ func (n *nic) post() bool {
 // reap reads completions of the NIC's queue and of every peer endpoint's
 // and ends their operations.
 func (n *nic) reap(ctx []uintptr) int {
-	total := n.reapCQ(n.cq, ctx)
+	total := 0
+	if !n.sread {
+		total = n.reapCQ(n.cq, ctx)
+	}
 	n.mu.Lock()
 	if n.openGen != n.polledGen {
 		n.polled = n.polled[:0]
@@ -344,13 +353,7 @@ func (n *nic) reapCQ(cq *fab.CQ, ctx []uintptr) int {
 			if e, ok := cq.ReadErr(); ok {
 				total++
 				n.t.st.errors.Add(1)
-				if os.Getenv("FABDBG") != "" {
-					println("ERRCOMP", e.Err.Error())
-				}
 				if o := n.take(e.Context); o != nil {
-					if os.Getenv("FABDBG") != "" {
-						println("ERROP", o.write, o.remote, o.n, o.key, o.local, o.tries)
-					}
 					n.t.opDone(o, remoteError(o, e.Err))
 					broken = append(broken, o.pe)
 				}
@@ -445,9 +448,6 @@ func (n *nic) hasCanceled(pe *peerEP) bool {
 // Completions already queued are read first, so that none of them can be
 // taken for a later operation in the same slot.
 func (n *nic) teardown(pe *peerEP) {
-	if os.Getenv("FABDBG") != "" {
-		println("TEARDOWN", pe.peerName, pe.out)
-	}
 	if pe.shared() {
 		// Under FI_MR_ENDPOINT every peer shares the NIC's endpoint:
 		// closing it is not a flush of one peer. The operations end at
@@ -475,10 +475,43 @@ func (n *nic) teardown(pe *peerEP) {
 	}
 }
 
-// stop ends the poller.
+// passive progresses peers' RMA into this engine: blocked in
+// fi_cq_sread on the NIC's queue, which waits on the provider's sockets
+// and progresses them as bytes arrive. Nothing te posts completes there.
+func (n *nic) passive() {
+	defer close(n.pdone)
+	ctx := make([]uintptr, 64)
+	for {
+		select {
+		case <-n.quit:
+			return
+		default:
+		}
+		if n.peers.Load() == 0 {
+			// No peer yet: nothing to progress; look again soon.
+			select {
+			case <-n.quit:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			continue
+		}
+		k, err := n.cq.SRead(ctx, 20)
+		if errors.Is(err, fab.ErrAvail) {
+			n.cq.ReadErr()
+		} else if err != nil && k == 0 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+}
+
+// stop ends the poller (and the passive progress).
 func (n *nic) stop() {
 	close(n.quit)
 	<-n.done
+	if n.pdone != nil {
+		<-n.pdone
+	}
 }
 
 // shutdown (the poller stopped) closes every peer endpoint and the NIC's

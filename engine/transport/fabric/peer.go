@@ -3,7 +3,6 @@ package fabric
 import (
 	"context"
 	"encoding/json"
-	"os"
 	"sync"
 	"sync/atomic"
 
@@ -115,9 +114,6 @@ type hello struct {
 // control plane (authenticated when the cluster has a secret) and inserts
 // the peer NIC's address.
 func (pe *peerEP) connect() {
-	if os.Getenv("FABDBG") != "" {
-		println("CONNECT", pe.peerName)
-	}
 	defer pe.t.wg.Done()
 	err := pe.dial()
 	if err != nil {
@@ -152,16 +148,13 @@ func (pe *peerEP) dial() error {
 		// Its own queue: closing the endpoint and then the queue leaves
 		// the provider no completion of it to deliver anywhere.
 		var err error
-		dbg("OPENCQ")
 		if cq, err = n.d.OpenCQ(2*n.depth, false); err != nil {
 			return err
 		}
-		dbg("EP")
 		if ep, err = n.d.Endpoint(n.av, cq); err != nil {
 			_ = cq.Close()
 			return err
 		}
-		dbg("NAME")
 		if addr, err = ep.Name(); err != nil {
 			_ = ep.Close()
 			_ = cq.Close()
@@ -170,13 +163,7 @@ func (pe *peerEP) dial() error {
 	}
 	body, _ := json.Marshal(hello{Instance: t.h.Instance(), Segment: t.h.SegmentName(), To: pe.key.instance, NIC: pe.rnic, Addr: addr})
 	ctx, cancel := context.WithTimeout(t.ctx, t.opt.HandshakeTimeout)
-	if os.Getenv("FABDBG") != "" {
-		println("CALL")
-	}
 	rep, err := t.h.Control().Call(ctx, pe.rpc, wire.KindFabric, body)
-	if os.Getenv("FABDBG") != "" {
-		println("CALLED", err == nil)
-	}
 	cancel()
 	var h hello
 	if err == nil {
@@ -231,9 +218,6 @@ func (pe *peerEP) close(t *Transport) {
 // handleHandshake answers a peer's endpoint exchange with the address of
 // the NIC it names.
 func (t *Transport) handleHandshake(_ context.Context, body []byte) ([]byte, error) {
-	if os.Getenv("FABDBG") != "" {
-		println("HANDLE")
-	}
 	var h hello
 	if err := json.Unmarshal(body, &h); err != nil || h.Instance == "" || len(h.Addr) == 0 || len(h.Addr) > 256 {
 		return nil, errs.New(errs.Protocol, "fabric", "bad endpoint exchange")
@@ -275,11 +259,5 @@ func (pe *peerEP) failPending(err error) {
 	pe.mu.Unlock()
 	for _, o := range ops {
 		pe.t.opDone(o, err)
-	}
-}
-
-func dbg(s string) {
-	if os.Getenv("FABDBG") != "" {
-		println(s)
 	}
 }
