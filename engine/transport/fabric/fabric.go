@@ -234,6 +234,10 @@ func (t *Transport) Start(h transport.Host) error {
 	for _, n := range t.nics {
 		h.Logf("te: fabric: %s (mr_mode %s, %d-byte keys, queue %d, %s progress)", n.name, mrModes(n.mrMode), n.keySize, n.depth, progressName(n.progress))
 		go n.run()
+		if n.sread {
+			n.pdone = make(chan struct{})
+			go n.passive()
+		}
 	}
 	if e, ok := h.(interface{ Encrypt() bool }); ok && e.Encrypt() {
 		h.Logf("te: fabric: payloads move NIC to NIC and are not sealed; the control plane (endpoint exchange) is")
