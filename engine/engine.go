@@ -339,6 +339,11 @@ func (h host) Registry() *segment.Registry     { return h.e.reg }
 func (h host) Control() transport.Control      { return h.e.ctrl }
 func (h host) Logf(format string, args ...any) { h.e.cfg.Logger.Info(fmt.Sprintf(format, args...)) }
 func (h host) Param(key string) (string, bool) {
+	if key == ParamHostname {
+		// The advertised host: transports that pick a NIC by address
+		// (fabric's domain) follow it.
+		return h.e.hostname, h.e.hostname != ""
+	}
 	if _, ok := h.e.envParams[key]; ok {
 		h.e.paramsAsked.Store(key, true)
 	}
@@ -350,6 +355,10 @@ func (h host) Param(key string) (string, bool) {
 	}
 	return h.e.cfg.Limits.param(key)
 }
+
+// ParamHostname is the parameter (Host.Param) that tells transports the
+// host the engine advertises.
+const ParamHostname = "engine.hostname"
 
 // Name returns the local segment name.
 func (e *Engine) Name() string { return e.name }

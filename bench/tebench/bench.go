@@ -255,9 +255,9 @@ func (o *Options) check() error {
 	switch o.Transport {
 	case "", "auto":
 		o.Transport = "auto"
-	case "tcp", "shm", "cxl", "local", "rdma":
+	case "tcp", "shm", "cxl", "local", "rdma", "fabric":
 	default:
-		return bad("--transport %q: want tcp, shm, cxl, local, rdma or auto", o.Transport)
+		return bad("--transport %q: want tcp, shm, cxl, local, rdma, fabric or auto", o.Transport)
 	}
 	if o.Block == 0 || o.Block > 1<<30 {
 		return bad("--block %d: want 1B..1GiB", o.Block)

@@ -182,6 +182,7 @@ type runFlags struct {
 	ops, blocks, batches, threads     string
 	duration                          time.Duration
 	conns                             int
+	provider                          string // fabric.provider
 	slice                             uint64
 	json                              bool
 	cpuprofile                        string
@@ -213,7 +214,7 @@ func mainRun(ctx context.Context, exe string, args []string, stdout, stderr io.W
 		fs.StringVar(&f.metadata, n, "", "metadata connection string (default P2PHANDSHAKE)")
 	}
 	for _, n := range []string{"transport", "protocol"} {
-		fs.StringVar(&f.transport, n, "tcp", "tcp, shm, local, rdma or auto")
+		fs.StringVar(&f.transport, n, "tcp", "tcp, shm, local, rdma, fabric or auto")
 	}
 	for _, n := range []string{"op", "operation"} {
 		fs.StringVar(&f.ops, n, "read", "read, write or a list")
@@ -227,6 +228,7 @@ func mainRun(ctx context.Context, exe string, args []string, stdout, stderr io.W
 	fs.StringVar(&f.threads, "threads", "1", "initiator threads or a list")
 	fs.Var(durFlag{&f.duration}, "duration", "measured time per run")
 	fs.IntVar(&f.conns, "conns", 0, "tcp connections per peer (tcp.conns; default from the core count)")
+	fs.StringVar(&f.provider, "provider", "", "libfabric provider of the fabric transport (fabric.provider: efa, cxi, tcp, shm, sockets; default efa, cxi, tcp), on both sides")
 	fs.Var(sizeFlag{&f.slice}, "slice", "tcp slice size (tcp.slice; default from the L2 cache)")
 	fs.BoolVar(&f.json, "json", false, "print one JSON object per run")
 	fs.StringVar(&f.cpuprofile, "cpuprofile", "", "write a CPU profile of the initiator to this file")
@@ -243,6 +245,12 @@ func mainRun(ctx context.Context, exe string, args []string, stdout, stderr io.W
 	}
 	if f.slice != 0 {
 		params["tcp.slice"] = strconv.FormatUint(f.slice, 10)
+	}
+	if f.provider != "" {
+		params["fabric.provider"] = f.provider
+		// The loopback target (a child process) takes it from its
+		// environment.
+		os.Setenv("TE_PARAM_fabric_provider", f.provider)
 	}
 	var runs []Options
 	for _, op := range list(f.ops) {

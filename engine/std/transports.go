@@ -4,6 +4,7 @@ package std
 import (
 	_ "github.com/tecache/te/engine/transport/cudaipc"
 	_ "github.com/tecache/te/engine/transport/cxl"
+	_ "github.com/tecache/te/engine/transport/fabric"
 	_ "github.com/tecache/te/engine/transport/file"
 	_ "github.com/tecache/te/engine/transport/local"
 	_ "github.com/tecache/te/engine/transport/rdma"

@@ -38,6 +38,7 @@ const (
 	KindShm           uint8 = 0x40
 	KindRDMA          uint8 = 0x41
 	KindCUDA          uint8 = 0x42
+	KindFabric        uint8 = 0x46 // the fabric transport's endpoint exchange
 	KindCXL           uint8 = 0x48 // shm's messages, for the cxl transport
 )
 

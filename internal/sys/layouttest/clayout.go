@@ -39,9 +39,15 @@ func Const(name string, v uint64) Fact {
 }
 
 // Program is the C program that prints every fact, one "key a b" line each.
+// header names one header, or several separated by spaces (a library whose
+// structs live in more than one).
 func Program(header string, facts []Fact) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "#include <stddef.h>\n#include <stdio.h>\n#include <%s>\n\nint main(void) {\n", header)
+	b.WriteString("#include <stddef.h>\n#include <stdio.h>\n")
+	for _, h := range strings.Fields(header) {
+		fmt.Fprintf(&b, "#include <%s>\n", h)
+	}
+	b.WriteString("\nint main(void) {\n")
 	for _, f := range facts {
 		fmt.Fprintf(&b, "\tprintf(\"%%s %%zu %%zu\\n\", %q, %s);\n", f.Key, f.Expr)
 	}
@@ -92,8 +98,10 @@ func compile(t *testing.T, header string, facts []Fact) ([]byte, string) {
 	exe := filepath.Join(dir, "layout")
 	out, err := exec.Command(cc, "-o", exe, src).CombinedOutput()
 	if err != nil {
-		if bytes.Contains(out, []byte(header)) {
-			return nil, header + " not installed"
+		for _, h := range strings.Fields(header) {
+			if bytes.Contains(out, []byte(h)) {
+				return nil, h + " not installed"
+			}
 		}
 		t.Fatalf("compiling the layout program: %v\n%s", err, out)
 	}

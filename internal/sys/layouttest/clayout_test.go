@@ -20,3 +20,12 @@ func TestProgram(t *testing.T) {
 		}
 	}
 }
+
+func TestProgramSeveralHeaders(t *testing.T) {
+	p := Program("rdma/fi_rma.h rdma/fi_cm.h", nil)
+	for _, want := range []string{"#include <rdma/fi_rma.h>\n", "#include <rdma/fi_cm.h>\n"} {
+		if !strings.Contains(p, want) {
+			t.Errorf("program lacks %q:\n%s", want, p)
+		}
+	}
+}

@@ -1,0 +1,32 @@
+// Package fabric is the transport over libfabric: AWS EFA (provider efa)
+// and HPE Slingshot (cxi) in production, and libfabric's tcp, shm and
+// sockets providers, which run on any host and are what its tests use.
+//
+// One domain per NIC of the chosen provider (fabric.provider, else
+// FI_PROVIDER, else efa, cxi, tcp; shm only when named), the one whose
+// address is the engine's (fabric.addr, else its advertised host: an
+// engine on 127.0.0.1 opens the tcp provider's lo domain). Each NIC has
+// one address vector, one completion queue and an endpoint that peers
+// address their one-sided reads and writes to; an engine opens one more
+// endpoint per peer NIC it sends to, so that closing it flushes that
+// peer's operations and no other's. Endpoint addresses are exchanged over
+// the engine's control plane (authenticated with a cluster secret); the
+// descriptor publishes each NIC's name, provider and addressing, and each
+// buffer's keys, one per NIC (BufferDesc.Extra "fabric.keys").
+//
+// Memory-registration modes: FI_MR_LOCAL (local descriptors from the
+// local region's registration), FI_MR_VIRT_ADDR or offsets from the
+// buffer's start, FI_MR_PROV_KEY or random keys te draws, FI_MR_ALLOCATED
+// (registered memory is always mapped), FI_MR_ENDPOINT (regions bound to
+// the NIC's endpoint, which then carries every operation), FI_MR_HMEM.
+// A provider asking for another mode is refused at Start by name.
+//
+// Every data-path call of a NIC is made by its poller goroutine: it posts
+// queued operations while the provider has room (-FI_EAGAIN: read
+// completions, then post again), reads completions, and keeps reading
+// while peers are connected when the provider needs the application to
+// progress incoming RMA (FI_PROGRESS_MANUAL: tcp, shm). A request ends
+// once every operation of it has completed or its endpoint was closed:
+// the fence of a terminal state. Device memory is not registered with the
+// NIC (no FI_HMEM path yet): the engine moves it over a staging transport.
+package fabric

@@ -1,0 +1,468 @@
+package fabric
+
+import (
+	"context"
+	"encoding/json"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/tecache/te/engine/segment"
+	"github.com/tecache/te/engine/transport"
+	"github.com/tecache/te/internal/errs"
+	fab "github.com/tecache/te/internal/sys/fabric"
+	"github.com/tecache/te/internal/wire"
+)
+
+// Name is the transport's name.
+const Name = "fabric"
+
+// ExtraKeys is the BufferDesc.Extra field holding a buffer's keys, one per
+// NIC of the owner in the order of its endpoint list, in hex.
+const ExtraKeys = "fabric.keys"
+
+const (
+	maxDepth  = 1 << 14
+	maxPeers  = 4096 // endpoints to peers, and peers accepted, per NIC
+	rmaAccess = fab.FlagRead | fab.FlagWrite | fab.FlagRemoteRead | fab.FlagRemoteWrite
+	rmaCaps   = fab.FlagRMA | rmaAccess
+)
+
+func init() {
+	transport.RegisterFactory(Name, func() (transport.Transport, error) { return New(), nil })
+}
+
+// Transport is the fabric transport.
+type Transport struct {
+	h    transport.Host
+	opt  Options
+	lib  *fab.Lib
+	nics []*nic
+	self segment.HostID
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // handshakes in progress
+
+	closing atomic.Bool
+	mu      sync.Mutex
+	eps     map[epKey]*peerEP
+	regs    map[*segment.Region][]*fab.MR
+	accepts map[string]struct{} // peer endpoint addresses accepted, per NIC and address
+
+	st struct {
+		posts, eagain, teardowns, retries, errors, gpuRefused atomic.Uint64
+		bytes                                                 atomic.Uint64
+	}
+}
+
+// New returns an unstarted transport.
+func New() *Transport {
+	return &Transport{eps: map[epKey]*peerEP{}, regs: map[*segment.Region][]*fab.MR{}, accepts: map[string]struct{}{}}
+}
+
+// Name returns "fabric".
+func (t *Transport) Name() string { return Name }
+
+// Caps: host memory to peers on this host and others. GPU memory is not
+// moved by the NIC (no FI_HMEM registration yet): requests on device
+// memory go to a transport that stages it (tcp). Windows are not offered:
+// the owner does not see one-sided accesses, and per-peer keys are not
+// issued yet; peers are sent the buffer's own key.
+func (t *Transport) Caps() transport.Caps {
+	return transport.Caps{SameHost: true, CrossHost: true, HostMemory: true, Rank: 35}
+}
+
+// Probe reports whether libfabric loads and offers a domain of provider
+// ("" for the default order) for addr ("" for any): the offers' names, or
+// a NotSupported error that says why not.
+func Probe(addr, provider string) ([]string, error) {
+	o, err := optionsFrom(func(k string) (string, bool) {
+		switch k {
+		case "fabric.addr":
+			return addr, addr != ""
+		case "fabric.provider":
+			return provider, provider != ""
+		}
+		return "", false
+	})
+	if err != nil {
+		return nil, err
+	}
+	lib, err := loadLib(o)
+	if err != nil {
+		return nil, err
+	}
+	offers, free, _, err := choose(lib, o)
+	if err != nil {
+		return nil, err
+	}
+	defer free()
+	var out []string
+	for _, of := range offers {
+		out = append(out, of.Name())
+	}
+	return out, nil
+}
+
+func loadLib(o Options) (*fab.Lib, error) {
+	if o.Library != "" {
+		return fab.Open(o.Library)
+	}
+	return fab.Load()
+}
+
+// choose returns the offers of the first provider in o.Providers that has
+// any for o.Addr, refusing by name those whose modes te cannot meet. The
+// offers are valid until free is called.
+func choose(lib *fab.Lib, o Options) (_ []*fab.Offer, _ func(), _ string, err error) {
+	q := fab.Query{Node: o.Addr, Caps: rmaCaps, MRMode: fab.MRHandled, OpFlags: fab.FlagDeliveryComp}
+	list, err := lib.GetInfo(q)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	var anyAddr *fab.Offers
+	free := func() {
+		list.Free()
+		if anyAddr != nil {
+			anyAddr.Free()
+		}
+	}
+	defer func() {
+		if err != nil {
+			free()
+		}
+	}()
+	var why []string
+	for _, p := range o.Providers {
+		var got []*fab.Offer
+		seen := map[string]bool{}
+		pick := func(l *fab.Offers) {
+			for _, of := range l.List {
+				// A domain is listed once per fabric and protocol variant
+				// the provider has: the first is the one it prefers.
+				if !of.HasProvider(p) || seen[of.Name()] {
+					continue
+				}
+				seen[of.Name()] = true
+				if reason := unusable(of); reason != "" {
+					why = append(why, of.Name()+": "+reason)
+					continue
+				}
+				got = append(got, of)
+			}
+		}
+		pick(list)
+		if len(got) == 0 && strings.EqualFold(p, "shm") {
+			// shm has no network address: its one domain serves the host.
+			if anyAddr == nil {
+				if anyAddr, err = lib.GetInfo(fab.Query{Caps: rmaCaps, MRMode: fab.MRHandled, OpFlags: fab.FlagDeliveryComp}); err != nil {
+					return nil, nil, "", err
+				}
+			}
+			pick(anyAddr)
+		}
+		if len(got) > 0 {
+			if o.NICs > 0 && len(got) > o.NICs {
+				got = got[:o.NICs]
+			}
+			return got, free, p, nil
+		}
+		why = append(why, p+": no RDM endpoint with RMA for "+orAny(o.Addr))
+	}
+	major, minor := lib.Version()
+	return nil, nil, "", errs.New(errs.NotSupported, "fabric", "no usable libfabric provider (%s %d.%d): %s", lib.Path, major, minor, strings.Join(why, "; ")).
+		WithHint("set fabric.provider (efa, cxi, tcp, shm, sockets) or FI_PROVIDER, and fabric.addr to an address of the NIC")
+}
+
+func orAny(a string) string {
+	if a == "" {
+		return "any address"
+	}
+	return a
+}
+
+// unusable says why te cannot use an offer ("" when it can).
+func unusable(of *fab.Offer) string {
+	switch {
+	case of.MRMode&^fab.MRHandled != 0:
+		return "needs memory-registration modes te does not handle (" + strconv.FormatUint(of.MRMode&^fab.MRHandled, 16) + ")"
+	case of.Mode&^(fab.ModeContext|fab.ModeContext2) != 0:
+		return "needs operation modes te does not provide (" + strconv.FormatUint(of.Mode&^(fab.ModeContext|fab.ModeContext2), 16) + ")"
+	case of.Caps&rmaCaps != rmaCaps:
+		return "lacks one-sided RMA"
+	case of.MRKeySize < 4 && of.MRMode&fab.MRProvKey == 0:
+		return "keys of " + strconv.Itoa(of.MRKeySize) + " bytes are too short to be capabilities"
+	}
+	return ""
+}
+
+// Start loads libfabric, opens a domain per NIC of the chosen provider
+// (an address vector, a completion queue and an endpoint on each) and
+// starts their pollers. Without the library or a usable provider it
+// returns a NotSupported error that says why.
+func (t *Transport) Start(h transport.Host) error {
+	o, err := optionsFrom(h.Param)
+	if err != nil {
+		return err
+	}
+	t.h, t.opt = h, o
+	if t.lib, err = loadLib(o); err != nil {
+		return err
+	}
+	offers, free, prov, err := choose(t.lib, o)
+	if err != nil {
+		return err
+	}
+	defer free()
+	if t.self, err = segment.LocalHostID(); err != nil {
+		return err
+	}
+	for i := range offers {
+		n, err := openNIC(t, len(t.nics), offers[i])
+		if err != nil {
+			h.Logf("te: fabric: skipping %s: %v", offers[i].Name(), err)
+			continue
+		}
+		t.nics = append(t.nics, n)
+	}
+	if len(t.nics) == 0 {
+		return errs.New(errs.NotSupported, "fabric", "no %s domain could be opened for %s", prov, orAny(o.Addr))
+	}
+	t.ctx, t.cancel = context.WithCancel(context.Background())
+	for _, n := range t.nics {
+		h.Logf("te: fabric: %s (mr_mode %s, %d-byte keys, queue %d, %s progress)", n.name, mrModes(n.mrMode), n.keySize, n.depth, progressName(n.progress))
+		go n.run()
+		if n.sread {
+			n.pdone = make(chan struct{})
+			go n.passive()
+		}
+	}
+	if e, ok := h.(interface{ Encrypt() bool }); ok && e.Encrypt() {
+		h.Logf("te: fabric: payloads move NIC to NIC and are not sealed; the control plane (endpoint exchange) is")
+	}
+	h.Control().Handle(wire.KindFabric, t.handleHandshake)
+	return nil
+}
+
+func progressName(p int) string {
+	if p == fab.ProgressManual {
+		return "manual"
+	}
+	return "auto"
+}
+
+func mrModes(m uint64) string {
+	var s []string
+	for _, b := range []struct {
+		bit  uint64
+		name string
+	}{{fab.MRLocal, "local"}, {fab.MRVirtAddr, "virt_addr"}, {fab.MRAllocated, "allocated"}, {fab.MRProvKey, "prov_key"},
+		{fab.MREndpoint, "endpoint"}, {fab.MRHMEM, "hmem"}} {
+		if m&b.bit != 0 {
+			s = append(s, b.name)
+		}
+	}
+	if len(s) == 0 {
+		return "none"
+	}
+	return strings.Join(s, ",")
+}
+
+// nicDesc is what an engine publishes of a NIC (the endpoint list is the
+// JSON of a []nicDesc): its name, provider and addressing. The NIC's
+// endpoint address goes only over the authenticated control plane.
+type nicDesc struct {
+	Name     string `json:"name"`
+	Provider string `json:"prov"`
+	Virt     bool   `json:"virt,omitempty"` // FI_MR_VIRT_ADDR: remote addresses are virtual, else offsets
+}
+
+func parseEndpoint(d *segment.Desc) ([]nicDesc, error) {
+	s := d.Endpoints[Name]
+	if s == "" {
+		return nil, errs.New(errs.TransportUnavailable, "fabric", "segment %q publishes no fabric endpoint", d.Name)
+	}
+	var nd []nicDesc
+	if err := json.Unmarshal([]byte(s), &nd); err != nil || len(nd) == 0 || len(nd) > 64 {
+		return nil, errs.New(errs.Protocol, "fabric", "segment %q: bad fabric endpoint %q", d.Name, s)
+	}
+	return nd, nil
+}
+
+// Describe publishes the NICs (name, provider, addressing) and the host.
+func (t *Transport) Describe(d *segment.Desc) {
+	nd := make([]nicDesc, len(t.nics))
+	for i, n := range t.nics {
+		nd[i] = nicDesc{Name: n.name, Provider: n.prov, Virt: n.mrMode&fab.MRVirtAddr != 0}
+	}
+	b, _ := json.Marshal(nd)
+	if d.Endpoints == nil {
+		d.Endpoints = map[string]string{}
+	}
+	d.Endpoints[Name] = string(b)
+	if d.Host == nil {
+		h := t.self
+		d.Host = &h
+	}
+}
+
+// Register registers r's memory on every NIC and publishes one key per
+// NIC (ExtraKeys). Keys are random where the provider lets te choose them
+// (a new registration of the same range gets new ones: a stale descriptor
+// is refused by the owner's NIC), the provider's under FI_MR_PROV_KEY.
+// Device memory is not registered: it moves over a staging transport.
+func (t *Transport) Register(r *segment.Region) error {
+	if t.closing.Load() {
+		return errs.New(errs.Closed, "fabric", "transport closed")
+	}
+	if r.Storage != nil || r.Location.Kind != "" && r.Location.Kind != "cpu" {
+		if r.Storage == nil {
+			t.st.gpuRefused.Add(1)
+		}
+		return nil
+	}
+	mrs := make([]*fab.MR, 0, len(t.nics))
+	keys := make([]string, 0, len(t.nics))
+	for _, n := range t.nics {
+		m, err := n.register(r.Addr, r.Length)
+		if err != nil {
+			for _, m := range mrs {
+				_ = m.Close()
+			}
+			return err
+		}
+		mrs = append(mrs, m)
+		keys = append(keys, strconv.FormatUint(m.Key, 16))
+	}
+	t.mu.Lock()
+	t.regs[r] = mrs
+	t.mu.Unlock()
+	if r.Desc.Extra == nil {
+		r.Desc.Extra = map[string]string{}
+	}
+	r.Desc.Extra[ExtraKeys] = strings.Join(keys, ",")
+	return nil
+}
+
+// Unregister closes r's regions on every NIC: once fi_close returns, the
+// NIC refuses their keys, so no peer reaches the range through them.
+func (t *Transport) Unregister(r *segment.Region) error {
+	t.mu.Lock()
+	mrs := t.regs[r]
+	delete(t.regs, r)
+	t.mu.Unlock()
+	var first error
+	for _, m := range mrs {
+		if err := m.Close(); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// localDesc returns the descriptor of local region r on NIC i (0 when the
+// provider needs none or r is not registered with it).
+func (t *Transport) localDesc(r *segment.Region, i int) (uintptr, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	mrs := t.regs[r]
+	if i >= len(mrs) {
+		return 0, false
+	}
+	return mrs[i].Desc, true
+}
+
+// Quiesce has nothing to wait for: peers reach this engine's memory with
+// one-sided RMA, which the owner neither sees nor counts; Unregister's
+// fi_close of the regions is the fence.
+func (t *Transport) Quiesce(*segment.Region) error { return nil }
+
+// Reachable reports whether a NIC here shares a provider with one of the
+// peer's (shm only on this host).
+func (t *Transport) Reachable(d *segment.Desc) error {
+	if d.RPC == "" || d.Instance == "" {
+		return errs.New(errs.TransportUnavailable, "fabric", "segment %q has no control-plane address for the endpoint exchange", d.Name)
+	}
+	nd, err := parseEndpoint(d)
+	if err != nil {
+		return err
+	}
+	if _, _, err := t.pair(d, nd); err != nil {
+		return err
+	}
+	return nil
+}
+
+// pair returns the first local NIC and peer NIC that share a provider.
+func (t *Transport) pair(d *segment.Desc, nd []nicDesc) (int, int, error) {
+	for i, n := range t.nics {
+		for j, p := range nd {
+			if p.Provider != n.prov {
+				continue
+			}
+			if n.hostOnly && (d.Host == nil || d.Host.BootID != t.self.BootID) {
+				continue
+			}
+			return i, j, nil
+		}
+	}
+	return 0, 0, errs.New(errs.TransportUnavailable, "fabric", "segment %q shares no provider with this engine's %s", d.Name, t.nics[0].prov)
+}
+
+// Stats counts operations posted, posts the provider pushed back
+// (-FI_EAGAIN), bytes moved, endpoints torn down to flush canceled
+// operations, operations retried on a new endpoint, error completions and
+// device regions left to staging; per NIC its posts and bytes.
+func (t *Transport) Stats() map[string]uint64 {
+	out := map[string]uint64{
+		"posts": t.st.posts.Load(), "eagain": t.st.eagain.Load(), "bytes": t.st.bytes.Load(),
+		"teardowns": t.st.teardowns.Load(), "retries": t.st.retries.Load(), "errors": t.st.errors.Load(),
+		"gpu_staged": t.st.gpuRefused.Load(),
+	}
+	for _, n := range t.nics {
+		out["nic."+n.name+".posts"] = n.posts.Load()
+		out["nic."+n.name+".bytes"] = n.bytes.Load()
+	}
+	return out
+}
+
+// Close fails everything in flight and releases every libfabric object.
+// Endpoints are closed before their requests complete: the close is the
+// flush after which the provider touches none of their memory.
+func (t *Transport) Close() error {
+	if t.closing.Swap(true) {
+		return nil
+	}
+	if t.cancel == nil {
+		return nil
+	}
+	t.cancel()
+	t.wg.Wait()
+	for _, n := range t.nics {
+		n.stop()
+	}
+	t.mu.Lock()
+	eps := t.eps
+	t.eps = map[epKey]*peerEP{}
+	regs := t.regs
+	t.regs = map[*segment.Region][]*fab.MR{}
+	t.mu.Unlock()
+	closed := errs.New(errs.Closed, "fabric", "transport closed")
+	for _, n := range t.nics {
+		n.shutdown(closed)
+	}
+	for _, pe := range eps {
+		pe.failPending(closed)
+	}
+	for _, mrs := range regs {
+		for _, m := range mrs {
+			_ = m.Close()
+		}
+	}
+	for _, n := range t.nics {
+		n.release()
+	}
+	return nil
+}

@@ -1,0 +1,576 @@
+package fabric
+
+import (
+	"errors"
+	"math/rand/v2"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tecache/te/internal/errs"
+	fab "github.com/tecache/te/internal/sys/fabric"
+	"github.com/tecache/te/internal/sys/mem"
+)
+
+// nic is one opened domain: its address vector, completion queue and the
+// endpoint peers address their RMA to. Every data-path call of the NIC
+// (fi_write, fi_read, fi_cq_read, closing a peer endpoint to flush it) is
+// made by its poller goroutine, run; other goroutines hand it work through
+// the queue.
+type nic struct {
+	t        *Transport
+	idx      int
+	name     string // provider/domain
+	prov     string
+	d        *fab.Domain
+	av       *fab.AV
+	cq       *fab.CQ
+	ep       *fab.Endpoint
+	addr     []byte // ep's address
+	mrMode   uint64
+	keySize  int
+	keyMask  uint64
+	depth    int
+	progress int
+	hostOnly bool // shm: reaches this host only
+	shared   bool // FI_MR_ENDPOINT: regions bind to ep, so every operation goes through it
+	sread    bool // the passive goroutine progresses cq with fi_cq_sread
+	pdone    chan struct{}
+
+	avMu   sync.Mutex
+	avAddr map[string]uint64 // fi_addr of each address inserted
+
+	mu      sync.Mutex
+	queue   []*op
+	cancels []cancelReq
+	kick    chan struct{}
+	quit    chan struct{}
+	done    chan struct{}
+	peers   atomic.Int32         // peers that connected to this NIC (they need its progress)
+	open    map[*peerEP]struct{} // peer endpoints not closed yet
+	openGen int                  // changes of open
+
+	polled    []*peerEP // the poller's copy of open
+	polledGen int
+
+	// Poller-owned state.
+	ctxMem  []byte // C memory holding each slot's op context (fi_context2)
+	slots   []*op
+	free    []int32 // FIFO, so a slot is reused as late as possible
+	backlog []*op
+	out     int // operations posted and not yet completed
+
+	posts, bytes atomic.Uint64
+}
+
+type cancelReq struct {
+	pe       *peerEP
+	deadline time.Time
+}
+
+func openNIC(t *Transport, idx int, of *fab.Offer) (_ *nic, err error) {
+	n := &nic{t: t, idx: idx, name: of.Name(), prov: of.Provider, mrMode: of.MRMode, keySize: of.MRKeySize,
+		progress: of.DataProgress, avAddr: map[string]uint64{}, open: map[*peerEP]struct{}{}, kick: make(chan struct{}, 1),
+		quit: make(chan struct{}), done: make(chan struct{})}
+	n.hostOnly = of.HasProvider("shm")
+	n.shared = of.MRMode&fab.MREndpoint != 0
+	n.keyMask = ^uint64(0)
+	if of.MRKeySize < 8 {
+		n.keyMask = 1<<(8*uint(of.MRKeySize)) - 1
+	}
+	n.depth = t.opt.Depth
+	if of.TxSize > 0 {
+		n.depth = min(n.depth, of.TxSize)
+	}
+	defer func() {
+		if err != nil {
+			n.release()
+		}
+	}()
+	if n.d, err = of.OpenDomain(); err != nil {
+		return nil, err
+	}
+	if n.av, err = n.d.OpenAV(maxPeers); err != nil {
+		// shm bounds its address vector by its peer map (256 in 1.17).
+		if n.av, err = n.d.OpenAV(256); err != nil {
+			return nil, err
+		}
+	}
+	// The queue holds every completion of the NIC's endpoints: room for
+	// a full queue of each of many peers is not needed, the poller reads
+	// as they come; the provider's own default size is enough.
+	// The NIC's own endpoint only serves peers (te's operations go
+	// through per-peer endpoints) unless regions bind to it: its queue
+	// gets a wait object where the provider's blocking read works (not
+	// shm's in 1.17, which never returns), so that progressing peers'
+	// RMA costs a thread blocked in the kernel, not a polling loop.
+	n.sread = !n.shared && !of.HasProvider("shm") && of.DataProgress == fab.ProgressManual
+	if n.cq, err = n.d.OpenCQ(4*n.depth, n.sread); err != nil {
+		if !n.sread {
+			return nil, err
+		}
+		n.sread = false
+		if n.cq, err = n.d.OpenCQ(4*n.depth, false); err != nil {
+			return nil, err
+		}
+	}
+	if n.ep, err = n.d.Endpoint(n.av, n.cq); err != nil {
+		return nil, err
+	}
+	if n.addr, err = n.ep.Name(); err != nil {
+		return nil, err
+	}
+	nslots := 4 * n.depth
+	if n.ctxMem, err = mem.Alloc(nslots * ctxSize); err != nil {
+		return nil, err
+	}
+	n.slots = make([]*op, nslots)
+	n.free = make([]int32, nslots)
+	for i := range n.free {
+		n.free[i] = int32(i)
+	}
+	return n, nil
+}
+
+// ctxSize is the room of one op context: struct fi_context2, for
+// providers that ask for FI_CONTEXT or FI_CONTEXT2.
+const ctxSize = 64
+
+func (n *nic) ctxAddr(slot int32) uintptr {
+	return uintptr(mem.Addr(n.ctxMem)) + uintptr(slot)*ctxSize
+}
+
+func (n *nic) slotOf(ctx uintptr) int32 {
+	base := uintptr(mem.Addr(n.ctxMem))
+	if ctx < base || ctx >= base+uintptr(len(n.ctxMem)) || (ctx-base)%ctxSize != 0 {
+		return -1
+	}
+	return int32((ctx - base) / ctxSize)
+}
+
+// register registers [addr, addr+length) for local use and remote access.
+func (n *nic) register(addr, length uint64) (*fab.MR, error) {
+	r := fab.Reg{Addr: addr, Len: length, Access: rmaAccess}
+	if n.shared {
+		r.EP = n.ep
+	}
+	var err error
+	for try := 0; try < 4; try++ {
+		if n.mrMode&fab.MRProvKey == 0 {
+			r.Key = rand.Uint64() & n.keyMask
+		}
+		var m *fab.MR
+		if m, err = n.d.Register(r); err == nil {
+			return m, nil
+		}
+		if n.mrMode&fab.MRProvKey != 0 {
+			break
+		}
+		// A random key that collided with one in use: draw again.
+	}
+	return nil, err
+}
+
+// insert returns the fi_addr of a peer NIC's address.
+func (n *nic) insert(addr []byte) (uint64, error) {
+	n.avMu.Lock()
+	defer n.avMu.Unlock()
+	if fa, ok := n.avAddr[string(addr)]; ok {
+		return fa, nil
+	}
+	if len(n.avAddr) >= maxPeers {
+		return 0, errs.New(errs.ResourceExhausted, "fabric", "%s: %d peer addresses inserted already", n.name, maxPeers)
+	}
+	fa, err := n.av.Insert(addr)
+	if err != nil {
+		return 0, err
+	}
+	n.avAddr[string(addr)] = fa
+	return fa, nil
+}
+
+// enqueue hands operations to the poller.
+func (n *nic) enqueue(ops ...*op) {
+	n.mu.Lock()
+	n.queue = append(n.queue, ops...)
+	n.mu.Unlock()
+	n.wake()
+}
+
+func (n *nic) wake() {
+	select {
+	case n.kick <- struct{}{}:
+	default:
+	}
+}
+
+// run is the poller: it posts queued operations as the provider has room,
+// reads completions (which is also what progresses a provider with manual
+// progress, for this engine's operations and for peers' RMA into it), and
+// flushes endpoints whose canceled operations outlived their grace.
+func (n *nic) run() {
+	defer close(n.done)
+	ctx := make([]uintptr, 64)
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	spins := 0
+	for {
+		select {
+		case <-n.quit:
+			return
+		default:
+		}
+		posted := n.post()
+		reaped := n.reap(ctx)
+		n.sweep()
+		if posted || reaped > 0 {
+			spins = 0
+			continue
+		}
+		// Nothing moved. While operations are out, keep reading (a busy
+		// NIC completes within microseconds); otherwise, sleep, waking
+		// for new work, and often enough to progress peers' RMA into
+		// this engine when the provider needs it.
+		spins++
+		if n.out > 0 && spins < 256 {
+			runtime.Gosched()
+			continue
+		}
+		wait := 20 * time.Millisecond
+		switch {
+		case n.out > 0 || len(n.backlog) > 0:
+			wait = 50 * time.Microsecond
+		case n.progress == fab.ProgressManual && n.peers.Load() > 0 && !n.sread:
+			wait = 200 * time.Microsecond
+		}
+		timer.Reset(wait)
+		select {
+		case <-n.quit:
+			return
+		case <-n.kick:
+			spins = 0
+		case <-timer.C:
+		}
+	}
+}
+
+// post posts the backlog and the queue while the NIC has room.
+func (n *nic) post() bool {
+	n.mu.Lock()
+	if len(n.queue) > 0 {
+		n.backlog = append(n.backlog, n.queue...)
+		n.queue = n.queue[:0]
+	}
+	n.mu.Unlock()
+	did := false
+	i := 0
+	for ; i < len(n.backlog); i++ {
+		o := n.backlog[i]
+		if o.q.canceled.Load() {
+			n.t.opDone(o, errCanceled)
+			did = true
+			continue
+		}
+		if o.pe.dead.Load() {
+			n.t.retry(o, errTornDown)
+			did = true
+			continue
+		}
+		if n.out >= n.depth || len(n.free) == 0 {
+			break
+		}
+		slot := n.free[0]
+		ep := o.pe.endpoint()
+		var err error
+		if o.write {
+			err = ep.Write(o.local, o.n, o.desc, o.pe.dest, o.remote, o.key, n.ctxAddr(slot))
+		} else {
+			err = ep.Read(o.local, o.n, o.desc, o.pe.dest, o.remote, o.key, n.ctxAddr(slot))
+		}
+		if errors.Is(err, fab.ErrAgain) {
+			// The provider's queue is full: progress it (reap) and try
+			// again on the next round, never spinning here.
+			n.t.st.eagain.Add(1)
+			break
+		}
+		did = true
+		if err != nil {
+			n.t.st.errors.Add(1)
+			n.t.opDone(o, err)
+			continue
+		}
+		n.free = n.free[1:]
+		n.slots[slot] = o
+		o.slot = slot
+		n.out++
+		o.pe.out++
+		n.posts.Add(1)
+		n.t.st.posts.Add(1)
+	}
+	n.backlog = n.backlog[:copy(n.backlog, n.backlog[i:])]
+	return did
+}
+
+// reap reads completions of the NIC's queue and of every peer endpoint's
+// and ends their operations.
+func (n *nic) reap(ctx []uintptr) int {
+	total := 0
+	if !n.sread {
+		total = n.reapCQ(n.cq, ctx)
+	}
+	n.mu.Lock()
+	if n.openGen != n.polledGen {
+		n.polled = n.polled[:0]
+		for pe := range n.open {
+			n.polled = append(n.polled, pe)
+		}
+		n.polledGen = n.openGen
+	}
+	n.mu.Unlock()
+	for _, pe := range n.polled {
+		if pe.cq != nil && !pe.closed {
+			total += n.reapCQ(pe.cq, ctx)
+		}
+	}
+	return total
+}
+
+func (n *nic) reapCQ(cq *fab.CQ, ctx []uintptr) int {
+	total := 0
+	var broken []*peerEP
+	for round := 0; round < 16; round++ {
+		k, err := cq.Read(ctx)
+		for _, c := range ctx[:k] {
+			if o := n.take(c); o != nil {
+				n.bytes.Add(o.n)
+				n.t.st.bytes.Add(o.n)
+				n.t.opDone(o, nil)
+			}
+		}
+		total += k
+		if errors.Is(err, fab.ErrAvail) {
+			if e, ok := cq.ReadErr(); ok {
+				total++
+				n.t.st.errors.Add(1)
+				if o := n.take(e.Context); o != nil {
+					n.t.opDone(o, remoteError(o, e.Err))
+					broken = append(broken, o.pe)
+				}
+			}
+			continue
+		}
+		if err != nil || k < len(ctx) {
+			break
+		}
+	}
+	// An error completion leaves the provider's connection to the peer
+	// in doubt (tcp closes it): the endpoint goes, its other operations go
+	// again on a new one.
+	for _, pe := range broken {
+		n.teardown(pe)
+	}
+	return total
+}
+
+// take ends the posted operation of a completion's context (nil when it is
+// none of the NIC's: a flushed endpoint's, already ended).
+func (n *nic) take(ctx uintptr) *op {
+	s := n.slotOf(ctx)
+	if s < 0 || n.slots[s] == nil {
+		return nil
+	}
+	o := n.slots[s]
+	n.slots[s] = nil
+	n.free = append(n.free, s)
+	n.out--
+	o.pe.out--
+	return o
+}
+
+// remoteError names an error completion. A refused key (the peer
+// unregistered the buffer, or registered it again with new keys) is a
+// stale descriptor: providers report it as an access error (sockets) or a
+// canceled operation (tcp, whose target answers a bad key so).
+func remoteError(o *op, err error) error {
+	switch errs.CodeOf(err) {
+	case errs.AccessDenied, errs.Canceled, errs.InvalidArgument:
+		return errs.Wrap(errs.StaleDescriptor, "fabric", err, "%s refused the access (its registration changed)", o.pe.peerName)
+	}
+	return errs.Wrap(errs.PeerUnreachable, "fabric", err, "%s to %s", o.kind(), o.pe.peerName)
+}
+
+// sweep flushes the endpoints of canceled operations that are still
+// posted after their grace: closing an endpoint is the flush after which
+// the provider touches none of its operations' memory.
+func (n *nic) sweep() {
+	n.mu.Lock()
+	if len(n.cancels) == 0 {
+		n.mu.Unlock()
+		return
+	}
+	cs := n.cancels
+	n.cancels = nil
+	n.mu.Unlock()
+	now := time.Now()
+	var keep []cancelReq
+	for _, c := range cs {
+		if c.pe.closed || !n.hasCanceled(c.pe) {
+			continue
+		}
+		if now.Before(c.deadline) {
+			keep = append(keep, c)
+			continue
+		}
+		n.teardown(c.pe)
+	}
+	if len(keep) > 0 {
+		n.mu.Lock()
+		n.cancels = append(n.cancels, keep...)
+		n.mu.Unlock()
+	}
+}
+
+func (n *nic) hasCanceled(pe *peerEP) bool {
+	if pe.out == 0 {
+		return false
+	}
+	for _, o := range n.slots {
+		if o != nil && o.pe == pe && o.q.canceled.Load() {
+			return true
+		}
+	}
+	return false
+}
+
+// teardown closes a peer endpoint and ends every operation posted on it:
+// the canceled ones as canceled, the others to go again on a new endpoint.
+// Completions already queued are read first, so that none of them can be
+// taken for a later operation in the same slot.
+func (n *nic) teardown(pe *peerEP) {
+	if pe.shared() {
+		// Under FI_MR_ENDPOINT every peer shares the NIC's endpoint:
+		// closing it is not a flush of one peer. The operations end at
+		// their completions.
+		return
+	}
+	if pe.closed {
+		return
+	}
+	pe.kill()
+	n.t.st.teardowns.Add(1)
+	n.mu.Lock()
+	delete(n.open, pe)
+	n.openGen++
+	n.mu.Unlock()
+	pe.close(n.t)
+	for s, o := range n.slots {
+		if o != nil && o.pe == pe {
+			n.slots[s] = nil
+			n.free = append(n.free, int32(s))
+			n.out--
+			pe.out--
+			n.t.retry(o, errTornDown)
+		}
+	}
+}
+
+// passive progresses peers' RMA into this engine: blocked in
+// fi_cq_sread on the NIC's queue, which waits on the provider's sockets
+// and progresses them as bytes arrive. Nothing te posts completes there.
+func (n *nic) passive() {
+	defer close(n.pdone)
+	ctx := make([]uintptr, 64)
+	for {
+		select {
+		case <-n.quit:
+			return
+		default:
+		}
+		if n.peers.Load() == 0 {
+			// No peer yet: nothing to progress; look again soon.
+			select {
+			case <-n.quit:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			continue
+		}
+		k, err := n.cq.SRead(ctx, 20)
+		if errors.Is(err, fab.ErrAvail) {
+			n.cq.ReadErr()
+		} else if err != nil && k == 0 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+}
+
+// stop ends the poller (and the passive progress).
+func (n *nic) stop() {
+	close(n.quit)
+	<-n.done
+	if n.pdone != nil {
+		<-n.pdone
+	}
+}
+
+// shutdown (the poller stopped) closes every peer endpoint and the NIC's
+// own, which flushes their operations, then ends those with err.
+func (n *nic) shutdown(err error) {
+	n.reap(make([]uintptr, 64))
+	n.mu.Lock()
+	eps := n.open
+	n.open = nil
+	n.mu.Unlock()
+	for pe := range eps {
+		pe.kill()
+		pe.close(n.t)
+	}
+	if n.ep != nil {
+		_ = n.ep.Close()
+		n.ep = nil
+	}
+	for s, o := range n.slots {
+		if o != nil {
+			n.slots[s] = nil
+			n.t.opDone(o, err)
+		}
+	}
+	n.mu.Lock()
+	rest := append(n.backlog, n.queue...)
+	n.backlog, n.queue = nil, nil
+	n.mu.Unlock()
+	for _, o := range rest {
+		n.t.opDone(o, err)
+	}
+}
+
+// release closes what is left of the NIC.
+func (n *nic) release() {
+	for _, c := range []interface{ Close() error }{n.ep, n.cq, n.av, n.d} {
+		if c != nil && !isNil(c) {
+			if err := c.Close(); err != nil && n.t != nil && n.t.h != nil {
+				n.t.h.Logf("te: fabric: %s: %v", n.name, err)
+			}
+		}
+	}
+	n.ep, n.cq, n.av, n.d = nil, nil, nil, nil
+	if n.ctxMem != nil {
+		_ = mem.Free(n.ctxMem)
+		n.ctxMem = nil
+	}
+}
+
+func isNil(c interface{ Close() error }) bool {
+	switch v := c.(type) {
+	case *fab.Endpoint:
+		return v == nil
+	case *fab.CQ:
+		return v == nil
+	case *fab.AV:
+		return v == nil
+	case *fab.Domain:
+		return v == nil
+	}
+	return false
+}

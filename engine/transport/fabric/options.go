@@ -1,0 +1,100 @@
+package fabric
+
+import (
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tecache/te/engine/transport"
+	"github.com/tecache/te/internal/errs"
+)
+
+// DefaultProviders is the order providers are tried in when neither
+// fabric.provider nor FI_PROVIDER names them: AWS EFA, HPE Slingshot, then
+// libfabric's tcp provider. shm reaches this host only and is used only when
+// asked for.
+var DefaultProviders = []string{"efa", "cxi", "tcp"}
+
+// Options are the transport's parameters.
+type Options struct {
+	// Providers in order of preference (fabric.provider, else FI_PROVIDER,
+	// else DefaultProviders): the first that offers a domain is used.
+	Providers []string
+	// Addr is the address whose domain is opened (fabric.addr, else the
+	// engine's advertised host): 127.0.0.1 opens the tcp provider's lo.
+	Addr string
+	// NICs bounds the domains opened (fabric.nics; 0: every one offered).
+	NICs int
+	// Slice is the largest single RMA operation (fabric.slice).
+	Slice uint64
+	// Depth bounds the operations posted per NIC (fabric.depth; also
+	// bounded by the provider's transmit queue).
+	Depth int
+	// Library is the libfabric to load (fabric.library, else
+	// TE_FABRIC_LIBRARY, else libfabric.so.1).
+	Library string
+	// CancelGrace is how long a canceled request's posted operations may
+	// take to complete before their endpoint is closed to flush them.
+	CancelGrace time.Duration
+	// HandshakeTimeout bounds the endpoint exchange with a peer.
+	HandshakeTimeout time.Duration
+}
+
+func parseOptions(param func(string) (string, bool), getenv func(string) string) (Options, error) {
+	o := Options{Slice: 4 << 20, Depth: 256, CancelGrace: 50 * time.Millisecond, HandshakeTimeout: 10 * time.Second}
+	bad := func(key, v string, err error) error {
+		return errs.Wrap(errs.InvalidArgument, "fabric", err, "parameter %s=%q", key, v)
+	}
+	if v, ok := param("fabric.provider"); ok && v != "" {
+		o.Providers = splitList(v)
+	} else if v := getenv("FI_PROVIDER"); v != "" && !strings.HasPrefix(v, "^") {
+		o.Providers = splitList(v)
+	} else {
+		o.Providers = DefaultProviders
+	}
+	if v, ok := param("fabric.addr"); ok && v != "" {
+		o.Addr = v
+	} else if v, ok := param("engine.hostname"); ok {
+		o.Addr = v
+	}
+	if v, ok := param("fabric.nics"); ok && v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return o, bad("fabric.nics", v, err)
+		}
+		o.NICs = n
+	}
+	if v, ok := param("fabric.slice"); ok && v != "" {
+		n, err := transport.ParseSize(v)
+		if err != nil || n < 4096 {
+			return o, bad("fabric.slice", v, err)
+		}
+		o.Slice = n
+	}
+	if v, ok := param("fabric.depth"); ok && v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxDepth {
+			return o, bad("fabric.depth", v, err)
+		}
+		o.Depth = n
+	}
+	if v, ok := param("fabric.library"); ok && v != "" {
+		o.Library = v
+	}
+	if v, ok := param("limits.handshake_timeout"); ok && v != "" {
+		if d, err := time.ParseDuration(v); err == nil && d > 0 {
+			o.HandshakeTimeout = d
+		}
+	}
+	return o, nil
+}
+
+func optionsFrom(param func(string) (string, bool)) (Options, error) {
+	return parseOptions(param, os.Getenv)
+}
+
+// splitList splits a comma- or space-separated list.
+func splitList(s string) []string {
+	return strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == ' ' })
+}

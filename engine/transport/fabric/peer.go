@@ -1,0 +1,263 @@
+package fabric
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+	"sync/atomic"
+
+	"github.com/tecache/te/engine/segment"
+	"github.com/tecache/te/internal/errs"
+	fab "github.com/tecache/te/internal/sys/fabric"
+	"github.com/tecache/te/internal/wire"
+)
+
+// epKey names an endpoint to a peer: the peer's instance and the NIC pair.
+type epKey struct {
+	instance      string
+	local, remote int
+}
+
+// peerEP is an endpoint of a local NIC to one NIC of a peer. Operations
+// wait in pending while it connects. Each peer gets its own endpoint, so
+// that closing it (to flush a canceled operation that does not complete)
+// touches no other peer.
+type peerEP struct {
+	t        *Transport
+	n        *nic
+	key      epKey
+	peerName string
+	rpc      string
+	rnic     string // the peer NIC's name
+
+	ep *fab.Endpoint // nil until connected; the NIC's own when shared
+	cq *fab.CQ       // its own completion queue (nil when shared)
+	// closed: ep and cq are closed (poller-owned after connect).
+	closed bool
+	dest   uint64 // the peer NIC's fi_addr
+
+	mu      sync.Mutex
+	ready   bool
+	pending []*op
+	dead    atomic.Bool
+
+	out int // operations posted on it (poller-owned)
+}
+
+func (pe *peerEP) endpoint() *fab.Endpoint { return pe.ep }
+
+func (pe *peerEP) shared() bool { return pe.n.shared }
+
+// kill marks the endpoint failed and forgets it, so that the next request
+// to the peer connects a new one.
+func (pe *peerEP) kill() {
+	pe.dead.Store(true)
+	pe.t.mu.Lock()
+	if pe.t.eps[pe.key] == pe {
+		delete(pe.t.eps, pe.key)
+	}
+	pe.t.mu.Unlock()
+}
+
+// endpointFor returns the endpoint to the peer's NIC pair, starting one
+// (connected in the background) when there is none or the last one died.
+func (t *Transport) endpointFor(d *segment.Desc, li, ri int, rnic string) (*peerEP, error) {
+	key := epKey{instance: d.Instance, local: li, remote: ri}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closing.Load() {
+		return nil, errs.New(errs.Closed, "fabric", "transport closed")
+	}
+	if pe := t.eps[key]; pe != nil && !pe.dead.Load() {
+		return pe, nil
+	}
+	if len(t.eps) >= maxPeers*len(t.nics) {
+		return nil, errs.New(errs.ResourceExhausted, "fabric", "%d peer endpoints open already", len(t.eps))
+	}
+	pe := &peerEP{t: t, n: t.nics[li], key: key, peerName: d.Name, rpc: d.RPC, rnic: rnic}
+	t.eps[key] = pe
+	t.wg.Add(1)
+	go pe.connect()
+	return pe, nil
+}
+
+// send hands operations to the endpoint: to the poller once connected,
+// held until then.
+func (pe *peerEP) send(ops []*op) bool {
+	pe.mu.Lock()
+	if pe.dead.Load() {
+		pe.mu.Unlock()
+		return false
+	}
+	if !pe.ready {
+		pe.pending = append(pe.pending, ops...)
+		pe.mu.Unlock()
+		return true
+	}
+	pe.mu.Unlock()
+	pe.n.enqueue(ops...)
+	return true
+}
+
+// hello is the endpoint exchange, both ways: the caller's instance and
+// endpoint address, the instance and NIC it means to reach; the reply the
+// NIC's address.
+type hello struct {
+	Instance string `json:"instance"`
+	Segment  string `json:"segment,omitempty"`
+	To       string `json:"to,omitempty"`  // the instance the caller means
+	NIC      string `json:"nic,omitempty"` // the callee's NIC
+	Addr     []byte `json:"addr"`
+}
+
+// connect opens the endpoint, exchanges addresses with the peer over the
+// control plane (authenticated when the cluster has a secret) and inserts
+// the peer NIC's address.
+func (pe *peerEP) connect() {
+	defer pe.t.wg.Done()
+	err := pe.dial()
+	if err != nil {
+		pe.kill()
+		pe.t.st.errors.Add(1)
+		pe.t.h.Logf("te: fabric: endpoint %s -> %s@%s: %v", pe.n.name, pe.peerName, pe.rnic, err)
+	}
+	pe.mu.Lock()
+	ops := pe.pending
+	pe.pending = nil
+	if err == nil {
+		pe.ready = true
+	}
+	pe.mu.Unlock()
+	if err != nil {
+		for _, o := range ops {
+			pe.t.opDone(o, err)
+		}
+		return
+	}
+	if len(ops) > 0 {
+		pe.n.enqueue(ops...)
+	}
+}
+
+func (pe *peerEP) dial() error {
+	t, n := pe.t, pe.n
+	ep := n.ep
+	addr := n.addr
+	var cq *fab.CQ
+	if !n.shared {
+		// Its own queue: closing the endpoint and then the queue leaves
+		// the provider no completion of it to deliver anywhere.
+		var err error
+		if cq, err = n.d.OpenCQ(2*n.depth, false); err != nil {
+			return err
+		}
+		if ep, err = n.d.Endpoint(n.av, cq); err != nil {
+			_ = cq.Close()
+			return err
+		}
+		if addr, err = ep.Name(); err != nil {
+			_ = ep.Close()
+			_ = cq.Close()
+			return err
+		}
+	}
+	body, _ := json.Marshal(hello{Instance: t.h.Instance(), Segment: t.h.SegmentName(), To: pe.key.instance, NIC: pe.rnic, Addr: addr})
+	ctx, cancel := context.WithTimeout(t.ctx, t.opt.HandshakeTimeout)
+	rep, err := t.h.Control().Call(ctx, pe.rpc, wire.KindFabric, body)
+	cancel()
+	var h hello
+	if err == nil {
+		if json.Unmarshal(rep, &h) != nil || h.Instance != pe.key.instance || len(h.Addr) == 0 {
+			err = errs.New(errs.Protocol, "fabric", "bad endpoint exchange reply from %s", pe.peerName)
+		}
+	}
+	if err == nil {
+		pe.dest, err = n.insert(h.Addr)
+	}
+	if err != nil {
+		if !n.shared {
+			_ = ep.Close()
+			_ = cq.Close()
+		}
+		return err
+	}
+	pe.ep, pe.cq = ep, cq
+	if !n.shared {
+		n.mu.Lock()
+		closed := n.open == nil
+		if !closed {
+			n.open[pe] = struct{}{}
+			n.openGen++
+		}
+		n.mu.Unlock()
+		if closed {
+			pe.ep, pe.cq = nil, nil
+			_ = ep.Close()
+			_ = cq.Close()
+			return errs.New(errs.Closed, "fabric", "transport closed")
+		}
+	}
+	return nil
+}
+
+// close closes the endpoint, then its queue: once both return the
+// provider touches none of its operations' memory (the flush).
+func (pe *peerEP) close(t *Transport) {
+	if pe.closed || pe.shared() {
+		return
+	}
+	pe.closed = true
+	if err := pe.ep.Close(); err != nil {
+		t.h.Logf("te: fabric: closing the endpoint to %s: %v", pe.peerName, err)
+	}
+	if err := pe.cq.Close(); err != nil {
+		t.h.Logf("te: fabric: closing the queue of the endpoint to %s: %v", pe.peerName, err)
+	}
+}
+
+// handleHandshake answers a peer's endpoint exchange with the address of
+// the NIC it names.
+func (t *Transport) handleHandshake(_ context.Context, body []byte) ([]byte, error) {
+	var h hello
+	if err := json.Unmarshal(body, &h); err != nil || h.Instance == "" || len(h.Addr) == 0 || len(h.Addr) > 256 {
+		return nil, errs.New(errs.Protocol, "fabric", "bad endpoint exchange")
+	}
+	if h.To != t.h.Instance() {
+		return nil, errs.New(errs.StaleDescriptor, "fabric", "endpoint exchange for instance %s reached %s", h.To, t.h.Instance())
+	}
+	if t.closing.Load() {
+		return nil, errs.New(errs.Closed, "fabric", "transport closed")
+	}
+	for _, n := range t.nics {
+		if n.name != h.NIC {
+			continue
+		}
+		key := n.name + "\x00" + h.Instance
+		t.mu.Lock()
+		_, seen := t.accepts[key]
+		if !seen {
+			if len(t.accepts) >= maxPeers*len(t.nics) {
+				t.mu.Unlock()
+				return nil, errs.New(errs.ResourceExhausted, "fabric", "%d peers accepted already", len(t.accepts))
+			}
+			t.accepts[key] = struct{}{}
+			n.peers.Add(1)
+		}
+		t.mu.Unlock()
+		n.wake()
+		return json.Marshal(hello{Instance: t.h.Instance(), Addr: n.addr})
+	}
+	return nil, errs.New(errs.NotFound, "fabric", "no NIC %q here", h.NIC)
+}
+
+// failPending ends the operations waiting for the endpoint to connect.
+func (pe *peerEP) failPending(err error) {
+	pe.kill()
+	pe.mu.Lock()
+	ops := pe.pending
+	pe.pending = nil
+	pe.mu.Unlock()
+	for _, o := range ops {
+		pe.t.opDone(o, err)
+	}
+}
