@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/tecache/te/internal/errs"
 )
@@ -181,6 +182,7 @@ func (c *conn[T]) cutLocked(err error, requeue bool) bool {
 // connection is cut and the others go elsewhere.
 func (c *conn[T]) cancel() {
 	var out []T
+	heldCanceled := false
 	c.mu.Lock()
 	if c.dead {
 		c.mu.Unlock()
@@ -206,6 +208,7 @@ func (c *conn[T]) cancel() {
 		}
 		if c.held(id, s) {
 			c.cancelHeld = true // the writer releases it once past it
+			heldCanceled = true
 			continue
 		}
 		if o.Ordered {
@@ -218,9 +221,40 @@ func (c *conn[T]) cancel() {
 		out = append(out, s.item)
 	}
 	c.mu.Unlock()
+	if heldCanceled {
+		// The writer is inside a canceled item's payload: on a live peer
+		// it is past it in moments. A peer that stopped reading would keep
+		// it there for the progress timeout, and the cancel (a transfer
+		// timeout shorter than that) with it: past heldCancelGrace the
+		// connection is cut, which stops the writer, and the other items
+		// go elsewhere.
+		time.AfterFunc(heldCancelGrace, c.cutIfStillHeld)
+	}
 	err := o.canceled()
 	for _, it := range out {
 		it.Done(err)
+	}
+}
+
+// heldCancelGrace is how long a canceled item may stay with a writer stuck
+// in its payload before its connection is cut.
+const heldCancelGrace = 200 * time.Millisecond
+
+// cutIfStillHeld cuts the connection if the writer still holds a canceled
+// item.
+func (c *conn[T]) cutIfStillHeld() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.dead {
+		return
+	}
+	for id, s := range c.pending {
+		if !s.released && !s.answered && s.item.Canceled() && c.held(id, s) {
+			o := &c.pe.pool.o
+			c.cutLocked(errs.New(errs.PeerUnreachable, o.Component,
+				"connection to %s%s closed to abandon a canceled request its peer does not read", o.Label, c.pe.addr), true)
+			return
+		}
 	}
 }
 
