@@ -179,6 +179,9 @@ func ParseOptions(args []string, getenv func(string) string, out io.Writer) (Opt
 		o.HandoffClientTransfers <= 0 || o.HandoffClientBytes <= 0 {
 		return o, errors.New("sizes, counts and the shutdown timeout must be positive")
 	}
+	if err := checkRanges(o); err != nil {
+		return o, err
+	}
 	sec, err := authsecret.Load("", o.AuthSecretFile, getenv)
 	if err != nil {
 		return o, err
