@@ -50,15 +50,19 @@ type conn[T Item] struct {
 	// writer still held; they are settled once it is past them.
 	answers    []answer
 	cancelHeld bool // cancel skipped a held item: sent looks again
-	nextID     uint64
-	oldest     uint64       // Ordered: the id the next reply answers
-	owned      atomic.Int32 // items the reader claimed and has not settled
-	starved    bool         // the writer left items queued at MaxInFlight
-	dead       bool
-	err        error
-	requeue    bool // cut for another's sake: what it carries goes elsewhere
-	nc         net.Conn
-	running    int // goroutines not yet exited
+	// busySince is when the connection last went from idle to busy: the
+	// reader's silence bound counts from it, not from a deadline armed
+	// while the connection was idle.
+	busySince time.Time
+	nextID    uint64
+	oldest    uint64       // Ordered: the id the next reply answers
+	owned     atomic.Int32 // items the reader claimed and has not settled
+	starved   bool         // the writer left items queued at MaxInFlight
+	dead      bool
+	err       error
+	requeue   bool // cut for another's sake: what it carries goes elsewhere
+	nc        net.Conn
+	running   int // goroutines not yet exited
 	// settled and settledItems are the writer's scratch in sent.
 	settled      []answer
 	settledItems []T
@@ -144,6 +148,9 @@ func (c *conn[T]) enqueue(items []T, es []entry[T]) {
 			e.item.Done(err)
 		}
 		return
+	}
+	if !c.busyLocked() {
+		c.busySince = time.Now()
 	}
 	c.queue = slices.Grow(c.queue, len(items)+len(es))
 	for _, it := range items {
