@@ -119,17 +119,22 @@ type Config struct {
 // Default limits (internal/wire/spec.md, "Resource bounds", has what each
 // bounds and how a peer over it is refused).
 const (
-	DefaultMaxConns             = 1024
-	DefaultMaxConnsPerHost      = 256
-	DefaultIdleTimeout          = 5 * time.Minute
-	DefaultHandshakeTimeout     = 10 * time.Second
-	DefaultProgressTimeout      = 10 * time.Second
-	DefaultMaxFrame             = wire.DefaultMaxFrame
-	DefaultMaxCallsPerConn      = 64
-	DefaultMaxCalls             = 1024
-	DefaultNotifyBytes          = 64 << 20
-	DefaultNotifyBytesPerSender = wire.MaxNotifyMsg + wire.MaxNotifyName
-	DefaultPeerIdleTimeout      = 2 * time.Minute
+	DefaultMaxConns         = 1024
+	DefaultMaxConnsPerHost  = 256
+	DefaultIdleTimeout      = 5 * time.Minute
+	DefaultHandshakeTimeout = 10 * time.Second
+	DefaultProgressTimeout  = 10 * time.Second
+	DefaultMaxFrame         = wire.DefaultMaxFrame
+	// MinMaxFrame and MaxMaxFrame bound Limits.MaxFrame: a frame must hold
+	// a small descriptor, and a peer must not make the engine buffer more
+	// than a gigabyte for one.
+	MinMaxFrame                 uint64 = 4 << 10
+	MaxMaxFrame                 uint64 = 1 << 30
+	DefaultMaxCallsPerConn             = 64
+	DefaultMaxCalls                    = 1024
+	DefaultNotifyBytes                 = 64 << 20
+	DefaultNotifyBytesPerSender        = wire.MaxNotifyMsg + wire.MaxNotifyName
+	DefaultPeerIdleTimeout             = 2 * time.Minute
 )
 
 // Limits bound the resources a peer, idle or hostile, can make an engine hold.
@@ -241,8 +246,8 @@ func (c *Config) validate() error {
 		return bad("HandshakeTimeout", l.HandshakeTimeout)
 	case l.ProgressTimeout < 0:
 		return bad("ProgressTimeout", l.ProgressTimeout)
-	case l.MaxFrame < 4<<10:
-		return bad("MaxFrame", l.MaxFrame)
+	case l.MaxFrame < MinMaxFrame || l.MaxFrame > MaxMaxFrame:
+		return errs.New(errs.InvalidArgument, "new", "Limits.MaxFrame (%s) = %d is out of range: want 4KiB to 1GiB", EnvMaxFrame, l.MaxFrame)
 	}
 	return nil
 }

@@ -114,6 +114,9 @@ func New(cfg Config) (_ *Engine, err error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	if err := checkHostname(cfg.Hostname, min(cfg.RPCTimeout, 5*time.Second)); err != nil {
+		return nil, err
+	}
 	secret, source, err := peerauth.LoadSecret(cfg.AuthSecret, cfg.AuthSecretFile, nil)
 	if err != nil {
 		return nil, err

@@ -74,16 +74,18 @@ func parseBool(name, v string) (bool, error) {
 	return false, envError(name, v, "want 1 or 0 (also true/false, yes/no, on/off)")
 }
 
-// parseDuration reads a Go duration ("30s", "500ms"); never allows "off"
-// (or "never", "none"), which returns -1.
-func parseDuration(name, v string, never bool) (time.Duration, error) {
+// parseDuration reads a Go duration ("30s", "500ms") in [lo, hi]; never
+// allows "off" (or "never", "none"), which returns -1. A value outside the
+// range is refused with it: 1ns cannot bound a network exchange, and a
+// bound of years is none.
+func parseDuration(name, v string, never bool, lo, hi time.Duration) (time.Duration, error) {
 	s := strings.ToLower(strings.TrimSpace(v))
 	if never && (s == "off" || s == "never" || s == "none") {
 		return -1, nil
 	}
 	d, err := time.ParseDuration(s)
-	if err != nil || d <= 0 {
-		want := "want a positive duration such as 30s or 500ms"
+	if err != nil || d < lo || d > hi {
+		want := "want a duration from " + lo.String() + " to " + hi.String() + " such as 30s or 500ms"
 		if never {
 			want += ", or off"
 		}
@@ -181,22 +183,24 @@ func (c *Config) applyEnv(getenv func(string) string, environ []string) (envPara
 	}
 
 	l := &c.Limits
+	const ms, day = time.Millisecond, 24 * time.Hour
 	durs := []struct {
-		name  string
-		dst   *time.Duration
-		never bool // "off" allowed: a negative value, never
+		name   string
+		dst    *time.Duration
+		never  bool // "off" allowed: a negative value, never
+		lo, hi time.Duration
 	}{
-		{EnvTransferTimeout, &c.TransferTimeout, true},
-		{EnvRPCTimeout, &c.RPCTimeout, false},
-		{EnvUnregisterGrace, &c.UnregisterGrace, false},
-		{EnvIdleTimeout, &l.IdleTimeout, true},
-		{EnvHandshakeTimeout, &l.HandshakeTimeout, false},
-		{EnvProgressTimeout, &l.ProgressTimeout, false},
-		{EnvPeerIdleTimeout, &l.PeerIdleTimeout, true},
+		{EnvTransferTimeout, &c.TransferTimeout, true, ms, day},
+		{EnvRPCTimeout, &c.RPCTimeout, false, 10 * ms, time.Hour},
+		{EnvUnregisterGrace, &c.UnregisterGrace, false, ms, time.Hour},
+		{EnvIdleTimeout, &l.IdleTimeout, true, time.Second, day},
+		{EnvHandshakeTimeout, &l.HandshakeTimeout, false, 10 * ms, time.Hour},
+		{EnvProgressTimeout, &l.ProgressTimeout, false, 10 * ms, time.Hour},
+		{EnvPeerIdleTimeout, &l.PeerIdleTimeout, true, time.Second, day},
 	}
 	for _, d := range durs {
 		if v := getenv(d.name); v != "" {
-			x, err := parseDuration(d.name, v, d.never)
+			x, err := parseDuration(d.name, v, d.never, d.lo, d.hi)
 			if err != nil {
 				return nil, nil, err
 			}
@@ -240,6 +244,9 @@ func (c *Config) applyEnv(getenv func(string) string, environ []string) (envPara
 			x, err := parseBytes(s.name, v)
 			if err != nil {
 				return nil, nil, err
+			}
+			if s.dst == &l.MaxFrame && (x < MinMaxFrame || x > MaxMaxFrame) {
+				return nil, nil, envError(s.name, v, "want a size from 4KiB to 1GiB (the largest descriptor a peer may send)")
 			}
 			if *s.dst == 0 && (s.dst != &l.MaxFrame || c.MaxFrame == 0) {
 				*s.dst = x

@@ -94,3 +94,54 @@ func TestApplyEnvRefuses(t *testing.T) {
 		}
 	}
 }
+
+// TestApplyEnvRefusesOutOfRange: values that parse but cannot work (a
+// timeout of 1ns, a frame bound of 2^63-1 bytes) are refused naming the
+// variable and the range it takes.
+func TestApplyEnvRefusesOutOfRange(t *testing.T) {
+	for _, c := range []struct{ name, v, want string }{
+		{EnvTransferTimeout, "1ns", "from 1ms to 24h0m0s"},
+		{EnvRPCTimeout, "1ns", "from 10ms to 1h0m0s"},
+		{EnvUnregisterGrace, "1ns", "from 1ms to 1h0m0s"},
+		{EnvIdleTimeout, "1ns", "from 1s to 24h0m0s"},
+		{EnvHandshakeTimeout, "1ns", "from 10ms to 1h0m0s"},
+		{EnvProgressTimeout, "1ns", "from 10ms to 1h0m0s"},
+		{EnvProgressTimeout, "9000h", "from 10ms to 1h0m0s"},
+		{EnvPeerIdleTimeout, "1ns", "from 1s to 24h0m0s"},
+		{EnvMaxFrame, "9223372036854775807", "from 4KiB to 1GiB"},
+		{EnvMaxFrame, "1KiB", "from 4KiB to 1GiB"},
+	} {
+		getenv, environ := mapEnv(map[string]string{c.name: c.v})
+		var cfg Config
+		_, _, err := cfg.applyEnv(getenv, environ)
+		if !errors.Is(err, errs.ErrInvalidArgument) || !strings.Contains(err.Error(), c.name) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s=%s: %v, want invalid argument naming it and %q", c.name, c.v, err, c.want)
+		}
+	}
+	// The edges are accepted.
+	getenv, environ := mapEnv(map[string]string{EnvProgressTimeout: "10ms", EnvMaxFrame: "1GiB", EnvTransferTimeout: "off"})
+	var cfg Config
+	if _, _, err := cfg.applyEnv(getenv, environ); err != nil || cfg.Limits.ProgressTimeout != 10*time.Millisecond || cfg.Limits.MaxFrame != 1<<30 {
+		t.Fatalf("edges refused: %v %+v", err, cfg.Limits)
+	}
+}
+
+// TestCheckHostname: an advertised host with a port, brackets or a name that
+// does not resolve is refused, naming TE_HOSTNAME; addresses and names that
+// resolve are taken.
+func TestCheckHostname(t *testing.T) {
+	for _, c := range []struct{ h, want string }{
+		{"127.0.0.1:5", "has a port"}, {"[::1]:5", "has a port"}, {"[::1]", "brackets"},
+		{"nowhere.invalid", "does not resolve"}, {"a b", "neither an IP address nor a host name"},
+	} {
+		err := checkHostname(c.h, time.Second)
+		if !errors.Is(err, errs.ErrInvalidArgument) || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), EnvHostname) {
+			t.Errorf("%q: %v, want invalid argument: %s", c.h, err, c.want)
+		}
+	}
+	for _, h := range []string{"", "127.0.0.1", "::1", "localhost"} {
+		if err := checkHostname(h, 5*time.Second); err != nil {
+			t.Errorf("%q refused: %v", h, err)
+		}
+	}
+}

@@ -66,7 +66,7 @@ test-pip-install:
 # for anything but a missing GPU; two_peers.py runs the example's target and
 # initiator as two processes and checks the initiator verified the bytes.
 test-nixl: $(WHEEL_STAMP)
-	@if [ ! -d $(NIXL_SUITE)/test ]; then echo "test-nixl: $(NIXL_SUITE) is absent: skipped"; exit 0; fi; \
+	@if [ ! -d $(NIXL_SUITE)/test ]; then mk/skip.sh "test-nixl: $(NIXL_SUITE) is absent"; exit 0; fi; \
 	set -e; rm -rf $(NIXL_VENV); \
 	$(NIXL_PYTHON) -m venv --system-site-packages $(NIXL_VENV); \
 	$(NIXL_VENV)/bin/python -m pip install -q --no-index --no-deps $(WHEEL_DIR)/te-*.whl; \

@@ -34,7 +34,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -417,12 +419,30 @@ func runOnce(self string, o options, p plan) error {
 		fmt.Printf("               decode was notified %v after the last layer was written)\n", time.Duration(dr.End-pr.LastLayer).Round(time.Microsecond))
 	}
 	fmt.Printf("    handoff:  %v = %.2f GB/s (prefill ready to decode notified, through te-sidecar)\n", e2e.Round(time.Microsecond), gbs(e2e))
+	fmt.Printf("    machine:  %s\n", machineLoad())
 	if dr.Bad != 0 {
 		fmt.Printf("    decode checked %d bytes: %d 8-byte words WRONG; first: %s\n", dr.Checked, dr.Bad, dr.First)
 		return errors.New("decode's cache does not hold what prefill sent")
 	}
 	fmt.Printf("    decode checked all %d bytes of its cache: every byte correct\n", dr.Checked)
 	return nil
+}
+
+// machineLoad says how busy the machine was, next to the figures: on a
+// machine whose cores are taken by other work, GB/s and latencies say more
+// about that work than about te.
+func machineLoad() string {
+	cores := runtime.NumCPU()
+	b, err := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(b))
+	if err != nil || len(f) < 3 {
+		return fmt.Sprintf("%d cores (load average unknown)", cores)
+	}
+	s := fmt.Sprintf("load average %s, %s, %s (1, 5, 15 min) on %d cores", f[0], f[1], f[2], cores)
+	if l, err := strconv.ParseFloat(f[0], 64); err == nil && l > float64(cores) {
+		s += fmt.Sprintf(": busy (%.1f runnable per core), so the figures above are lower than te's on an idle machine", l/float64(cores))
+	}
+	return s
 }
 
 func sample(b []int) string {

@@ -3,6 +3,7 @@ package main
 import (
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -35,6 +36,10 @@ func TestDemo(t *testing.T) {
 			if !strings.Contains(out, want) {
 				t.Errorf("demo over %s: no %q in\n%s", tr, want, out)
 			}
+		}
+		// The machine's load stands next to the figures, once per mode.
+		if n := len(regexp.MustCompile(`(?m)^    machine:  load average [0-9.]+, [0-9.]+, [0-9.]+ \(1, 5, 15 min\) on \d+ cores`).FindAllString(out, -1)); n != 2 {
+			t.Errorf("demo over %s: %d lines with the machine's load, want one per mode:\n%s", tr, n, out)
 		}
 		if strings.Count(out, "every byte correct") != 2 {
 			t.Errorf("demo over %s: both modes should check out:\n%s", tr, out)

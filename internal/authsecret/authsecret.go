@@ -6,8 +6,10 @@ import (
 	"crypto/subtle"
 	"encoding/hex"
 	"io"
+	"io/fs"
 	"os"
 	"strings"
+	"syscall"
 
 	"github.com/tecache/te/internal/errs"
 )
@@ -72,12 +74,26 @@ func Parse(text string) (*Secrets, error) {
 }
 
 // ReadFile reads a secret file (see Parse).
+//
+// The file must be a regular file (a mounted Kubernetes Secret is one,
+// through its symbolic links). It is opened without blocking, so a FIFO, a
+// socket or a device named by mistake is refused at once rather than
+// holding the caller (engine creation, te-sidecar's start) until something
+// writes to it.
 func ReadFile(path string) (*Secrets, error) {
-	f, err := os.Open(path)
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
 	if err != nil {
 		return nil, errs.Wrap(errs.InvalidArgument, "secret", err, "reading the secret file")
 	}
 	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, errs.Wrap(errs.InvalidArgument, "secret", err, "reading the secret file %s", path)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, errs.New(errs.InvalidArgument, "secret", "secret file %s is not a regular file (it is a %s): "+
+			"put the secret in a file, or pass it in TE_AUTH_SECRET", path, fileKind(fi.Mode()))
+	}
 	b, err := io.ReadAll(io.LimitReader(f, maxFile+1))
 	if err != nil {
 		return nil, errs.Wrap(errs.InvalidArgument, "secret", err, "reading the secret file %s", path)
@@ -90,6 +106,23 @@ func ReadFile(path string) (*Secrets, error) {
 		return nil, errs.Wrap(errs.CodeOf(err), "secret", err, "secret file %s", path)
 	}
 	return s, nil
+}
+
+// fileKind names what a non-regular file is, for an error message.
+func fileKind(m fs.FileMode) string {
+	switch {
+	case m&fs.ModeNamedPipe != 0:
+		return "named pipe (FIFO)"
+	case m&fs.ModeSocket != 0:
+		return "socket"
+	case m&fs.ModeCharDevice != 0:
+		return "character device"
+	case m&fs.ModeDevice != 0:
+		return "device"
+	case m.IsDir():
+		return "directory"
+	}
+	return "file of mode " + m.Type().String()
 }
 
 // Load returns the secret given by value, else by the file at path, else

@@ -5,7 +5,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -137,6 +139,45 @@ func TestClientToken(t *testing.T) {
 	for _, other := range []string{s.ClientToken("decode-1"), s.ClientToken(""), s.Token()} {
 		if authsecret.Match(other, ts) {
 			t.Fatalf("%s matches decode-0's tokens", other)
+		}
+	}
+}
+
+// TestSecretFileNotRegular: a secret file naming a FIFO (nobody writing),
+// a directory or a device is refused at once with what it is, rather than
+// blocking the caller on open or read.
+func TestSecretFileNotRegular(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "secret.fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ path, kind string }{
+		{fifo, "named pipe"}, {dir, "directory"}, {"/dev/null", "character device"},
+	} {
+		done := make(chan error, 1)
+		go func() {
+			_, err := authsecret.Load("", "", func(k string) string {
+				if k == authsecret.EnvSecretFile {
+					return c.path
+				}
+				return ""
+			})
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if errs.CodeOf(err) != errs.InvalidArgument || !strings.Contains(err.Error(), c.kind) ||
+				!strings.Contains(err.Error(), "not a regular file") || !strings.Contains(err.Error(), authsecret.EnvSecretFile) {
+				t.Errorf("%s: %v, want invalid argument naming %s, a %s", c.path, err, authsecret.EnvSecretFile, c.kind)
+			}
+		case <-time.After(5 * time.Second):
+			// Unblock the open so the goroutine ends, then fail.
+			if w, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+				w.Close()
+			}
+			<-done
+			t.Fatalf("%s: loading the secret blocked", c.path)
 		}
 	}
 }

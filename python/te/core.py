@@ -8,6 +8,7 @@ import weakref
 from ctypes import byref, c_int32, c_size_t, c_uint64, c_void_p
 
 from . import _lib
+from ._wait import sliced
 from .errors import BufferTooSmall, InvalidArgument, TeError, error_for
 from .tensors import is_tensor, resolve_location
 
@@ -183,11 +184,14 @@ class Batch:
 
     def wait(self, timeout=None):
         """Block until every task finished (timeout seconds, None: no limit).
-        Returns the status; raises Timeout, or the first failure's error."""
-        ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        Returns the status; raises Timeout, or the first failure's error.
+        Signals are handled while it waits (Ctrl-C raises KeyboardInterrupt
+        within 0.1 s); the transfers go on."""
         lib = _lib.load()
         st = _lib.BatchStatus()
-        check(lib.te_wait(self.handle, ms, byref(st)), lib)
+        # In slices, so Ctrl-C and other signals are handled during a long
+        # wait rather than after it.
+        check(sliced(lambda ms: lib.te_wait(self.handle, ms, byref(st)), timeout, "batch"), lib)
         return BatchStatus(st)
 
     def fileno(self):

@@ -51,6 +51,7 @@ import weakref
 from ctypes import byref, c_int32, c_size_t, c_uint64
 
 from . import _lib
+from ._wait import sliced
 from .core import READ, WRITE, Batch, Segment, check  # noqa: F401
 from .errors import InvalidArgument
 
@@ -349,7 +350,7 @@ class Transfer:
         it was aborted, TransferLost when te-sidecar lost it."""
         lib = _lib.load()
         r = _lib.HandoffResult(size=ctypes.sizeof(_lib.HandoffResult))
-        check(lib.te_handoff_wait(self.handle, _timeout_ms(timeout), byref(r)), lib)
+        check(sliced(lambda ms: lib.te_handoff_wait(self.handle, ms, byref(r)), timeout, "handoff transfer"), lib)
         return Result(r)
 
     send = wait

@@ -32,9 +32,9 @@ class FenceTest(unittest.TestCase):
         cls.peer.ask("exit")
         cls.peer.close()
 
-    def engine(self, **kw):
+    def engine(self, progress_timeout=1, **kw):
         e = te.Engine(listen_addr="127.0.0.1:0", hostname="127.0.0.1", transports="tcp", force_transport="tcp",
-                      transfer_timeout=1, unregister_grace=0.2, limits=te.Limits(progress_timeout=1), **kw)
+                      transfer_timeout=1, unregister_grace=0.2, limits=te.Limits(progress_timeout=progress_timeout), **kw)
         self.addCleanup(e.close)
         return e
 
@@ -52,11 +52,11 @@ class FenceTest(unittest.TestCase):
             e.open_segment(self.name)
         self.assertIn("holds none", str(cm.exception))
 
-    def stalled(self):
+    def stalled(self, progress_timeout=1):
         """An engine with the secret, its registered local buffer, and a
         batch of N reads from the target whose connections are already up
         (so stopping the target stalls them mid-way)."""
-        e = self.engine(auth_secret=SECRET)
+        e = self.engine(auth_secret=SECRET, progress_timeout=progress_timeout)
         local = bytearray(N * BLOCK)
         e.register(local, remote=False)
         seg = e.open_segment(self.name)
@@ -69,7 +69,9 @@ class FenceTest(unittest.TestCase):
         return e, local, b, reqs
 
     def test_timeout_is_a_fence(self):
-        e, local, b, reqs = self.stalled()
+        # The transfer timeout (1 s) ends the reads, not the progress
+        # timeout, which bounds a silent peer too: it is longer here.
+        e, local, b, reqs = self.stalled(progress_timeout=5)
         stop(self.pid)
         try:
             b.submit(reqs)

@@ -34,8 +34,9 @@ func scratch(t *testing.T) string {
 	t.Helper()
 	f := filepath.Join(t.TempDir(), "scratch.mk")
 	body := "include " + filepath.Join(repo(t), "Makefile") + "\n" +
-		".PHONY: fake-ok fake-fail fake-ok2\n" +
+		".PHONY: fake-ok fake-fail fake-ok2 fake-skip\n" +
 		"fake-ok: ; @echo ran-fake-ok\n" +
+		"fake-skip: ; @mk/skip.sh nothing to run here\n" +
 		"fake-fail: ; @echo ran-fake-fail; exit 3\n" +
 		"fake-ok2: ; @echo ran-fake-ok2\n"
 	if err := os.WriteFile(f, []byte(body), 0o644); err != nil {
@@ -78,7 +79,7 @@ func TestSuitesRunAllAndSummarize(t *testing.T) {
 	}
 	summary := out[strings.Index(out, "==> summary"):]
 	for _, re := range []string{`(?m)^PASS fake-ok +\d+s  \(exit 0\)$`, `(?m)^FAIL fake-fail +\d+s  \(exit \d+\)$`,
-		`(?m)^PASS fake-ok2 +\d+s  \(exit 0\)$`, `(?m)^total: 3 suites, 2 passed, 1 failed, \d+s$`} {
+		`(?m)^PASS fake-ok2 +\d+s  \(exit 0\)$`, `(?m)^total: 3 suites, 2 passed, 1 failed, 0 skipped, \d+s$`} {
 		if !regexp.MustCompile(re).MatchString(summary) {
 			t.Errorf("summary lacks %s:\n%s", re, summary)
 		}
@@ -89,8 +90,37 @@ func TestSuitesRunAllAndSummarize(t *testing.T) {
 	}
 
 	out, code = runMake(t, "-f", mf, "test-suites", "TEST_SUITES=fake-ok fake-ok2")
-	if code != 0 || !strings.Contains(out, "total: 2 suites, 2 passed, 0 failed") {
+	if code != 0 || !strings.Contains(out, "total: 2 suites, 2 passed, 0 failed, 0 skipped") {
 		t.Fatalf("all passing: exit %d:\n%s", code, out)
+	}
+}
+
+// TestSuiteThatRanNothingIsSkip: a suite that ran nothing (mk/skip.sh) is
+// SKIP in the summary and counted apart, CI's "N passed, N failed" still
+// opens the total, and skips alone do not fail the run.
+func TestSuiteThatRanNothingIsSkip(t *testing.T) {
+	mf := scratch(t)
+	out, code := runMake(t, "-f", mf, "test-suites", "TEST_SUITES=fake-ok fake-skip fake-ok2")
+	if code != 0 {
+		t.Fatalf("only a skip, yet make exited %d:\n%s", code, out)
+	}
+	summary := out[strings.Index(out, "==> summary"):]
+	for _, re := range []string{`(?m)^PASS fake-ok +\d+s  \(exit 0\)$`,
+		`(?m)^SKIP fake-skip +\d+s  \(exit 0\): nothing to run here$`,
+		`(?m)^total: 3 suites, 2 passed, 0 failed, 1 skipped, \d+s$`} {
+		if !regexp.MustCompile(re).MatchString(summary) {
+			t.Errorf("summary lacks %s:\n%s", re, summary)
+		}
+	}
+	// The form CI reads: "N passed, N failed" in the closing line.
+	last := strings.TrimSpace(summary[strings.LastIndex(strings.TrimSpace(summary), "\n")+1:])
+	if !regexp.MustCompile(`^total: \d+ suites, \d+ passed, \d+ failed(, \d+ skipped)?, \d+s$`).MatchString(last) {
+		t.Errorf("closing line %q is not in the form CI reads", last)
+	}
+	// A skip next to a failure: the failure still fails the run.
+	out, code = runMake(t, "-f", mf, "test-suites", "TEST_SUITES=fake-skip fake-fail")
+	if code == 0 || !strings.Contains(out, "total: 2 suites, 0 passed, 1 failed, 1 skipped") {
+		t.Fatalf("skip and fail: exit %d:\n%s", code, out)
 	}
 }
 

@@ -180,6 +180,9 @@ func ParseOptions(args []string, getenv func(string) string, out io.Writer) (Opt
 	if err := positive(fs); err != nil {
 		return o, err
 	}
+	if err := checkRanges(o); err != nil {
+		return o, err
+	}
 	sec, err := authsecret.Load("", o.AuthSecretFile, getenv)
 	if err != nil {
 		return o, err

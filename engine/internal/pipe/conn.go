@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/tecache/te/internal/errs"
 )
@@ -49,15 +50,19 @@ type conn[T Item] struct {
 	// writer still held; they are settled once it is past them.
 	answers    []answer
 	cancelHeld bool // cancel skipped a held item: sent looks again
-	nextID     uint64
-	oldest     uint64       // Ordered: the id the next reply answers
-	owned      atomic.Int32 // items the reader claimed and has not settled
-	starved    bool         // the writer left items queued at MaxInFlight
-	dead       bool
-	err        error
-	requeue    bool // cut for another's sake: what it carries goes elsewhere
-	nc         net.Conn
-	running    int // goroutines not yet exited
+	// busySince is when the connection last went from idle to busy: the
+	// reader's silence bound counts from it, not from a deadline armed
+	// while the connection was idle.
+	busySince time.Time
+	nextID    uint64
+	oldest    uint64       // Ordered: the id the next reply answers
+	owned     atomic.Int32 // items the reader claimed and has not settled
+	starved   bool         // the writer left items queued at MaxInFlight
+	dead      bool
+	err       error
+	requeue   bool // cut for another's sake: what it carries goes elsewhere
+	nc        net.Conn
+	running   int // goroutines not yet exited
 	// settled and settledItems are the writer's scratch in sent.
 	settled      []answer
 	settledItems []T
@@ -144,6 +149,9 @@ func (c *conn[T]) enqueue(items []T, es []entry[T]) {
 		}
 		return
 	}
+	if !c.busyLocked() {
+		c.busySince = time.Now()
+	}
 	c.queue = slices.Grow(c.queue, len(items)+len(es))
 	for _, it := range items {
 		c.queue = append(c.queue, entry[T]{item: it})
@@ -181,6 +189,7 @@ func (c *conn[T]) cutLocked(err error, requeue bool) bool {
 // connection is cut and the others go elsewhere.
 func (c *conn[T]) cancel() {
 	var out []T
+	heldCanceled := false
 	c.mu.Lock()
 	if c.dead {
 		c.mu.Unlock()
@@ -206,6 +215,7 @@ func (c *conn[T]) cancel() {
 		}
 		if c.held(id, s) {
 			c.cancelHeld = true // the writer releases it once past it
+			heldCanceled = true
 			continue
 		}
 		if o.Ordered {
@@ -218,9 +228,40 @@ func (c *conn[T]) cancel() {
 		out = append(out, s.item)
 	}
 	c.mu.Unlock()
+	if heldCanceled {
+		// The writer is inside a canceled item's payload: on a live peer
+		// it is past it in moments. A peer that stopped reading would keep
+		// it there for the progress timeout, and the cancel (a transfer
+		// timeout shorter than that) with it: past heldCancelGrace the
+		// connection is cut, which stops the writer, and the other items
+		// go elsewhere.
+		time.AfterFunc(heldCancelGrace, c.cutIfStillHeld)
+	}
 	err := o.canceled()
 	for _, it := range out {
 		it.Done(err)
+	}
+}
+
+// heldCancelGrace is how long a canceled item may stay with a writer stuck
+// in its payload before its connection is cut.
+const heldCancelGrace = 200 * time.Millisecond
+
+// cutIfStillHeld cuts the connection if the writer still holds a canceled
+// item.
+func (c *conn[T]) cutIfStillHeld() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.dead {
+		return
+	}
+	for id, s := range c.pending {
+		if !s.released && !s.answered && s.item.Canceled() && c.held(id, s) {
+			o := &c.pe.pool.o
+			c.cutLocked(errs.New(errs.PeerUnreachable, o.Component,
+				"connection to %s%s closed to abandon a canceled request its peer does not read", o.Label, c.pe.addr), true)
+			return
+		}
 	}
 }
 

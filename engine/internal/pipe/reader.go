@@ -164,8 +164,10 @@ func (r *Reader[T]) wait() error {
 		return nil
 	}
 	o := &r.c.pe.pool.o
-	for {
-		if o.Silence > 0 {
+	for rearmed := false; ; {
+		if rearmed {
+			rearmed = false
+		} else if o.Silence > 0 {
 			if now := time.Now(); r.moved || now.Sub(r.armed) > o.Silence/4 {
 				r.nc.SetReadDeadline(now.Add(o.Silence))
 				r.armed, r.moved = now, false
@@ -180,10 +182,17 @@ func (r *Reader[T]) wait() error {
 		}
 		if o.Silence > 0 && isTimeout(err) {
 			r.c.mu.Lock()
-			busy := r.c.busyLocked()
+			busy, since := r.c.busyLocked(), r.c.busySince
 			r.c.mu.Unlock()
 			if !busy {
 				r.armed = time.Time{} // an idle pool connection: fine
+				continue
+			}
+			if end := since.Add(o.Silence); time.Now().Before(end) {
+				// Armed while idle: the requests have waited less than
+				// Silence; give them the rest.
+				r.nc.SetReadDeadline(end)
+				rearmed = true
 				continue
 			}
 			return errs.New(errs.PeerUnreachable, o.Component, "no answer from %s%s for %v with requests in flight", o.Label, r.c.pe.addr, o.Silence)

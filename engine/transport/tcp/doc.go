@@ -83,7 +83,8 @@
 //	tcp.listen        data listener address (default: the RPC listener's IP, port 0)
 //	tcp.dial_timeout  connect timeout (default 5s)
 //	tcp.timeout       fail a connection whose peer sent nothing for this long
-//	                  while requests are in flight (default 30s)
+//	                  while requests are in flight (default: the engine's
+//	                  ProgressTimeout, TE_PROGRESS_TIMEOUT, 10s)
 //	tcp.gpu_staging   pinned host memory per connection for GPU payloads,
 //	                  half per direction (default 4MiB, 64KiB to 1GiB)
 //

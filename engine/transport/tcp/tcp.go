@@ -47,7 +47,9 @@ type Options struct {
 	// Timeout fails a connection (and the requests on it) when requests
 	// are in flight and no byte arrived for this long: a peer that hangs
 	// without closing its socket does not hold requests, and the memory
-	// they pin, forever.
+	// they pin, forever. Default: Progress, so one figure
+	// (TE_PROGRESS_TIMEOUT) governs a silent peer whichever way the bytes
+	// go; tcp.timeout overrides it.
 	Timeout time.Duration
 	// GPUStaging is the pinned host memory per connection that GPU
 	// payloads are staged through (half for each direction).
@@ -85,7 +87,7 @@ func DefaultOptions() Options {
 		slice = uint64(l2) / 2
 	}
 	slice = max(256<<10, min(slice, 1<<20))
-	return Options{Conns: conns, Slice: slice, DialTimeout: 5 * time.Second, Timeout: 30 * time.Second, GPUStaging: DefaultGPUStaging,
+	return Options{Conns: conns, Slice: slice, DialTimeout: 5 * time.Second, Timeout: 10 * time.Second, GPUStaging: DefaultGPUStaging,
 		Progress: 10 * time.Second, Idle: 5 * time.Minute, Header: 10 * time.Second, PeerIdle: 2 * time.Minute,
 		MaxConns: 1024, MaxConnsPerHost: 256}
 }
@@ -122,12 +124,13 @@ func parseOptions(h transport.Host) (Options, error) {
 		}
 		o.DialTimeout = d
 	}
+	silence := false
 	if v, ok := h.Param("tcp.timeout"); ok {
 		d, err := time.ParseDuration(v)
 		if err != nil || d <= 0 {
 			return o, bad("tcp.timeout", v, "want a positive duration")
 		}
-		o.Timeout = d
+		o.Timeout, silence = d, true
 	}
 	for _, p := range []struct {
 		key string
@@ -166,6 +169,9 @@ func parseOptions(h transport.Host) (Options, error) {
 			return o, bad("tcp.gpu_staging", v, "want a size from 64KiB to 1GiB")
 		}
 		o.GPUStaging = n
+	}
+	if !silence {
+		o.Timeout = o.Progress
 	}
 	return o, nil
 }
@@ -374,7 +380,10 @@ func (t *Transport) Reachable(d *segment.Desc) error {
 // instance, proven when this engine has a secret, and the session every
 // later frame is sealed in (nil without a secret on either side).
 func (t *Transport) clientHello(nc net.Conn, addr string) (string, *session.Session, error) {
-	deadline := time.Now().Add(t.opt.Header)
+	// A peer that does not answer the handshake is a silent peer with a
+	// request waiting: the silence bound (the progress timeout) applies,
+	// where it is the shorter, as on a connection already open.
+	deadline := time.Now().Add(min(t.opt.Header, t.opt.Timeout))
 	nc.SetWriteDeadline(deadline)
 	if _, err := nc.Write([]byte(wire.DataPreface)); err != nil {
 		return "", nil, errs.Wrap(errs.PeerUnreachable, "tcp", err, "send preface to %s", addr)

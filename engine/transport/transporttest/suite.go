@@ -103,6 +103,21 @@ func (s Setup) startWith(t *testing.T, adjust func(*engine.Config)) *env {
 		p = ip
 	}
 	t.Cleanup(p.Close)
+	v := &env{t: t, s: s, peer: p}
+	var err error
+	v.src, err = mem.Alloc(peerSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v.dst, err = mem.Alloc(peerSize)
+	if err != nil {
+		mem.Free(v.src)
+		t.Fatal(err)
+	}
+	// Cleanups run last-in first-out: the engine closes (its transports let
+	// go of every task) before the memory its tasks use is unmapped, also
+	// when a test ends early with transfers in flight.
+	t.Cleanup(func() { mem.Free(v.src); mem.Free(v.dst) })
 	cfg := s.config()
 	cfg.ForceTransport = s.Transport
 	if adjust != nil {
@@ -113,16 +128,7 @@ func (s Setup) startWith(t *testing.T, adjust func(*engine.Config)) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { e.Close() })
-	v := &env{t: t, s: s, e: e, peer: p}
-	v.src, err = mem.Alloc(peerSize)
-	if err != nil {
-		t.Fatal(err)
-	}
-	v.dst, err = mem.Alloc(peerSize)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { mem.Free(v.src); mem.Free(v.dst) })
+	v.e = e
 	if err := e.RegisterMemoryBatch([]engine.MemoryRegion{
 		{Addr: mem.Addr(v.src), Length: peerSize, Location: "cpu:0"},
 		{Addr: mem.Addr(v.dst), Length: peerSize, Location: "cpu:0"},

@@ -18,6 +18,10 @@
  *    libibverbs maps for ibv_reg_dmabuf_mr; FAKECUDA_DMABUF=0 makes it
  *    answer CUDA_ERROR_NOT_SUPPORTED, as drivers before 515 do.
  *
+ *  - FAKECUDA_COPY_DELAY_US=N makes every copy take N microseconds more (a
+ *    busy GPU, a loaded machine): tests use it to hold a copy in flight
+ *    while something else happens.
+ *
  * Devices: FAKECUDA_DEVICES sets their number (0 makes cuInit fail with
  * CUDA_ERROR_NO_DEVICE). Otherwise, with TE_SYSFS_ROOT naming a recorded
  * sysfs tree, the NVIDIA functions of its bus/pci/devices (vendor 0x10de,
@@ -290,14 +294,23 @@ static CUresult xlat(uintptr_t p, size_t n, int want, char **out) {
   *out = a->shadow + (p - (uintptr_t)a->addr);
   return OK;
 }
+static long copy_delay_us = -1;
 static CUresult copy(uintptr_t dst, int wd, uintptr_t src, int ws, size_t n) {
   INIT(); if (need_ctx()) return INVALID_CONTEXT;
   if (n == 0) return OK;
   char *d, *s;
   pthread_mutex_lock(&mu);
+  if (copy_delay_us < 0) {
+    const char *e = getenv("FAKECUDA_COPY_DELAY_US");
+    copy_delay_us = e ? atol(e) : 0;
+    if (copy_delay_us < 0) copy_delay_us = 0;
+  }
+  long delay = copy_delay_us;
   CUresult r = xlat(dst, n, wd, &d);
   if (r == OK) r = xlat(src, n, ws, &s);
   pthread_mutex_unlock(&mu);
+  /* The copy is in flight from here: its memory must stay mapped. */
+  if (r == OK && delay > 0) usleep((useconds_t)delay);
   if (r == OK) memmove(d, s, n);
   return r;
 }
