@@ -94,8 +94,8 @@ type Lib struct {
 	// optional.
 	hsaExportDmabuf func(ptr uint64, size uintptr, fd, off uintptr) int32
 
-	mu    sync.Mutex // one out-parameter page
-	page  []byte
+	mu   sync.Mutex // one out-parameter page
+	page []byte
 }
 
 type symbol struct {
