@@ -197,6 +197,7 @@ type Transport struct {
 	mc mcState // Mooncake interop (mooncake.go)
 
 	authRefused, authFailed, slowClosed, recordsRefused atomic.Uint64
+	dialed                                              atomic.Uint64 // data connections this side dialed
 }
 
 // authHoster is implemented by engine hosts with a cluster secret: every data
@@ -211,7 +212,8 @@ type encryptHoster interface{ Encrypt() bool }
 // the listener's bounds, peers that failed authentication (refused here, or
 // refusing us), connections cut by a deadline (a stalled or trickling
 // payload, a silent or idle peer), idle peer connections pruned, Mooncake
-// initiators' requests served (MooncakeServed).
+// initiators' requests served (MooncakeServed), data connections dialed to
+// peers (peer_conns_dialed: a warmed-up peer's first request adds none).
 func (t *Transport) Stats() map[string]uint64 {
 	st := t.limiter.Stats()
 	return map[string]uint64{
@@ -225,6 +227,7 @@ func (t *Transport) Stats() map[string]uint64 {
 		"records_refused":        t.recordsRefused.Load(),
 		"peer_conns_pruned":      t.pruned(),
 		"mooncake_served":        t.mc.served.Load(),
+		"peer_conns_dialed":      t.dialed.Load(),
 	}
 }
 
