@@ -12,13 +12,13 @@ import (
 
 // warmPair returns an initiator and a target over tcp with conns striped
 // connections each, 1 MiB registered on both, and the target opened.
-func warmPair(t *testing.T, conns string) (a, b *engine.Engine, s *engine.Segment, src, dst uint64) {
+func warmPair(t *testing.T, conns string, mods ...func(*engine.Config)) (a, b *engine.Engine, s *engine.Segment, src, dst uint64) {
 	t.Helper()
 	mod := func(c *engine.Config) {
 		c.Transports = []string{"tcp"}
 		c.Params = map[string]string{"tcp.conns": conns}
 	}
-	return pair(t, mod)
+	return pair(t, append([]func(*engine.Config){mod}, mods...)...)
 }
 
 func dialed(e *engine.Engine) uint64 { return e.TransportStats()["tcp"]["peer_conns_dialed"] }
@@ -122,8 +122,16 @@ func TestWarmupErrors(t *testing.T) {
 // without it, against the median of the 100 after (figures, not asserted:
 // timing on a shared machine is not a test).
 func TestWarmupFirstTransfer(t *testing.T) {
-	for _, warm := range []bool{false, true} {
-		a, b, s, src, dst := warmPair(t, "4")
+	secret := func(c *engine.Config) { c.AuthSecret = "warmup-test-secret-0123456789abcdef" }
+	none := func(*engine.Config) {}
+	for _, run := range []struct {
+		warm, secret bool
+	}{{false, false}, {true, false}, {false, true}, {true, true}} {
+		warm, mod := run.warm, none
+		if run.secret {
+			mod = secret
+		}
+		a, b, s, src, dst := warmPair(t, "4", mod)
 		if warm {
 			if err := a.Warmup(context.Background(), b.Name()); err != nil {
 				t.Fatal(err)
@@ -141,7 +149,7 @@ func TestWarmupFirstTransfer(t *testing.T) {
 		batch.Free()
 		slices.Sort(next)
 		med := next[len(next)/2]
-		t.Logf("warmup=%v: first 4 KiB write %v, median of the next 100 %v, ratio %.2f",
-			warm, first, med, float64(first)/float64(med))
+		t.Logf("warmup=%v secret=%v: first 4 KiB write %v, median of the next 100 %v, ratio %.2f",
+			warm, run.secret, first, med, float64(first)/float64(med))
 	}
 }
