@@ -20,7 +20,9 @@ import (
 // descriptor cached for the transfers that follow. It blocks until every
 // connection is up or one failed, bounded by ctx and by the transports'
 // connect and handshake timeouts. Safe for concurrent use; connections
-// already up cost nothing.
+// already up cost nothing. Warmed connections left unused are reclaimed
+// like any other idle ones (tcp: Limits.PeerIdleTimeout, 2 minutes), so
+// warm up shortly before the transfers.
 func (e *Engine) Warmup(ctx context.Context, name string) error {
 	const op = "warmup"
 	if err := e.live(op); err != nil {

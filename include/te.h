@@ -593,7 +593,9 @@ int te_open_segment(te_engine_t engine, const char *name, te_segment_t *out);
  * a no-op that succeeds, as does the engine's own name. The segment is
  * opened for the call only: open it with te_open_segment first to keep its
  * descriptor cached. Connections already up cost nothing, so calling it
- * again is cheap. Since ABI 1.3 (added without a minor bump).
+ * again is cheap. Connections left unused are reclaimed like other idle
+ * ones (peer_idle_timeout, 2 minutes): warm up shortly before the transfers.
+ * Since ABI 1.3 (added without a minor bump).
  * Blocks: yes, until every connection is up or one failed (RPC timeout for
  * the open, then the transport's connect and handshake timeouts) |
  * Thread-safe: yes | Returns: 0, or TE_ERR_INVALID_ARGUMENT (NULL or empty
