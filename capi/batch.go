@@ -8,6 +8,7 @@ typedef const te_request_t te_crequest;
 import "C"
 
 import (
+	"context"
 	"sync"
 	"time"
 	"unsafe"
@@ -346,4 +347,20 @@ func tego_batch_reset(h C.te_batch_t) (rc C.int) {
 func tego_free_batch(h C.te_batch_t) (rc C.int) {
 	defer enter("free batch", &rc)()
 	return fail(batches.DeleteIf("free batch", uint64(h), func(be batchEntry) error { return be.b.Free() }))
+}
+
+//export tego_warmup_segment
+func tego_warmup_segment(h C.te_engine_t, name *C.te_cchar) (rc C.int) {
+	defer enter("warmup segment", &rc)()
+	e, err := getEngine("warmup segment", h)
+	if err != nil {
+		return fail(err)
+	}
+	if name == nil {
+		return null("warmup segment", "name")
+	}
+	// No deadline of its own: the segment's open is bounded by the RPC
+	// timeout, each connection by the transport's connect and handshake
+	// timeouts.
+	return fail(e.Warmup(context.Background(), cstr(name)))
 }

@@ -181,6 +181,11 @@ int te_open_segment(te_engine_t engine, const char *name, te_segment_t *out) {
     return tego_open_segment(engine, name, out);
 }
 
+int te_warmup_segment(te_engine_t engine, const char *name) {
+    if (tecapi_child(__func__)) return TE_ERR_FORKED;
+    return tego_warmup_segment(engine, name);
+}
+
 int te_close_segment(te_segment_t segment) {
     if (tecapi_child(__func__)) return TE_ERR_FORKED;
     return tego_close_segment(segment);

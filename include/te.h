@@ -597,6 +597,27 @@ int te_unregister_batch(te_engine_t engine, void *const *addrs, size_t n);
  * TE_ERR_METADATA, TE_ERR_AUTH (the peer holds another cluster secret). */
 int te_open_segment(te_engine_t engine, const char *name, te_segment_t *out);
 
+/* te_warmup_segment connects to the named segment ahead of its first
+ * transfer: the transport that would carry host memory to it sets up what
+ * the first request would (tcp: every striped connection dialed,
+ * authenticated, session keys agreed; rdma: the queue pairs of every NIC
+ * pair connected). Transports with nothing to set up (local, shm) make it
+ * a no-op that succeeds, as does the engine's own name. The segment is
+ * opened for the call only: open it with te_open_segment first to keep its
+ * descriptor cached. Connections already up cost nothing, so calling it
+ * again is cheap. Connections left unused are reclaimed like other idle
+ * ones (peer_idle_timeout, 2 minutes): warm up shortly before the transfers.
+ * Since ABI 1.3 (added without a minor bump).
+ * Blocks: yes, until every connection is up or one failed (RPC timeout for
+ * the open, then the transport's connect and handshake timeouts) |
+ * Thread-safe: yes | Returns: 0, or TE_ERR_INVALID_ARGUMENT (NULL or empty
+ * name; with P2PHANDSHAKE a name that is not host:port),
+ * TE_ERR_SEGMENT_NOT_FOUND (unknown or not answering),
+ * TE_ERR_TRANSPORT_UNAVAILABLE (no transport reaches it),
+ * TE_ERR_PEER_UNREACHABLE (a connect or handshake failed), TE_ERR_AUTH,
+ * TE_ERR_METADATA, TE_ERR_FORKED, TE_ERR_CLOSED. */
+int te_warmup_segment(te_engine_t engine, const char *name);
+
 /* te_close_segment releases a segment handle.
  * Blocks: no | Thread-safe: yes | Errors: TE_ERR_INVALID_ARGUMENT (also for
  * a handle closed before). */

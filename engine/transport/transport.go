@@ -243,6 +243,16 @@ type TopologyReporter interface {
 	Topology() map[string][2][]string
 }
 
+// Warmer is implemented by transports that connect to a peer ahead of its
+// first request: Warmup makes what a request to peer would set up on first
+// use (connections, their handshakes and session keys, queue pairs) and
+// returns once it is up, or with why not. It is bounded by ctx and by the
+// transport's own connect and handshake timeouts; what is already up costs
+// nothing, so calling it again is cheap.
+type Warmer interface {
+	Warmup(ctx context.Context, peer *segment.Desc) error
+}
+
 // WindowRevoker is implemented by transports whose peers reach memory without
 // the owner checking each access (shm): RevokeWindow makes every peer stop
 // using the window r belongs to, and returns once none can.

@@ -437,10 +437,24 @@ class TransferEngine:
             log.error("get_local_topology: %s", e)
             return "{}"
 
+    def warmup_segment(self, segment_name):
+        """Connect to segment_name ahead of the first transfer (every tcp
+        connection dialed and authenticated, every rdma queue pair
+        connected); the segment stays open for the transfers after. Blocks
+        until the connections are up. 0, or a negative code."""
+        try:
+            self._segment(segment_name)
+            self._engine.warmup(segment_name)
+            return 0
+        except te.TeError as e:
+            log.error("warmup_segment(%s): %s", segment_name, e)
+            self._forget(segment_name, e)
+            return _rc(e)
+
     def warmup_efa_segment(self, segment_name):
-        """0: te has no EFA transport, so there is nothing to warm up (as in
-        Mooncake builds without EFA)."""
-        return 0
+        """Mooncake's EFA warm-up: te warms whichever transport reaches the
+        segment (warmup_segment). 0, or a negative code."""
+        return self.warmup_segment(segment_name)
 
     # -- memory -----------------------------------------------------------
     def register_memory(self, buffer_addr, capacity=None, location="*"):

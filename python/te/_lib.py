@@ -146,6 +146,7 @@ PROTOTYPES = {
     "te_unregister_batch": [engine_t, POINTER(c_void_p), c_size_t],
     "te_open_segment": [engine_t, c_char_p, POINTER(segment_t)],
     "te_close_segment": [segment_t],
+    "te_warmup_segment": [engine_t, c_char_p],
     "te_segment_buffers": [segment_t, POINTER(BufferDesc), c_size_t, POINTER(c_size_t)],
     "te_allocate_batch": [engine_t, c_size_t, POINTER(batch_t)],
     "te_submit": [batch_t, POINTER(Request), c_size_t],

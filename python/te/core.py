@@ -534,6 +534,14 @@ class Engine:
         check(lib.te_open_segment(self.handle, _b(name), byref(h)), lib)
         return Segment(self, h.value, name)
 
+    def warmup(self, segment):
+        """Connect to the named segment ahead of its first transfer (te_warmup_segment): tcp dials and
+        authenticates every striped connection, rdma connects its queue pairs. Blocks until they are up
+        (releasing the GIL); a no-op for transports with nothing to set up. Open the segment first to
+        keep its descriptor cached. Raises SegmentNotFound, PeerUnreachable, ... on failure."""
+        lib = _lib.load()
+        check(lib.te_warmup_segment(self.handle, _b(segment)), lib)
+
     def allocate_batch(self, capacity):
         """An empty batch for up to capacity requests (1 .. 16777216); free() it, or use it in a
         with block."""

@@ -367,7 +367,8 @@ class MooncakeLocalTest(unittest.TestCase):
         inner = eng.get_engine()
         self.assertIsInstance(inner, te.Engine)
         self.assertIn("not Mooncake's", repr(inner))
-        self.assertEqual(eng.warmup_efa_segment("127.0.0.1:1"), 0)
+        # It delegates to warmup_segment: a peer nobody serves is a negative code.
+        self.assertEqual(eng.warmup_efa_segment("127.0.0.1:1"), -te.SegmentNotFound.code)
 
     def test_local_topology(self):
         topo = json.loads(TransferEngine.get_local_topology())

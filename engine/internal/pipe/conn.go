@@ -68,10 +68,12 @@ type conn[T Item] struct {
 	settledItems []T
 	wake         chan struct{} // queue not empty, or room in flight again
 	down         chan struct{} // closed when dead
+	opened       chan struct{} // closed once dialed and opened (Peer.Warm waits on it)
 }
 
 func (p *Pool[T]) newConn(pe *Peer[T]) *conn[T] {
-	c := &conn[T]{pe: pe, pending: map[uint64]slot[T]{}, wake: make(chan struct{}, 1), down: make(chan struct{}), running: 1}
+	c := &conn[T]{pe: pe, pending: map[uint64]slot[T]{}, wake: make(chan struct{}, 1), down: make(chan struct{}),
+		opened: make(chan struct{}), running: 1}
 	p.mu.Lock()
 	if p.closed != nil {
 		err := p.closed
@@ -367,6 +369,7 @@ func (c *conn[T]) writeLoop() {
 	p.wg.Add(1)
 	c.mu.Unlock()
 	go c.readLoop(nc, dec)
+	close(c.opened)
 
 	var spare []entry[T]
 	var out []Out[T]

@@ -2,6 +2,7 @@ package pipe
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -237,6 +238,44 @@ func (pe *Peer[T]) get(i int) *conn[T] {
 	c = pe.pool.newConn(pe)
 	pe.conns[i] = c
 	return c
+}
+
+// Warm makes every connection of the peer (dial and opening exchange) that
+// is not up yet, and returns once each is open: nil, or the error of the
+// first that failed, or ctx's end. Connections already open cost nothing,
+// so a later item to the peer dials nothing.
+func (pe *Peer[T]) Warm(ctx context.Context) error {
+	cs := make([]*conn[T], len(pe.conns))
+	for i := range cs {
+		cs[i] = pe.get(i)
+	}
+	for _, c := range cs {
+		select {
+		case <-c.opened:
+			continue
+		default:
+		}
+		select {
+		case <-c.opened:
+		case <-c.down:
+			c.mu.Lock()
+			err := c.err
+			c.mu.Unlock()
+			return err
+		case <-ctx.Done():
+			return errs.Wrap(ctxCode(ctx), pe.pool.o.Component, ctx.Err(), "connect to %s%s", pe.pool.o.Label, pe.addr)
+		}
+	}
+	return nil
+}
+
+// ctxCode is the code of an ended context: Timeout past its deadline,
+// Canceled when its owner canceled it.
+func ctxCode(ctx context.Context) errs.Code {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return errs.Timeout
+	}
+	return errs.Canceled
 }
 
 // retry sends items again, spread over the peer's connections; those

@@ -56,6 +56,7 @@ type endpoint struct {
 	stalled    bool // failed by the stall watchdog
 	connecting bool // connect() still owns qps
 	released   bool
+	up         chan struct{} // closed when connect() ends, ready or failed (Warmup waits on it)
 }
 
 // qpState is one queue pair of an endpoint and the work requests posted on
@@ -150,6 +151,7 @@ func (ep *endpoint) failed() bool { return ep.state.Load() == epFailed }
 // control plane and brings them to RTS, then posts what queued meanwhile.
 func (ep *endpoint) connect() {
 	defer ep.t.wg.Done()
+	defer close(ep.up)
 	err := ep.handshake()
 	var out outcome
 	ep.mu.Lock()

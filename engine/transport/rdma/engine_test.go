@@ -2,6 +2,7 @@ package rdma_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"slices"
 	"strings"
@@ -236,4 +237,39 @@ func TestFakeVerbsDoorbells(t *testing.T) {
 	if cqes > n/8 {
 		t.Fatalf("%d completions for %d work requests", cqes, n)
 	}
+}
+
+// Warmup connects the queue pairs of both NIC pairs ahead of the first
+// transfer: the transfer after it creates none.
+func TestFakeVerbsWarmup(t *testing.T) {
+	lib := ibvtest.Build(t)
+	fake := ibvtest.Open(t, lib)
+	const n, bs = 16, 4096
+	init, seg, src, dst := fakeVerbsPair(t, lib, n*bs)
+	before := fake.Stat(ibvtest.StatQPs)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := init.Warmup(ctx, seg.Name()); err != nil {
+		t.Fatal(err)
+	}
+	warmed := fake.Stat(ibvtest.StatQPs)
+	if warmed <= before {
+		t.Fatalf("warmup created no queue pair (%d before, %d after)", before, warmed)
+	}
+	b, err := init.AllocateBatch(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Free()
+	for i := range src {
+		src[i] = byte(i * 5)
+	}
+	runBatch(t, b, seg, src, dst, n, bs)
+	if !bytes.Equal(src, dst) {
+		t.Fatal("bytes differ")
+	}
+	if after := fake.Stat(ibvtest.StatQPs); after != warmed {
+		t.Fatalf("the first transfer after warmup changed the queue pairs: %d -> %d", warmed, after)
+	}
+	t.Logf("queue pairs: %d before warmup, %d after it and after the first transfer", before, warmed)
 }

@@ -2,6 +2,7 @@ package rdma
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"os"
 	"strings"
@@ -295,6 +296,44 @@ func (t *Transport) Reachable(d *segment.Desc) error {
 	return nil
 }
 
+// Warmup connects the queue pairs of every rail to the peer (every local NIC
+// with every peer NIC of its link layer) and returns once each rail's
+// handshake ended: nil when all are ready, else the first rail's error
+// (transport.Warmer). Rails already connected are kept as they are.
+func (t *Transport) Warmup(ctx context.Context, d *segment.Desc) error {
+	if err := t.Reachable(d); err != nil {
+		return err
+	}
+	pi := t.peerOf(d)
+	eps := make([]*endpoint, len(pi.rails))
+	for x := range pi.rails {
+		ep := pi.eps[x].Load()
+		if ep == nil || ep.failed() {
+			var err error
+			if ep, err = t.endpoint(pi, int32(x)); err != nil {
+				return err
+			}
+			pi.eps[x].Store(ep)
+		}
+		eps[x] = ep
+	}
+	for _, ep := range eps {
+		select {
+		case <-ep.up:
+		case <-ctx.Done():
+			code := errs.Canceled
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				code = errs.Timeout
+			}
+			return errs.Wrap(code, "rdma", ctx.Err(), "connect to %s over %s-%s", d.Name, ep.rail.lname, ep.rail.rname)
+		}
+		if ep.failed() {
+			return ep.error()
+		}
+	}
+	return nil
+}
+
 // railError records an endpoint failure against its rail and its peer.
 // A cancellation, a closing transport or a refused key (the peer changed
 // its memory, not its NICs) says nothing about the rail.
@@ -338,7 +377,7 @@ func (t *Transport) endpoint(pi *peerInfo, x int32) (*endpoint, error) {
 	if ep := t.eps[key]; ep != nil && !ep.failed() {
 		return ep, nil
 	}
-	ep := &endpoint{t: t, key: key, nic: t.nics[rl.local], rail: rl, peerH: pi.health, connecting: true,
+	ep := &endpoint{t: t, key: key, nic: t.nics[rl.local], rail: rl, peerH: pi.health, connecting: true, up: make(chan struct{}),
 		peer: peerRef{name: d.Name, instance: d.Instance, rpc: d.RPC, nic: rl.rname}}
 	t.eps[key] = ep
 	t.all[ep] = struct{}{}

@@ -177,11 +177,28 @@ func (t *Transport) Cancel(reqs []*transport.Request) {
 	}
 }
 
+// Warmup opens every striped connection to the peer's data endpoint and
+// completes each one's opening exchange (preface, mutual authentication,
+// session keys), so that the first request to the peer dials nothing
+// (transport.Warmer). Connections already open are kept as they are.
+func (t *Transport) Warmup(ctx context.Context, d *segment.Desc) error {
+	f, addr, err := t.route(d)
+	if err != nil {
+		return err
+	}
+	p, err := f.pool.Peer(addr)
+	if err != nil {
+		return err
+	}
+	return p.Warm(ctx)
+}
+
 // dial connects to addr for the transport (what names the peer in errors,
 // e.g. "Mooncake peer "): Closed once the transport closes, PeerUnreachable
 // otherwise.
 func (t *Transport) dial(ctx context.Context, addr, what string) (net.Conn, error) {
 	d := net.Dialer{Timeout: t.opt.DialTimeout}
+	t.dialed.Add(1)
 	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		if ctx.Err() != nil {

@@ -207,6 +207,7 @@ type Transport struct {
 	mc mcState // Mooncake interop (mooncake.go)
 
 	authRefused, authFailed, slowClosed, recordsRefused atomic.Uint64
+	dialed                                              atomic.Uint64 // data connections this side dialed
 }
 
 // authHoster is implemented by engine hosts with a cluster secret: every data
@@ -230,7 +231,8 @@ type headersOnlyHoster interface{ HeadersOnly() bool }
 // the listener's bounds, peers that failed authentication (refused here, or
 // refusing us), connections cut by a deadline (a stalled or trickling
 // payload, a silent or idle peer), idle peer connections pruned, Mooncake
-// initiators' requests served (MooncakeServed).
+// initiators' requests served (MooncakeServed), data connections dialed to
+// peers (peer_conns_dialed: a warmed-up peer's first request adds none).
 func (t *Transport) Stats() map[string]uint64 {
 	st := t.limiter.Stats()
 	return map[string]uint64{
@@ -244,6 +246,7 @@ func (t *Transport) Stats() map[string]uint64 {
 		"records_refused":        t.recordsRefused.Load(),
 		"peer_conns_pruned":      t.pruned(),
 		"mooncake_served":        t.mc.served.Load(),
+		"peer_conns_dialed":      t.dialed.Load(),
 	}
 }
 
