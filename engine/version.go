@@ -9,4 +9,4 @@ package engine
 // CMakeLists.txt and the pip build backend set it with
 // -ldflags "-X github.com/tecache/te/engine.Version=...". A build that does
 // not (go build, go install) says "+dev".
-var Version = "1.3.0+dev"
+var Version = "1.4.0+dev"

@@ -72,9 +72,10 @@ extern "C" {
  * _RESOURCE_EXHAUSTED codes, the te_config_t fields after max_notifies and
  * te_local_topology, and renamed some struct tags (the _t names stay). 1.3
  * added storage buffers (te_register_file, TE_FILE_* flags) and the
- * TE_ERR_IO and TE_ERR_NO_SPACE codes, te_version and te_metrics. */
+ * TE_ERR_IO and TE_ERR_NO_SPACE codes, te_version and te_metrics. 1.4
+ * added te_cxl_memory and te_warmup_segment. */
 #define TE_ABI_VERSION_MAJOR 1
-#define TE_ABI_VERSION_MINOR 3
+#define TE_ABI_VERSION_MINOR 4
 #define TE_ABI_VERSION ((TE_ABI_VERSION_MAJOR << 16) | TE_ABI_VERSION_MINOR)
 
 /* Error codes: stable, never renumbered. Functions return them negated. */
@@ -414,7 +415,7 @@ int te_last_error(char *buf, size_t len);
 
 /* te_version writes the library's version into buf (len bytes,
  * NUL-terminated): te.h's ABI version as MAJOR.MINOR.0, then, for a build
- * of an untagged commit, "+g" and the commit (e.g. "1.3.0+g1a2b3c4d5e6f"),
+ * of an untagged commit, "+g" and the commit (e.g. "1.4.0+g1a2b3c4d5e6f"),
  * or "+dev" for a build that did not record one. te.__version__ and
  * `te-bench -version` of the same build print the same string. (ABI 1.3)
  * Blocks: no | Thread-safe: yes | Errors: TE_ERR_BUFFER_TOO_SMALL (cut to

@@ -15,7 +15,7 @@ from pathlib import Path
 
 #: te.h's TE_ABI_VERSION_MAJOR / _MINOR this binding was written against.
 ABI_MAJOR = 1
-ABI_MINOR = 3
+ABI_MINOR = 4
 
 engine_t = c_uint64
 segment_t = c_uint64
@@ -134,7 +134,7 @@ PROTOTYPES = {
     "te_destroy": [engine_t],
     "te_segment_name": [engine_t, c_char_p, c_size_t],
     "te_rpc_port": [engine_t, POINTER(c_int32)],
-    "te_cxl_memory": [engine_t, POINTER(c_uint64), POINTER(c_uint64)],
+    "te_cxl_memory": [engine_t, POINTER(c_uint64), POINTER(c_uint64)],  # ABI 1.4
     "te_stats": [engine_t, POINTER(Stats)],
     "te_stats_json": [engine_t, c_char_p, c_size_t],
     "te_version": [c_char_p, c_size_t],  # ABI 1.3
@@ -146,7 +146,7 @@ PROTOTYPES = {
     "te_unregister_batch": [engine_t, POINTER(c_void_p), c_size_t],
     "te_open_segment": [engine_t, c_char_p, POINTER(segment_t)],
     "te_close_segment": [segment_t],
-    "te_warmup_segment": [engine_t, c_char_p],
+    "te_warmup_segment": [engine_t, c_char_p],  # ABI 1.4
     "te_segment_buffers": [segment_t, POINTER(BufferDesc), c_size_t, POINTER(c_size_t)],
     "te_allocate_batch": [engine_t, c_size_t, POINTER(batch_t)],
     "te_submit": [batch_t, POINTER(Request), c_size_t],
