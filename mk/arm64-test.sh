@@ -168,24 +168,24 @@ run_c() { # name timeout command...
 [ -x "$T/c_two_process" ] && run_c c_two_process_tcp 180 "$QEMU" "$T/c_two_process" tcp
 
 # ---- 4. the Go tests ----------------------------------------------------------
-# PKGS: package|tests to run (a -test.run regexp, empty: all)|tests to skip
-# (-test.skip)|why only those run or those are skipped. -test.short
+# PKGS: package#tests to run (a -test.run regexp, empty: all)#tests to skip
+# (-test.skip)#why only those run or those are skipped. -test.short
 # everywhere.
 PKGS=(
-	"./internal/testexec|||"
-	"./internal/sys/layouttest|||"
-	"./internal/sys/ibv|||"
-	"./internal/sys/uring|||"
-	"./internal/sys/cuda|||"
-	"./internal/sys/topo|||"
-	"./internal/fileio|||"
-	"./engine/internal/pipe|||"
-	"./engine|^(TestTwoEnginesOneProcess|TestRegistry|TestBatchLifecycle|TestTaskFailureAndTimeout|TestCloseFailsInFlight|TestConcurrentRegisterAndTransfer|TestBatchEventFD|TestTimeoutWaitsForTransport|TestBatchCancelAndReset|TestNotifyBeforeCompleted|TestCloseRacesCompletions|TestTaskStatusRacesResetAndFree|TestStrayCompletionIsDropped|TestWindow|TestGrantWindowErrors|TestUnregisterCancelsOwnTasksAfterGrace)$||the engine's other tests (auth, limits, metadata, metrics, Mooncake, relay) hold no architecture-specific code and run natively in test-go"
-	"./engine/transport/local|||"
-	"./engine/transport/tcp|^(TestConformance|TestConformanceInProcess|TestUnregisterCutsStalled.*|TestRevokeWindowCutsStalledWrite|TestLyingPeer.*|TestPeerKilledMidBatch|TestCloseFailsInFlight|TestCloseWhileSubmitting|TestPruneWhileSubmitting|TestQuiesceSeesBlockedPush)$||tcp's wire, auth, session, GPU and Mooncake tests are byte-level logic that runs natively in test-go"
-	"./engine/transport/shm|||"
-	"./engine/transport/rdma|^(TestConformanceFakeVerbs|TestDescriptorFakeVerbs|TestFakeVerbs.*|TestFabric.*|TestKeys.*|TestHandshake.*|TestConformanceFakeFabric|TestTwoProcessNICFails|TestTwoProcessPeerUnreachable)$|TestConformanceFakeVerbs/suite/Torture|only the tests on the fake libibverbs (the plan, config and topology tests are logic that test-go runs natively; TestConformance and the GPU tests need a NIC or GPU); the fence torture over the fake verbs is skipped: its ibv_reg_mr checks pages in /proc/self/maps, which qemu-user emulates, and refuses (EFAULT) memory the torture registers again after its mprotect fences (the torture runs over tcp and local here, over rdma in test-go)"
-	"./engine/transport/file|||"
+	"./internal/testexec###"
+	"./internal/sys/layouttest###"
+	"./internal/sys/ibv###"
+	"./internal/sys/uring###"
+	"./internal/sys/cuda###"
+	"./internal/sys/topo###"
+	"./internal/fileio###"
+	"./engine/internal/pipe###"
+	"./engine#^(TestTwoEnginesOneProcess|TestRegistry|TestBatchLifecycle|TestTaskFailureAndTimeout|TestCloseFailsInFlight|TestConcurrentRegisterAndTransfer|TestBatchEventFD|TestTimeoutWaitsForTransport|TestBatchCancelAndReset|TestNotifyBeforeCompleted|TestCloseRacesCompletions|TestTaskStatusRacesResetAndFree|TestStrayCompletionIsDropped|TestWindow|TestGrantWindowErrors|TestUnregisterCancelsOwnTasksAfterGrace)$##the engine's other tests (auth, limits, metadata, metrics, Mooncake, relay) hold no architecture-specific code and run natively in test-go"
+	"./engine/transport/local###"
+	"./engine/transport/tcp#^(TestConformance|TestConformanceInProcess|TestUnregisterCutsStalled.*|TestRevokeWindowCutsStalledWrite|TestLyingPeer.*|TestPeerKilledMidBatch|TestCloseFailsInFlight|TestCloseWhileSubmitting|TestPruneWhileSubmitting|TestQuiesceSeesBlockedPush)$##tcp's wire, auth, session, GPU and Mooncake tests are byte-level logic that runs natively in test-go"
+	"./engine/transport/shm###"
+	"./engine/transport/rdma#^(TestConformanceFakeVerbs|TestDescriptorFakeVerbs|TestFakeVerbs.*|TestFabric.*|TestKeys.*|TestHandshake.*|TestConformanceFakeFabric|TestTwoProcessNICFails|TestTwoProcessPeerUnreachable)$#TestConformanceFakeVerbs/suite/Torture#only the tests on the fake libibverbs (the plan, config and topology tests are logic that test-go runs natively; TestConformance and the GPU tests need a NIC or GPU); the fence torture over the fake verbs is skipped: its ibv_reg_mr checks pages in /proc/self/maps, which qemu-user emulates, and refuses (EFAULT) memory the torture registers again after its mprotect fences (the torture runs over tcp and local here, over rdma in test-go)"
+	"./engine/transport/file###"
 )
 # NEEDS_VM_<package>: its tests that move bytes with process_vm_readv/writev
 # (shm; rdma's fake fabric between two processes), skipped by name when the
@@ -205,11 +205,11 @@ NEEDS_DIO_fileio='TestRoundTripEveryByte/.*/direct=true'
 NEEDS_DIO_file='^TestLocalFileSegment$'
 sel=()
 for p in "${PKGS[@]}"; do
-	IFS='|' read -r pkg _ <<<"$p"
+	IFS='#' read -r pkg _ <<<"$p"
 	[[ "$pkg" =~ ${ARM64_TEST_RUN:-.} ]] && sel+=("$p")
 done
 pkgs=()
-for p in "${sel[@]}"; do pkgs+=("${p%%|*}"); done
+for p in "${sel[@]}"; do pkgs+=("${p%%#*}"); done
 say "building ${#pkgs[@]} test binaries for arm64 (go test -c; minutes on a fresh machine)"
 t0=$SECONDS
 rm -f "$T"/*.test
@@ -224,7 +224,7 @@ say "built in $((SECONDS - t0))s"
 export CC=$CC_ARM64 CFLAGS="-idirafter /usr/include" GOARCH=arm64 CGO_ENABLED=1
 export TE_TORTURE_TIME=${TE_TORTURE_TIME:-1s}
 for p in "${sel[@]}"; do
-	IFS='|' read -r pkg run skip why <<<"$p"
+	IFS='#' read -r pkg run skip why <<<"$p"
 	name=$(basename "$pkg")
 	bin="$T/$name.test"
 	[ -n "$run" ] && say "$pkg: only $run: $why"
