@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/mem"
+	"github.com/tecache/te/internal/testexec"
 )
 
 // modes runs body once per back end; io_uring is skipped where the kernel
@@ -579,7 +579,7 @@ func TestFileSizeLimit(t *testing.T) {
 		childFileSizeLimit(t)
 		return
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestFileSizeLimit$", "-test.v")
+	cmd := testexec.Command(os.Args[0], "-test.run=^TestFileSizeLimit$", "-test.v")
 	cmd.Env = append(os.Environ(), "TE_FILEIO_CHILD=fsize", "TE_FILEIO_DIR="+t.TempDir())
 	out, err := cmd.CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "limit checked") {

@@ -12,6 +12,8 @@ Environment:
                     `make` built) to bundle instead of building one
     TE_GO_TAGS      Go build tags, e.g. "te_noetcd te_noredis"
     TE_VERSION      the version to stamp (the Makefile passes its own)
+    GOARCH          a cross build (arm64 with CC=aarch64-linux-gnu-gcc): the
+                    library is built for it and the wheel tagged linux_aarch64
     GO              the go command (default: go on PATH, then /usr/local/go/bin/go)
 
 The package version is te's version (engine.Version, te_version()): te.h's
@@ -90,10 +92,35 @@ def version_file():
             f"version = {version()!r}\n")
 
 
+# GOARCH -> the machine name of the wheel tag and the ELF e_machine of a
+# libte.so built for it.
+_ARCHES = {"amd64": ("x86_64", 62), "arm64": ("aarch64", 183)}
+
+
 def platform_tag():
-    """The wheel platform tag of this machine, e.g. linux_x86_64: the wheel
-    holds a native library, so it is not "any"."""
+    """The wheel platform tag: the target's of a cross build (GOARCH=arm64
+    on x86-64, as `make ARCH=arm64 wheel` does: linux_aarch64), else this
+    machine's, e.g. linux_x86_64. The wheel holds a native library, so it is
+    not "any"."""
+    goarch = os.environ.get("GOARCH", "").strip()
+    if goarch:
+        if goarch not in _ARCHES:
+            raise RuntimeError(f"GOARCH={goarch}: te builds wheels for {', '.join(sorted(_ARCHES))}")
+        return "linux_" + _ARCHES[goarch][0]
     return re.sub(r"[^A-Za-z0-9]", "_", sysconfig.get_platform())
+
+
+def check_machine(lib):
+    """Refuse to bundle a libte.so built for another machine than the tag
+    says (a native library in a cross wheel, or the reverse)."""
+    head = Path(lib).read_bytes()[:20]
+    if head[:4] != b"\x7fELF" or len(head) < 20:
+        raise RuntimeError(f"{lib} is not an ELF shared library")
+    machine = int.from_bytes(head[18:20], "little")
+    plat = platform_tag()
+    for name, elf in _ARCHES.values():
+        if plat.endswith("_" + name) and machine != elf:
+            raise RuntimeError(f"{lib} is built for ELF machine {machine}, not {name} ({elf}) as the wheel tag {plat} says")
 
 
 def tag():
@@ -244,6 +271,7 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     with tempfile.TemporaryDirectory(prefix="te-build-") as tmp:
         lib = Path(tmp) / "libte.so"
         build_libte(lib)
+        check_machine(lib)
         partial = Path(tmp) / name
         w = _Wheel(partial)
         try:

@@ -2,6 +2,7 @@
 #ifndef TE_TESTUTIL_H
 #define TE_TESTUTIL_H
 
+#include <limits.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -81,9 +82,26 @@ static inline int tu_done(const char *name) {
 
 /* tu_spawn starts path with argv and envp, its standard input and output
  * connected to pipes: *to is the write end of its input, *from the read end
- * of its output. Returns 0, or -1 with nothing left open. */
+ * of its output. Returns 0, or -1 with nothing left open.
+ * With TE_TEST_EXEC set (make test-arm64: arm64 programs run under
+ * qemu-user, which does not follow execve into another arm64 binary) it
+ * starts that emulator with path's real path first (under the emulator
+ * /proc/self/exe reads as the program, for the emulator it would be itself). */
 static inline int tu_spawn(const char *path, char *const argv[], char *const envp[], pid_t *pid, int *to,
                            int *from) {
+    const char *emu = getenv("TE_TEST_EXEC");
+    char real[4096];
+    char *wrapped[64];
+    if (emu && *emu) {
+        size_t n = 0;
+        while (argv[n]) n++;
+        if (n + 2 > sizeof wrapped / sizeof wrapped[0] || !realpath(path, real)) return -1;
+        wrapped[0] = (char *)emu;
+        wrapped[1] = real;
+        for (size_t i = 1; i <= n; i++) wrapped[i + 1] = argv[i]; /* argv[n] is the NULL */
+        path = emu;
+        argv = wrapped;
+    }
     int in[2], out[2];
     if (pipe(in)) return -1;
     if (pipe(out)) {

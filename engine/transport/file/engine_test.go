@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -21,6 +20,7 @@ import (
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/mem"
+	"github.com/tecache/te/internal/testexec"
 )
 
 const secret = "file-segment-test-secret-0123456789"
@@ -475,7 +475,7 @@ func TestRemoteFileSegmentTwoProcesses(t *testing.T) {
 		return
 	}
 	dir := directDir(t)
-	cmd := exec.Command(os.Args[0], "-test.run=^TestRemoteFileSegmentTwoProcesses$")
+	cmd := testexec.Command(os.Args[0], "-test.run=^TestRemoteFileSegmentTwoProcesses$")
 	cmd.Env = append(os.Environ(), "TE_FILE_CHILD=node", "TE_FILE_DIR="+dir)
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()

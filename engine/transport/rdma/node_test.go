@@ -22,6 +22,7 @@ import (
 	"github.com/tecache/te/internal/sys/mem"
 	"github.com/tecache/te/internal/sys/topo"
 	"github.com/tecache/te/internal/sys/topo/topotest"
+	"github.com/tecache/te/internal/testexec"
 )
 
 // Two processes on the fake fabric: each test node is this test binary run
@@ -102,7 +103,7 @@ type node struct {
 func (f *fabricSetup) startNode(extra ...string) *node {
 	t := f.t
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd := testexec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(append(append(os.Environ(), envNode+"=1"), f.env()...), extra...)
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()

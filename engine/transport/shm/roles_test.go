@@ -19,6 +19,7 @@ import (
 	"github.com/tecache/te/engine"
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/mem"
+	"github.com/tecache/te/internal/testexec"
 )
 
 // The process tests re-execute the test binary as an initiator: an engine
@@ -337,7 +338,7 @@ type child struct {
 // prepare may adjust the command (credentials, say).
 func startInitiator(t *testing.T, target string, addr, n uint64, prepare func(*exec.Cmd)) *child {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd := testexec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), envRole+"=initiator", envTarget+"="+target,
 		envAddr+"="+strconv.FormatUint(addr, 10), envLen+"="+strconv.FormatUint(n, 10))
 	cmd.Stderr = os.Stderr

@@ -22,6 +22,7 @@ import (
 	"github.com/tecache/te/internal/sys/cuda/cudatest"
 	"github.com/tecache/te/internal/sys/mem"
 	"github.com/tecache/te/internal/sys/proc"
+	"github.com/tecache/te/internal/testexec"
 )
 
 // envPeer makes a re-executed test binary act as the target peer.
@@ -275,7 +276,7 @@ type child struct {
 // TestMain must call Main.
 func NewChildPeer(t testing.TB, size int, env ...string) Peer {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd := testexec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(append(os.Environ(), envPeer+"=1", envSize+"="+strconv.Itoa(size)), env...)
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()

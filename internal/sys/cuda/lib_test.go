@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -19,6 +18,7 @@ import (
 	"github.com/tecache/te/internal/sys/cuda/cudatest"
 	"github.com/tecache/te/internal/sys/mem"
 	"github.com/tecache/te/internal/sys/topo/topotest"
+	"github.com/tecache/te/internal/testexec"
 )
 
 var setupErr error
@@ -376,7 +376,7 @@ func TestNoDevice(t *testing.T) {
 		t.Skip("needs the fake driver to hide the devices")
 	}
 	lib(t)
-	cmd := exec.Command(os.Args[0], "-test.run=^TestNoDevice$", "-test.count=1")
+	cmd := testexec.Command(os.Args[0], "-test.run=^TestNoDevice$", "-test.count=1")
 	cmd.Env = append(os.Environ(), "TE_CUDA_NODEV_CHILD=1", "FAKECUDA_DEVICES=0")
 	out, err := cmd.CombinedOutput()
 	if err != nil || !bytes.Contains(out, []byte("OK")) {
@@ -579,7 +579,7 @@ func TestPCIBusIDAndDmabuf(t *testing.T) {
 	}
 	// The fake driver's devices are a recorded tree's GPUs, by address.
 	root := topotest.Tree(t, "hgx8")
-	cmd := exec.Command(os.Args[0], "-test.run=^TestPCIBusIDAndDmabuf$", "-test.count=1")
+	cmd := testexec.Command(os.Args[0], "-test.run=^TestPCIBusIDAndDmabuf$", "-test.count=1")
 	cmd.Env = append(os.Environ(), "TE_CUDA_TREE_CHILD=1", "TE_SYSFS_ROOT="+root)
 	out, err := cmd.CombinedOutput()
 	if err != nil || !bytes.Contains(out, []byte("IDS "+strings.Join(topotest.BusIDs, ","))) {

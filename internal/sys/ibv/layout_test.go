@@ -307,3 +307,18 @@ func TestLayout(t *testing.T) {
 	layouttest.Check(t, "infiniband/verbs.h", "offsetof/sizeof from rdma-core's verbs.h (Debian libibverbs-dev 44.0-2), "+
 		"written by TestLayout with TE_UPDATE_GOLDEN=1", facts)
 }
+
+// TestLayoutArm64 checks testdata/layout_arm64.golden against verbs.h built
+// for arm64 (the cross compiler, its program under qemu-user): the arm64
+// mirrors (layout_arm64.go) meet that file in make test-arm64.
+func TestLayoutArm64(t *testing.T) {
+	var facts []layouttest.Fact
+	for _, f := range goLayout() {
+		if f.member == "" {
+			facts = append(facts, layouttest.Size(f.ctype, f.size))
+		} else {
+			facts = append(facts, layouttest.Member(f.ctype, f.member, f.off, f.size))
+		}
+	}
+	layouttest.CheckArch(t, "arm64", "infiniband/verbs.h", facts)
+}

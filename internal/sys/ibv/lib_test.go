@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -37,10 +38,21 @@ func TestOpenNotVerbs(t *testing.T) {
 	}
 }
 
-// libraryInstalled reports whether libibverbs.so.1 is in a standard library
-// directory, so a failure to load it is a bug rather than a missing package.
+// libraryInstalled reports whether libibverbs.so.1 of this architecture is
+// in a standard library directory, so a failure to load it is a bug rather
+// than a missing package. Only this GOARCH's multiarch directory counts: an
+// arm64 test binary under qemu-user on x86-64 (make test-arm64) cannot load
+// the x86-64 library installed there.
 func libraryInstalled() bool {
-	for _, dir := range []string{"/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/lib64"} {
+	dirs := []string{"/usr/lib64", "/usr/lib", "/lib64"}
+	if d, ok := map[string]string{"amd64": "/usr/lib/x86_64-linux-gnu", "arm64": "/usr/lib/aarch64-linux-gnu"}[runtime.GOARCH]; ok {
+		dirs = append(dirs, d)
+	}
+	if prefix := os.Getenv("QEMU_LD_PREFIX"); prefix != "" {
+		// Under qemu-user the target's libraries are under its prefix.
+		dirs = []string{filepath.Join(prefix, "lib"), filepath.Join(prefix, "usr/lib")}
+	}
+	for _, dir := range dirs {
 		if _, err := os.Stat(filepath.Join(dir, DefaultLibrary)); err == nil {
 			return true
 		}

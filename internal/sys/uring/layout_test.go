@@ -110,3 +110,10 @@ func goFacts() []layouttest.Fact {
 func TestLayoutMatchesKernelHeader(t *testing.T) {
 	layouttest.Check(t, "linux/io_uring.h", "written by TestLayoutMatchesKernelHeader from linux/io_uring.h", goFacts())
 }
+
+// TestLayoutArm64 checks testdata/layout_arm64.golden against
+// linux/io_uring.h of the arm64 cross toolchain; the arm64 build's mirrors
+// meet that file in make test-arm64.
+func TestLayoutArm64(t *testing.T) {
+	layouttest.CheckArch(t, "arm64", "linux/io_uring.h", goFacts())
+}

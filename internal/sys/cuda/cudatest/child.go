@@ -12,6 +12,7 @@ import (
 	"github.com/ebitengine/purego"
 
 	"github.com/tecache/te/internal/sys/cuda"
+	"github.com/tecache/te/internal/testexec"
 )
 
 // Child is the test binary re-executed as a peer process: it answers one line
@@ -29,7 +30,7 @@ type Child struct {
 // want fields (READY included). The child ends when the test does.
 func StartChild(t testing.TB, env string, want int) *Child {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd := testexec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), env+"=1")
 	cmd.Stderr = os.Stderr
 	in, _ := cmd.StdinPipe()

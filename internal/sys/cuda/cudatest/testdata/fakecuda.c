@@ -125,12 +125,14 @@ CUresult cuInit(unsigned int flags) {
     ndev = e ? atoi(e) : ntree > 0 ? ntree : 1;
     if (ndev < 0) ndev = 0;
     if (ndev > MAXDEV) ndev = MAXDEV;
-    inited = ndev > 0;
+    /* Release: a thread that sees inited (INIT, without mu) sees ndev
+     * and the device tree too, on arm64 as on x86. */
+    __atomic_store_n(&inited, ndev > 0, __ATOMIC_RELEASE);
   }
   pthread_mutex_unlock(&mu);
-  return inited ? OK : NO_DEVICE;
+  return __atomic_load_n(&inited, __ATOMIC_ACQUIRE) ? OK : NO_DEVICE;
 }
-#define INIT() do { if (!inited) return NOT_INITIALIZED; } while (0)
+#define INIT() do { if (!__atomic_load_n(&inited, __ATOMIC_ACQUIRE)) return NOT_INITIALIZED; } while (0)
 
 CUresult cuDriverGetVersion(int *v) { if (!v) return INVALID_VALUE; *v = 12040; return OK; }
 CUresult cuDeviceGetCount(int *n) { INIT(); *n = ndev; return OK; }
@@ -415,9 +417,9 @@ __attribute__((destructor)) static void cleanup(void) {
 }
 
 /* Test probes: what is still open. */
-long fakecuda_open_handles(void) { return opened; }
-long fakecuda_streams(void) { return streams; }
-long fakecuda_events(void) { return events; }
+long fakecuda_open_handles(void) { return __atomic_load_n(&opened, __ATOMIC_RELAXED); }
+long fakecuda_streams(void) { return __atomic_load_n(&streams, __ATOMIC_RELAXED); }
+long fakecuda_events(void) { return __atomic_load_n(&events, __ATOMIC_RELAXED); }
 /* fakecuda_ipc_arg echoes the handle's bytes: a check that purego passes the
  * 64-byte struct by value the way the C ABI does. */
 CUresult fakecuda_ipc_arg(unsigned char *out, CUipcMemHandle h, unsigned int flags) {
