@@ -22,9 +22,8 @@
 // context goes through Lib.With, which locks the goroutine to its thread, makes
 // the context current, and restores the thread's previous context afterwards.
 //
-// Stager is the building block for transports that stage GPU memory through
-// pinned host memory: a ring of pinned chunks, each with an event, filled and
-// drained on one stream so chunk i+1 copies while chunk i is on the wire.
+// Driver wraps Lib as a gpu.Driver; staging GPU memory through pinned host memory
+// (gpu.Stager) is vendor-neutral and lives in package gpu.
 //
 // No Go pointer crosses into the driver: out-parameters live in a small pool
 // of slots in memory from mmap.
