@@ -386,15 +386,22 @@ func (t *Transport) clientHello(nc net.Conn, addr string) (string, *session.Sess
 	// A peer that does not answer the handshake is a silent peer with a
 	// request waiting: the silence bound (the progress timeout) applies,
 	// where it is the shorter, as on a connection already open.
-	deadline := time.Now().Add(min(t.opt.Header, t.opt.Timeout))
+	bound := min(t.opt.Header, t.opt.Timeout)
+	deadline := time.Now().Add(bound)
 	nc.SetWriteDeadline(deadline)
 	if _, err := nc.Write([]byte(wire.DataPreface)); err != nil {
 		return "", nil, errs.Wrap(errs.PeerUnreachable, "tcp", err, "send preface to %s", addr)
 	}
 	o, err := peerauth.ClientSession(nc, t.secret, t.instance, deadline, t.sessionOptions())
 	if err != nil {
-		if errs.CodeOf(err) == errs.Unauthenticated {
+		switch errs.CodeOf(err) {
+		case errs.Unauthenticated:
 			t.authFailed.Add(1)
+		case errs.Timeout:
+			// Silence through the whole handshake is the frozen peer the
+			// progress timeout names, reported as it is on an open
+			// connection so callers see one error for one fault.
+			return "", nil, errs.Wrap(errs.PeerUnreachable, "tcp", err, "no answer from %s for %v while opening a data connection", addr, bound)
 		}
 		return "", nil, errs.Wrap(errs.CodeOf(err), "tcp", err, "data connection to %s", addr)
 	}
