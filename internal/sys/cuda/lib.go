@@ -12,6 +12,7 @@ import (
 
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/mem"
+	"github.com/tecache/te/internal/sys/sigkeep"
 )
 
 // DefaultLibrary is the soname Load opens: the driver library, installed with
@@ -184,7 +185,7 @@ func Open(path string) (l *Lib, err error) {
 	if !Supported() {
 		return nil, errs.New(errs.NotSupported, "cuda", "driver bindings are not checked for %s/%s", runtime.GOOS, runtime.GOARCH)
 	}
-	h, derr := purego.Dlopen(path, purego.RTLD_NOW|purego.RTLD_GLOBAL)
+	h, derr := sigkeep.Dlopen(path, purego.RTLD_NOW|purego.RTLD_GLOBAL)
 	if derr != nil {
 		return nil, errs.Wrap(errs.NotSupported, "cuda", derr, "cannot load %s", path).
 			WithHint("install the NVIDIA driver (it ships libcuda.so.1) or set " + EnvLibrary)

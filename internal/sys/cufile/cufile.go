@@ -23,6 +23,7 @@ import (
 	"github.com/ebitengine/purego"
 
 	"github.com/tecache/te/internal/errs"
+	"github.com/tecache/te/internal/sys/sigkeep"
 )
 
 // DefaultLibrary is the soname Load opens (shipped with the CUDA toolkit's
@@ -76,7 +77,7 @@ func load() (*Lib, error) {
 	if p := os.Getenv(EnvLibrary); p != "" {
 		path = p
 	}
-	h, err := purego.Dlopen(path, purego.RTLD_NOW|purego.RTLD_GLOBAL)
+	h, err := sigkeep.Dlopen(path, purego.RTLD_NOW|purego.RTLD_GLOBAL)
 	if err != nil {
 		return nil, errs.Wrap(errs.NotSupported, "cufile", err, "cannot load %s", path).
 			WithHint("GPUDirect Storage needs NVIDIA's GDS package (libcufile) and the nvidia-fs driver")

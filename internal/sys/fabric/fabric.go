@@ -9,6 +9,7 @@ import (
 	"unsafe"
 
 	"github.com/tecache/te/internal/errs"
+	"github.com/tecache/te/internal/sys/sigkeep"
 )
 
 // Offer is one entry fi_getinfo returned: a provider's domain with the
@@ -107,7 +108,10 @@ func (l *Lib) GetInfo(q Query) (*Offers, error) {
 	}
 	out := s.addr(0)
 	*at[uintptr](out) = 0
-	rc := call(l.getinfo, uintptr(APIVersion), node, 0, uintptr(flags), hints, out)
+	// The first fi_getinfo loads libfabric's provider plugins, whose
+	// constructors run then.
+	var rc int64
+	sigkeep.Around(func() { rc = call(l.getinfo, uintptr(APIVersion), node, 0, uintptr(flags), hints, out) })
 	if rc == -errNoData { // -FI_ENODATA: no provider matches
 		return &Offers{lib: l}, nil
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/mem"
+	"github.com/tecache/te/internal/sys/sigkeep"
 )
 
 // DefaultLibrary is the soname Load opens; the environment variable
@@ -64,7 +65,7 @@ func Open(path string) (*Lib, error) {
 	if !Supported() {
 		return nil, errs.New(errs.NotSupported, "fabric", "libfabric layouts are not checked for %s/%s", runtime.GOOS, runtime.GOARCH)
 	}
-	h, err := purego.Dlopen(path, purego.RTLD_NOW|purego.RTLD_GLOBAL)
+	h, err := sigkeep.Dlopen(path, purego.RTLD_NOW|purego.RTLD_GLOBAL)
 	if err != nil {
 		return nil, errs.Wrap(errs.NotSupported, "fabric", err, "cannot load %s", path).
 			WithHint("install libfabric (Debian: apt-get install libfabric1; on AWS the EFA installer's /opt/amazon/efa/lib/libfabric.so.1, named by TE_FABRIC_LIBRARY)")

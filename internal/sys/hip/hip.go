@@ -14,6 +14,7 @@ import (
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/gpu"
 	"github.com/tecache/te/internal/sys/mem"
+	"github.com/tecache/te/internal/sys/sigkeep"
 )
 
 // EnvLibrary overrides the libraries tried (Libraries).
@@ -144,7 +145,7 @@ func Open(path string) (l *Lib, err error) {
 	if runtime.GOOS != "linux" || (runtime.GOARCH != "amd64" && runtime.GOARCH != "arm64") {
 		return nil, errs.New(errs.NotSupported, "hip", "HIP bindings are not checked for %s/%s", runtime.GOOS, runtime.GOARCH)
 	}
-	h, derr := purego.Dlopen(path, purego.RTLD_NOW|purego.RTLD_GLOBAL)
+	h, derr := sigkeep.Dlopen(path, purego.RTLD_NOW|purego.RTLD_GLOBAL)
 	if derr != nil {
 		return nil, errs.Wrap(errs.NotSupported, "hip", derr, "cannot load %s", path).
 			WithHint("install ROCm's HIP runtime (libamdhip64) or set " + EnvLibrary)

@@ -10,6 +10,7 @@ import (
 	"github.com/ebitengine/purego"
 
 	"github.com/tecache/te/internal/errs"
+	"github.com/tecache/te/internal/sys/sigkeep"
 )
 
 // DefaultLibrary is the soname Load opens; the environment variable
@@ -82,7 +83,7 @@ func Open(path string) (*Lib, error) {
 	if !Supported() {
 		return nil, errs.New(errs.NotSupported, "ibv", "verbs layouts are not checked for %s/%s", runtime.GOOS, runtime.GOARCH)
 	}
-	h, err := purego.Dlopen(path, purego.RTLD_NOW|purego.RTLD_GLOBAL)
+	h, err := sigkeep.Dlopen(path, purego.RTLD_NOW|purego.RTLD_GLOBAL)
 	if err != nil {
 		return nil, errs.Wrap(errs.NotSupported, "ibv", err, "cannot load %s", path).
 			WithHint("install rdma-core's libibverbs1 (Debian: apt-get install libibverbs1 ibverbs-providers)")
