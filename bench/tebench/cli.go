@@ -228,7 +228,7 @@ func mainRun(ctx context.Context, exe string, args []string, stdout, stderr io.W
 	fs.StringVar(&f.threads, "threads", "1", "initiator threads or a list")
 	fs.Var(durFlag{&f.duration}, "duration", "measured time per run")
 	fs.IntVar(&f.conns, "conns", 0, "tcp connections per peer (tcp.conns; default from the core count)")
-	fs.StringVar(&f.provider, "provider", "", "libfabric provider of the fabric transport (fabric.provider: efa, cxi, tcp, shm, sockets; default efa, cxi, tcp), on both sides")
+	fs.StringVar(&f.provider, "provider", "", "libfabric provider of the fabric transport (fabric.provider: efa, cxi, tcp, shm, sockets; default efa, then cxi), on both sides")
 	fs.Var(sizeFlag{&f.slice}, "slice", "tcp slice size (tcp.slice; default from the L2 cache)")
 	fs.BoolVar(&f.json, "json", false, "print one JSON object per run")
 	fs.StringVar(&f.cpuprofile, "cpuprofile", "", "write a CPU profile of the initiator to this file")

@@ -47,9 +47,11 @@ func scratch(t *testing.T) string {
 
 func runMake(t *testing.T, args ...string) (string, int) {
 	t.Helper()
-	cmd := exec.Command(needMake(t), args...)
+	// Under make test this runs inside make: a sub-make there would say
+	// "Entering/Leaving directory" around the output the tests read.
+	cmd := exec.Command(needMake(t), append([]string{"--no-print-directory"}, args...)...)
 	cmd.Dir = repo(t)
-	cmd.Env = append(os.Environ(), "MAKEFLAGS=")
+	cmd.Env = append(os.Environ(), "MAKEFLAGS=", "MAKELEVEL=")
 	out, err := cmd.CombinedOutput()
 	var ee *exec.ExitError
 	switch {

@@ -3,9 +3,9 @@
 // sockets providers, which run on any host and are what its tests use.
 //
 // One domain per NIC of the chosen provider (fabric.provider, else
-// FI_PROVIDER, else efa, cxi, tcp; shm only when named), the one whose
-// address is the engine's (fabric.addr, else its advertised host: an
-// engine on 127.0.0.1 opens the tcp provider's lo domain). Each NIC has
+// FI_PROVIDER, else efa, then cxi; tcp, sockets and shm only when named),
+// the one whose address is the engine's (fabric.addr, else its advertised
+// host: an engine on 127.0.0.1 opens the tcp provider's lo domain). Each NIC has
 // one address vector, one completion queue and an endpoint that peers
 // address their one-sided reads and writes to; an engine opens one more
 // endpoint per peer NIC it sends to, so that closing it flushes that

@@ -11,10 +11,12 @@ import (
 )
 
 // DefaultProviders is the order providers are tried in when neither
-// fabric.provider nor FI_PROVIDER names them: AWS EFA, HPE Slingshot, then
-// libfabric's tcp provider. shm reaches this host only and is used only when
-// asked for.
-var DefaultProviders = []string{"efa", "cxi", "tcp"}
+// fabric.provider nor FI_PROVIDER names them: the NICs libfabric is the way
+// to (AWS EFA, HPE Slingshot). Its software providers (tcp, sockets, shm)
+// are used only when named: over sockets te's own tcp transport is as fast
+// or faster (bench/README.md), and a host with Debian's libfabric installed
+// should not move its KV through it unasked.
+var DefaultProviders = []string{"efa", "cxi"}
 
 // Options are the transport's parameters.
 type Options struct {
