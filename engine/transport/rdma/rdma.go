@@ -435,9 +435,18 @@ func (t *Transport) handleHandshake(_ context.Context, body []byte) ([]byte, err
 	if n == nil {
 		return nil, errs.New(errs.NotFound, "rdma", "no NIC %q here", dev)
 	}
-	if t.closing.Load() {
+	// Counted in t.wg under t.mu, as Close sets closed before it waits:
+	// Close then releases the NIC's verbs objects only after this handler
+	// stopped using them (it used to destroy the protection domain and the
+	// device's scratch under an ibv_create_qp in progress).
+	t.mu.Lock()
+	if t.closed || t.closing.Load() {
+		t.mu.Unlock()
 		return nil, errs.New(errs.Closed, "rdma", "transport closed")
 	}
+	t.wg.Add(1)
+	t.mu.Unlock()
+	defer t.wg.Done()
 	qps, err := t.createQPs(n, len(h.QPNum))
 	if err != nil {
 		return nil, err

@@ -82,6 +82,10 @@ type Context struct {
 
 // Close closes the device. Every PD, MR, CQ and QP of it must be gone.
 func (c *Context) Close() error {
+	// The lock: a call still using the scratch finishes before it is
+	// unmapped.
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.ptr == 0 {
 		return nil
 	}
