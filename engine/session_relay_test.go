@@ -20,6 +20,7 @@ import (
 	"github.com/tecache/te/cmd/te-sidecar/sidecar"
 	"github.com/tecache/te/engine"
 	"github.com/tecache/te/engine/meta"
+	"github.com/tecache/te/internal/authsecret"
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/peerauth"
 	"github.com/tecache/te/internal/session"
@@ -37,15 +38,24 @@ import (
 
 const relaySecret = "relay test cluster secret, 32 bytes"
 
-// relayStore is te-sidecar's metadata server in this process, open to
-// anyone (the attacker writes it too).
+// relayWriterToken is te-sidecar's metadata token (Mooncake's), held by the
+// attacker: it can read and write the store without the secret.
+const relayWriterToken = "relay-store-writer-token"
+
+// relayStore is te-sidecar's metadata server in this process, with the
+// cluster secret (so that it proves it to the engines, which then send it
+// their token) and a metadata token the attacker writes it with.
 func relayStore(t *testing.T) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := sidecar.New(sidecar.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	sec, err := authsecret.Parse(relaySecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := sidecar.New(sidecar.Config{Secret: sec, Token: relayWriterToken, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ln) }()
 	t.Cleanup(func() {
@@ -57,10 +67,13 @@ func relayStore(t *testing.T) string {
 	return "http://" + ln.Addr().String() + "/metadata"
 }
 
-// storeGet and storePut are the attacker's plain HTTP requests.
+// storeGet and storePut are the attacker's plain HTTP requests, with the
+// metadata token.
 func storeGet(t *testing.T, url, key string) []byte {
 	t.Helper()
-	r, err := http.Get(url + "?key=" + key)
+	req, _ := http.NewRequest(http.MethodGet, url+"?key="+key, nil)
+	req.Header.Set("Authorization", "Bearer "+relayWriterToken)
+	r, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,6 +88,7 @@ func storeGet(t *testing.T, url, key string) []byte {
 func storePut(t *testing.T, url, key string, v []byte) {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodPut, url+"?key="+key, bytes.NewReader(v))
+	req.Header.Set("Authorization", "Bearer "+relayWriterToken)
 	r, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

@@ -181,3 +181,56 @@ func TestSecretFileNotRegular(t *testing.T) {
 		}
 	}
 }
+
+// TestProof: the sidecar's proof, checked against Python's hmac
+// (k = hmac.new(secret, b"te-sidecar-proof v1", sha256).digest();
+// hmac.new(k, nonce + b"\n" + instance, sha256).hexdigest()), is bound to
+// the nonce, the instance and the secret, is never the token, and proves
+// only the current secret to a client.
+func TestProof(t *testing.T) {
+	const nonce = "00112233445566778899aabbccddeeff"
+	const want = "7171ca7b93672a866f01c7186e064e00706cc7eecfdc290ada8382219288cbc9"
+	s, err := authsecret.Parse(cur + "\n" + prev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := authsecret.Proof([]byte(cur), nonce, "sidecar-1"); got != want {
+		t.Fatalf("proof %s, want %s", got, want)
+	}
+	ps := s.Proofs(nonce, "sidecar-1")
+	if len(ps) != 2 || ps[0] != want || ps[1] != authsecret.Proof([]byte(prev), nonce, "sidecar-1") {
+		t.Fatalf("proofs %q", ps)
+	}
+	if !s.Proves(&authsecret.ProofAnswer{Instance: "sidecar-1", Proofs: ps}, nonce) {
+		t.Fatal("a sidecar's own answer does not prove")
+	}
+	other, _ := authsecret.Parse(prev) // a sidecar that holds only our previous secret
+	for name, a := range map[string]*authsecret.ProofAnswer{
+		"another nonce":         {Instance: "sidecar-1", Proofs: s.Proofs(nonce[:31]+"0", "sidecar-1")},
+		"another instance":      {Instance: "sidecar-2", Proofs: ps},
+		"the token":             {Instance: "sidecar-1", Proofs: []string{s.Token()}},
+		"the previous secret":   {Instance: "sidecar-1", Proofs: other.Proofs(nonce, "sidecar-1")},
+		"no instance":           {Proofs: s.Proofs(nonce, "")},
+		"no proof":              {Instance: "sidecar-1"},
+		"too many proofs":       {Instance: "sidecar-1", Proofs: []string{"a", "b", ps[0]}},
+		"an overlong instance":  {Instance: strings.Repeat("i", authsecret.MaxInstanceLen+1), Proofs: s.Proofs(nonce, strings.Repeat("i", authsecret.MaxInstanceLen+1))},
+		"an upper-case proof":   {Instance: "sidecar-1", Proofs: []string{strings.ToUpper(ps[0])}},
+		"the proof under token": {Instance: "sidecar-1", Proofs: []string{authsecret.Proof([]byte(s.Token()), nonce, "sidecar-1")}},
+	} {
+		if s.Proves(a, nonce) {
+			t.Errorf("%s proves", name)
+		}
+	}
+	if s.Proves(nil, nonce) {
+		t.Error("no answer proves")
+	}
+	n1, n2 := authsecret.NewNonce(), authsecret.NewNonce()
+	if n1 == n2 || !authsecret.ValidNonce(n1) || len(n1) != 2*authsecret.NonceBytes {
+		t.Fatalf("nonces %q %q", n1, n2)
+	}
+	for _, bad := range []string{"", nonce[:31], strings.ToUpper(nonce), nonce + "\n", nonce[:30] + "zz", strings.Repeat("a", authsecret.MaxNonceLen+1)} {
+		if authsecret.ValidNonce(bad) {
+			t.Errorf("nonce %q is valid", bad)
+		}
+	}
+}

@@ -26,6 +26,18 @@
 // one-way) but whoever holds it is let in, so it travels only to the
 // sidecar of the caller's own pod or over a network the operator trusts.
 //
+// # The sidecar's proof
+//
+// The token opens every sidecar of the cluster, so te's clients send it only
+// to a server that proves it holds the secret: the client sends a fresh
+// nonce (GET /metadata/proof?nonce=N), te-sidecar answers its instance and
+//
+//	proof = lowercase hex of HMAC-SHA256(key = HMAC-SHA256(secret, "te-sidecar-proof v1"), message = nonce + "\n" + instance)
+//
+// under each secret it holds, and the client checks the proof of its current
+// secret. The key's label differs from the token's, so the token does not
+// give the proof; the nonce makes a recorded answer useless.
+//
 // # Client tokens
 //
 // A client may instead send its own token, ClientToken(secret, name) =

@@ -178,3 +178,45 @@ func TestDaemonWithSecret(t *testing.T) {
 		t.Fatalf("a weak secret file: %v, %s", err, out)
 	}
 }
+
+// TestMetadataProof: GET /metadata/proof is open and answers a nonce with
+// the HMAC proofs of the sidecar's secrets bound to the nonce and its
+// instance (the one /healthz reports); a bad nonce is refused, a sidecar
+// without a secret has nothing to prove, and the answer holds no token.
+func TestMetadataProof(t *testing.T) {
+	sec := secrets(t, secretNow+"\n"+secretPrev)
+	_, base := serve(t, sidecar.Config{Secret: sec, Token: "mooncake-token"})
+	nonce := authsecret.NewNonce()
+	c, b, _ := do(t, "GET", base+"/metadata/proof?nonce="+nonce, nil)
+	var a authsecret.ProofAnswer
+	if c != 200 || json.Unmarshal([]byte(b), &a) != nil {
+		t.Fatalf("proof: %d %q", c, b)
+	}
+	var h sidecar.Health
+	if c, hb, _ := do(t, "GET", base+"/healthz", nil); c != 200 || json.Unmarshal([]byte(hb), &h) != nil || h.Instance == "" {
+		t.Fatalf("healthz: %d %q", c, hb)
+	}
+	want := []string{authsecret.Proof([]byte(secretNow), nonce, h.Instance), authsecret.Proof([]byte(secretPrev), nonce, h.Instance)}
+	if a.Instance != h.Instance || len(a.Proofs) != 2 || a.Proofs[0] != want[0] || a.Proofs[1] != want[1] {
+		t.Fatalf("answer %+v, want instance %s proofs %q", a, h.Instance, want)
+	}
+	if !sec.Proves(&a, nonce) || !(&authsecret.Secrets{Current: []byte(secretPrev)}).Proves(&a, nonce) {
+		t.Fatal("the answer does not prove either secret")
+	}
+	for _, tok := range []string{sec.Token(), authsecret.Token([]byte(secretPrev)), "mooncake-token"} {
+		if strings.Contains(b, tok) {
+			t.Fatalf("the proof answer holds a token: %q", b)
+		}
+	}
+	for _, q := range []string{"", "?nonce=", "?nonce=abc", "?nonce=" + strings.ToUpper(nonce), "?nonce=" + nonce + "&nonce=" + nonce,
+		"?nonce=" + strings.Repeat("a", authsecret.MaxNonceLen+1), "?nonce=" + nonce + "&key=x"} {
+		var e struct{ Code int32 }
+		if c, b, _ := do(t, "GET", base+"/metadata/proof"+q, nil); c != 400 || json.Unmarshal([]byte(b), &e) != nil || errs.Code(e.Code) != errs.InvalidArgument {
+			t.Errorf("proof%s: %d %q", q, c, b)
+		}
+	}
+	_, open := serve(t, sidecar.Config{})
+	if c, b, _ := do(t, "GET", open+"/metadata/proof?nonce="+nonce, nil); c != 404 || !isError(b, int32(errs.NotFound), "this sidecar has no cluster secret: it has nothing to prove") {
+		t.Fatalf("proof without a secret: %d %q", c, b)
+	}
+}

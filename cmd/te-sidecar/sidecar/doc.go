@@ -14,8 +14,8 @@
 // # Authentication
 //
 // With a cluster secret (Config.Secret; te-sidecar's -auth-secret-file,
-// TE_AUTH_SECRET_FILE or TE_AUTH_SECRET) every route but /healthz, /metrics
-// and /openapi.json needs "Authorization: Bearer <token>", where token is
+// TE_AUTH_SECRET_FILE or TE_AUTH_SECRET) every route but /healthz, /metrics,
+// /openapi.json and /metadata/proof needs "Authorization: Bearer <token>", where token is
 // the lowercase hex of HMAC-SHA256(key = secret, message = "te-sidecar-token
 // v1"), or a client's own token for the name it gives in X-Te-Client
 // (authsecret.ClientToken); during a rotation the previous secret's tokens
@@ -26,6 +26,11 @@
 // -insecure says to trust the network. A Mooncake engine without the token
 // therefore cannot use a te-sidecar that has a secret, unless the sidecar
 // also has a metadata token that the engine is given.
+//
+// GET /metadata/proof?nonce=N is how te's metadata client learns that the
+// server holds the secret before it sends the token derived from it: the
+// answer holds authsecret.Proof of the nonce and the sidecar's instance
+// under each of its secrets, and reveals neither the secret nor the token.
 //
 // # Connections
 //

@@ -10,6 +10,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/tecache/te/cmd/te-sidecar/api"
+	"github.com/tecache/te/internal/authsecret"
 	"github.com/tecache/te/internal/errs"
 )
 
@@ -132,6 +133,32 @@ func (s *Server) installMetadata() {
 			ops.Inc("get", "ok")
 			ctx.SetContentType(ctype)
 			ctx.SetBody(v)
+		}})
+	s.Route(api.Route{Method: "GET", Path: "/metadata" + authsecret.ProofPath, Auth: api.Open, Tag: "metadata",
+		Query: []api.Param{{Name: "nonce", Required: true,
+			Description: "A fresh nonce from the client: 32..128 lowercase hex digits."}},
+		Summary: "Prove that this sidecar holds the cluster secret",
+		Description: "Asked by te's metadata client on each new connection before the connection carries the token derived from the secret, so that the token " +
+			"goes only to a server that holds the secret. Each proof is lowercase hex of HMAC-SHA256(key, nonce + \"\\n\" + instance), " +
+			"key = HMAC-SHA256(secret, \"" + authsecret.ProofLabel + "\"), under the current secret and, during a rotation, the previous one. " +
+			"Open: it reveals neither the secret nor the token. 404 without a cluster secret (nothing to prove).",
+		Answer: reflect.TypeFor[authsecret.ProofAnswer](), Refusals: []int{404}, Handler: func(ctx *fasthttp.RequestCtx) {
+			nonce := string(ctx.QueryArgs().Peek("nonce"))
+			switch {
+			case s.cfg.Secret == nil:
+				ops.Inc("proof", "no_secret")
+				s.refuse(ctx, fasthttp.StatusNotFound, errs.NotFound, "this sidecar has no cluster secret: it has nothing to prove")
+				return
+			case !authsecret.ValidNonce(nonce):
+				ops.Inc("proof", "refused")
+				s.refuse(ctx, fasthttp.StatusBadRequest, errs.InvalidArgument,
+					fmt.Sprintf("the nonce must be %d..%d lowercase hex digits", authsecret.MinNonceLen, authsecret.MaxNonceLen))
+				return
+			}
+			ops.Inc("proof", "ok")
+			b, _ := json.Marshal(authsecret.ProofAnswer{Instance: s.instance, Proofs: s.cfg.Secret.Proofs(nonce, s.instance)})
+			ctx.SetContentType(ctype)
+			ctx.SetBody(b)
 		}})
 	s.Route(api.Route{Method: "PUT", Path: "/metadata", Auth: api.Metadata, Tag: "metadata", Query: keyParam,
 		Summary: "Store a metadata value", Description: desc + " The body is the value (at most -max-value bytes).",

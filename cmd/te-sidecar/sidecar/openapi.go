@@ -14,7 +14,7 @@ import (
 // OpenRoutes names the routes that answer without a token, as -h, the log
 // and the OpenAPI document say it; TestOpenRoutes checks it against the
 // route table.
-const OpenRoutes = "/healthz, /metrics and /openapi.json"
+const OpenRoutes = "/healthz, /metrics, /openapi.json and /metadata/proof"
 
 // Answered are the codes the sidecar's refusals carry, in the order the
 // document lists them; TestAnsweredCodes checks that every code the source

@@ -33,10 +33,10 @@ import (
 // Config configures a Server. The zero value serves with the defaults below.
 type Config struct {
 	// Secret is the cluster secret. When set, every route but /healthz,
-	// /metrics and /openapi.json needs "Authorization: Bearer <token>" with
-	// the token derived from it (authsecret.Token; either secret during a
-	// rotation), or a client's own token (authsecret.ClientToken) for the
-	// name in X-Te-Client.
+	// /metrics, /openapi.json and /metadata/proof needs "Authorization:
+	// Bearer <token>" with the token derived from it (authsecret.Token;
+	// either secret during a rotation), or a client's own token
+	// (authsecret.ClientToken) for the name in X-Te-Client.
 	Secret *authsecret.Secrets
 	// Token, when set, is also accepted as the bearer token on /metadata
 	// (Mooncake's MC_METADATA_HTTP_TOKEN); without a Secret it is the only

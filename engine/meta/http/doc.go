@@ -21,9 +21,29 @@
 // (for a Mooncake metadata server, or te-sidecar's -metadata-token); or
 // te-sidecar's token derived from the cluster secret, given in meta.Options
 // (an engine passes its own) or found in TE_AUTH_SECRET_FILE or
-// TE_AUTH_SECRET (package authsecret). A bearer token crosses the network in
-// clear over http://: use https:// or a sidecar on loopback. The protocol has
-// no TTL: a dead engine's keys stay until something deletes them.
+// TE_AUTH_SECRET (package authsecret).
+//
+// A token given (the first two) is the user's choice and goes to the
+// server as it is. The token derived from the secret opens /metadata and
+// /handoff on every sidecar of the cluster, so it goes only to a server
+// that proves it holds the secret: every new connection (over https, after
+// the certificate is verified as usual) first asks GET <path>/proof?nonce=N
+// with a fresh random nonce and no token, and carries requests only if the
+// answer holds the HMAC of that nonce and the server's instance under a key
+// derived from the current secret (authsecret.Proof). A server that does
+// not prove it (a Mooncake metadata server, any other HTTP server,
+// te-sidecar with another secret or none) gets no token and no request, and
+// every call fails with Unauthenticated naming the URL and why. The proof
+// is per connection, so a reconnection (a restarted or replaced server) is
+// proven again; a kept-alive connection costs nothing more.
+//
+// The proof keeps the token from a server that does not hold the secret;
+// it does not hide the token on the path: over http:// the token and the
+// values cross the network in clear, and a party on the path, or a
+// configured server that relays the exchange to a genuine sidecar, can
+// take the token. Use https:// or a sidecar on loopback or a network you
+// trust. The protocol has no TTL: a dead engine's keys stay until something
+// deletes them.
 //
 // Importing this package registers the "http" and "https" schemes with
 // package meta; package engine imports it.

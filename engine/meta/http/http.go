@@ -3,6 +3,7 @@ package httpmeta
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
 	"errors"
 	"io"
 	"net"
@@ -49,6 +50,12 @@ type Store struct {
 	token   string
 	owned   *metautil.Owned
 
+	// With a token derived from the cluster secret (sec set), every
+	// connection is proven before it carries a request (dialProven).
+	sec       *authsecret.Secrets
+	proofPath string
+	roots     *x509.CertPool // https roots: nil, the system's (tests set their own)
+
 	wmu    sync.Mutex // serialises writes with the refresher's
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -63,27 +70,29 @@ func Open(conn string) (*Store, error) { return OpenWith(conn, meta.Options{}) }
 // bearer picks the token the store sends: the one given, else
 // MC_METADATA_HTTP_TOKEN (a Mooncake metadata server's), else te-sidecar's
 // token derived from the cluster secret (given, or from the environment).
-func bearer(o meta.Options) (string, error) {
+// It returns the secret when the token is derived from it: that token goes
+// only over connections whose server proved it holds the secret.
+func bearer(o meta.Options) (string, *authsecret.Secrets, error) {
 	if o.Token != "" {
-		return o.Token, nil
+		return o.Token, nil, nil
 	}
 	if t := os.Getenv(EnvToken); t != "" {
-		return t, nil
+		return t, nil, nil
 	}
 	sec, err := authsecret.Load(o.AuthSecret, o.AuthSecretFile, os.Getenv)
 	if err != nil {
-		return "", errs.Wrap(errs.CodeOf(err), "http metadata", err, "the cluster secret")
+		return "", nil, errs.Wrap(errs.CodeOf(err), "http metadata", err, "the cluster secret")
 	}
 	if sec != nil {
-		return sec.Token(), nil
+		return sec.Token(), sec, nil
 	}
-	return "", nil
+	return "", nil, nil
 }
 
 // OpenWith is Open with the engine's options: the bearer token, or the
 // cluster secret it is derived from.
 func OpenWith(conn string, mo meta.Options) (*Store, error) {
-	token, err := bearer(mo)
+	token, sec, err := bearer(mo)
 	if err != nil {
 		return nil, err
 	}
@@ -104,18 +113,24 @@ func OpenWith(conn string, mo meta.Options) (*Store, error) {
 	if path == "" {
 		path = "/metadata"
 	}
+	dialer := &net.Dialer{Timeout: o.Timeout, KeepAlive: 30 * time.Second}
+	tr := &http.Transport{
+		Proxy:               nil, // metadata servers are local to the cluster
+		DialContext:         dialer.DialContext,
+		MaxIdleConnsPerHost: 16,
+		IdleConnTimeout:     30 * time.Second,
+	}
 	s := &Store{
 		base: scheme + "://" + o.Hosts + path,
 		// net/http rather than fasthttp's client: requests follow the
 		// caller's context, and Close leaves no cleaner goroutines behind.
-		cli: &http.Client{Transport: &http.Transport{
-			Proxy:               nil, // metadata servers are local to the cluster
-			DialContext:         (&net.Dialer{Timeout: o.Timeout, KeepAlive: 30 * time.Second}).DialContext,
-			MaxIdleConnsPerHost: 16,
-			IdleConnTimeout:     30 * time.Second,
-		}},
+		cli: &http.Client{Transport: tr},
 		pfx: metautil.NewPrefix(o.Cluster), timeout: o.Timeout, retries: o.Retries, refresh: o.Refresh,
 		token: token, owned: metautil.NewOwned(),
+		sec: sec, proofPath: strings.TrimSuffix(path, "/") + authsecret.ProofPath,
+	}
+	if sec != nil {
+		s.dialProven(tr, dialer, scheme)
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.wg.Add(1)
@@ -154,8 +169,11 @@ func (s *Store) do(ctx context.Context, method, key string, body []byte) (int, [
 		}
 		resp, err := s.cli.Do(req)
 		if err != nil {
+			if errs.CodeOf(err) == errs.Unauthenticated {
+				return false, unwrapOurs(err) // the server did not prove it holds the secret
+			}
 			code := errs.Metadata
-			if errors.Is(err, context.DeadlineExceeded) {
+			if errors.Is(err, context.DeadlineExceeded) || errs.CodeOf(err) == errs.Timeout {
 				code = errs.Timeout
 			}
 			return true, errs.Wrap(code, "http metadata", err, "%s %s key %q", method, s.base, key).
