@@ -58,6 +58,7 @@ type Engine struct {
 	batches map[*Batch]struct{}
 
 	nq notifyQueue
+	np notifyPeers // which peers take NotifyOnce (notify.go)
 
 	secret  *peerauth.Secret            // nil: peers are not authenticated
 	descEnc atomic.Pointer[encodedDesc] // the last descriptor served, encoded once
@@ -193,6 +194,8 @@ func New(cfg Config) (_ *Engine, err error) {
 	e.ctrl.Handle(wire.KindDescribe, e.handleDescribe)
 	e.ctrl.Handle(wire.KindNotify, e.handleNotify)
 	e.ctrl.Reserve(wire.KindNotify, ctrl.Reserver{Reserve: e.reserveNotify, Release: e.releaseNotify})
+	e.ctrl.Handle(wire.KindNotifyOnce, e.handleNotifyOnce)
+	e.ctrl.Reserve(wire.KindNotifyOnce, ctrl.Reserver{Reserve: e.reserveNotifyOnce, Release: e.releaseNotify})
 	e.ctrl.Handle(wire.KindProbe, e.handleProbe)
 	e.installMooncake()
 
@@ -766,9 +769,16 @@ func (e *Engine) handleDescribe(_ context.Context, body []byte) ([]byte, error) 
 	return b, nil
 }
 
+// probeReply is the Probe answer on the wire: the Probe and what the
+// engine serves beyond older versions (notify_ids: it dedups NotifyOnce).
+type probeReply struct {
+	Probe
+	NotifyIDs bool `json:"notify_ids,omitempty"`
+}
+
 func (e *Engine) handleProbe(context.Context, []byte) ([]byte, error) {
 	d := e.desc.Load()
-	return json.Marshal(Probe{Name: e.name, Instance: e.instance, Version: d.Version})
+	return json.Marshal(probeReply{Probe{Name: e.name, Instance: e.instance, Version: d.Version}, true})
 }
 
 // Probe checks that the segment's engine answers and returns its identity and

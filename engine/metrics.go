@@ -282,6 +282,7 @@ func (e *Engine) WriteMetrics(w io.Writer) error {
 	m.one("te_transferred_bytes_total", "counter", "Bytes of tasks that completed, read and write.", float64(s.BytesTransferred))
 	m.one("te_notifies_sent_total", "counter", "Notifications sent.", float64(s.NotifiesSent))
 	m.one("te_notifies_received_total", "counter", "Notifications received.", float64(s.NotifiesReceived))
+	m.one("te_notifies_duplicate_total", "counter", "Notifications received again after a lost reply, answered without queueing them twice.", float64(s.NotifiesDuplicate))
 	m.one("te_refused_records_total", "counter", "Store records (descriptors, rpc_meta) that did not verify.", float64(s.RefusedRecords))
 	m.one("te_windows_granted_total", "counter", "Access windows granted (GrantWindow).", float64(s.WindowsGranted))
 	m.one("te_windows_revoked_total", "counter", "Access windows revoked.", float64(s.WindowsRevoked))

@@ -282,7 +282,7 @@ func (e *Engine) sendNotify(ctx context.Context, seg, addr, name, msg string) er
 	if e.mc.call && e.mc.known(addr) {
 		return e.notifyMooncake(ctx, addr, name, msg)
 	}
-	_, err := e.ctrl.CallTo(ctx, ctrl.Target{Addr: addr, Name: seg}, wire.KindNotify, wire.AppendNotify(nil, []byte(name), []byte(msg)))
+	err := e.notifyTe(ctx, ctrl.Target{Addr: addr, Name: seg}, name, msg)
 	if err == nil || !e.mc.guess || !mooncakeMaybe(err) || ctx.Err() != nil {
 		return err
 	}

@@ -10,6 +10,7 @@ type stats struct {
 	completed, failed, timedOut, canceled atomic.Uint64
 	bytes                                 atomic.Uint64
 	notifiesSent, notifiesReceived        atomic.Uint64
+	notifiesDuplicate                     atomic.Uint64
 	refusedRecords                        atomic.Uint64 // store records that did not verify
 	windowsGranted, windowsRevoked        atomic.Uint64
 	windowsUnenforced                     atomic.Uint64
@@ -29,6 +30,10 @@ type Stats struct {
 	BytesTransferred uint64                    `json:"bytes_transferred"`
 	NotifiesSent     uint64                    `json:"notifies_sent"`
 	NotifiesReceived uint64                    `json:"notifies_received"`
+	// NotifiesDuplicate counts notifications received again with an id
+	// already queued (a sender's retry after a lost reply): answered ok,
+	// not queued twice.
+	NotifiesDuplicate uint64 `json:"notifies_duplicate"`
 	// RefusedRecords counts descriptors and rpc_meta records read from the
 	// store that did not verify (spec.md, "Authenticated store records").
 	RefusedRecords uint64 `json:"refused_records"`
@@ -120,17 +125,18 @@ func (e *Engine) Stats() Stats {
 		caps[t.Name()] = t.Caps()
 	}
 	return Stats{
-		Caps:             caps,
-		Segment:          e.name,
-		Transports:       e.Transports(),
-		Buffers:          len(e.reg.Regions()),
-		TasksCompleted:   e.stats.completed.Load(),
-		TasksFailed:      e.stats.failed.Load() + e.stats.canceled.Load(),
-		TasksTimedOut:    e.stats.timedOut.Load(),
-		BytesTransferred: e.stats.bytes.Load(),
-		NotifiesSent:     e.stats.notifiesSent.Load(),
-		NotifiesReceived: e.stats.notifiesReceived.Load(),
-		RefusedRecords:   e.stats.refusedRecords.Load(),
+		Caps:              caps,
+		Segment:           e.name,
+		Transports:        e.Transports(),
+		Buffers:           len(e.reg.Regions()),
+		TasksCompleted:    e.stats.completed.Load(),
+		TasksFailed:       e.stats.failed.Load() + e.stats.canceled.Load(),
+		TasksTimedOut:     e.stats.timedOut.Load(),
+		BytesTransferred:  e.stats.bytes.Load(),
+		NotifiesSent:      e.stats.notifiesSent.Load(),
+		NotifiesReceived:  e.stats.notifiesReceived.Load(),
+		NotifiesDuplicate: e.stats.notifiesDuplicate.Load(),
+		RefusedRecords:    e.stats.refusedRecords.Load(),
 
 		WindowsGranted:    e.stats.windowsGranted.Load(),
 		WindowsRevoked:    e.stats.windowsRevoked.Load(),

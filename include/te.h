@@ -718,6 +718,9 @@ int te_free_batch(te_batch_t batch);
 
 /* te_notify_send delivers (name, msg) to the named segment's engine and
  * waits until it is queued there. msg is msg_len bytes (NULL when 0).
+ * 0 means queued once: a send whose reply was lost with its connection is
+ * resent with the same id, and the receiver does not queue it twice (a
+ * peer of a version before 1.4 gets no id: the lost reply is an error).
  * Blocks: yes (RPC timeout) | Thread-safe: yes | Errors: TE_ERR_TOO_LARGE
  * (name over 4096 bytes, msg over 16 MiB), TE_ERR_PEER_UNREACHABLE,
  * TE_ERR_TIMEOUT, TE_ERR_RESOURCE_EXHAUSTED (the receiver's queue or its

@@ -33,6 +33,9 @@ const (
 	KindNotify   uint8 = 0x11 // deliver a (name, message) notification
 	KindProbe    uint8 = 0x12 // liveness and identity
 	KindAuth     uint8 = 0x13 // the authentication exchange opening every connection
+	// KindNotifyOnce is Notify with a sender-chosen id the receiver
+	// dedups, so a sender may send it again after a lost reply.
+	KindNotifyOnce uint8 = 0x14
 
 	KindTransportBase uint8 = 0x40
 	KindShm           uint8 = 0x40
@@ -56,6 +59,9 @@ const (
 	// MaxNotifyBody is the largest Notify request body: the call header and
 	// the largest notify payload.
 	MaxNotifyBody = CallHeaderSize + 2 + MaxNotifyName + 4 + MaxNotifyMsg
+	// MaxNotifyOnceBody is the largest NotifyOnce request body: the id
+	// and the largest Notify body.
+	MaxNotifyOnceBody = NotifyIDSize + MaxNotifyBody
 	// BodyChunk is the step in which a body is read (its buffer grows by
 	// at most this much ahead of the bytes that arrived) and in which
 	// progress is measured.
@@ -69,6 +75,8 @@ func RequestLimit(kind uint8) uint64 {
 		return MaxAuthBody
 	case KindNotify:
 		return MaxNotifyBody
+	case KindNotifyOnce:
+		return MaxNotifyOnceBody
 	case KindShm:
 		return CallHeaderSize + MaxShmPayload
 	}
@@ -262,6 +270,30 @@ func DecodeNotify(p []byte) (name, msg []byte, err error) {
 		return nil, nil, err
 	}
 	return append([]byte(nil), name...), append([]byte(nil), msg...), nil
+}
+
+// NotifyOnce payload: a notify payload after the sender's id for it.
+//
+//	offset 0  u64 LE  id, chosen by the sender, the same in every attempt
+//	offset 8  ...     notify payload
+const NotifyIDSize = 8
+
+// AppendNotifyOnce appends a NotifyOnce payload.
+func AppendNotifyOnce(dst []byte, id uint64, name, msg []byte) []byte {
+	dst = binary.LittleEndian.AppendUint64(dst, id)
+	return AppendNotify(dst, name, msg)
+}
+
+// ParseNotifyOnce decodes a NotifyOnce payload; name and msg alias p.
+func ParseNotifyOnce(p []byte) (id uint64, name, msg []byte, err error) {
+	if len(p) < NotifyIDSize {
+		return 0, nil, nil, errs.New(errs.Protocol, "wire", "notify of %d bytes lacks its id", len(p))
+	}
+	name, msg, err = ParseNotify(p[NotifyIDSize:])
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	return binary.LittleEndian.Uint64(p), name, msg, nil
 }
 
 // ParseNotify decodes a notify payload; name and msg alias p.

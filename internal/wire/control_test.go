@@ -125,6 +125,20 @@ func FuzzDecodeNotify(f *testing.F) {
 	})
 }
 
+func FuzzDecodeNotifyOnce(f *testing.F) {
+	f.Add(AppendNotifyOnce(nil, 1<<63|7, []byte("name"), []byte("message")))
+	f.Add([]byte{1, 2, 3})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		id, n, m, err := ParseNotifyOnce(data)
+		if err != nil {
+			return
+		}
+		if !bytes.Equal(AppendNotifyOnce(nil, id, n, m), data) {
+			t.Fatal("round trip differs")
+		}
+	})
+}
+
 // TestReadBodyGrowsAsBytesArrive announces a 16 MiB body and sends 100 KiB:
 // the reader must fail having allocated about what arrived, not the claim.
 func TestReadBodyGrowsAsBytesArrive(t *testing.T) {
@@ -163,6 +177,12 @@ func TestFrameLimitsPerKind(t *testing.T) {
 	}
 	if RequestLimit(KindNotify) < CallHeaderSize+uint64(len(AppendNotify(nil, make([]byte, MaxNotifyName), make([]byte, MaxNotifyMsg)))) {
 		t.Fatal("the largest notify does not fit its limit")
+	}
+	if RequestLimit(KindNotifyOnce) != CallHeaderSize+uint64(len(AppendNotifyOnce(nil, 1, make([]byte, MaxNotifyName), make([]byte, MaxNotifyMsg)))) {
+		t.Fatal("the largest NotifyOnce does not fit its limit exactly")
+	}
+	if _, _, _, err := ParseNotifyOnce(AppendNotify(nil, []byte("n"), nil)[:7]); errs.CodeOf(err) != errs.Protocol {
+		t.Fatalf("a NotifyOnce without its id: %v", err)
 	}
 	if ReplyLimit(KindDescribe, 1<<20) != CallHeaderSize+1<<20 || ReplyLimit(KindProbe, 1<<30) != CallHeaderSize+64<<10 {
 		t.Fatal("reply limits")

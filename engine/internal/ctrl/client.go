@@ -87,12 +87,15 @@ func (c *Plane) CallTo(ctx context.Context, t Target, kind uint8, body []byte) (
 }
 
 // retryable says whether a call that failed with its connection may be sent
-// again on a new one: never written (seq 0), or written, not as the first
-// call of a fresh connection, and of a kind that serving twice leaves as
-// once (Describe, Probe). A notification or a transport's control message
-// that was written is not: the peer may have acted on it.
+// again on a new one: never written (seq 0); a NotifyOnce, which the
+// receiver dedups by its id, however it went (the body is the same, id
+// included, so the one success means one delivery, even when the reply of
+// the first attempt on a fresh connection was lost); or written, not as the
+// first call of a fresh connection, and of a kind that serving twice leaves
+// as once (Describe, Probe). A Notify or a transport's control message that
+// was written is not: the peer may have acted on it.
 func retryable(kind uint8, seq uint64) bool {
-	if seq == 0 {
+	if seq == 0 || kind == wire.KindNotifyOnce {
 		return true
 	}
 	return seq != 1 && (kind == wire.KindDescribe || kind == wire.KindProbe)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -275,5 +276,40 @@ func TestServedCallNotResent(t *testing.T) {
 	}
 	if n := probes.Load(); n != 4 {
 		t.Fatalf("probes served %d times, want 4 (one retried)", n)
+	}
+}
+
+// TestNotifyOnceResent: a NotifyOnce whose reply is lost after the peer
+// served it goes again, the same body (id included), on a new connection,
+// even as the first call of a fresh connection: the receiver dedups by the
+// id (the engine's handler), and the sender sees the second reply.
+func TestNotifyOnceResent(t *testing.T) {
+	srv := newPlane(t, nil)
+	var mu sync.Mutex
+	var bodies [][]byte
+	srv.Handle(wire.KindNotifyOnce, func(_ context.Context, b []byte) ([]byte, error) {
+		mu.Lock()
+		bodies = append(bodies, append([]byte(nil), b...))
+		mu.Unlock()
+		return nil, nil
+	})
+	cli := newPlane(t, nil)
+	var drop atomic.Int32
+	drop.Store(1)
+	hook := func(kind uint8) bool { return kind == wire.KindNotifyOnce && drop.CompareAndSwap(1, 0) }
+	testHookDropReply.Store(&hook)
+	defer testHookDropReply.Store(nil)
+	body := wire.AppendNotifyOnce(nil, 0x1234_5678_9abc_def0, []byte("kv"), []byte("ready"))
+	// The first call on a fresh connection.
+	if _, err := cli.Call(context.Background(), srv.Addr().String(), wire.KindNotifyOnce, body); err != nil {
+		t.Fatalf("NotifyOnce whose first reply was lost: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(bodies) != 2 || string(bodies[0]) != string(body) || string(bodies[1]) != string(body) {
+		t.Fatalf("served %d times (want 2, the same body): %q", len(bodies), bodies)
+	}
+	if drop.Load() != 0 {
+		t.Fatal("no reply was dropped")
 	}
 }
