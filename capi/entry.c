@@ -322,6 +322,24 @@ int te_store_delete(te_store_t store, const char *key) {
     return tego_store_delete(store, key);
 }
 
+int te_store_watch(te_store_t store, const char *prefix) {
+    if (tecapi_child(__func__)) return TE_ERR_FORKED;
+    return tego_store_watch(store, prefix);
+}
+
+int te_store_unwatch(te_store_t store, const char *prefix) {
+    if (tecapi_child(__func__)) return TE_ERR_FORKED;
+    return tego_store_unwatch(store, prefix);
+}
+
+int te_store_changes(te_store_t store, char *buf, size_t cap, size_t *len) {
+    if (tecapi_child(__func__)) {
+        if (len) *len = 0;
+        return TE_ERR_FORKED;
+    }
+    return tego_store_changes(store, buf, cap, len);
+}
+
 int te_store_close(te_store_t store) {
     if (tecapi_child(__func__)) return TE_ERR_FORKED;
     return tego_store_close(store);

@@ -10,6 +10,7 @@ import "C"
 
 import (
 	"context"
+	"sync"
 	"unsafe"
 
 	"github.com/tecache/te/capi/internal/glue"
@@ -23,10 +24,62 @@ import (
 const (
 	maxStoreKey   = 4096
 	maxStoreValue = 64 << 20
+	// Watched prefixes per handle, and changed keys held for
+	// te_store_changes: past maxPending the keys collapse into their
+	// watched prefixes ("everything under it changed"), as a watch reports
+	// after a reconnection, so a flood costs bounded memory.
+	maxWatches      = 4096
+	maxPending      = 65536
+	maxPendingBytes = 1 << 20
 )
 
+// storeEntry is a store handle: the store, and the changes its watches saw.
+type storeEntry struct {
+	s meta.Store
+
+	mu      sync.Mutex
+	watches map[string]context.CancelFunc // prefix -> its watch
+	pending map[string]struct{}
+	order   []string // pending in arrival order
+	bytes   int      // of order, a NUL after each
+}
+
+func (e *storeEntry) changed(prefix, key string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if _, ok := e.watches[prefix]; !ok {
+		return // unwatched meanwhile
+	}
+	if _, ok := e.pending[key]; ok {
+		return
+	}
+	if len(e.pending) >= maxPending || e.bytes+len(key)+1 > maxPendingBytes {
+		e.pending, e.order, e.bytes = map[string]struct{}{}, nil, 0
+		for p := range e.watches {
+			e.add(p)
+		}
+		return
+	}
+	e.add(key)
+}
+
+func (e *storeEntry) add(key string) {
+	e.pending[key] = struct{}{}
+	e.order = append(e.order, key)
+	e.bytes += len(key) + 1
+}
+
+func (e *storeEntry) stopWatches() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for p, cancel := range e.watches {
+		cancel()
+		delete(e.watches, p)
+	}
+}
+
 // Stores belong to no engine (owner 0): te_destroy leaves them.
-var stores = glue.NewTable[meta.Store](glue.KindStore)
+var stores = glue.NewTable[*storeEntry](glue.KindStore)
 
 func storeKey(op string, p *C.te_cchar) (string, error) {
 	if p == nil {
@@ -59,7 +112,8 @@ func tego_store_open(conn *C.te_cchar, out *C.te_store_t) (rc C.int) {
 	if err != nil {
 		return fail(err)
 	}
-	*out = C.te_store_t(stores.Put(0, s))
+	*out = C.te_store_t(stores.Put(0, &storeEntry{s: s, watches: map[string]context.CancelFunc{},
+		pending: map[string]struct{}{}}))
 	return 0
 }
 
@@ -67,7 +121,7 @@ func tego_store_open(conn *C.te_cchar, out *C.te_store_t) (rc C.int) {
 func tego_store_put(h C.te_store_t, key *C.te_cchar, value *C.te_cvoid, n C.size_t) (rc C.int) {
 	const op = "store put"
 	defer enter(op, &rc)()
-	s, _, err := stores.Get(op, uint64(h))
+	e, _, err := stores.Get(op, uint64(h))
 	if err != nil {
 		return fail(err)
 	}
@@ -85,7 +139,7 @@ func tego_store_put(h C.te_store_t, key *C.te_cchar, value *C.te_cvoid, n C.size
 	if n > 0 {
 		v = append(v, unsafe.Slice((*byte)(unsafe.Pointer(value)), int(n))...)
 	}
-	return fail(s.Put(context.Background(), k, v))
+	return fail(e.s.Put(context.Background(), k, v))
 }
 
 //export tego_store_get
@@ -99,7 +153,7 @@ func tego_store_get(h C.te_store_t, key *C.te_cchar, buf *C.char, capacity C.siz
 	if buf == nil && capacity > 0 {
 		return null(op, "buf")
 	}
-	s, _, err := stores.Get(op, uint64(h))
+	e, _, err := stores.Get(op, uint64(h))
 	if err != nil {
 		return fail(err)
 	}
@@ -107,7 +161,7 @@ func tego_store_get(h C.te_store_t, key *C.te_cchar, buf *C.char, capacity C.siz
 	if err != nil {
 		return fail(err)
 	}
-	v, err := s.Get(context.Background(), k)
+	v, err := e.s.Get(context.Background(), k)
 	if err != nil {
 		return fail(err)
 	}
@@ -123,7 +177,7 @@ func tego_store_get(h C.te_store_t, key *C.te_cchar, buf *C.char, capacity C.siz
 func tego_store_delete(h C.te_store_t, key *C.te_cchar) (rc C.int) {
 	const op = "store delete"
 	defer enter(op, &rc)()
-	s, _, err := stores.Get(op, uint64(h))
+	e, _, err := stores.Get(op, uint64(h))
 	if err != nil {
 		return fail(err)
 	}
@@ -131,16 +185,109 @@ func tego_store_delete(h C.te_store_t, key *C.te_cchar) (rc C.int) {
 	if err != nil {
 		return fail(err)
 	}
-	return fail(s.Delete(context.Background(), k))
+	return fail(e.s.Delete(context.Background(), k))
 }
 
 //export tego_store_close
 func tego_store_close(h C.te_store_t) (rc C.int) {
 	const op = "store close"
 	defer enter(op, &rc)()
-	s, err := stores.Delete(op, uint64(h))
+	e, err := stores.Delete(op, uint64(h))
 	if err != nil {
 		return fail(err)
 	}
-	return fail(s.Close())
+	e.stopWatches()
+	return fail(e.s.Close())
+}
+
+//export tego_store_watch
+func tego_store_watch(h C.te_store_t, prefix *C.te_cchar) (rc C.int) {
+	const op = "store watch"
+	defer enter(op, &rc)()
+	e, _, err := stores.Get(op, uint64(h))
+	if err != nil {
+		return fail(err)
+	}
+	p, err := storeKey(op, prefix)
+	if err != nil {
+		return fail(err)
+	}
+	w, ok := e.s.(meta.Watcher)
+	if !ok {
+		return fail(errs.New(errs.NotSupported, op, "this store does not push changes (only etcd does)"))
+	}
+	e.mu.Lock()
+	if _, ok := e.watches[p]; ok {
+		e.mu.Unlock()
+		return 0
+	}
+	if len(e.watches) >= maxWatches {
+		e.mu.Unlock()
+		return fail(errs.New(errs.ResourceExhausted, op, "%d prefixes watched already", maxWatches))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	e.watches[p] = cancel
+	e.mu.Unlock()
+	if err := w.Watch(ctx, p, func(key string) { e.changed(p, key) }); err != nil {
+		e.mu.Lock()
+		delete(e.watches, p)
+		e.mu.Unlock()
+		cancel()
+		return fail(err)
+	}
+	return 0
+}
+
+//export tego_store_unwatch
+func tego_store_unwatch(h C.te_store_t, prefix *C.te_cchar) (rc C.int) {
+	const op = "store unwatch"
+	defer enter(op, &rc)()
+	e, _, err := stores.Get(op, uint64(h))
+	if err != nil {
+		return fail(err)
+	}
+	p, err := storeKey(op, prefix)
+	if err != nil {
+		return fail(err)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if cancel, ok := e.watches[p]; ok {
+		cancel()
+		delete(e.watches, p)
+	}
+	return 0
+}
+
+//export tego_store_changes
+func tego_store_changes(h C.te_store_t, buf *C.char, capacity C.size_t, n *C.size_t) (rc C.int) {
+	const op = "store changes"
+	defer enter(op, &rc)()
+	if n == nil {
+		return null(op, "len")
+	}
+	*n = 0
+	if buf == nil && capacity > 0 {
+		return null(op, "buf")
+	}
+	e, _, err := stores.Get(op, uint64(h))
+	if err != nil {
+		return fail(err)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	need := e.bytes
+	*n = C.size_t(need)
+	if need > int(capacity) {
+		return fail(errs.New(errs.BufferTooSmall, op, "%d bytes of changed keys, buffer holds %d", need, int(capacity)))
+	}
+	dst := cbuf(buf, capacity)
+	off := 0
+	for _, k := range e.order {
+		off += copy(dst[off:], k)
+		dst[off] = 0
+		off++
+	}
+	e.pending, e.order, e.bytes = map[string]struct{}{}, nil, 0
+	return 0
 }

@@ -986,8 +986,35 @@ int te_store_get(te_store_t store, const char *key, void *buf, size_t cap, size_
  * te_store_put. */
 int te_store_delete(te_store_t store, const char *key);
 
-/* te_store_close releases the handle: on etcd it revokes the lease, so the
- * keys this handle put are gone when it returns (or, etcd unreachable, at
+/* te_store_watch watches every key under prefix (prefix itself included)
+ * until te_store_unwatch or te_store_close: te_store_changes then lists the
+ * keys that were put or deleted. After a lost connection to the store,
+ * when changes may have been missed, the prefix itself is listed: treat
+ * every key under it as changed. Watching a prefix watched already is a
+ * no-op. At most 4096 prefixes per handle.
+ * Blocks: yes, until the store confirmed the watch, at most the store's
+ * timeout (the watch then starts when the store answers) | Thread-safe: yes
+ * | Errors: TE_ERR_NOT_SUPPORTED (the store does not push changes: only
+ * etcd does), TE_ERR_RESOURCE_EXHAUSTED (4096 prefixes watched),
+ * TE_ERR_TOO_LARGE (prefix over 4096 bytes), TE_ERR_CLOSED. */
+int te_store_watch(te_store_t store, const char *prefix);
+
+/* te_store_unwatch stops watching prefix (its changes not yet read stay
+ * listed until read); a prefix not watched is no error.
+ * Blocks: no | Thread-safe: yes | Errors: TE_ERR_TOO_LARGE (prefix). */
+int te_store_unwatch(te_store_t store, const char *prefix);
+
+/* te_store_changes moves the keys changed since the last call into buf,
+ * each once and NUL-terminated, one after the other, and stores their
+ * total length (NULs included) in *len; 0 when nothing changed. When they
+ * do not fit in cap bytes it is TE_ERR_BUFFER_TOO_SMALL, *len the length
+ * needed, and nothing is taken. Over 65536 keys or 1 MiB not yet read, the
+ * keys are replaced by their watched prefixes (everything changed).
+ * Blocks: no | Thread-safe: yes | Errors: TE_ERR_BUFFER_TOO_SMALL. */
+int te_store_changes(te_store_t store, char *buf, size_t cap, size_t *len);
+
+/* te_store_close releases the handle and ends its watches: on etcd it
+ * revokes the lease, so the keys this handle put are gone when it returns (or, etcd unreachable, at
  * the end of the lease TTL). Calls in flight on the handle in other threads
  * complete or fail with TE_ERR_CLOSED.
  * Blocks: yes, up to the store's timeout | Thread-safe: yes | Errors:

@@ -44,9 +44,9 @@ What differs from NIXL:
   raise when etcd cannot be reached (after 5 s) rather than only logging;
   keys go when the agent closes (a lease), not only on invalidation; a
   fetch waits up to 5 s for the key, in the background, and logs why it
-  failed. Not done: NIXL's watch that drops a loaded agent when its keys
-  are deleted (te finds a restarted peer by its instance when it next
-  opens it). Without NIXL_ETCD_ENDPOINTS, ip_addr "" is refused
+  failed; a peer loaded from etcd is watched, as NIXL does, and dropped
+  when its keys are deleted (invalidated, closed, or its lease ran out).
+  Without NIXL_ETCD_ENDPOINTS, ip_addr "" is refused
   (nixlNotSupportedError).
 * Host: with the listener on, te binds every address (0.0.0.0) as NIXL's
   listener does, so peers reach it on 127.0.0.1 as well as on the host's

@@ -57,6 +57,7 @@ MAX_REMOTE_AGENTS = 65536
 MAX_PENDING_NOTIF_BYTES = 64 << 20
 MAX_REMOTE_RANGES = 1 << 21
 MAX_TASKS = 4096
+ETCD_WATCH_POLL_S = 0.05
 MAX_ETCD_FETCHES = 64  # etcd fetches waiting at once (each up to _etcd.WATCH_TIMEOUT_S)
 LISTEN_POLL_S = 0.005
 
@@ -368,6 +369,7 @@ class nixlAgent:
         self._worker = None
         self._warned = set()
         self._fetches = threading.BoundedSemaphore(MAX_ETCD_FETCHES)
+        self._etcd_watcher = None
         try:
             self._etcd = _etcd.EtcdMD(name) if _etcd.configured() else None
         except Exception:
@@ -902,6 +904,14 @@ class nixlAgent:
             self._fetches.release()
             raise
 
+    def _start_etcd_watcher(self):
+        with self._lock:
+            if self._etcd_watcher is None and not self._stop.is_set():
+                t = threading.Thread(target=_etcd_watch_main, args=(weakref.ref(self), self._etcd, self._stop),
+                                     name=f"nixl-etcd-watch-{self.name}", daemon=True)
+                self._etcd_watcher = t
+                t.start()
+
     def makeConnection(self, name, backends=None):
         self._live()
         r = self._remote_for(_text(name), need_conn=True)
@@ -1343,10 +1353,46 @@ def _etcd_fetch_main(ref, etcd, stop, slots, name, label):
             log.debug("nixl agent %s: loaded metadata of %s from etcd", a.name, name)
         except Exception as e:
             log.error("nixl agent %s: metadata of %s from etcd refused: %s", a.name, name, e)
+            return
         finally:
+            del a
+        try:
+            etcd.watch(name, label)
+        except Exception as e:
+            log.warning("nixl agent %s: %s; its metadata stays loaded until removed by hand", etcd.agent, e)
+            return
+        a = ref()
+        if a is not None:
+            a._start_etcd_watcher()
             del a
     finally:
         slots.release()
+
+
+def _etcd_watch_main(ref, etcd, stop):
+    """Drops the metadata of agents whose keys left etcd (NIXL's watcher).
+    Holds the agent only weakly; ends with it."""
+    while not stop.wait(ETCD_WATCH_POLL_S):
+        try:
+            gone = etcd.gone()
+        except Exception as e:
+            if not stop.is_set():
+                log.warning("nixl agent %s: reading etcd changes failed: %s", etcd.agent, e)
+            continue
+        if not gone:
+            continue
+        a = ref()
+        if a is None:
+            return
+        try:
+            with a._lock:
+                for name in gone:
+                    r = a._remotes.get(name)
+                    if r is not None:
+                        a._drop(r)
+                        log.info("nixl agent %s: metadata of %s left etcd: dropped", a.name, name)
+        finally:
+            del a
 
 
 def _shutdown(engine, stop, worker, etcd=None):

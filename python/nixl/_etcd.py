@@ -17,7 +17,9 @@ What carries over from NIXL (its etcd metadata backend):
     default); a key not there yet is waited for, up to 5 s, NIXL's default
     watch timeout. It runs in the background: check_remote_metadata turns
     True once the metadata is loaded.
-  - Invalidation removes the agent's keys.
+  - Invalidation removes the agent's keys. An agent that loaded a peer's
+    metadata from etcd watches the peer's prefix, and drops the peer's
+    metadata when its keys are deleted (check_remote_metadata turns False).
 
 What te does its own way: etcd is reached through libte's etcd client
 (te.Store), so TLS (https:// endpoints, TE_ETCD_CACERT/_CERT/_KEY) and
@@ -85,6 +87,7 @@ class EtcdMD:
             raise nixlInvalidParamError(f"{ENV_ENDPOINTS}={self.endpoints!r}: {e}") from e
         self._lock = threading.Lock()
         self._put = set()  # labels this agent published ("" is the prefix key)
+        self._watched = {}  # agent -> the label its metadata was fetched from
 
     def key(self, agent, label):
         return f"{self.namespace}/{agent}/{label}"
@@ -121,6 +124,57 @@ class EtcdMD:
                 raise nixlNotFoundError(f"no metadata at {key} in etcd at {self.endpoints} "
                                   f"after {WATCH_TIMEOUT_S:g} s")
             time.sleep(POLL_S)
+
+    def watch(self, agent, label):
+        """Watch agent's keys (after its metadata was loaded from label)."""
+        with self._lock:
+            self._watched[agent] = label
+        try:
+            self.store.watch(self.key(agent, ""))
+        except te.TeError as e:
+            with self._lock:
+                self._watched.pop(agent, None)
+            raise self._fail(f"watching {self.key(agent, '')}", e) from e
+
+    def watching(self):
+        with self._lock:
+            return bool(self._watched)
+
+    def gone(self):
+        """The watched agents whose metadata key was deleted since the last
+        call (they are watched no more). A change is checked with a read:
+        a put (a republish) keeps the agent."""
+        keys = self.store.changes()
+        if not keys:
+            return []
+        root = self.namespace + "/"
+        with self._lock:
+            watched = dict(self._watched)
+        hit = set()
+        for k in keys:
+            name = k[len(root):].rsplit("/", 1)[0] if k.startswith(root) else None
+            if name in watched:
+                hit.add(name)
+            else:  # a label or name with "/" in it, or a prefix reported whole
+                hit.update(n for n in watched if k.startswith(self.key(n, "")) or self.key(n, "").startswith(k))
+        out = []
+        for name in sorted(hit):
+            try:
+                if self.store.get(self.key(name, watched[name])):
+                    continue
+            except te.NotFound:
+                pass
+            except te.TeError:
+                continue  # etcd away: decided when it answers (the watch reports the prefix then)
+            with self._lock:
+                if self._watched.get(name) == watched[name]:
+                    del self._watched[name]
+            try:
+                self.store.unwatch(self.key(name, ""))
+            except te.TeError:
+                pass
+            out.append(name)
+        return out
 
     def invalidate(self):
         with self._lock:

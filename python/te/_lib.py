@@ -193,6 +193,9 @@ PROTOTYPES = {
     "te_store_put": [store_t, c_char_p, c_char_p, c_size_t],
     "te_store_get": [store_t, c_char_p, c_void_p, c_size_t, POINTER(c_size_t)],
     "te_store_delete": [store_t, c_char_p],
+    "te_store_watch": [store_t, c_char_p],
+    "te_store_unwatch": [store_t, c_char_p],
+    "te_store_changes": [store_t, c_char_p, c_size_t, POINTER(c_size_t)],
     "te_store_close": [store_t],
 }
 

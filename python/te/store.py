@@ -5,6 +5,8 @@ te.h), for records a program keeps beside te's segments.
         s.put("/app/key", b"value")
         s.get("/app/key")      # b"value"; te.NotFound when absent
         s.delete("/app/key")
+        s.watch("/app/")       # etcd only
+        s.changes()            # ["/app/key", ...]: put or deleted since the last call
 
 On etcd every key put lives under the handle's lease: it goes when the store
 is closed, or one lease TTL (10 s by default) after the process dies.
@@ -74,6 +76,34 @@ class Store:
         """Remove key; a key that is not there is no error."""
         lib = _lib.load()
         check(lib.te_store_delete(self._h(), _key(key)), lib)
+
+    def watch(self, prefix):
+        """Watch every key under prefix until unwatch or close; changes()
+        lists what changed. te.NotSupported for stores that do not push
+        changes (only etcd does)."""
+        lib = _lib.load()
+        check(lib.te_store_watch(self._h(), _key(prefix)), lib)
+
+    def unwatch(self, prefix):
+        lib = _lib.load()
+        check(lib.te_store_unwatch(self._h(), _key(prefix)), lib)
+
+    def changes(self):
+        """The keys (str) put or deleted under watched prefixes since the
+        last call, each once; a watched prefix itself when changes may have
+        been missed (treat every key under it as changed)."""
+        lib = _lib.load()
+        n = c_size_t()
+        cap = 4096
+        for _ in range(3):  # more may arrive between the calls
+            buf = ctypes.create_string_buffer(cap)
+            rc = lib.te_store_changes(self._h(), buf, cap, byref(n))
+            if rc == -BufferTooSmall.code and n.value > cap:
+                cap = n.value + 4096
+                continue
+            check(rc, lib)
+            return [k.decode(errors="replace") for k in buf.raw[:n.value].split(b"\0")[:-1]]
+        check(rc, lib)
 
     def close(self):
         """Release the handle (on etcd, the keys it put go with it)."""

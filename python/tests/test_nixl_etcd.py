@@ -174,17 +174,25 @@ class EtcdExchange(unittest.TestCase):
                 self.assertEqual(back.tobytes(), src.tobytes())
                 self.assertEqual(peer.ask(("notifs", 1, 20)), {"etcd-initiator": [b"read"]})
 
-                # Partial metadata goes under the caller's label.
+                # Partial metadata goes under the caller's label; a put under
+                # the watched prefix keeps the loaded metadata.
                 peer.ask(("partial", "blocks"))
                 self.assertEqual(self.raw(f"{self.ns}/etcd-target/blocks")[:4], b"TNXM")
+                time.sleep(0.5)
+                self.assertTrue(a.check_remote_metadata("etcd-target"))
 
-                # Invalidation removes the keys: a fresh fetch finds nothing
-                # (after NIXL's 5 s wait) and the metadata stays unloaded.
+                # Invalidation removes the keys; the initiator, watching
+                # them, drops the metadata (NIXL's watcher), and a fresh
+                # fetch finds nothing (after NIXL's 5 s wait).
                 peer.ask(("invalidate",))
                 self.assertIsNone(self.raw(key))
                 self.assertIsNone(self.raw(f"{self.ns}/etcd-target/blocks"))
                 self.assertIsNone(self.raw(f"{self.ns}/etcd-target/"))
-                a.remove_remote_agent("etcd-target")
+                wait_until(lambda: not a.check_remote_metadata("etcd-target"), timeout=10,
+                           what="metadata dropped after the peer's keys left etcd")
+                with self.assertRaises(nb.nixlNotFoundError):
+                    a.initialize_xfer("READ", a.get_xfer_descs([(back.ctypes.data, SIZE, 0)], "DRAM"), remote,
+                                      "etcd-target")
                 t0 = time.monotonic()
                 with self.assertLogs("nixl", "ERROR") as logs:
                     a.fetch_remote_metadata("etcd-target")
@@ -198,6 +206,41 @@ class EtcdExchange(unittest.TestCase):
             self.assertEqual(peer.ask(("exit",)), "bye")
         finally:
             peer.close()
+
+    def test_peer_close_drops_metadata(self):
+        peer = Peer(etcd_target, "etcd-leaving", 4096, 5, env=self.env)
+        try:
+            peer.recv()
+            a = self.agent("etcd-staying")
+            try:
+                a.fetch_remote_metadata("etcd-leaving")
+                wait_until(lambda: a.check_remote_metadata("etcd-leaving"), timeout=15, what="metadata from etcd")
+                self.assertEqual(peer.ask(("exit",)), "bye")  # close: the lease goes, and the keys with it
+                wait_until(lambda: not a.check_remote_metadata("etcd-leaving"), timeout=10,
+                           what="metadata dropped after the peer closed")
+            finally:
+                a.close()
+        finally:
+            peer.close()
+
+    def test_store_watch(self):
+        import te
+
+        with te.Store("etcd://" + self.url[len("http://"):]) as s, \
+                te.Store("etcd://" + self.url[len("http://"):]) as w:
+            w.watch(self.ns + "/w/")
+            s.put(self.ns + "/w/a", b"1")
+            s.put(self.ns + "/other", b"1")  # not watched
+            s.delete(self.ns + "/w/a")
+            seen = []
+            wait_until(lambda: seen.extend(w.changes()) or seen, timeout=10, what="watch event")
+            time.sleep(0.3)
+            seen += w.changes()
+            self.assertEqual(set(seen), {self.ns + "/w/a"})  # the put and the delete; /other unseen
+            w.unwatch(self.ns + "/w/")
+            s.put(self.ns + "/w/b", b"1")
+            time.sleep(0.3)
+            self.assertEqual(w.changes(), [])
 
     def test_close_removes_metadata(self):
         a = self.agent("etcd-closing")

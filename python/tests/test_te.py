@@ -419,6 +419,10 @@ class StoreTest(unittest.TestCase):
             te.Store("P2PHANDSHAKE")
         with self.assertRaises(te.NotSupported):
             te.Store("nosuch://x")
+        with te.Store("mem://store-test") as s:
+            with self.assertRaises(te.NotSupported):
+                s.watch("/")  # only etcd pushes changes
+            self.assertEqual(s.changes(), [])
 
 
 if __name__ == "__main__":

@@ -367,6 +367,12 @@ int main(void) {
     CHECK_OK(te_store_delete(sto, "/k"));
     CHECK_OK(te_store_delete(sto, "/k")); /* gone already: no error */
     CHECK_RC(TE_ERR_NOT_FOUND, te_store_get(sto, "/k", val, sizeof val, &vlen));
+    CHECK_RC(TE_ERR_NOT_SUPPORTED, te_store_watch(sto, "/")); /* only etcd pushes changes */
+    CHECK_OK(te_store_unwatch(sto, "/"));
+    vlen = 99;
+    CHECK_OK(te_store_changes(sto, NULL, 0, &vlen));
+    CHECK(vlen == 0);
+    CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_store_changes(sto, val, sizeof val, NULL));
     CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_store_put(bt, "/k", "v", 1)); /* a batch handle */
     CHECK_OK(te_store_close(sto));
     CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_store_close(sto));

@@ -187,6 +187,11 @@ static double refuse_all(te_engine_t e, te_segment_t s, te_batch_t b) {
     REFUSED(te_store_get(5, "k", buf, sizeof buf, &n));
     CHECK(n == 0);
     REFUSED(te_store_delete(5, "k"));
+    REFUSED(te_store_watch(5, "k"));
+    REFUSED(te_store_unwatch(5, "k"));
+    n = 7;
+    REFUSED(te_store_changes(5, buf, sizeof buf, &n));
+    CHECK(n == 0);
     REFUSED(te_store_close(5));
 #undef REFUSED
     double took = now_ms() - start;
