@@ -296,6 +296,55 @@ int te_layout_regions(te_layout_t layout, te_span_t *out, size_t cap, size_t *co
     return tego_layout_regions(layout, out, cap, count);
 }
 
+int te_store_open(const char *conn, te_store_t *out) {
+    if (tecapi_child(__func__)) {
+        if (out) *out = 0;
+        return TE_ERR_FORKED;
+    }
+    return tego_store_open(conn, out);
+}
+
+int te_store_put(te_store_t store, const char *key, const void *value, size_t len) {
+    if (tecapi_child(__func__)) return TE_ERR_FORKED;
+    return tego_store_put(store, key, value, len);
+}
+
+int te_store_get(te_store_t store, const char *key, void *buf, size_t cap, size_t *len) {
+    if (tecapi_child(__func__)) {
+        if (len) *len = 0;
+        return TE_ERR_FORKED;
+    }
+    return tego_store_get(store, key, buf, cap, len);
+}
+
+int te_store_delete(te_store_t store, const char *key) {
+    if (tecapi_child(__func__)) return TE_ERR_FORKED;
+    return tego_store_delete(store, key);
+}
+
+int te_store_watch(te_store_t store, const char *prefix) {
+    if (tecapi_child(__func__)) return TE_ERR_FORKED;
+    return tego_store_watch(store, prefix);
+}
+
+int te_store_unwatch(te_store_t store, const char *prefix) {
+    if (tecapi_child(__func__)) return TE_ERR_FORKED;
+    return tego_store_unwatch(store, prefix);
+}
+
+int te_store_changes(te_store_t store, char *buf, size_t cap, size_t *len) {
+    if (tecapi_child(__func__)) {
+        if (len) *len = 0;
+        return TE_ERR_FORKED;
+    }
+    return tego_store_changes(store, buf, cap, len);
+}
+
+int te_store_close(te_store_t store) {
+    if (tecapi_child(__func__)) return TE_ERR_FORKED;
+    return tego_store_close(store);
+}
+
 int te_layout_free(te_layout_t layout) {
     if (tecapi_child(__func__)) return TE_ERR_FORKED;
     return tego_layout_free(layout);

@@ -301,7 +301,7 @@ def python_reference():
         for name in classes:
             _class(body, f"{mod.__name__}.{name}", getattr(mod, name), contents)
 
-    module("te", te, ["Engine", "Segment", "Batch", "BatchStatus", "Limits"],
+    module("te", te, ["Engine", "Segment", "Batch", "BatchStatus", "Limits", "Store"],
            ["load", "library_path", "abi_version", "version", "local_topology", "address_of", "check", "forked",
             "device_of", "location_of"],
            ["__version__", "READ", "WRITE", "WAITING", "PENDING", "INVALID", "CANCELED", "COMPLETED", "TIMEOUT",

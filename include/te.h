@@ -73,7 +73,7 @@ extern "C" {
  * te_local_topology, and renamed some struct tags (the _t names stay). 1.3
  * added storage buffers (te_register_file, TE_FILE_* flags) and the
  * TE_ERR_IO and TE_ERR_NO_SPACE codes, te_version and te_metrics. 1.4
- * added te_cxl_memory and te_warmup_segment. */
+ * added te_cxl_memory, te_warmup_segment and the te_store_* functions. */
 #define TE_ABI_VERSION_MAJOR 1
 #define TE_ABI_VERSION_MINOR 4
 #define TE_ABI_VERSION ((TE_ABI_VERSION_MAJOR << 16) | TE_ABI_VERSION_MINOR)
@@ -939,6 +939,90 @@ int te_handoff_status(te_xfer_t xfer, te_handoff_status_t *out);
  * returns | Errors: TE_ERR_INVALID_ARGUMENT (also for a handle freed
  * before). */
 int te_handoff_free(te_xfer_t xfer);
+
+/* ---- Metadata stores (ABI 1.4) ------------------------------------------ */
+
+/* A store handle is a connection to one of te's metadata stores, for
+ * programs that keep their own records beside te's segments (NIXL's agent
+ * metadata, for one). It belongs to no engine: te_destroy leaves it. Keys
+ * are at most 4096 bytes, values at most 64 MiB; the store may hold less
+ * (etcd's default request limit is 1.5 MiB). */
+typedef uint64_t te_store_t;
+
+/* te_store_open connects to the store conn names: "etcd://h1:p1,h2:p2"
+ * (etcds:// for TLS; TE_ETCD_* set the TLS files and etcd's user),
+ * "redis://host:port", "http://host:port/metadata" or "mem://NAME" (in this
+ * process only), with the options of te_config_t.metadata (?ttl=, timeout=,
+ * cluster=). It does not wait for the store to answer (with an etcd user it
+ * authenticates first): an unreachable store shows in the first calls. On
+ * failure *out is 0.
+ * Blocks: no (with an etcd user: up to the timeout) | Thread-safe: yes |
+ * Errors: TE_ERR_INVALID_ARGUMENT (P2PHANDSHAKE, a malformed connection
+ * string or option), TE_ERR_NOT_SUPPORTED (unknown scheme, or a library
+ * built without that store), TE_ERR_METADATA. */
+int te_store_open(const char *conn, te_store_t *out);
+
+/* te_store_put writes len bytes of value at key. On etcd the key lives
+ * under the handle's lease, kept alive in the background: it disappears when
+ * the handle is closed, or one lease TTL (10 s by default) after the process
+ * dies. A write that fails because the store is unreachable is still
+ * returned as an error, and is made once the store answers again unless a
+ * later put or delete of that key replaced it.
+ * Blocks: yes, up to the store's timeout (5 s by default) | Thread-safe: yes
+ * | Errors: TE_ERR_TOO_LARGE (key or value over the bounds above),
+ * TE_ERR_METADATA (the store refused or cannot be reached), TE_ERR_TIMEOUT,
+ * TE_ERR_CLOSED. */
+int te_store_put(te_store_t store, const char *key, const void *value, size_t len);
+
+/* te_store_get copies the value at key into buf (cap bytes; buf may be NULL
+ * when cap is 0) and stores its length in *len. A value longer than cap is
+ * TE_ERR_BUFFER_TOO_SMALL with *len its length, so the caller can retry with
+ * a buffer that holds it.
+ * Blocks: yes, up to the store's timeout | Thread-safe: yes | Errors:
+ * TE_ERR_NOT_FOUND (no such key), TE_ERR_BUFFER_TOO_SMALL,
+ * TE_ERR_TOO_LARGE (key), TE_ERR_METADATA, TE_ERR_TIMEOUT, TE_ERR_CLOSED. */
+int te_store_get(te_store_t store, const char *key, void *buf, size_t cap, size_t *len);
+
+/* te_store_delete removes key; a key that is not there is no error. Fails,
+ * and is retried, as te_store_put does.
+ * Blocks: yes, up to the store's timeout | Thread-safe: yes | Errors: as
+ * te_store_put. */
+int te_store_delete(te_store_t store, const char *key);
+
+/* te_store_watch watches every key under prefix (prefix itself included)
+ * until te_store_unwatch or te_store_close: te_store_changes then lists the
+ * keys that were put or deleted. After a lost connection to the store,
+ * when changes may have been missed, the prefix itself is listed: treat
+ * every key under it as changed. Watching a prefix watched already is a
+ * no-op. At most 4096 prefixes per handle.
+ * Blocks: yes, until the store confirmed the watch, at most the store's
+ * timeout (the watch then starts when the store answers) | Thread-safe: yes
+ * | Errors: TE_ERR_NOT_SUPPORTED (the store does not push changes: only
+ * etcd does), TE_ERR_RESOURCE_EXHAUSTED (4096 prefixes watched),
+ * TE_ERR_TOO_LARGE (prefix over 4096 bytes), TE_ERR_CLOSED. */
+int te_store_watch(te_store_t store, const char *prefix);
+
+/* te_store_unwatch stops watching prefix (its changes not yet read stay
+ * listed until read); a prefix not watched is no error.
+ * Blocks: no | Thread-safe: yes | Errors: TE_ERR_TOO_LARGE (prefix). */
+int te_store_unwatch(te_store_t store, const char *prefix);
+
+/* te_store_changes moves the keys changed since the last call into buf,
+ * each once and NUL-terminated, one after the other, and stores their
+ * total length (NULs included) in *len; 0 when nothing changed. When they
+ * do not fit in cap bytes it is TE_ERR_BUFFER_TOO_SMALL, *len the length
+ * needed, and nothing is taken. Over 65536 keys or 1 MiB not yet read, the
+ * keys are replaced by their watched prefixes (everything changed).
+ * Blocks: no | Thread-safe: yes | Errors: TE_ERR_BUFFER_TOO_SMALL. */
+int te_store_changes(te_store_t store, char *buf, size_t cap, size_t *len);
+
+/* te_store_close releases the handle and ends its watches: on etcd it
+ * revokes the lease, so the keys this handle put are gone when it returns (or, etcd unreachable, at
+ * the end of the lease TTL). Calls in flight on the handle in other threads
+ * complete or fail with TE_ERR_CLOSED.
+ * Blocks: yes, up to the store's timeout | Thread-safe: yes | Errors:
+ * TE_ERR_INVALID_ARGUMENT (also for a handle closed before). */
+int te_store_close(te_store_t store);
 
 #ifdef __cplusplus
 }

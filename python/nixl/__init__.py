@@ -33,9 +33,21 @@ What differs from NIXL:
 * The listener is te's RPC listener: with enable_listen_thread the engine
   binds listen_port, and fetch_remote_metadata / send_local_metadata /
   send_partial_agent_metadata / invalidate_local_metadata travel as te
-  notifications to ip_addr:port. ip_addr "" (a central etcd server) is not
-  supported (nixlNotSupportedError). These calls need the listener on
+  notifications to ip_addr:port. These calls need the listener on
   (nixlNotAllowedError otherwise).
+* etcd (nixl._etcd has the details): with NIXL_ETCD_ENDPOINTS set, the same
+  calls without ip_addr publish to, read from and remove from etcd under
+  NIXL's keys (NIXL_ETCD_NAMESPACE, default "/nixl/agents/"; labels
+  "metadata" and, for partial metadata, the caller's), listener or not.
+  etcd is reached through libte's client (te.Store): https:// endpoints
+  and te's TE_ETCD_* TLS and user settings work. Sends and invalidation
+  raise when etcd cannot be reached (after 5 s) rather than only logging;
+  keys go when the agent closes (a lease), not only on invalidation; a
+  fetch waits up to 5 s for the key, in the background, and logs why it
+  failed; a peer loaded from etcd is watched, as NIXL does, and dropped
+  when its keys are deleted (invalidated, closed, or its lease ran out).
+  Without NIXL_ETCD_ENDPOINTS, ip_addr "" is refused
+  (nixlNotSupportedError).
 * Host: with the listener on, te binds every address (0.0.0.0) as NIXL's
   listener does, so peers reach it on 127.0.0.1 as well as on the host's
   addresses; with it off, the host it advertises (its first non-loopback

@@ -38,7 +38,7 @@ import numpy as np
 import te
 from te import _lib
 
-from . import _backends, _files, _meta
+from . import _backends, _etcd, _files, _meta
 from ._descs import nixlRegDList, nixlXferDList
 from ._types import (MEM_NAME, from_te, nixl_mem_t, nixl_status_t, nixl_thread_sync_t, nixlBackendError,
                      nixlInvalidParamError, nixlNoTelemetryError, nixlNotAllowedError, nixlNotFoundError,
@@ -57,6 +57,8 @@ MAX_REMOTE_AGENTS = 65536
 MAX_PENDING_NOTIF_BYTES = 64 << 20
 MAX_REMOTE_RANGES = 1 << 21
 MAX_TASKS = 4096
+ETCD_WATCH_POLL_S = 0.05
+MAX_ETCD_FETCHES = 64  # etcd fetches waiting at once (each up to _etcd.WATCH_TIMEOUT_S)
 LISTEN_POLL_S = 0.005
 
 # te_request_t, field for field (te.h); checked against te._lib.Request below.
@@ -112,8 +114,8 @@ def _bytes(msg):
 def _segment_for(ip, port):
     ip = _text(ip)
     if not ip:
-        raise nixlNotSupportedError("no central metadata server here (NIXL's etcd mode): give the peer's ip_addr and "
-                                    "port")
+        raise nixlNotSupportedError(f"no peer ip_addr and no central metadata server: give the peer's ip_addr and "
+                                    f"port, or set {_etcd.ENV_ENDPOINTS} to exchange metadata through etcd")
     port = int(port)
     if not 0 < port < 65536:
         raise nixlInvalidParamError(f"port {port} out of range")
@@ -366,7 +368,14 @@ class nixlAgent:
         self._stop = threading.Event()
         self._worker = None
         self._warned = set()
-        self._finalizer = weakref.finalize(self, _shutdown, self._engine, self._stop, None)
+        self._fetches = threading.BoundedSemaphore(MAX_ETCD_FETCHES)
+        self._etcd_watcher = None
+        try:
+            self._etcd = _etcd.EtcdMD(name) if _etcd.configured() else None
+        except Exception:
+            self._engine.close()
+            raise
+        self._finalizer = weakref.finalize(self, _shutdown, self._engine, self._stop, None, self._etcd)
         self._finalizer.atexit = True
         if self._listening:
             self._start_worker()
@@ -381,7 +390,7 @@ class nixlAgent:
                                      name=f"nixl-agent-{self.name}", daemon=True)
                 self._worker = t
                 self._finalizer.detach()
-                self._finalizer = weakref.finalize(self, _shutdown, self._engine, self._stop, t)
+                self._finalizer = weakref.finalize(self, _shutdown, self._engine, self._stop, t, self._etcd)
                 self._finalizer.atexit = True
                 t.start()
 
@@ -395,7 +404,8 @@ class nixlAgent:
 
     def close(self):
         """Stop the agent: its engine, listener and every transfer (te ends
-        in-flight ones FAILED once nothing touches their memory)."""
+        in-flight ones FAILED once nothing touches their memory). Its
+        metadata in etcd goes with it (the keys' lease is revoked)."""
         self._finalizer()
 
     @property
@@ -826,8 +836,16 @@ class nixlAgent:
             raise nixlNotAllowedError(f"{what} needs the agent's listener: "
                                       f"nixl_agent_config(enable_listen_thread=True)")
 
+    def _central(self, ip_addr):
+        """Whether a call without a peer address goes to etcd (an address
+        wins over etcd, as in NIXL)."""
+        return self._etcd is not None and not _text(ip_addr)
+
     def sendLocalMD(self, ip_addr="", port=0):
         self._live()
+        if self._central(ip_addr):
+            self._etcd.publish(_etcd.DEFAULT_LABEL, self.getLocalMD())
+            return _SUCCESS
         self._need_listener("send_local_metadata")
         seg = _segment_for(ip_addr, port)
         md = self.getLocalMD()
@@ -836,6 +854,12 @@ class nixlAgent:
 
     def sendLocalPartialMD(self, descs, inc_conn_info=False, backends=None, ip_addr="", port=0, label=""):
         self._live()
+        if self._central(ip_addr):
+            label = _text(label)
+            if not label:
+                raise nixlInvalidParamError("a metadata label is required to send partial metadata to etcd")
+            self._etcd.publish(label, self.getLocalPartialMD(descs, inc_conn_info, backends))
+            return _SUCCESS
         self._need_listener("send_partial_agent_metadata")
         seg = _segment_for(ip_addr, port)
         md = self.getLocalPartialMD(descs, inc_conn_info, backends)
@@ -844,6 +868,9 @@ class nixlAgent:
 
     def fetchRemoteMD(self, name, ip_addr="", port=0, label=""):
         self._live()
+        if self._central(ip_addr):
+            self._etcd_fetch(_text(name), _text(label) or _etcd.DEFAULT_LABEL)
+            return _SUCCESS
         self._need_listener("fetch_remote_metadata")
         seg = _segment_for(ip_addr, port)
         req = json.dumps({"want": _text(name), "from": self.name, "reply": self._segname}).encode()
@@ -852,11 +879,38 @@ class nixlAgent:
 
     def invalidateLocalMD(self, ip_addr="", port=0):
         self._live()
+        if self._central(ip_addr):
+            self._etcd.invalidate()
+            return _SUCCESS
         self._need_listener("invalidate_local_metadata")
         seg = _segment_for(ip_addr, port)
         req = json.dumps({"name": self.name, "instance": self._own_instance()}).encode()
         self._post_task(lambda a: a._send_ctrl(seg, "inv", req))
         return _SUCCESS
+
+    def _etcd_fetch(self, name, label):
+        """Read name's metadata from etcd in the background, waiting for it
+        as NIXL does; check_remote_metadata turns True once it is loaded."""
+        if not name:
+            raise nixlInvalidParamError("empty agent name")
+        if not self._fetches.acquire(blocking=False):
+            raise nixlBackendError(f"agent {self.name!r} has {MAX_ETCD_FETCHES} etcd fetches waiting; fetch refused")
+        t = threading.Thread(target=_etcd_fetch_main, args=(weakref.ref(self), self._etcd, self._stop,
+                                                              self._fetches, name, label),
+                             name=f"nixl-etcd-{self.name}", daemon=True)
+        try:
+            t.start()
+        except Exception:
+            self._fetches.release()
+            raise
+
+    def _start_etcd_watcher(self):
+        with self._lock:
+            if self._etcd_watcher is None and not self._stop.is_set():
+                t = threading.Thread(target=_etcd_watch_main, args=(weakref.ref(self), self._etcd, self._stop),
+                                     name=f"nixl-etcd-watch-{self.name}", daemon=True)
+                self._etcd_watcher = t
+                t.start()
 
     def makeConnection(self, name, backends=None):
         self._live()
@@ -1278,10 +1332,78 @@ def _worker_main(ref, q, stop):
             del a
 
 
-def _shutdown(engine, stop, worker):
+def _etcd_fetch_main(ref, etcd, stop, slots, name, label):
+    try:
+        try:
+            blob = etcd.fetch(name, label, stop)
+            found = _meta.decode(blob).name
+        except Exception as e:
+            if not stop.is_set():
+                log.error("nixl agent %s: fetching metadata of %s from etcd failed: %s", etcd.agent, name, e)
+            return
+        if found != name:
+            log.error("nixl agent %s: metadata at %s names agent %r, not %r: not loaded", etcd.agent,
+                      etcd.key(name, label), found, name)
+            return
+        a = ref()
+        if a is None or stop.is_set():
+            return
+        try:
+            a._load(blob, eager=False)
+            log.debug("nixl agent %s: loaded metadata of %s from etcd", a.name, name)
+        except Exception as e:
+            log.error("nixl agent %s: metadata of %s from etcd refused: %s", a.name, name, e)
+            return
+        finally:
+            del a
+        try:
+            etcd.watch(name, label)
+        except Exception as e:
+            log.warning("nixl agent %s: %s; its metadata stays loaded until removed by hand", etcd.agent, e)
+            return
+        a = ref()
+        if a is not None:
+            a._start_etcd_watcher()
+            del a
+    finally:
+        slots.release()
+
+
+def _etcd_watch_main(ref, etcd, stop):
+    """Drops the metadata of agents whose keys left etcd (NIXL's watcher).
+    Holds the agent only weakly; ends with it."""
+    while not stop.wait(ETCD_WATCH_POLL_S):
+        try:
+            gone = etcd.gone()
+        except Exception as e:
+            if not stop.is_set():
+                log.warning("nixl agent %s: reading etcd changes failed: %s", etcd.agent, e)
+            continue
+        if not gone:
+            continue
+        a = ref()
+        if a is None:
+            return
+        try:
+            with a._lock:
+                for name in gone:
+                    r = a._remotes.get(name)
+                    if r is not None:
+                        a._drop(r)
+                        log.info("nixl agent %s: metadata of %s left etcd: dropped", a.name, name)
+        finally:
+            del a
+
+
+def _shutdown(engine, stop, worker, etcd=None):
     stop.set()
     if isinstance(worker, threading.Thread) and worker is not threading.current_thread() and worker.is_alive():
         worker.join(timeout=10)
+    if etcd is not None:
+        try:
+            etcd.close()  # revokes the lease: the agent's keys go now
+        except Exception:
+            pass
     try:
         engine.close()
     except Exception:

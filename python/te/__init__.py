@@ -31,6 +31,7 @@ from .errors import *  # noqa: F401,F403
 from .errors import BY_CODE, LibraryError, TeError, error_for  # noqa: F401
 from .tensors import device_of, location_of  # noqa: F401
 from . import kvcache  # noqa: F401,E402
+from .store import Store  # noqa: F401,E402
 from ._version_info import version_string as _version_string
 from ._logging import apply_env_level as _apply_env_level
 

@@ -23,6 +23,7 @@ batch_t = c_uint64
 layout_t = c_uint64
 plan_t = c_uint64
 handoff_t = c_uint64
+store_t = c_uint64
 xfer_t = c_uint64
 
 
@@ -187,6 +188,15 @@ PROTOTYPES = {
     "te_handoff_abort": [xfer_t, c_char_p],
     "te_handoff_status": [xfer_t, POINTER(HandoffStatus)],
     "te_handoff_free": [xfer_t],
+    # ABI 1.4: metadata stores
+    "te_store_open": [c_char_p, POINTER(store_t)],
+    "te_store_put": [store_t, c_char_p, c_char_p, c_size_t],
+    "te_store_get": [store_t, c_char_p, c_void_p, c_size_t, POINTER(c_size_t)],
+    "te_store_delete": [store_t, c_char_p],
+    "te_store_watch": [store_t, c_char_p],
+    "te_store_unwatch": [store_t, c_char_p],
+    "te_store_changes": [store_t, c_char_p, c_size_t, POINTER(c_size_t)],
+    "te_store_close": [store_t],
 }
 
 _lock = threading.Lock()

@@ -290,3 +290,46 @@ def vram_reader(conn, fake, name, blocks, block_len, md, rptr, read_blocks, rmem
     agent.deregister_memory(descs)
     agent.close()
     conn.send((state, got, tel))
+
+
+def etcd_target(conn, name, size, seed):
+    """An agent that publishes its metadata only to etcd (NIXL_ETCD_ENDPOINTS
+    in its environment; no listener, no address given to anyone). Sends
+    (buffer address, size) once published. Commands:
+      ("notifs", count, timeout) -> {agent: [msgs]} once count arrived
+      ("bytes",) -> the buffer's bytes
+      ("partial", label) -> None once partial metadata is published under label
+      ("invalidate",) -> None once its metadata is removed from etcd
+      ("exit",) -> "bye" after closing."""
+    from nixl._api import nixl_agent, nixl_agent_config
+
+    agent = nixl_agent(name, nixl_agent_config(backends=["UCX"]))
+    buf = _buf(size, seed)
+    descs = agent.get_reg_descs([(buf.ctypes.data, size, 0, "")], "DRAM")
+    agent.register_memory(descs)
+    agent.send_local_metadata()
+    conn.send((buf.ctypes.data, size))
+    got = {}
+    while True:
+        cmd = conn.recv()
+        if cmd[0] == "notifs":
+            _, count, timeout = cmd
+            deadline = time.monotonic() + timeout
+            while sum(map(len, got.values())) < count and time.monotonic() < deadline:
+                for k, v in agent.get_new_notifs().items():
+                    got.setdefault(k, []).extend(v)
+                time.sleep(0.002)
+            conn.send(got)
+            got = {}
+        elif cmd[0] == "bytes":
+            conn.send(buf.tobytes())
+        elif cmd[0] == "partial":
+            agent.send_partial_agent_metadata(descs, True, label=cmd[1])
+            conn.send(None)
+        elif cmd[0] == "invalidate":
+            agent.invalidate_local_metadata()
+            conn.send(None)
+        elif cmd[0] == "exit":
+            agent.close()
+            conn.send("bye")
+            return

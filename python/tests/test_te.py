@@ -388,5 +388,42 @@ class TwoProcessTest(unittest.TestCase):
         self.run_pair()
 
 
+class StoreTest(unittest.TestCase):
+    """te.Store over mem:// (one process; etcd is in test_nixl_etcd.py)."""
+
+    def test_put_get_delete(self):
+        with te.Store("mem://store-test") as s, te.Store("mem://store-test") as other:
+            with self.assertRaises(te.NotFound):
+                s.get("/k")
+            s.put("/k", b"v1")
+            self.assertEqual(other.get("/k"), b"v1")  # one mem:// name, one store
+            big = pattern(3, 200 << 10)  # over get's first buffer: read again with its size
+            s.put("/big", big)
+            self.assertEqual(s.get("/big"), big)
+            s.put("/empty", b"")
+            self.assertEqual(s.get("/empty"), b"")
+            s.delete("/k")
+            s.delete("/k")
+            with self.assertRaises(te.NotFound):
+                other.get("/k")
+            with self.assertRaises(te.InvalidArgument):
+                s.put("", b"x")
+            with self.assertRaises(te.TooLarge):
+                s.get("k" * 5000)
+        self.assertTrue(s.closed)
+        with self.assertRaises(te.Closed):
+            s.get("/big")
+
+    def test_bad_connection_strings(self):
+        with self.assertRaises(te.InvalidArgument):
+            te.Store("P2PHANDSHAKE")
+        with self.assertRaises(te.NotSupported):
+            te.Store("nosuch://x")
+        with te.Store("mem://store-test") as s:
+            with self.assertRaises(te.NotSupported):
+                s.watch("/")  # only etcd pushes changes
+            self.assertEqual(s.changes(), [])
+
+
 if __name__ == "__main__":
     unittest.main()

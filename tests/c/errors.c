@@ -330,6 +330,54 @@ int main(void) {
     CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_close_segment(seg));
     CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_free_batch(bt));
 
+    /* Metadata stores: mem:// holds keys in this process, so the calls'
+     * contract is checked without a server (etcd: python/tests). */
+    te_store_t sto = 5;
+    CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_store_open("P2PHANDSHAKE", &sto));
+    CHECK(sto == 0);
+    CHECK_RC(TE_ERR_NOT_SUPPORTED, te_store_open("nosuch://x", &sto));
+    CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_store_open("mem://errors", NULL));
+    CHECK_OK(te_store_open("mem://errors", &sto));
+    CHECK(sto != 0);
+    char val[8];
+    size_t vlen = 99;
+    CHECK_RC(TE_ERR_NOT_FOUND, te_store_get(sto, "/k", val, sizeof val, &vlen));
+    CHECK(vlen == 0);
+    CHECK_OK(te_store_put(sto, "/k", "0123456789", 10));
+    CHECK_RC(TE_ERR_BUFFER_TOO_SMALL, te_store_get(sto, "/k", val, sizeof val, &vlen));
+    CHECK(vlen == 10);
+    CHECK_RC(TE_ERR_BUFFER_TOO_SMALL, te_store_get(sto, "/k", NULL, 0, &vlen));
+    CHECK(vlen == 10);
+    char big[16];
+    CHECK_OK(te_store_get(sto, "/k", big, sizeof big, &vlen));
+    CHECK(vlen == 10 && memcmp(big, "0123456789", 10) == 0);
+    CHECK_OK(te_store_put(sto, "/empty", NULL, 0));
+    CHECK_OK(te_store_get(sto, "/empty", NULL, 0, &vlen));
+    CHECK(vlen == 0);
+    CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_store_put(sto, "", "v", 1));
+    CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_store_put(sto, NULL, "v", 1));
+    CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_store_put(sto, "/k", NULL, 1));
+    CHECK_RC(TE_ERR_TOO_LARGE, te_store_put(sto, "/k", val, (size_t)65 << 20));
+    char longkey[5000];
+    memset(longkey, 'k', sizeof longkey - 1);
+    longkey[sizeof longkey - 1] = 0;
+    CHECK_RC(TE_ERR_TOO_LARGE, te_store_get(sto, longkey, val, sizeof val, &vlen));
+    CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_store_get(sto, "/k", NULL, 4, &vlen));
+    CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_store_get(sto, "/k", val, sizeof val, NULL));
+    CHECK_OK(te_store_delete(sto, "/k"));
+    CHECK_OK(te_store_delete(sto, "/k")); /* gone already: no error */
+    CHECK_RC(TE_ERR_NOT_FOUND, te_store_get(sto, "/k", val, sizeof val, &vlen));
+    CHECK_RC(TE_ERR_NOT_SUPPORTED, te_store_watch(sto, "/")); /* only etcd pushes changes */
+    CHECK_OK(te_store_unwatch(sto, "/"));
+    vlen = 99;
+    CHECK_OK(te_store_changes(sto, NULL, 0, &vlen));
+    CHECK(vlen == 0);
+    CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_store_changes(sto, val, sizeof val, NULL));
+    CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_store_put(bt, "/k", "v", 1)); /* a batch handle */
+    CHECK_OK(te_store_close(sto));
+    CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_store_close(sto));
+    CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_store_put(sto, "/k", "v", 1));
+
     munmap(a, 2 * N);
     munmap(b, N);
     return tu_done("errors");

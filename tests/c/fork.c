@@ -179,12 +179,26 @@ static double refuse_all(te_engine_t e, te_segment_t s, te_batch_t b) {
     REFUSED(te_handoff_abort(5, "r"));
     REFUSED(te_handoff_status(5, &hs));
     REFUSED(te_handoff_free(5));
+    te_store_t sto = 5;
+    REFUSED(te_store_open("mem://fork", &sto));
+    CHECK(sto == 0);
+    REFUSED(te_store_put(5, "k", "v", 1));
+    n = 7;
+    REFUSED(te_store_get(5, "k", buf, sizeof buf, &n));
+    CHECK(n == 0);
+    REFUSED(te_store_delete(5, "k"));
+    REFUSED(te_store_watch(5, "k"));
+    REFUSED(te_store_unwatch(5, "k"));
+    n = 7;
+    REFUSED(te_store_changes(5, buf, sizeof buf, &n));
+    CHECK(n == 0);
+    REFUSED(te_store_close(5));
 #undef REFUSED
     double took = now_ms() - start;
     /* The calls that never enter Go still work. */
     CHECK(te_abi_version() == TE_ABI_VERSION);
     CHECK(te_notify_free(NULL) == 0);
-    CHECK(te_last_error(buf, sizeof buf) == 0 && strstr(buf, "te_handoff_free") != NULL);
+    CHECK(te_last_error(buf, sizeof buf) == 0 && strstr(buf, "te_store_close") != NULL);
     printf("child: %d calls refused in %.3f ms\n", calls, took);
     return took;
 }

@@ -17,6 +17,7 @@ const (
 	KindEngine  Kind = 1
 	KindSegment Kind = 2
 	KindBatch   Kind = 3
+	KindStore   Kind = 8 // a metadata store connection (te_store_open)
 )
 
 // handle names a handle of kind k with its article: "an engine handle".
@@ -39,6 +40,8 @@ func (k Kind) String() string {
 		return "segment"
 	case KindBatch:
 		return "batch"
+	case KindStore:
+		return "store"
 	}
 	return kvKindName(k)
 }
