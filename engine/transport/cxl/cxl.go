@@ -44,6 +44,9 @@ func New(c Config) *Transport {
 		Caps:   transport.Caps{SameProcess: true, SameHost: true, CrossHost: true, HostMemory: true, Windows: true, Rank: 8},
 		Kind:   wire.KindCXL,
 		Medium: med,
+		// The device keeps an exited owner's bytes: a write there
+		// would "complete" into memory nobody owns any more.
+		WatchOwner: true,
 	})
 	return t
 }

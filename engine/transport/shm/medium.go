@@ -51,6 +51,12 @@ type Spec struct {
 	Caps   transport.Caps
 	Kind   uint8
 	Medium Medium
+	// WatchOwner: the medium still reaches an owner's memory after the
+	// owner exits (a mapping both share, where shm's system calls would
+	// fail with ESRCH), so before each job the initiator checks that an
+	// owner of this host still runs (a pidfd polled once per job). An
+	// owner on another host is noticed at the next lease renewal.
+	WatchOwner bool
 }
 
 // NewWith returns a transport that runs shm's protocol over another medium.

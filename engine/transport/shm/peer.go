@@ -3,6 +3,7 @@ package shm
 import (
 	"bytes"
 	"context"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,6 +39,36 @@ type owner struct {
 	// dead is set once shm can no longer serve this owner (refused, or its
 	// process is gone), for Reachable's lock-free path.
 	dead atomic.Bool
+	// pidfd+1 of the owner's process (0: none), opened at the first attach
+	// where Spec.WatchOwner asks for it; closed when the owner is
+	// collected, so a job that still holds the owner never polls a
+	// closed (or reused) descriptor.
+	pidfd atomic.Int64
+}
+
+// watch opens a pidfd of the owner's process, once, if it runs on this
+// host. Called after an attach succeeded: the owner answered, so the pid
+// is still its own.
+func (o *owner) watch(self segment.HostID) {
+	h := o.desc.Host
+	if o.pidfd.Load() != 0 || h == nil || h.BootID != self.BootID || h.PidNS != self.PidNS || o.pid <= 0 {
+		return
+	}
+	fd, err := unix.PidfdOpen(o.pid, 0)
+	if err != nil {
+		return // an older kernel: the lease renewal notices instead
+	}
+	if !o.pidfd.CompareAndSwap(0, int64(fd)+1) {
+		unix.Close(fd)
+		return
+	}
+	runtime.AddCleanup(o, func(fd int) { unix.Close(fd) }, fd)
+}
+
+// exited reports whether the owner's watched process has exited.
+func (o *owner) exited() bool {
+	v := o.pidfd.Load()
+	return v != 0 && pidfdExited(int(v-1))
 }
 
 // refuse records that the kernel refused us this owner.
@@ -179,6 +210,9 @@ func (o *owner) attach(t *Transport) error {
 			t.detach(o.rpc, rep.Session)
 			return err
 		}
+	}
+	if t.spec.WatchOwner {
+		o.watch(t.self)
 	}
 	o.mu.Lock()
 	o.probed = true

@@ -303,6 +303,11 @@ func (t *Transport) run(v Mover, j *job) {
 		j.failAll(err)
 		return
 	}
+	if t.spec.WatchOwner && o.exited() {
+		t.forget(o)
+		j.failAll(errs.New(errs.PeerUnreachable, t.spec.Name, "segment %q: its process (pid %d) exited", o.name, o.pid))
+		return
+	}
 	if t.endCanceled(j) {
 		return
 	}
