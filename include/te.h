@@ -867,7 +867,10 @@ int te_handoff_destroy(te_handoff_t client);
  * Errors: TE_ERR_INVALID_ARGUMENT (layout, id, mode, negative timeout, a
  * declaration that does not match prefill's: dtype, block size, block
  * counts), TE_ERR_PEER_UNREACHABLE and TE_ERR_TIMEOUT (te-sidecar),
- * TE_ERR_CANCELED (prefill aborted it first). */
+ * TE_ERR_AUTH (with the cluster secret in the environment, the server at
+ * the sidecar address did not prove it holds it: the token was not sent; or
+ * te-sidecar refused this process's token), TE_ERR_CANCELED (prefill
+ * aborted it first). */
 int te_handoff_expect(te_handoff_t client, const char *id, te_layout_t layout, const int32_t *blocks, size_t n,
                       int32_t mode, int64_t timeout_ms, te_xfer_t *out);
 

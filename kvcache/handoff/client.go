@@ -18,6 +18,7 @@ import (
 	"github.com/tecache/te/engine"
 	"github.com/tecache/te/internal/authsecret"
 	"github.com/tecache/te/internal/errs"
+	"github.com/tecache/te/internal/sidecarproof"
 	"github.com/tecache/te/kvcache/handoff/proto"
 )
 
@@ -118,19 +119,11 @@ func New(e *engine.Engine, opts Options) (*Client, error) {
 	if opts.LostGrace <= 0 {
 		opts.LostGrace = 5 * time.Second
 	}
-	hc := opts.HTTPClient
-	if hc == nil {
-		hc = &http.Client{Transport: &http.Transport{
-			Proxy:               nil, // the sidecar is in the pod: never through a proxy
-			DialContext:         (&net.Dialer{Timeout: opts.RequestTimeout, KeepAlive: 30 * time.Second}).DialContext,
-			MaxIdleConnsPerHost: 64,
-			IdleConnTimeout:     90 * time.Second,
-		}}
-	}
 	token := opts.Token
+	var sec *authsecret.Secrets
 	if token == "" {
-		sec, err := authsecret.Load(opts.AuthSecret, opts.AuthSecretFile, os.Getenv)
-		if err != nil {
+		var err error
+		if sec, err = authsecret.Load(opts.AuthSecret, opts.AuthSecretFile, os.Getenv); err != nil {
 			return nil, errs.Wrap(errs.CodeOf(err), "handoff", err, "the cluster secret for te-sidecar")
 		}
 		if sec != nil {
@@ -142,7 +135,62 @@ func New(e *engine.Engine, opts Options) (*Client, error) {
 			}
 		}
 	}
+	hc, err := httpClient(opts, sec, base, u.Scheme)
+	if err != nil {
+		return nil, err
+	}
 	return &Client{e: e, base: base, hc: hc, opts: opts, token: token, notices: map[string][]proto.Notice{}, open: map[string]int{}}, nil
+}
+
+// httpClient returns the client that talks to the sidecar at base. With a
+// token derived from the secret (sec set), every connection it opens must
+// first prove that its server holds the secret (package sidecarproof): the
+// token opens every sidecar of the cluster, so it goes to no server that
+// cannot. A token given in Options.Token is sent as given.
+func httpClient(opts Options, sec *authsecret.Secrets, base, scheme string) (*http.Client, error) {
+	if sec == nil && opts.HTTPClient != nil {
+		return opts.HTTPClient, nil
+	}
+	var tr *http.Transport
+	if opts.HTTPClient == nil || opts.HTTPClient.Transport == nil {
+		tr = &http.Transport{
+			Proxy:               nil, // the sidecar is in the pod: never through a proxy
+			DialContext:         (&net.Dialer{Timeout: opts.RequestTimeout, KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConnsPerHost: 64,
+			IdleConnTimeout:     90 * time.Second,
+		}
+	} else {
+		given, ok := opts.HTTPClient.Transport.(*http.Transport)
+		if !ok {
+			return nil, errs.New(errs.InvalidArgument, "handoff",
+				"Options.HTTPClient's transport is a %T: with a token derived from the cluster secret it must be an *http.Transport, on whose connections te-sidecar proves it holds the secret", opts.HTTPClient.Transport).
+				WithHint("leave Options.HTTPClient unset or give it an *http.Transport, or give the token in Options.Token (sent without a proof)")
+		}
+		// A copy with the proof around its dialers. The proof is asked on
+		// the connection itself, which through a proxy would be the
+		// proxy's: no proxy.
+		tr = given.Clone()
+		tr.Proxy = nil
+	}
+	if sec != nil {
+		(&sidecarproof.Prover{
+			Secrets: sec,
+			Path:    "/metadata" + authsecret.ProofPath,
+			Timeout: opts.RequestTimeout,
+			Op:      "handoff",
+			Server:  "sidecar " + base,
+			Hint: "point the client at te-sidecar with the same cluster secret (" + authsecret.EnvSecretFile + " or " +
+				authsecret.EnvSecret + "), or give the sidecar's token in Options.Token (sent without a proof)",
+			FailCode: errs.PeerUnreachable,
+			FailHint: "check that te-sidecar is running and reachable",
+		}).Install(tr, scheme)
+	}
+	if opts.HTTPClient == nil {
+		return &http.Client{Transport: tr}, nil
+	}
+	c := *opts.HTTPClient
+	c.Transport = tr
+	return &c, nil
 }
 
 // usableName reports whether te-sidecar takes name as a client name (at
@@ -267,6 +315,9 @@ func (c *Client) call(ctx context.Context, method, path string, in any, timeout 
 	req.Header.Set(proto.ClientHeader, c.e.Name())
 	resp, err := c.hc.Do(req)
 	if err != nil {
+		if errs.CodeOf(err) == errs.Unauthenticated {
+			return rec, nil, sidecarproof.Ours(err) // the sidecar did not prove it holds the secret: nothing was sent
+		}
 		if ctx.Err() != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			return rec, nil, errs.Wrap(errs.Timeout, "handoff", err, "sidecar %s did not answer %s %s in time", c.base, method, path)
 		}

@@ -40,7 +40,11 @@
 // derivation): its own client token for its engine's segment name, which
 // it sends as its name, so the sidecar keeps its quotas apart from other
 // clients'. Given Options.Token instead, it sends that, and its quotas are
-// those of its host. Each declaration's answer carries this side's
+// those of its host. The derived token goes only over connections whose
+// server first proved that it holds the secret (GET /metadata/proof, package
+// sidecarproof): given any other server, the client sends nothing and fails
+// with Unauthenticated, naming the URL and saying the token was not sent.
+// A token given in Options.Token is sent as given. Each declaration's answer carries this side's
 // capability for the transfer, which the Transfer presents on every later
 // request: nobody else can report, abort or read the transfer. A sidecar
 // that wants a token this client lacks answers with an Unauthenticated

@@ -389,7 +389,10 @@ class Transfer:
 
 class Handoff:
     """A handoff client: one engine (te.Engine) and one te-sidecar
-    ("host:port" or "http://host:port"). Use one per engine."""
+    ("host:port" or "http://host:port"). Use one per engine. With the
+    cluster secret in $TE_AUTH_SECRET_FILE or $TE_AUTH_SECRET, it sends the
+    token derived from it only to a sidecar that proves it holds the secret;
+    any other server gets nothing and expect/ready raise AuthError."""
 
     def __init__(self, engine, sidecar):
         lib = _lib.load()

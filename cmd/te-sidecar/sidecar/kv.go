@@ -138,7 +138,7 @@ func (s *Server) installMetadata() {
 		Query: []api.Param{{Name: "nonce", Required: true,
 			Description: "A fresh nonce from the client: 32..128 lowercase hex digits."}},
 		Summary: "Prove that this sidecar holds the cluster secret",
-		Description: "Asked by te's metadata client on each new connection before the connection carries the token derived from the secret, so that the token " +
+		Description: "Asked by te's metadata and handoff clients on each new connection before the connection carries the token derived from the secret, so that the token " +
 			"goes only to a server that holds the secret. Each proof is lowercase hex of HMAC-SHA256(key, nonce + \"\\n\" + instance), " +
 			"key = HMAC-SHA256(secret, \"" + authsecret.ProofLabel + "\"), under the current secret and, during a rotation, the previous one. " +
 			"Open: it reveals neither the secret nor the token. 404 without a cluster secret (nothing to prove).",

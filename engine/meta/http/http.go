@@ -3,7 +3,6 @@ package httpmeta
 import (
 	"bytes"
 	"context"
-	"crypto/x509"
 	"errors"
 	"io"
 	"net"
@@ -19,6 +18,7 @@ import (
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/internal/authsecret"
 	"github.com/tecache/te/internal/errs"
+	"github.com/tecache/te/internal/sidecarproof"
 )
 
 // EnvToken is Mooncake's variable for the metadata server's bearer token.
@@ -52,9 +52,8 @@ type Store struct {
 
 	// With a token derived from the cluster secret (sec set), every
 	// connection is proven before it carries a request (dialProven).
-	sec       *authsecret.Secrets
-	proofPath string
-	roots     *x509.CertPool // https roots: nil, the system's (tests set their own)
+	sec   *authsecret.Secrets
+	proof *sidecarproof.Prover // its Roots: nil, the system's (tests set their own)
 
 	wmu    sync.Mutex // serialises writes with the refresher's
 	ctx    context.Context
@@ -127,10 +126,10 @@ func OpenWith(conn string, mo meta.Options) (*Store, error) {
 		cli: &http.Client{Transport: tr},
 		pfx: metautil.NewPrefix(o.Cluster), timeout: o.Timeout, retries: o.Retries, refresh: o.Refresh,
 		token: token, owned: metautil.NewOwned(),
-		sec: sec, proofPath: strings.TrimSuffix(path, "/") + authsecret.ProofPath,
+		sec: sec,
 	}
 	if sec != nil {
-		s.dialProven(tr, dialer, scheme)
+		s.dialProven(tr, scheme, path)
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.wg.Add(1)
@@ -170,7 +169,7 @@ func (s *Store) do(ctx context.Context, method, key string, body []byte) (int, [
 		resp, err := s.cli.Do(req)
 		if err != nil {
 			if errs.CodeOf(err) == errs.Unauthenticated {
-				return false, unwrapOurs(err) // the server did not prove it holds the secret
+				return false, sidecarproof.Ours(err) // the server did not prove it holds the secret
 			}
 			code := errs.Metadata
 			if errors.Is(err, context.DeadlineExceeded) || errs.CodeOf(err) == errs.Timeout {

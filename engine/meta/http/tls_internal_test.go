@@ -81,8 +81,8 @@ func TestProofOverHTTPS(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	st.roots = x509.NewCertPool()
-	st.roots.AddCert(front.Certificate())
+	st.proof.Roots = x509.NewCertPool()
+	st.proof.Roots.AddCert(front.Certificate())
 	if err := st.Put(ctx, "k", []byte("v")); err != nil {
 		t.Fatalf("put over https: %v", err)
 	}
