@@ -18,7 +18,8 @@
 #   4. the Go tests of the packages with unsafe, struct layouts, atomics or
 #      fences, cross-compiled (go test -c) and run under qemu-user: the
 #      layout checks against the arm64 headers (the cross compiler's, its
-#      program run under qemu too), the transports local, tcp, shm and rdma
+#      program run under qemu too: ibv, uring, cuda, fabric, hip), the
+#      transports local, tcp, shm and rdma
 #      (on the fake libibverbs, built for arm64) with the conformance suite
 #      and a short fence torture, file on its pread/pwrite fallback, the
 #      engine and engine/internal/pipe (a subset: see PKGS).
@@ -177,6 +178,8 @@ PKGS=(
 	"./internal/sys/ibv###"
 	"./internal/sys/uring###"
 	"./internal/sys/cuda###"
+	"./internal/sys/fabric###"
+	"./internal/sys/hip##^TestRealRuntime\$#TestRealRuntime loads Debian's libamdhip64.so.5, installed for amd64 only (none in the arm64 sysroot): the layout checks and the version logic run here"
 	"./internal/sys/topo###"
 	"./internal/fileio###"
 	"./engine/internal/pipe###"
@@ -218,9 +221,11 @@ if ! CGO_ENABLED=1 GOARCH=arm64 CC="$CC_ARM64" "$GO" test -c -o "$T/" "${pkgs[@]
 fi
 say "built in $((SECONDS - t0))s"
 # The tests run with the cross compiler as CC: the fake libibverbs and
-# libcuda and the layout programs are built for arm64 (verbs.h is the same
-# for every architecture: -idirafter /usr/include finds it after the arm64
-# headers).
+# libcuda and the layout programs are built for arm64 (verbs.h, libfabric's
+# rdma/fi_*.h and hip_runtime_api.h are installed for amd64 only and hold
+# no architecture-specific code: -idirafter /usr/include finds them after
+# the arm64 headers). fabric's tests that load libfabric skip themselves:
+# there is no arm64 libfabric in the sysroot.
 export CC=$CC_ARM64 CFLAGS="-idirafter /usr/include" GOARCH=arm64 CGO_ENABLED=1
 export TE_TORTURE_TIME=${TE_TORTURE_TIME:-1s}
 for p in "${sel[@]}"; do

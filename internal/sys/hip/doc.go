@@ -11,8 +11,10 @@
 // 16, isManaged at 24, allocationFlags at 28) but ROCm 6 renumbered
 // hipMemoryType to match CUDA (Host 0 -> 1, Device 1 -> 2) and reports
 // unregistered memory as type 0 instead of failing with
-// hipErrorInvalidValue. The runtime version (hipRuntimeGetVersion, major
-// = version / 10000000) picks the numbering. IPC handles are 64 bytes in
+// hipErrorInvalidValue. ROCm 6 also changed hipIpcMemLazyEnablePeerAccess
+// from 0 to 1, and hipIpcOpenMemHandle refuses any other flags than its own
+// header's. The runtime version (hipRuntimeGetVersion, major = version /
+// 10000000) picks the numbering and the flags. IPC handles are 64 bytes in
 // both.
 //
 // dma-buf export goes through hsa_amd_portable_export_dmabuf (ROCm 5.6 and

@@ -44,8 +44,22 @@ const hostMallocPortable = 0x1
 // hipStreamNonBlocking.
 const streamNonBlocking = 0x1
 
-// hipIpcMemLazyEnablePeerAccess.
-const ipcLazyEnablePeerAccess = 0x1
+// hipIpcMemLazyEnablePeerAccess, as ROCm 5 and ROCm 6 define it: the
+// runtime refuses (hipErrorInvalidValue) any flags but its own header's
+// value, and ROCm 6 changed it from 0 to CUDA's 1.
+const (
+	rocm5IPCLazyEnablePeerAccess = 0x0
+	rocm6IPCLazyEnablePeerAccess = 0x1
+)
+
+// ipcLazyEnablePeerAccess is hipIpcMemLazyEnablePeerAccess of the runtime's
+// major version.
+func ipcLazyEnablePeerAccess(major int) uint32 {
+	if major >= 6 {
+		return rocm6IPCLazyEnablePeerAccess
+	}
+	return rocm5IPCLazyEnablePeerAccess
+}
 
 // Pointer attribute layout (hipPointerAttribute_t, ROCm 5 and 6).
 const (
@@ -465,7 +479,7 @@ func (d Driver) IPCExport(p uint64) (gpu.IPCHandle, error) {
 func (d Driver) IPCImport(h gpu.IPCHandle) (uint64, error) {
 	o := d.L.out()
 	defer d.L.done()
-	if r := d.L.hipIpcOpenMemHandle(o, IPCMemHandle{Reserved: h}, ipcLazyEnablePeerAccess); r != Success {
+	if r := d.L.hipIpcOpenMemHandle(o, IPCMemHandle{Reserved: h}, ipcLazyEnablePeerAccess(d.L.Major())); r != Success {
 		return 0, d.L.err(r, "hipIpcOpenMemHandle", "import")
 	}
 	return *(*uint64)(ptr(o)), nil

@@ -42,11 +42,17 @@ func Const(name string, v uint64) Fact {
 
 // Program is the C program that prints every fact, one "key a b" line each.
 // header names one header, or several separated by spaces (a library whose
-// structs live in more than one).
+// structs live in more than one); a NAME=VALUE among them is a macro defined
+// before the headers that follow (HIP's headers refuse to compile without
+// __HIP_PLATFORM_AMD__, which hipcc would define).
 func Program(header string, facts []Fact) string {
 	var b strings.Builder
 	b.WriteString("#include <stddef.h>\n#include <stdio.h>\n")
 	for _, h := range strings.Fields(header) {
+		if name, value, ok := strings.Cut(h, "="); ok {
+			fmt.Fprintf(&b, "#define %s %s\n", name, value)
+			continue
+		}
 		fmt.Fprintf(&b, "#include <%s>\n", h)
 	}
 	b.WriteString("\nint main(void) {\n")
@@ -114,7 +120,7 @@ func build(t *testing.T, cc string, cflags []string, run func(string, ...string)
 	out, err := exec.Command(cc, append(cflags, "-o", exe, src)...).CombinedOutput()
 	if err != nil {
 		for _, h := range strings.Fields(header) {
-			if bytes.Contains(out, []byte(h)) {
+			if !strings.Contains(h, "=") && bytes.Contains(out, []byte(h)) {
 				return nil, h + " not installed"
 			}
 		}

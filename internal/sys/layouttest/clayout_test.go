@@ -29,3 +29,14 @@ func TestProgramSeveralHeaders(t *testing.T) {
 		}
 	}
 }
+
+// TestProgramDefines: a NAME=VALUE in the header list is defined before the
+// headers after it, in order.
+func TestProgramDefines(t *testing.T) {
+	p := Program("__HIP_PLATFORM_AMD__=1 hip/hip_runtime_api.h", nil)
+	d := strings.Index(p, "#define __HIP_PLATFORM_AMD__ 1\n")
+	i := strings.Index(p, "#include <hip/hip_runtime_api.h>\n")
+	if d < 0 || i < 0 || d > i || strings.Contains(p, "<__HIP") {
+		t.Fatalf("want the define before the include:\n%s", p)
+	}
+}
