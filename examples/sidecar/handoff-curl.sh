@@ -40,20 +40,23 @@ auth=(-H "Authorization: Bearer $token" -H "Content-Type: application/json")
 field() { sed -n "s/.*\"$1\":\"\{0,1\}\([^\",}]*\)\"\{0,1\}[,}].*/\1/p" <<<"$2" | head -1; }
 
 # One Llama-shaped layer of 4 blocks on each side; the addresses are the
-# engines' registered KV tensors (made up here: nothing moves).
+# engines' registered KV tensors and each side's "window" is the key of the
+# engine window it granted over its blocks (engine.GrantWindow; te's handoff
+# clients grant it for you): the mover presents it, and revoking it ends this
+# transfer's access alone. Both are made up here: nothing moves.
 layout='{"format":"vllm","dtype":"bf16","num_blocks":4,"block_size":16,"num_heads":8,"head_dim":128,"bases":[1048576]}'
 id="req-$RANDOM"
 
 echo "decode:  POST /handoff/expect id=$id blocks [2,3]"
 r=$(curl -fsS "${auth[@]}" -H "X-Te-Client: decode-0" -d \
-  "{\"id\":\"$id\",\"segment\":\"127.0.0.1:7002\",\"layout\":$layout,\"blocks\":[2,3],\"mode\":\"push\"}" "$base/handoff/expect")
+  "{\"id\":\"$id\",\"segment\":\"127.0.0.1:7002\",\"layout\":$layout,\"blocks\":[2,3],\"mode\":\"push\",\"window\":7002}" "$base/handoff/expect")
 echo "         -> state $(field state "$r")"
 dcap=$(field capability "$r")
 [ "$(field state "$r")" = waiting ] && [ -n "$dcap" ]
 
 echo "prefill: POST /handoff/ready  id=$id blocks [0,1]"
 r=$(curl -fsS "${auth[@]}" -H "X-Te-Client: prefill-0" -d \
-  "{\"id\":\"$id\",\"segment\":\"127.0.0.1:7001\",\"layout\":$layout,\"blocks\":[0,1]}" "$base/handoff/ready")
+  "{\"id\":\"$id\",\"segment\":\"127.0.0.1:7001\",\"layout\":$layout,\"blocks\":[0,1],\"window\":7001}" "$base/handoff/ready")
 echo "         -> state $(field state "$r"), mode $(field mode "$r"); prefill moves the bytes to $(field segment "$r")"
 pcap=$(field capability "$r")
 [ "$(field state "$r")" = transferring ] && [ "$(field mode "$r")" = push ] && [ -n "$pcap" ]

@@ -9,7 +9,8 @@
  *   1. An engine without the secret cannot open the target's segment
  *      (TE_ERR_AUTH) and learns no buffer.
  *   2. With the secret: READs from the stopped target end TE_TASK_TIMEOUT
- *      within the transfer and progress timeouts; after te_wait reported
+ *      within the transfer timeout (the progress timeout, which would
+ *      fail them as an unreachable peer, is longer); after te_wait reported
  *      them, a canary written into their memory survives the target's
  *      return.
  *   3. te_batch_cancel, then te_batch_reset reuses the batch.
@@ -44,7 +45,7 @@ static te_config_t config(const char *secret) {
     cfg.transports = "tcp";
     cfg.rpc_timeout_ms = 5000;
     cfg.transfer_timeout_ms = 1000;
-    cfg.progress_timeout_ms = 1000;
+    cfg.progress_timeout_ms = 5000; /* the 1 s transfer timeout governs */
     cfg.unregister_grace_ms = 200;
     cfg.auth_secret = secret;
     return cfg;
