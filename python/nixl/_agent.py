@@ -1334,16 +1334,34 @@ def _worker_main(ref, q, stop):
 
 def _etcd_fetch_main(ref, etcd, stop, slots, name, label):
     try:
+        # The watch comes first: a peer that leaves right after its
+        # metadata loaded must be seen leaving (its keys' deletion would
+        # otherwise happen before anyone watched them).
+        try:
+            etcd.watch(name, label)
+            watched = True
+        except Exception as e:
+            log.warning("nixl agent %s: %s; its metadata stays loaded until removed by hand", etcd.agent, e)
+            watched = False
+        if watched:
+            a = ref()
+            if a is not None:
+                a._start_etcd_watcher()
+                del a
         try:
             blob = etcd.fetch(name, label, stop)
             found = _meta.decode(blob).name
         except Exception as e:
             if not stop.is_set():
                 log.error("nixl agent %s: fetching metadata of %s from etcd failed: %s", etcd.agent, name, e)
+            if watched:
+                etcd.unwatch(name, label)
             return
         if found != name:
             log.error("nixl agent %s: metadata at %s names agent %r, not %r: not loaded", etcd.agent,
                       etcd.key(name, label), found, name)
+            if watched:
+                etcd.unwatch(name, label)
             return
         a = ref()
         if a is None or stop.is_set():
@@ -1351,19 +1369,21 @@ def _etcd_fetch_main(ref, etcd, stop, slots, name, label):
         try:
             a._load(blob, eager=False)
             log.debug("nixl agent %s: loaded metadata of %s from etcd", a.name, name)
+            if watched and not etcd.loaded(name, label):
+                # The keys left between the read and the load: the watch
+                # counts deletions only from now, so drop it here.
+                etcd.unwatch(name, label)
+                with a._lock:
+                    r = a._remotes.get(name)
+                    if r is not None:
+                        a._drop(r)
+                log.info("nixl agent %s: metadata of %s left etcd while it loaded: dropped", a.name, name)
         except Exception as e:
             log.error("nixl agent %s: metadata of %s from etcd refused: %s", a.name, name, e)
+            if watched:
+                etcd.unwatch(name, label)
             return
         finally:
-            del a
-        try:
-            etcd.watch(name, label)
-        except Exception as e:
-            log.warning("nixl agent %s: %s; its metadata stays loaded until removed by hand", etcd.agent, e)
-            return
-        a = ref()
-        if a is not None:
-            a._start_etcd_watcher()
             del a
     finally:
         slots.release()

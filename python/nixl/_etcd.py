@@ -88,6 +88,7 @@ class EtcdMD:
         self._lock = threading.Lock()
         self._put = set()  # labels this agent published ("" is the prefix key)
         self._watched = {}  # agent -> the label its metadata was fetched from
+        self._loaded = set()  # watched agents whose metadata was loaded: only they can leave
 
     def key(self, agent, label):
         return f"{self.namespace}/{agent}/{label}"
@@ -136,6 +137,35 @@ class EtcdMD:
                 self._watched.pop(agent, None)
             raise self._fail(f"watching {self.key(agent, '')}", e) from e
 
+    def unwatch(self, agent, label):
+        """Stop watching agent, if it is still watched for label."""
+        with self._lock:
+            if self._watched.get(agent) != label:
+                return
+            del self._watched[agent]
+            self._loaded.discard(agent)
+        try:
+            self.store.unwatch(self.key(agent, ""))
+        except te.TeError:
+            pass
+
+    def loaded(self, agent, label):
+        """Record that agent's metadata (from label) is loaded, and report
+        whether its key is still in etcd. Changes before this call do not
+        count as leaving (the peer was still publishing); a deletion
+        between the read that loaded it and this call is what the answer
+        catches; any later one, the watcher does."""
+        with self._lock:
+            if self._watched.get(agent) != label:
+                return True
+            self._loaded.add(agent)
+        try:
+            return bool(self.store.get(self.key(agent, label)))
+        except te.NotFound:
+            return False
+        except te.TeError:
+            return True  # etcd away: the watch reports the prefix when it answers
+
     def watching(self):
         with self._lock:
             return bool(self._watched)
@@ -149,7 +179,7 @@ class EtcdMD:
             return []
         root = self.namespace + "/"
         with self._lock:
-            watched = dict(self._watched)
+            watched = {n: l for n, l in self._watched.items() if n in self._loaded}
         hit = set()
         for k in keys:
             name = k[len(root):].rsplit("/", 1)[0] if k.startswith(root) else None
@@ -169,6 +199,7 @@ class EtcdMD:
             with self._lock:
                 if self._watched.get(name) == watched[name]:
                     del self._watched[name]
+                    self._loaded.discard(name)
             try:
                 self.store.unwatch(self.key(name, ""))
             except te.TeError:
