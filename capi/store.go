@@ -81,6 +81,17 @@ func (e *storeEntry) stopWatches() {
 // Stores belong to no engine (owner 0): te_destroy leaves them.
 var stores = glue.NewTable[*storeEntry](glue.KindStore)
 
+// storeAndKey resolves the handle and reads the key, the first steps of
+// every call on a store.
+func storeAndKey(op string, h C.te_store_t, key *C.te_cchar) (*storeEntry, string, error) {
+	e, _, err := stores.Get(op, uint64(h))
+	if err != nil {
+		return nil, "", err
+	}
+	k, err := storeKey(op, key)
+	return e, k, err
+}
+
 func storeKey(op string, p *C.te_cchar) (string, error) {
 	if p == nil {
 		return "", errs.New(errs.InvalidArgument, op, "key is NULL")
@@ -121,11 +132,7 @@ func tego_store_open(conn *C.te_cchar, out *C.te_store_t) (rc C.int) {
 func tego_store_put(h C.te_store_t, key *C.te_cchar, value *C.te_cvoid, n C.size_t) (rc C.int) {
 	const op = "store put"
 	defer enter(op, &rc)()
-	e, _, err := stores.Get(op, uint64(h))
-	if err != nil {
-		return fail(err)
-	}
-	k, err := storeKey(op, key)
+	e, k, err := storeAndKey(op, h, key)
 	if err != nil {
 		return fail(err)
 	}
@@ -153,11 +160,7 @@ func tego_store_get(h C.te_store_t, key *C.te_cchar, buf *C.char, capacity C.siz
 	if buf == nil && capacity > 0 {
 		return null(op, "buf")
 	}
-	e, _, err := stores.Get(op, uint64(h))
-	if err != nil {
-		return fail(err)
-	}
-	k, err := storeKey(op, key)
+	e, k, err := storeAndKey(op, h, key)
 	if err != nil {
 		return fail(err)
 	}
@@ -177,11 +180,7 @@ func tego_store_get(h C.te_store_t, key *C.te_cchar, buf *C.char, capacity C.siz
 func tego_store_delete(h C.te_store_t, key *C.te_cchar) (rc C.int) {
 	const op = "store delete"
 	defer enter(op, &rc)()
-	e, _, err := stores.Get(op, uint64(h))
-	if err != nil {
-		return fail(err)
-	}
-	k, err := storeKey(op, key)
+	e, k, err := storeAndKey(op, h, key)
 	if err != nil {
 		return fail(err)
 	}
@@ -204,11 +203,7 @@ func tego_store_close(h C.te_store_t) (rc C.int) {
 func tego_store_watch(h C.te_store_t, prefix *C.te_cchar) (rc C.int) {
 	const op = "store watch"
 	defer enter(op, &rc)()
-	e, _, err := stores.Get(op, uint64(h))
-	if err != nil {
-		return fail(err)
-	}
-	p, err := storeKey(op, prefix)
+	e, p, err := storeAndKey(op, h, prefix)
 	if err != nil {
 		return fail(err)
 	}
@@ -242,11 +237,7 @@ func tego_store_watch(h C.te_store_t, prefix *C.te_cchar) (rc C.int) {
 func tego_store_unwatch(h C.te_store_t, prefix *C.te_cchar) (rc C.int) {
 	const op = "store unwatch"
 	defer enter(op, &rc)()
-	e, _, err := stores.Get(op, uint64(h))
-	if err != nil {
-		return fail(err)
-	}
-	p, err := storeKey(op, prefix)
+	e, p, err := storeAndKey(op, h, prefix)
 	if err != nil {
 		return fail(err)
 	}
