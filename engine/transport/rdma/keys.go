@@ -35,10 +35,14 @@ type keyTable struct {
 	mu      sync.Mutex
 	regs    map[*segment.Region][]memReg
 	refused map[*segment.Region]error
+	// With rdma.mr_cache=on, host regions take the keys of a window of
+	// their mapping that the cache registered once for all of them.
+	cache  *mrCache
+	shared map[*segment.Region]*sharedMR
 }
 
 func newKeyTable() *keyTable {
-	return &keyTable{regs: map[*segment.Region][]memReg{}, refused: map[*segment.Region]error{}}
+	return &keyTable{regs: map[*segment.Region][]memReg{}, refused: map[*segment.Region]error{}, shared: map[*segment.Region]*sharedMR{}}
 }
 
 // dmabufSource exports the GPU memory at [addr, addr+length) of device dev
@@ -137,17 +141,35 @@ func (k *keyTable) register(r *segment.Region, nics []registrar, parallelMin uin
 	}
 	k.mu.Lock()
 	_, dup := k.regs[r]
+	_, dupShared := k.shared[r]
 	k.mu.Unlock()
-	if dup {
+	if dup || dupShared {
 		return nil
-	}
-	plan := planRegistration(r.Length, r.Location, len(nics), parallelMin)
-	if plan.preTouch {
-		preTouch(r.Addr, r.Length)
 	}
 	access := ibv.AccessLocalWrite
 	if r.Remote {
 		access |= ibv.AccessRemoteRead | ibv.AccessRemoteWrite
+	}
+	if k.cache != nil {
+		e, err := k.cache.acquire(r.Addr, r.Length, access, nics)
+		if err != nil {
+			return err
+		}
+		if e != nil {
+			r.Desc.Lkey = make([]uint32, len(e.mrs))
+			r.Desc.Rkey = make([]uint32, len(e.mrs))
+			for i, m := range e.mrs {
+				r.Desc.Lkey[i], r.Desc.Rkey[i] = m.Keys()
+			}
+			k.mu.Lock()
+			k.shared[r] = e
+			k.mu.Unlock()
+			return nil
+		}
+	}
+	plan := planRegistration(r.Length, r.Location, len(nics), parallelMin)
+	if plan.preTouch {
+		preTouch(r.Addr, r.Length)
 	}
 	mrs := make([]memReg, len(nics))
 	errv := make([]error, len(nics))
@@ -193,9 +215,15 @@ func (k *keyTable) register(r *segment.Region, nics []registrar, parallelMin uin
 func (k *keyTable) unregister(r *segment.Region) error {
 	k.mu.Lock()
 	mrs, ok := k.regs[r]
+	e, isShared := k.shared[r]
 	delete(k.regs, r)
+	delete(k.shared, r)
 	delete(k.refused, r)
 	k.mu.Unlock()
+	if isShared {
+		// The window's keys work until its last region is unregistered.
+		return k.cache.release(e)
+	}
 	if !ok {
 		return nil
 	}
@@ -212,16 +240,20 @@ func (k *keyTable) unregister(r *segment.Region) error {
 func (k *keyTable) len() int {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	return len(k.regs)
+	return len(k.regs) + len(k.shared)
 }
 
 // closeAll deregisters everything.
 func (k *keyTable) closeAll() {
 	k.mu.Lock()
-	regs := k.regs
+	regs, shared := k.regs, k.shared
 	k.regs = map[*segment.Region][]memReg{}
+	k.shared = map[*segment.Region]*sharedMR{}
 	k.refused = map[*segment.Region]error{}
 	k.mu.Unlock()
+	for _, e := range shared {
+		_ = k.cache.release(e)
+	}
 	for _, mrs := range regs {
 		for _, m := range mrs {
 			_ = m.Dereg()
