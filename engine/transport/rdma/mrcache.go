@@ -1,11 +1,10 @@
 package rdma
 
 import (
-	"bufio"
 	"bytes"
-	"os"
 	"strconv"
 	"sync"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -19,43 +18,130 @@ import (
 // old pages.
 type vma struct {
 	start, end, off, inode uint64
-	dev, perms             string
+	dev                    uint64 // major<<32 | minor
+	perms                  uint64 // procmapRead|Write|Exec|Shared
+}
+
+// struct procmap_query of <linux/fs.h> (Linux 6.11), and its ioctl: the
+// mapping at one address without reading the whole of /proc/self/maps.
+type procmapQuery struct {
+	size, flags, addr     uint64
+	start, end, vmaFlags  uint64
+	pageSize, off, inode  uint64
+	devMajor, devMinor    uint32
+	nameSize, buildIDSize uint32
+	nameAddr, buildIDAddr uint64
+}
+
+const (
+	procmapQueryIoctl = 0xC0686611 // _IOWR('f', 17, struct procmap_query)
+	procmapRead       = 1
+	procmapWrite      = 2
+	procmapExec       = 4
+	procmapShared     = 8
+)
+
+// queryMapping asks the kernel for the mapping holding addr: ok false when
+// the ioctl is missing (an older kernel) and the maps must be read, found
+// false when no mapping holds addr.
+func queryMapping(fd int, addr uint64) (v vma, found, ok bool) {
+	q := procmapQuery{addr: addr}
+	q.size = uint64(unsafe.Sizeof(q))
+	_, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), procmapQueryIoctl, uintptr(unsafe.Pointer(&q)))
+	switch e {
+	case 0:
+		return vma{start: q.start, end: q.end, off: q.off, inode: q.inode, dev: uint64(q.devMajor)<<32 | uint64(q.devMinor),
+			perms: q.vmaFlags & (procmapRead | procmapWrite | procmapExec | procmapShared)}, true, true
+	case unix.ENOENT:
+		return vma{}, false, true
+	}
+	return vma{}, false, false
 }
 
 // mappingOf returns the mapping holding all of [addr, addr+n), or false
 // when the range is not inside one mapping (or /proc is unreadable): such a
-// region is registered on its own.
-func mappingOf(addr, n uint64) (vma, bool) {
-	f, err := os.Open("/proc/self/maps")
+// region is registered on its own. buf is the caller's scratch space (the
+// cache's, under its lock): a registration reads the maps once, and reading
+// them is most of what the cache costs per region.
+func mappingOf(addr, n uint64, buf []byte) (vma, bool) {
+	fd, err := unix.Open("/proc/self/maps", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return vma{}, false
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		// start-end perms offset dev inode [path]
-		fl := bytes.Fields(sc.Bytes())
-		if len(fl) < 5 {
+	defer unix.Close(fd)
+	if v, found, ok := queryMapping(fd, addr); ok {
+		return v, found && addr+n <= v.end
+	}
+	return readMaps(fd, addr, n, buf)
+}
+
+// readMaps finds the mapping in the text of /proc/self/maps open at fd.
+func readMaps(fd int, addr, n uint64, buf []byte) (vma, bool) {
+	have := 0
+	for {
+		k, err := unix.Read(fd, buf[have:])
+		if err == unix.EINTR {
 			continue
 		}
-		se := bytes.IndexByte(fl[0], '-')
-		if se < 0 {
-			continue
-		}
-		s, err1 := strconv.ParseUint(string(fl[0][:se]), 16, 64)
-		e, err2 := strconv.ParseUint(string(fl[0][se+1:]), 16, 64)
-		if err1 != nil || err2 != nil || e <= addr {
-			continue
-		}
-		if s > addr || addr+n > e {
+		if err != nil || k <= 0 {
 			return vma{}, false
 		}
-		off, _ := strconv.ParseUint(string(fl[2]), 16, 64)
-		ino, _ := strconv.ParseUint(string(fl[4]), 10, 64)
-		return vma{start: s, end: e, off: off, inode: ino, dev: string(fl[3]), perms: string(fl[1])}, true
+		have += k
+		lines := buf[:have]
+		for {
+			nl := bytes.IndexByte(lines, '\n')
+			if nl < 0 {
+				break
+			}
+			v, state := parseMapsLine(lines[:nl], addr, n)
+			if state != 0 {
+				return v, state > 0
+			}
+			lines = lines[nl+1:]
+		}
+		// Keep the partial line; one longer than buf (a path near
+		// PATH_MAX) cannot be ours to judge: give up and register alone.
+		have = copy(buf, lines)
+		if have == len(buf) {
+			return vma{}, false
+		}
 	}
-	return vma{}, false
+}
+
+// parseMapsLine reads "start-end perms offset dev inode [path]": 0 when the
+// mapping ends at or before addr (read on), 1 with the mapping when it
+// holds [addr, addr+n), -1 when the range is not inside one mapping.
+func parseMapsLine(l []byte, addr, n uint64) (vma, int) {
+	fl := bytes.Fields(l)
+	if len(fl) < 5 {
+		return vma{}, 0
+	}
+	se := bytes.IndexByte(fl[0], '-')
+	if se < 0 {
+		return vma{}, 0
+	}
+	s, err1 := strconv.ParseUint(string(fl[0][:se]), 16, 64)
+	e, err2 := strconv.ParseUint(string(fl[0][se+1:]), 16, 64)
+	if err1 != nil || err2 != nil || e <= addr {
+		return vma{}, 0
+	}
+	if s > addr || addr+n > e {
+		return vma{}, -1
+	}
+	off, _ := strconv.ParseUint(string(fl[2]), 16, 64)
+	ino, _ := strconv.ParseUint(string(fl[4]), 10, 64)
+	v := vma{start: s, end: e, off: off, inode: ino}
+	if maj, mnr, ok := bytes.Cut(fl[3], []byte{':'}); ok {
+		a, _ := strconv.ParseUint(string(maj), 16, 32)
+		b, _ := strconv.ParseUint(string(mnr), 16, 32)
+		v.dev = a<<32 | b
+	}
+	for i, bit := range []uint64{procmapRead, procmapWrite, procmapExec, procmapShared} {
+		if i < len(fl[1]) && fl[1][i] != '-' && fl[1][i] != 'p' {
+			v.perms |= bit
+		}
+	}
+	return v, 1
 }
 
 // sharedMR is one window of a mapping registered on every NIC, in NIC
@@ -76,6 +162,7 @@ type sharedMR struct {
 // is deregistered when its last region is.
 type mrCache struct {
 	mu      sync.Mutex // held across registration: two regions of one allocation must not both register it
+	buf     []byte     // scratch for /proc/self/maps
 	entries []*sharedMR
 	created uint64 // windows registered
 	reused  uint64 // regions served by a window already registered
@@ -89,12 +176,15 @@ const mrParallel = 8
 // (no error) for a range not inside one mapping: the caller registers it
 // on its own.
 func (c *mrCache) acquire(addr, n uint64, access int, nics []registrar) (*sharedMR, error) {
-	v, ok := mappingOf(addr, n)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.buf == nil {
+		c.buf = make([]byte, 64<<10)
+	}
+	v, ok := mappingOf(addr, n, c.buf)
 	if !ok {
 		return nil, nil
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	for _, e := range c.entries {
 		if e.vma == v && e.lo <= addr && addr+n <= e.hi && e.access&access == access {
 			e.refs++
