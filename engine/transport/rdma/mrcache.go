@@ -13,9 +13,9 @@ import (
 
 // vma is one mapping of /proc/self/maps. Two registrations may share a
 // memory region only if the mapping they lie in is the same one the region
-// was registered for: a mapping that was unmapped and mapped again (other
-// bounds, another file or offset) is not served by a region that pins the
-// old pages.
+// was registered for (sharedMR.sameMapping): a range that was unmapped and
+// mapped again (another file or offset, other permissions, a split) is not
+// served by a region that pins the old pages.
 type vma struct {
 	start, end, off, inode uint64
 	dev                    uint64 // major<<32 | minor
@@ -144,6 +144,27 @@ func parseMapsLine(l []byte, addr, n uint64) (vma, int) {
 	return v, 1
 }
 
+// sameMapping reports whether the window still lies in the mapping it was
+// registered for, as v (the mapping now holding the region) says: inside
+// it, the same file at the same offset (or anonymous memory), the same
+// permissions. The bounds themselves may have changed: the kernel merges
+// anonymous mappings with new neighbours, and that must not defeat the
+// cache. Anonymous memory unmapped and mapped again at the same address
+// looks the same; a file mapped there does not.
+func (e *sharedMR) sameMapping(v vma) bool {
+	return v.start <= e.lo && e.hi <= v.end && v.dev == e.vma.dev && v.inode == e.vma.inode && v.perms == e.vma.perms &&
+		v.offAt(e.lo) == e.vma.offAt(e.lo)
+}
+
+// offAt is the file offset mapped at addr (0 for anonymous memory, whose
+// offset the kernel does not report).
+func (v vma) offAt(addr uint64) uint64 {
+	if v.inode == 0 && v.dev == 0 {
+		return 0
+	}
+	return v.off + (addr - v.start)
+}
+
 // sharedMR is one window of a mapping registered on every NIC, in NIC
 // order, shared by the registered regions inside it.
 type sharedMR struct {
@@ -186,7 +207,7 @@ func (c *mrCache) acquire(addr, n uint64, access int, nics []registrar) (*shared
 		return nil, nil
 	}
 	for _, e := range c.entries {
-		if e.vma == v && e.lo <= addr && addr+n <= e.hi && e.access&access == access {
+		if e.lo <= addr && addr+n <= e.hi && e.access&access == access && e.sameMapping(v) {
 			e.refs++
 			c.reused++
 			return e, nil

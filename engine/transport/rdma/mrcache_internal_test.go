@@ -1,10 +1,13 @@
 package rdma
 
 import (
+	"sync"
 	"testing"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tecache/te/internal/errs"
 )
 
 // The kernel's PROCMAP_QUERY answer and the text of /proc/self/maps name
@@ -56,5 +59,79 @@ func TestMappingQueryMatchesMaps(t *testing.T) {
 	}
 	if v, ok := mappingOf(uint64(uintptr(unsafe.Pointer(&shared[0]))), 1<<20, buf); !ok || v.inode == 0 || v.perms&procmapShared == 0 {
 		t.Fatalf("the memfd mapping: %+v %v", v, ok)
+	}
+}
+
+// A window is registered on every NIC at once (each fake NIC's RegMR waits
+// until all four are in it), and when one NIC refuses, none of them keeps
+// a region and the cache holds nothing.
+func TestMRCacheParallelNICs(t *testing.T) {
+	b, err := unix.Mmap(-1, 0, 1<<20, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(b)
+	addr := uint64(uintptr(unsafe.Pointer(&b[0])))
+	var wg sync.WaitGroup
+	wg.Add(4)
+	nics := make([]*fakeNIC, 4)
+	regs := make([]registrar, 4)
+	for i := range nics {
+		nics[i] = &fakeNIC{idx: i, barrier: &wg}
+		regs[i] = nics[i]
+	}
+	c := &mrCache{}
+	e, err := c.acquire(addr, 4096, 1, regs)
+	if err != nil || e == nil || len(e.mrs) != 4 {
+		t.Fatalf("%+v %v", e, err)
+	}
+	for _, n := range nics {
+		n.barrier = nil
+	}
+	if e2, err := c.acquire(addr+8192, 4096, 1, regs); err != nil || e2 != e {
+		t.Fatalf("second region of the mapping: %p %v, want the window %p", e2, err, e)
+	}
+	if err := c.release(e); err != nil || nics[0].registered() != 1 {
+		t.Fatalf("one of two released: %v, %d live", err, nics[0].registered())
+	}
+	if err := c.release(e); err != nil || nics[0].registered() != 0 {
+		t.Fatalf("both released: %v, %d live", err, nics[0].registered())
+	}
+	nics[2].fail = errs.New(errs.Internal, "fake", "refused")
+	if e, err := c.acquire(addr, 4096, 1, regs); err == nil || e != nil {
+		t.Fatalf("a NIC refused: %+v %v", e, err)
+	}
+	for _, n := range nics {
+		if n.registered() != 0 {
+			t.Fatalf("%s keeps a region after another NIC refused", n.Name())
+		}
+	}
+	if len(c.entries) != 0 {
+		t.Fatalf("%d windows cached after a failed registration", len(c.entries))
+	}
+}
+
+// BenchmarkMRCacheHit is te's own cost for a region served by a window
+// already registered: the mapping lookup and the cache's.
+func BenchmarkMRCacheHit(b *testing.B) {
+	m, err := unix.Mmap(-1, 0, 64<<20, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer unix.Munmap(m)
+	addr := uint64(uintptr(unsafe.Pointer(&m[0])))
+	regs := []registrar{&fakeNIC{idx: 0}, &fakeNIC{idx: 1}}
+	c := &mrCache{}
+	e, err := c.acquire(addr, 4096, 1, regs)
+	if err != nil || e == nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		x, err := c.acquire(addr+uint64(i%1000)*4096, 4096, 1, regs)
+		if err != nil || x != e {
+			b.Fatal(err)
+		}
+		_ = c.release(x)
 	}
 }
