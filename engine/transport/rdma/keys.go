@@ -254,6 +254,9 @@ func (k *keyTable) closeAll() {
 	for _, e := range shared {
 		_ = k.cache.release(e)
 	}
+	if k.cache != nil {
+		k.cache.close()
+	}
 	for _, mrs := range regs {
 		for _, m := range mrs {
 			_ = m.Dereg()

@@ -75,6 +75,39 @@ func mappingOf(addr, n uint64, buf []byte) (vma, bool) {
 	return readMaps(fd, addr, n, buf)
 }
 
+// lookup is mappingOf through the cache's descriptor of /proc/self/maps,
+// kept open while the kernel answers PROCMAP_QUERY on it (opening the file
+// is most of a lookup's cost); c.mu is held.
+func (c *mrCache) lookup(addr, n uint64) (vma, bool) {
+	if c.buf == nil {
+		c.buf = make([]byte, 64<<10)
+		c.mapsFD = -1
+		if fd, err := unix.Open("/proc/self/maps", unix.O_RDONLY|unix.O_CLOEXEC, 0); err == nil {
+			if _, _, ok := queryMapping(fd, addr); ok {
+				c.mapsFD = fd
+			} else {
+				unix.Close(fd)
+			}
+		}
+	}
+	if c.mapsFD >= 0 {
+		if v, found, ok := queryMapping(c.mapsFD, addr); ok {
+			return v, found && addr+n <= v.end
+		}
+	}
+	return mappingOf(addr, n, c.buf)
+}
+
+// close releases the descriptor lookup keeps.
+func (c *mrCache) close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.buf != nil && c.mapsFD >= 0 {
+		unix.Close(c.mapsFD)
+	}
+	c.buf, c.mapsFD = nil, -1
+}
+
 // readMaps finds the mapping in the text of /proc/self/maps open at fd.
 func readMaps(fd int, addr, n uint64, buf []byte) (vma, bool) {
 	have := 0
@@ -183,7 +216,8 @@ type sharedMR struct {
 // is deregistered when its last region is.
 type mrCache struct {
 	mu      sync.Mutex // held across registration: two regions of one allocation must not both register it
-	buf     []byte     // scratch for /proc/self/maps
+	buf     []byte     // scratch for /proc/self/maps; nil until the first lookup
+	mapsFD  int        // /proc/self/maps, open while it answers PROCMAP_QUERY; -1 if not
 	entries []*sharedMR
 	created uint64 // windows registered
 	reused  uint64 // regions served by a window already registered
@@ -199,10 +233,7 @@ const mrParallel = 8
 func (c *mrCache) acquire(addr, n uint64, access int, nics []registrar) (*sharedMR, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.buf == nil {
-		c.buf = make([]byte, 64<<10)
-	}
-	v, ok := mappingOf(addr, n, c.buf)
+	v, ok := c.lookup(addr, n)
 	if !ok {
 		return nil, nil
 	}
