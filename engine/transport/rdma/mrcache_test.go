@@ -3,6 +3,7 @@ package rdma_test
 import (
 	"bytes"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -328,5 +329,31 @@ func TestMRCacheRemapFakeVerbs(t *testing.T) {
 	}
 	if got := fake.Stat(ibvtest.StatMRs); got != live {
 		t.Fatalf("%d memory regions live, want %d", got, live)
+	}
+}
+
+// FAKEVERBS_MAX_MR_SIZE in a process's environment is the NICs'
+// max_mr_size there: a longer region is refused by the provider without
+// the cache and by te, naming max_mr_size, with it; regions up to it
+// register, with the cache one window per region when each fills one.
+func TestTwoProcessMaxMRSize(t *testing.T) {
+	f := newFabricSetup(t, "hgx8")
+	const limit = 1 << 20
+	for _, cache := range []string{"off", "on"} {
+		n := f.startNode("FAKEVERBS_MAX_MR_SIZE=1048576", "TE_RDMA_TEST_TRANSPORTS=rdma", "TE_RDMA_TEST_PARAMS=rdma.mr_cache="+cache)
+		a := n.addr("alloc cpu %d", 4*limit)
+		_, err := n.try("reg %d %d cpu:0", a, 2*limit)
+		if err == nil {
+			t.Fatalf("mr_cache=%s: a region of twice max_mr_size registered", cache)
+		}
+		if cache == "on" && !strings.Contains(err.Error(), "max_mr_size") {
+			t.Fatalf("mr_cache=on: %v, want an error naming max_mr_size", err)
+		}
+		for i := 0; i < 4; i++ {
+			n.do("reg %d %d cpu:0", a+uint64(i*limit), limit)
+		}
+		if s := n.stats(); cache == "on" && (s["mr_cache_windows"] != 4 || s["mr_cache_hits"] != 0) {
+			t.Fatalf("mr_cache=on: %v, want 4 windows", s)
+		}
 	}
 }
