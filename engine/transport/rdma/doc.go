@@ -85,7 +85,11 @@
 // outside a registered buffer, but after Unregister of one region the
 // window's keys keep working until the last region of it is gone, which
 // is why it is opt-in. A region longer than max_mr_size is refused (the
-// descriptor carries one key per NIC). GPU regions are not cached.
+// descriptor carries one key per NIC). GPU regions exported as a dma-buf
+// share a window of their whole allocation (its size is the dma-buf's),
+// registered on every NIC through the one fd; by address (peer memory),
+// or when the allocation is longer than max_mr_size, each region is
+// registered on its own.
 //
 // Without libibverbs or without an RDMA device, Start returns a NotSupported
 // error saying which, and the engine installs its other transports; Probe

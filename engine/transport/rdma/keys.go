@@ -66,8 +66,9 @@ func (k *keyTable) registerDevice(r *segment.Region, nics []registrar, src dmabu
 	}
 	k.mu.Lock()
 	_, dup := k.regs[r]
+	_, dupShared := k.shared[r]
 	k.mu.Unlock()
-	if dup {
+	if dup || dupShared {
 		return "", nil
 	}
 	access := ibv.AccessLocalWrite
@@ -83,6 +84,12 @@ func (k *keyTable) registerDevice(r *segment.Region, nics []registrar, src dmabu
 			defer unix.Close(fd)
 		} else {
 			fd, dmabufWhy = -1, err
+		}
+	}
+	if how == viaDmabuf && k.cache != nil {
+		if e := k.cache.acquireDevice(r.Addr, r.Length, r.Location.Index, fd, off, access, nics); e != nil {
+			k.setShared(r, e)
+			return how, nil
 		}
 	}
 	mrs := make([]memReg, 0, len(nics))
@@ -126,6 +133,18 @@ func (k *keyTable) registerDevice(r *segment.Region, nics []registrar, src dmabu
 	return how, nil
 }
 
+// setShared gives r the keys of the cache's window e.
+func (k *keyTable) setShared(r *segment.Region, e *sharedMR) {
+	r.Desc.Lkey = make([]uint32, len(e.mrs))
+	r.Desc.Rkey = make([]uint32, len(e.mrs))
+	for i, m := range e.mrs {
+		r.Desc.Lkey[i], r.Desc.Rkey[i] = m.Keys()
+	}
+	k.mu.Lock()
+	k.shared[r] = e
+	k.mu.Unlock()
+}
+
 // refuse records a GPU region the NICs refused.
 func (k *keyTable) refuse(r *segment.Region, why error) {
 	k.mu.Lock()
@@ -156,14 +175,7 @@ func (k *keyTable) register(r *segment.Region, nics []registrar, parallelMin uin
 			return err
 		}
 		if e != nil {
-			r.Desc.Lkey = make([]uint32, len(e.mrs))
-			r.Desc.Rkey = make([]uint32, len(e.mrs))
-			for i, m := range e.mrs {
-				r.Desc.Lkey[i], r.Desc.Rkey[i] = m.Keys()
-			}
-			k.mu.Lock()
-			k.shared[r] = e
-			k.mu.Unlock()
+			k.setShared(r, e)
 			return nil
 		}
 	}

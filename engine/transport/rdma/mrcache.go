@@ -270,6 +270,46 @@ func (c *mrCache) acquire(addr, n uint64, access int, nics []registrar) (*shared
 	return e, nil
 }
 
+// acquireDevice is acquire for GPU memory exported as the dma-buf fd of
+// its whole allocation, the region at offset off in it: the window is the
+// allocation (its size is the dma-buf's), registered once on every NIC
+// through that one fd. It returns nil (no error) where the cache cannot
+// serve the region (the fd has no size, the allocation is longer than
+// max_mr_size, or a NIC refused the dma-buf): the caller registers the
+// region on its own, with its fallbacks and their errors.
+func (c *mrCache) acquireDevice(addr, n uint64, dev, fd int, off uint64, access int, nics []registrar) *sharedMR {
+	size, err := unix.Seek(fd, 0, 2 /* SEEK_END: a dma-buf's size */)
+	if err != nil || size <= 0 || off > addr || off+n > uint64(size) {
+		return nil
+	}
+	base := addr - off
+	// A GPU allocation is known by its device, base and size; dev's top
+	// bit keeps it apart from any host mapping.
+	v := vma{start: base, end: base + uint64(size), dev: 1<<63 | uint64(dev)}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, e := range c.entries {
+		if e.vma == v && e.access&access == access {
+			e.refs++
+			c.reused++
+			return e
+		}
+	}
+	if uint64(size) > maxMRSize(nics) {
+		return nil
+	}
+	mrs, err := regEach(nics, base, uint64(size), func(r registrar) (memReg, error) {
+		return r.RegDmabuf(0, uint64(size), base, fd, access)
+	})
+	if err != nil {
+		return nil
+	}
+	e := &sharedMR{lo: base, hi: base + uint64(size), vma: v, access: access, mrs: mrs, refs: 1}
+	c.entries = append(c.entries, e)
+	c.created++
+	return e
+}
+
 // release drops a reference; the last one deregisters the window on every
 // NIC, so no key of it outlives the regions that use it.
 func (c *mrCache) release(e *sharedMR) error {
@@ -319,10 +359,15 @@ func maxMRSize(nics []registrar) uint64 {
 // (registration pins pages in the kernel, which scales across NICs). On
 // failure nothing stays registered.
 func regAll(nics []registrar, addr, n uint64, access int) ([]memReg, error) {
+	return regEach(nics, addr, n, func(r registrar) (memReg, error) { return r.RegMR(addr, n, access) })
+}
+
+// regEach registers with reg on every NIC, as regAll does.
+func regEach(nics []registrar, addr, n uint64, reg func(registrar) (memReg, error)) ([]memReg, error) {
 	mrs := make([]memReg, len(nics))
 	errv := make([]error, len(nics))
 	if len(nics) == 1 {
-		mrs[0], errv[0] = nics[0].RegMR(addr, n, access)
+		mrs[0], errv[0] = reg(nics[0])
 	} else {
 		sem := make(chan struct{}, mrParallel)
 		var wg sync.WaitGroup
@@ -331,7 +376,7 @@ func regAll(nics []registrar, addr, n uint64, access int) ([]memReg, error) {
 			sem <- struct{}{}
 			go func() {
 				defer func() { <-sem; wg.Done() }()
-				mrs[i], errv[i] = nics[i].RegMR(addr, n, access)
+				mrs[i], errv[i] = reg(nics[i])
 			}()
 		}
 		wg.Wait()

@@ -7,6 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/internal/errs"
 )
 
@@ -135,3 +136,93 @@ func BenchmarkMRCacheHit(b *testing.B) {
 		_ = c.release(x)
 	}
 }
+
+// GPU regions of one allocation share a window registered on every NIC
+// through the allocation's dma-buf (its size is the fd's), and the last
+// region's unregister deregisters it; an fd without a size (not a dma-buf)
+// or an allocation above max_mr_size leaves each region to its own
+// registration.
+func TestMRCacheDevice(t *testing.T) {
+	const size = 1 << 20
+	base := uint64(0x7000_0000_0000)
+	export := func(addr, _ uint64, _ int) (int, uint64, error) {
+		fd, err := unix.MemfdCreate("te-dmabuf", unix.MFD_CLOEXEC)
+		if err == nil {
+			err = unix.Ftruncate(fd, size)
+		}
+		return fd, addr - base, err
+	}
+	pipe := func(addr, _ uint64, _ int) (int, uint64, error) {
+		var fds [2]int
+		err := unix.Pipe2(fds[:], unix.O_CLOEXEC)
+		unix.Close(fds[1])
+		return fds[0], addr - base, err
+	}
+	gpu := func(off, n uint64) *segment.Region {
+		r := &segment.Region{Addr: base + off, Length: n, Remote: true, Location: segment.Location{Kind: "cuda", Index: 1}}
+		return r
+	}
+	fs, rs := fakes(2)
+	k := newKeyTable()
+	k.cache = &mrCache{}
+	var regions []*segment.Region
+	for i := uint64(0); i < 4; i++ {
+		r := gpu(i*size/4, size/4)
+		if how, err := k.registerDevice(r, rs, export); err != nil || how != viaDmabuf {
+			t.Fatalf("region %d: %q %v", i, how, err)
+		}
+		regions = append(regions, r)
+	}
+	for _, f := range fs {
+		if f.registered() != 1 || len(f.via) != 1 {
+			t.Fatalf("%s: %d memory regions (%v) for 4 regions of one allocation, want 1", f.Name(), f.registered(), f.via)
+		}
+	}
+	if regions[0].Desc.Rkey[1] != regions[3].Desc.Rkey[1] {
+		t.Fatal("regions of one allocation publish different keys")
+	}
+	for i, r := range regions {
+		if err := k.unregister(r); err != nil {
+			t.Fatal(err)
+		}
+		if want := map[bool]int{true: 0, false: 1}[i == 3]; fs[0].registered() != want {
+			t.Fatalf("after %d unregistered: %d live, want %d", i+1, fs[0].registered(), want)
+		}
+	}
+	// Not a dma-buf (no size), and an allocation above max_mr_size: one
+	// memory region per region.
+	r1, r2 := gpu(0, size/4), gpu(size/4, size/4)
+	for _, r := range []*segment.Region{r1, r2} {
+		if _, err := k.registerDevice(r, rs, pipe); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if fs[0].registered() != 2 {
+		t.Fatalf("regions of an fd without a size: %d memory regions, want 2", fs[0].registered())
+	}
+	k.closeAll()
+	if fs[0].registered()+fs[1].registered() != 0 {
+		t.Fatal("memory regions left after closeAll")
+	}
+	if created, _ := k.cache.counts(); created != 1 {
+		t.Fatalf("%d windows created, want 1", created)
+	}
+	small := []registrar{limitedNIC{fs[0], size / 2}, limitedNIC{fs[1], size / 2}}
+	for _, r := range []*segment.Region{gpu(0, size/4), gpu(size/4, size/4)} {
+		if _, err := k.registerDevice(r, small, export); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if fs[0].registered() != 2 {
+		t.Fatalf("an allocation above max_mr_size: %d memory regions for 2 regions, want 2", fs[0].registered())
+	}
+	k.closeAll()
+}
+
+// limitedNIC is a fake NIC with a max_mr_size.
+type limitedNIC struct {
+	*fakeNIC
+	max uint64
+}
+
+func (l limitedNIC) maxMRSize() uint64 { return l.max }

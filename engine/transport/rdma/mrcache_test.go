@@ -357,3 +357,35 @@ func TestTwoProcessMaxMRSize(t *testing.T) {
 		}
 	}
 }
+
+// With rdma.mr_cache=on the regions of one GPU allocation share one
+// memory region per NIC, registered through the allocation's one dma-buf;
+// READs and WRITEs into two of them, by another process, move every byte;
+// a second allocation gets a window of its own.
+func TestTwoProcessGPUMRCache(t *testing.T) {
+	f := newFabricSetup(t, "hgx8")
+	a := f.startNode("TE_RDMA_TEST_PARAMS=rdma.mr_cache=on")
+	b := f.startNode()
+	const size, part = 8 << 20, 2 << 20
+	ag := a.addr("alloc cuda 3 %d", size)
+	ag2 := a.addr("alloc cuda 3 %d", size)
+	for i := uint64(0); i < size/part; i++ {
+		a.do("reg %d %d cuda:3", ag+i*part, part)
+	}
+	a.do("reg %d %d cuda:3", ag2, part)
+	s := a.stats()
+	if s["gpu_dmabuf"] != size/part+1 || s["mr_cache_windows"] != 2 || s["mr_cache_hits"] != size/part-1 {
+		t.Fatalf("%d regions of one allocation and one of another: %v, want 2 windows", size/part, s)
+	}
+	bh := b.addr("alloc cpu %d", size)
+	b.do("reg %d %d cpu:0", bh, size)
+	b.do("fill %d %d 7", bh, size)
+	b.do("open %s", a.name)
+	transfer(t, b, a, "write", bh, ag+part, part, 4, "rdma")
+	transfer(t, b, a, "read", bh+part, ag+3*part, part, 4, "rdma")
+	transfer(t, b, a, "write", bh, ag2, part, 4, "rdma")
+	for i := uint64(0); i < size/part; i++ {
+		a.do("unreg %d", ag+i*part)
+	}
+	a.do("unreg %d", ag2)
+}
