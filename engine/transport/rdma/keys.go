@@ -170,7 +170,7 @@ func (k *keyTable) register(r *segment.Region, nics []registrar, parallelMin uin
 		access |= ibv.AccessRemoteRead | ibv.AccessRemoteWrite
 	}
 	if k.cache != nil {
-		e, err := k.cache.acquire(r.Addr, r.Length, access, nics)
+		e, err := k.cache.acquire(r.Addr, r.Length, access, nics, parallelMin)
 		if err != nil {
 			return err
 		}

@@ -227,10 +227,11 @@ type mrCache struct {
 const mrParallel = 8
 
 // acquire returns the window covering [addr, addr+n) with access, taking a
-// reference, registering it on every NIC if there is none. It returns nil
+// reference, registering it on every NIC if there is none (pre-faulted
+// from parallelMin bytes). It returns nil
 // (no error) for a range not inside one mapping: the caller registers it
 // on its own.
-func (c *mrCache) acquire(addr, n uint64, access int, nics []registrar) (*sharedMR, error) {
+func (c *mrCache) acquire(addr, n uint64, access int, nics []registrar, parallelMin uint64) (*sharedMR, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	v, ok := c.lookup(addr, n)
@@ -259,6 +260,11 @@ func (c *mrCache) acquire(addr, n uint64, access int, nics []registrar) (*shared
 		if addr+n > hi {
 			lo, hi = addr, addr+n
 		}
+	}
+	if hi-lo >= parallelMin {
+		// As for a region this long (rdma.parallel_reg_min): faulting the
+		// pages in parallel beats faulting them inside ibv_reg_mr.
+		preTouch(lo, hi-lo)
 	}
 	mrs, err := regAll(nics, lo, hi-lo, access)
 	if err != nil {

@@ -82,14 +82,14 @@ func TestMRCacheParallelNICs(t *testing.T) {
 		regs[i] = nics[i]
 	}
 	c := &mrCache{}
-	e, err := c.acquire(addr, 4096, 1, regs)
+	e, err := c.acquire(addr, 4096, 1, regs, ParallelRegMin)
 	if err != nil || e == nil || len(e.mrs) != 4 {
 		t.Fatalf("%+v %v", e, err)
 	}
 	for _, n := range nics {
 		n.barrier = nil
 	}
-	if e2, err := c.acquire(addr+8192, 4096, 1, regs); err != nil || e2 != e {
+	if e2, err := c.acquire(addr+8192, 4096, 1, regs, ParallelRegMin); err != nil || e2 != e {
 		t.Fatalf("second region of the mapping: %p %v, want the window %p", e2, err, e)
 	}
 	if err := c.release(e); err != nil || nics[0].registered() != 1 {
@@ -99,7 +99,7 @@ func TestMRCacheParallelNICs(t *testing.T) {
 		t.Fatalf("both released: %v, %d live", err, nics[0].registered())
 	}
 	nics[2].fail = errs.New(errs.Internal, "fake", "refused")
-	if e, err := c.acquire(addr, 4096, 1, regs); err == nil || e != nil {
+	if e, err := c.acquire(addr, 4096, 1, regs, ParallelRegMin); err == nil || e != nil {
 		t.Fatalf("a NIC refused: %+v %v", e, err)
 	}
 	for _, n := range nics {
@@ -123,13 +123,13 @@ func BenchmarkMRCacheHit(b *testing.B) {
 	addr := uint64(uintptr(unsafe.Pointer(&m[0])))
 	regs := []registrar{&fakeNIC{idx: 0}, &fakeNIC{idx: 1}}
 	c := &mrCache{}
-	e, err := c.acquire(addr, 4096, 1, regs)
+	e, err := c.acquire(addr, 4096, 1, regs, ParallelRegMin)
 	if err != nil || e == nil {
 		b.Fatal(err)
 	}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		x, err := c.acquire(addr+uint64(i%1000)*4096, 4096, 1, regs)
+		x, err := c.acquire(addr+uint64(i%1000)*4096, 4096, 1, regs, ParallelRegMin)
 		if err != nil || x != e {
 			b.Fatal(err)
 		}
@@ -226,3 +226,42 @@ type limitedNIC struct {
 }
 
 func (l limitedNIC) maxMRSize() uint64 { return l.max }
+
+// A window from rdma.parallel_reg_min bytes is pre-faulted before the NICs
+// register it, as a region that long is; a shorter one is left alone.
+func TestMRCachePreTouch(t *testing.T) {
+	const size = 4 << 20
+	for _, c := range []struct {
+		min      uint64
+		resident bool
+	}{{1 << 20, true}, {ParallelRegMin, false}} {
+		b, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A guard page after it keeps the kernel from merging it with a
+		// neighbour, so the window is exactly this mapping.
+		if err := unix.Mprotect(b[size-4096:], unix.PROT_NONE); err != nil {
+			t.Fatal(err)
+		}
+		_, regs := fakes(1)
+		cache := &mrCache{}
+		e, err := cache.acquire(uint64(uintptr(unsafe.Pointer(&b[0]))), 4096, 1, regs, c.min)
+		if err != nil || e == nil {
+			t.Fatal(err)
+		}
+		vec := make([]byte, size/4096)
+		if _, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&b[0])), size, uintptr(unsafe.Pointer(&vec[0]))); e != 0 {
+			t.Fatal(e)
+		}
+		n := 0
+		for _, v := range vec[:len(vec)-1] {
+			n += int(v & 1)
+		}
+		if got := n == len(vec)-1; got != c.resident {
+			t.Fatalf("parallel_reg_min %d: %d of %d pages resident after registering the window", c.min, n, len(vec)-1)
+		}
+		_ = cache.release(e)
+		unix.Munmap(b)
+	}
+}
