@@ -35,8 +35,9 @@ type keyTable struct {
 	mu      sync.Mutex
 	regs    map[*segment.Region][]memReg
 	refused map[*segment.Region]error
-	// With rdma.mr_cache=on, host regions take the keys of a window of
-	// their mapping that the cache registered once for all of them.
+	// With rdma.mr_cache=on, host regions (and GPU regions exported as a
+	// dma-buf) take the keys of a window of their mapping (allocation)
+	// that the cache registered once for all of them.
 	cache  *mrCache
 	shared map[*segment.Region]*sharedMR
 }
