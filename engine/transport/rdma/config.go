@@ -72,6 +72,12 @@ type Options struct {
 	// timer (about 0.5 s at the default ACK timeout) would take longer.
 	// 0 turns the watchdog off.
 	StallTimeout time.Duration
+	// MRCache (rdma.mr_cache=on) registers the mapping a host region lies
+	// in once per NIC (in windows of max_mr_size) and gives every region
+	// inside it that window's keys, instead of one memory region per
+	// region and NIC. An rkey then reaches the whole window, not only its
+	// buffer (see SECURITY.md), so it is off by default.
+	MRCache bool
 }
 
 func (o Options) health() health {
@@ -153,6 +159,16 @@ func ParseOptions(param func(string) (string, bool), getenv func(string) string)
 	}
 	if o.CooldownMax < o.Cooldown {
 		o.CooldownMax = o.Cooldown
+	}
+	if v, ok := param("rdma.mr_cache"); ok {
+		switch strings.ToLower(strings.TrimSpace(v)) {
+		case "on", "1", "true", "yes":
+			o.MRCache = true
+		case "off", "0", "false", "no", "":
+			o.MRCache = false
+		default:
+			return o, bad("rdma.mr_cache", v, "want on or off")
+		}
 	}
 	if v, ok := param("rdma.parallel_reg_min"); ok {
 		n, err := transport.ParseSize(v)

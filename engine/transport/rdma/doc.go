@@ -70,6 +70,27 @@
 // the region's memory regions on every NIC, and once ibv_dereg_mr has
 // returned the NIC refuses their rkeys: no access of a peer lands after it.
 //
+// With rdma.mr_cache=on (off by default) a host region takes the keys of a
+// window of its mapping registered once per NIC (at most max_mr_size long;
+// the NICs register it in parallel), shared and reference-counted by every
+// region inside it that needs no more access, as NIXL and Mooncake
+// register whole allocations: 1,265 tensors of one allocation cost one
+// memory region per NIC per window instead of one per tensor and NIC. A
+// window is shared only within the mapping it was registered for (same
+// file and offset or anonymous, device, inode, permissions, asked with
+// PROCMAP_QUERY or read from /proc/self/maps), so a file mapped again is
+// not served by a region pinning the old pages, and it is deregistered
+// with its last region. Its
+// rkey reaches the whole window at the NIC: te still refuses any request
+// outside a registered buffer, but after Unregister of one region the
+// window's keys keep working until the last region of it is gone, which
+// is why it is opt-in. A region longer than max_mr_size is refused (the
+// descriptor carries one key per NIC). GPU regions exported as a dma-buf
+// share a window of their whole allocation (its size is the dma-buf's),
+// registered on every NIC through the one fd; by address (peer memory),
+// or when the allocation is longer than max_mr_size, each region is
+// registered on its own.
+//
 // Without libibverbs or without an RDMA device, Start returns a NotSupported
 // error saying which, and the engine installs its other transports; Probe
 // reports the same reason without starting anything.

@@ -392,6 +392,9 @@ func newSide(t *testing.T, f *fabric, name string, nics int, params map[string]s
 	}
 	tr := New()
 	tr.h, tr.opt = h, o
+	if o.MRCache {
+		tr.keys.cache = &mrCache{}
+	}
 	s := &side{t: t, tr: tr, h: h}
 	var ns []*nic
 	for i := 0; i < nics; i++ {

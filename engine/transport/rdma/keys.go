@@ -35,10 +35,15 @@ type keyTable struct {
 	mu      sync.Mutex
 	regs    map[*segment.Region][]memReg
 	refused map[*segment.Region]error
+	// With rdma.mr_cache=on, host regions (and GPU regions exported as a
+	// dma-buf) take the keys of a window of their mapping (allocation)
+	// that the cache registered once for all of them.
+	cache  *mrCache
+	shared map[*segment.Region]*sharedMR
 }
 
 func newKeyTable() *keyTable {
-	return &keyTable{regs: map[*segment.Region][]memReg{}, refused: map[*segment.Region]error{}}
+	return &keyTable{regs: map[*segment.Region][]memReg{}, refused: map[*segment.Region]error{}, shared: map[*segment.Region]*sharedMR{}}
 }
 
 // dmabufSource exports the GPU memory at [addr, addr+length) of device dev
@@ -62,8 +67,9 @@ func (k *keyTable) registerDevice(r *segment.Region, nics []registrar, src dmabu
 	}
 	k.mu.Lock()
 	_, dup := k.regs[r]
+	_, dupShared := k.shared[r]
 	k.mu.Unlock()
-	if dup {
+	if dup || dupShared {
 		return "", nil
 	}
 	access := ibv.AccessLocalWrite
@@ -79,6 +85,12 @@ func (k *keyTable) registerDevice(r *segment.Region, nics []registrar, src dmabu
 			defer unix.Close(fd)
 		} else {
 			fd, dmabufWhy = -1, err
+		}
+	}
+	if how == viaDmabuf && k.cache != nil {
+		if e := k.cache.acquireDevice(r.Addr, r.Length, r.Location.Index, fd, off, access, nics); e != nil {
+			k.setShared(r, e)
+			return how, nil
 		}
 	}
 	mrs := make([]memReg, 0, len(nics))
@@ -122,6 +134,18 @@ func (k *keyTable) registerDevice(r *segment.Region, nics []registrar, src dmabu
 	return how, nil
 }
 
+// setShared gives r the keys of the cache's window e.
+func (k *keyTable) setShared(r *segment.Region, e *sharedMR) {
+	r.Desc.Lkey = make([]uint32, len(e.mrs))
+	r.Desc.Rkey = make([]uint32, len(e.mrs))
+	for i, m := range e.mrs {
+		r.Desc.Lkey[i], r.Desc.Rkey[i] = m.Keys()
+	}
+	k.mu.Lock()
+	k.shared[r] = e
+	k.mu.Unlock()
+}
+
 // refuse records a GPU region the NICs refused.
 func (k *keyTable) refuse(r *segment.Region, why error) {
 	k.mu.Lock()
@@ -137,17 +161,28 @@ func (k *keyTable) register(r *segment.Region, nics []registrar, parallelMin uin
 	}
 	k.mu.Lock()
 	_, dup := k.regs[r]
+	_, dupShared := k.shared[r]
 	k.mu.Unlock()
-	if dup {
+	if dup || dupShared {
 		return nil
-	}
-	plan := planRegistration(r.Length, r.Location, len(nics), parallelMin)
-	if plan.preTouch {
-		preTouch(r.Addr, r.Length)
 	}
 	access := ibv.AccessLocalWrite
 	if r.Remote {
 		access |= ibv.AccessRemoteRead | ibv.AccessRemoteWrite
+	}
+	if k.cache != nil {
+		e, err := k.cache.acquire(r.Addr, r.Length, access, nics, parallelMin)
+		if err != nil {
+			return err
+		}
+		if e != nil {
+			k.setShared(r, e)
+			return nil
+		}
+	}
+	plan := planRegistration(r.Length, r.Location, len(nics), parallelMin)
+	if plan.preTouch {
+		preTouch(r.Addr, r.Length)
 	}
 	mrs := make([]memReg, len(nics))
 	errv := make([]error, len(nics))
@@ -193,9 +228,15 @@ func (k *keyTable) register(r *segment.Region, nics []registrar, parallelMin uin
 func (k *keyTable) unregister(r *segment.Region) error {
 	k.mu.Lock()
 	mrs, ok := k.regs[r]
+	e, isShared := k.shared[r]
 	delete(k.regs, r)
+	delete(k.shared, r)
 	delete(k.refused, r)
 	k.mu.Unlock()
+	if isShared {
+		// The window's keys work until its last region is unregistered.
+		return k.cache.release(e)
+	}
 	if !ok {
 		return nil
 	}
@@ -212,16 +253,23 @@ func (k *keyTable) unregister(r *segment.Region) error {
 func (k *keyTable) len() int {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	return len(k.regs)
+	return len(k.regs) + len(k.shared)
 }
 
 // closeAll deregisters everything.
 func (k *keyTable) closeAll() {
 	k.mu.Lock()
-	regs := k.regs
+	regs, shared := k.regs, k.shared
 	k.regs = map[*segment.Region][]memReg{}
+	k.shared = map[*segment.Region]*sharedMR{}
 	k.refused = map[*segment.Region]error{}
 	k.mu.Unlock()
+	for _, e := range shared {
+		_ = k.cache.release(e)
+	}
+	if k.cache != nil {
+		k.cache.close()
+	}
 	for _, mrs := range regs {
 		for _, m := range mrs {
 			_ = m.Dereg()

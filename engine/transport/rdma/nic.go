@@ -26,6 +26,7 @@ type nic struct {
 	link      uint8
 	maxRdAtom uint8
 	maxQPWR   int
+	maxMR     uint64 // max_mr_size: the longest memory region; 0 if unknown
 	hw        nicHW
 
 	// cqCap bounds work requests outstanding on the NIC: all its queue
@@ -110,6 +111,9 @@ func (n *nic) Name() string { return n.name }
 func (n *nic) RegMR(addr, length uint64, access int) (memReg, error) {
 	return n.hw.RegMR(addr, length, access)
 }
+
+// maxMRSize is the longest memory region the NIC takes (0: unknown).
+func (n *nic) maxMRSize() uint64 { return n.maxMR }
 
 // RegDmabuf registers a dma-buf's bytes on the NIC.
 func (n *nic) RegDmabuf(offset, length, iova uint64, fd int, access int) (memReg, error) {

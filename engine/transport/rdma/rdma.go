@@ -151,6 +151,9 @@ func (t *Transport) Start(h transport.Host) error {
 		return err
 	}
 	t.h, t.opt = h, o
+	if o.MRCache {
+		t.keys.cache = &mrCache{}
+	}
 	lib, err := loadLib(o)
 	if err != nil {
 		return err
@@ -584,7 +587,9 @@ func (t *Transport) released(ep *endpoint) {
 // (endpoint failures), slices retried elsewhere and cooldowns; per peer NIC
 // the bytes; doorbells (ibv_post_send calls) per NIC; GPU regions
 // registered through a dma-buf, by address (peer memory) and refused; and
-// peers found unreachable; endpoints the stall watchdog failed (stalls).
+// peers found unreachable; endpoints the stall watchdog failed (stalls);
+// with rdma.mr_cache=on, the windows the range cache registered and the
+// regions it served from one already registered.
 func (t *Transport) Stats() map[string]uint64 {
 	out := map[string]uint64{}
 	tot := railTotals{}
@@ -621,6 +626,9 @@ func (t *Transport) Stats() map[string]uint64 {
 	out["gpu_dmabuf"] = t.st.gpuDmabuf.Load()
 	out["gpu_peermem"] = t.st.gpuPeermem.Load()
 	out["gpu_refused"] = t.st.gpuRefused.Load()
+	if t.keys.cache != nil {
+		out["mr_cache_windows"], out["mr_cache_hits"] = t.keys.cache.counts()
+	}
 	out["peers_unreachable"] = t.st.unreachable.Load()
 	out["stalls"] = t.st.stalls.Load()
 	return out

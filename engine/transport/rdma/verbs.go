@@ -61,6 +61,7 @@ func openNIC(list *ibv.DeviceList, i, idx int, o Options) (_ *nic, err error) {
 	n.lid, n.mtu, n.link = pa.LID, pa.ActiveMTU, pa.LinkLayer
 	n.maxRdAtom = uint8(max(1, min(16, da.MaxQPRdAtom, da.MaxQPInitRdAtom)))
 	n.maxQPWR = int(da.MaxQPWR)
+	n.maxMR = da.MaxMRSize
 	n.gidIndex = o.GIDIndex
 	if n.gidIndex < 0 {
 		n.gidIndex = pickGIDIndex(n.name, n.port, n.link, int(pa.GIDTblLen))

@@ -136,6 +136,7 @@ const (
 	StatPeermem   // device memory registered through ibv_reg_mr (peer memory)
 	StatFailedNIC // work requests failed by a device the control file failed
 	StatNICNanos  // CPU time the devices' threads spent executing work requests
+	StatRegs      // memory regions ever registered (successful ibv_reg_mr, _iova2, ibv_reg_dmabuf_mr)
 )
 
 // Knobs of the fake library.
@@ -152,6 +153,10 @@ const (
 	// SetNoPeermem 1 makes ibv_reg_mr of GPU memory fail with EFAULT, as
 	// without nvidia-peermem (also FAKEVERBS_PEERMEM=0).
 	SetNoPeermem = 4
+	// SetMaxMRSize sets the max_mr_size ibv_query_device reports; a longer
+	// registration fails with EINVAL. 0 returns to FAKEVERBS_MAX_MR_SIZE
+	// from the environment, else unbounded.
+	SetMaxMRSize = 5
 )
 
 // Lib is a loaded fake library, for reading its counters and setting its
@@ -184,7 +189,7 @@ func (l *Lib) Control(rule string) { l.control(rule) }
 func (l *Lib) Stat(what int) int64 { return l.stat(int32(what)) }
 
 // Set sets a knob (SetDevices, SetCompat, SetStall, SetNoDmabuf,
-// SetNoPeermem).
+// SetNoPeermem, SetMaxMRSize).
 func (l *Lib) Set(what int, val int64) { l.set(int32(what), val) }
 
 // Live returns the verbs objects still allocated: MRs, QPs, CQs, contexts,

@@ -335,6 +335,7 @@ static int nlisted;
 static int compat;  /* contexts without the extended query_port */
 static int stalled; /* the far side does not answer: nothing executes */
 static int no_dmabuf, no_peermem; /* knobs 3 and 4, as the environment's */
+static uint64_t max_mr;            /* knob 5; 0: FAKEVERBS_MAX_MR_SIZE, else unbounded */
 static long stats[16];
 
 enum {
@@ -352,7 +353,8 @@ enum {
 	ST_DMABUF,
 	ST_PEERMEM,
 	ST_FAILED_NIC,
-	ST_NIC_NS
+	ST_NIC_NS,
+	ST_REGS
 };
 
 /* fake_verbs_stat returns a counter: live MRs, QPs, CQs, registrations
@@ -361,7 +363,8 @@ enum {
  * generated, registrations through ibv_reg_dmabuf_mr, registrations of
  * device memory through ibv_reg_mr (peer memory), work requests failed by
  * a failed device, CPU time (ns) of the devices' threads (what a real NIC
- * does without the host's CPU). */
+ * does without the host's CPU), memory regions ever registered (every
+ * successful ibv_reg_mr, ibv_reg_mr_iova2 and ibv_reg_dmabuf_mr). */
 static long nic_nanos(void);
 
 long fake_verbs_stat(int what) {
@@ -380,7 +383,9 @@ static void wake_workers(void);
  * 1 = compat contexts, 2 = stalled (work requests wait, as for a peer that
  * stopped answering; a queue pair moved to the error state still flushes
  * its own at once), 3 = no dma-buf registration (FAKEVERBS_DMABUF=0),
- * 4 = no peer memory (FAKEVERBS_PEERMEM=0). */
+ * 4 = no peer memory (FAKEVERBS_PEERMEM=0), 5 = the devices' max_mr_size
+ * (FAKEVERBS_MAX_MR_SIZE; 0 = that, else unbounded): ibv_query_device
+ * reports it and a longer registration fails with EINVAL. */
 void fake_verbs_set(int what, long val) {
 	pthread_mutex_lock(&mu);
 	if (what == 0)
@@ -393,6 +398,8 @@ void fake_verbs_set(int what, long val) {
 		no_dmabuf = val != 0;
 	if (what == 4)
 		no_peermem = val != 0;
+	if (what == 5)
+		max_mr = val < 0 ? 0 : (uint64_t)val;
 	pthread_mutex_unlock(&mu);
 	wake_workers();
 }
@@ -1087,11 +1094,28 @@ int ibv_close_device(struct ibv_context *ctx) {
 	return 0;
 }
 
+/* mr_limit is the devices' max_mr_size: knob 5, else FAKEVERBS_MAX_MR_SIZE
+ * (bytes), else unbounded as most providers report. */
+static uint64_t mr_limit(void) {
+	pthread_mutex_lock(&mu);
+	uint64_t v = max_mr;
+	pthread_mutex_unlock(&mu);
+	if (v)
+		return v;
+	const char *e = getenv("FAKEVERBS_MAX_MR_SIZE");
+	if (e && *e) {
+		unsigned long long n = strtoull(e, NULL, 0);
+		if (n)
+			return n;
+	}
+	return ~0ULL;
+}
+
 int ibv_query_device(struct ibv_context *ctx, struct ibv_device_attr *a) {
 	(void)ctx;
 	memset(a, 0, sizeof(*a));
 	strcpy(a->fw_ver, "fake");
-	a->max_mr_size = ~0ULL;
+	a->max_mr_size = mr_limit();
 	a->max_qp = 1 << 16;
 	a->max_qp_wr = 4096;
 	a->max_sge = 1;
@@ -1188,6 +1212,10 @@ static int free_qp_slot(void) {
  * process (iova itself for host memory). */
 static struct ibv_mr *reg(struct ibv_pd *pd, uint64_t iova, size_t length, unsigned int access, uint64_t backing,
 			  void *map, size_t maplen, int stat) {
+	if (length > mr_limit()) {
+		errno = EINVAL; /* above the device's max_mr_size */
+		return NULL;
+	}
 	struct fake_mr *m = calloc(1, sizeof(*m));
 	if (!m) {
 		errno = ENOMEM;
@@ -1227,6 +1255,7 @@ static struct ibv_mr *reg(struct ibv_pd *pd, uint64_t iova, size_t length, unsig
 	m->maplen = maplen;
 	pthread_mutex_lock(&mu);
 	stats[ST_MRS]++;
+	stats[ST_REGS]++;
 	if (stat >= 0)
 		stats[stat]++;
 	pthread_mutex_unlock(&mu);
