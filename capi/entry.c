@@ -88,7 +88,7 @@ int te_last_error(char *buf, size_t len) {
     return TE_ERR_BUFFER_TOO_SMALL;
 }
 
-// te_notify_drain returns one malloc'ed block.
+// te_notify_drain and te_notify_drain_from return one malloc'ed block.
 int te_notify_free(te_notify_t *list) {
     free(list);
     return 0;
@@ -266,6 +266,15 @@ int te_notify_drain(te_engine_t engine, te_notify_t **out, size_t *count) {
         return TE_ERR_FORKED;
     }
     return tego_notify_drain(engine, out, count);
+}
+
+int te_notify_drain_from(te_engine_t engine, te_notify_from_t **out, size_t *count) {
+    if (tecapi_child(__func__)) {
+        if (out) *out = NULL;
+        if (count) *count = 0;
+        return TE_ERR_FORKED;
+    }
+    return tego_notify_drain_from(engine, out, count);
 }
 
 int te_probe(te_engine_t engine, const char *segment, te_probe_t *out) {

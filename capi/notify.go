@@ -11,6 +11,7 @@ import "C"
 import (
 	"unsafe"
 
+	"github.com/tecache/te/engine"
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/wire"
 )
@@ -59,24 +60,66 @@ func tego_notify_drain(h C.te_engine_t, out **C.te_notify_t, count *C.size_t) (r
 		return null("notify drain", "out or count")
 	}
 	*out, *count = nil, 0
+	base, n, err := drainNotifies(h, e, "notify drain", unsafe.Sizeof(C.te_notify_t{}), false,
+		func(base unsafe.Pointer, i int, name, msg, _, _ *C.char, msgLen int) {
+			e := &unsafe.Slice((*C.te_notify_t)(base), i+1)[i]
+			e.name, e.msg, e.msg_len = name, msg, C.uint64_t(msgLen)
+		})
+	if err != nil {
+		return fail(err)
+	}
+	*out, *count = (*C.te_notify_t)(base), C.size_t(n)
+	return 0
+}
+
+//export tego_notify_drain_from
+func tego_notify_drain_from(h C.te_engine_t, out **C.te_notify_from_t, count *C.size_t) (rc C.int) {
+	defer enter("notify drain", &rc)()
+	e, err := getEngine("notify drain", h)
+	if err != nil {
+		return fail(err)
+	}
+	if out == nil || count == nil {
+		return null("notify drain", "out or count")
+	}
+	*out, *count = nil, 0
+	base, n, err := drainNotifies(h, e, "notify drain", unsafe.Sizeof(C.te_notify_from_t{}), true,
+		func(base unsafe.Pointer, i int, name, msg, from, inst *C.char, msgLen int) {
+			e := &unsafe.Slice((*C.te_notify_from_t)(base), i+1)[i]
+			e.name, e.msg, e.msg_len = name, msg, C.uint64_t(msgLen)
+			e.sender, e.sender_instance = from, inst
+		})
+	if err != nil {
+		return fail(err)
+	}
+	*out, *count = (*C.te_notify_from_t)(base), C.size_t(n)
+	return 0
+}
+
+// drainNotifies drains engine h's notifications into one malloc'ed block,
+// so that te_notify_free is a single free(): count entries of entry bytes,
+// then each string with a NUL (with senders: the sender's name and
+// instance too); set fills entry i. It returns nil and 0 when there are
+// none.
+func drainNotifies(h C.te_engine_t, e *engine.Engine, op string, entry uintptr, senders bool,
+	set func(base unsafe.Pointer, i int, name, msg, from, inst *C.char, msgLen int)) (unsafe.Pointer, int, error) {
 	ns := engineNotifies(uint64(h), e) // handoff clients keep the completions they read
 	if len(ns) == 0 {
-		return 0
+		return nil, 0, nil
 	}
-	// One allocation: the entries, then each name and message with a NUL,
-	// so te_notify_free is a single free().
-	entry := unsafe.Sizeof(C.te_notify_t{})
 	total := entry * uintptr(len(ns))
 	for _, n := range ns {
 		total += uintptr(len(n.Name) + 1 + len(n.Msg) + 1)
+		if senders {
+			total += uintptr(len(n.From) + 1 + len(n.FromInstance) + 1)
+		}
 	}
 	base := C.malloc(C.size_t(total))
 	if base == nil {
 		// The notifications are lost to this caller; say so.
-		return fail(errs.New(errs.NoMemory, "notify drain", "allocating %d bytes for %d notifications (dropped)", total, len(ns)))
+		return nil, 0, errs.New(errs.NoMemory, op, "allocating %d bytes for %d notifications (dropped)", total, len(ns))
 	}
 	mem := unsafe.Slice((*byte)(base), total)
-	list := unsafe.Slice((*C.te_notify_t)(base), len(ns))
 	off := entry * uintptr(len(ns))
 	put := func(s string) *C.char {
 		p := (*C.char)(unsafe.Pointer(&mem[off]))
@@ -86,12 +129,14 @@ func tego_notify_drain(h C.te_engine_t, out **C.te_notify_t, count *C.size_t) (r
 		return p
 	}
 	for i, n := range ns {
-		list[i].name = put(n.Name)
-		list[i].msg = put(n.Msg)
-		list[i].msg_len = C.uint64_t(len(n.Msg))
+		name, msg := put(n.Name), put(n.Msg)
+		var from, inst *C.char
+		if senders {
+			from, inst = put(n.From), put(n.FromInstance)
+		}
+		set(base, i, name, msg, from, inst, len(n.Msg))
 	}
-	*out, *count = (*C.te_notify_t)(base), C.size_t(len(ns))
-	return 0
+	return base, len(ns), nil
 }
 
 //export tego_probe

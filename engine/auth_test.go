@@ -445,3 +445,35 @@ func TestBindsTheAdvertisedAddress(t *testing.T) {
 	_, err := engine.New(engine.Config{Hostname: "192.0.2.1", Transports: []string{"local"}})
 	wantCode(t, "foreign hostname", err, errs.InvalidArgument, "ListenAddr")
 }
+
+// TestNotificationSenderProven: a notification carries the segment name and
+// instance its sender's session proved, whatever its name and message say;
+// without a secret nothing is proven and both are empty.
+func TestNotificationSenderProven(t *testing.T) {
+	for _, secret := range []bool{true, false} {
+		var mod []func(*engine.Config)
+		if secret {
+			mod = append(mod, withSecret(secretA))
+		}
+		a, b := newEngine(t, mod...), newEngine(t, mod...)
+		// The name claims another sender: only the session's word counts.
+		if err := a.SendNotify(b.Name(), "nixl/n/someone-else", b.Name()); err != nil {
+			t.Fatal(err)
+		}
+		var got []engine.Notification
+		for deadline := time.Now().Add(5 * time.Second); len(got) == 0 && time.Now().Before(deadline); {
+			got = b.Notifies()
+			time.Sleep(time.Millisecond)
+		}
+		if len(got) != 1 {
+			t.Fatalf("secret %v: %d notifications", secret, len(got))
+		}
+		from, inst := a.Name(), a.Instance()
+		if !secret {
+			from, inst = "", ""
+		}
+		if got[0].From != from || got[0].FromInstance != inst {
+			t.Fatalf("secret %v: sender %q/%q, want %q/%q", secret, got[0].From, got[0].FromInstance, from, inst)
+		}
+	}
+}

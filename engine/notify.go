@@ -16,6 +16,14 @@ import (
 type Notification struct {
 	Name string
 	Msg  string
+	// From and FromInstance are the sending engine's segment name and
+	// instance id as its authenticated session proved them: a receiver
+	// that acts on who sent a notification (the NIXL listener binds an
+	// agent's metadata to its engine) checks these, never Name or Msg.
+	// Both are empty where nothing is proven: without a cluster secret,
+	// and from Mooncake peers; From is empty for a sender that has no
+	// segment.
+	From, FromInstance string
 }
 
 // notifyQueue holds received notifications until Notifies drains them, and
@@ -270,7 +278,7 @@ func (e *Engine) queueNotify(ctx context.Context, name, msg []byte, dedup bool, 
 		return errs.New(errs.ResourceExhausted, "notify", "receiver's queue of %d notifications is full", e.cfg.MaxNotifies).
 			WithHint("the receiver drains them with Notifies (get_notifies); retry later")
 	}
-	q.items = append(q.items, Notification{Name: string(name), Msg: string(msg)})
+	q.items = append(q.items, Notification{Name: string(name), Msg: string(msg), From: ci.PeerName, FromInstance: ci.PeerInstance})
 	q.charges = append(q.charges, notifyCharge{ci.Sender, n})
 	if dedup {
 		// Only once queued: a refused notification sent again gets

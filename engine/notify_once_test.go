@@ -165,6 +165,12 @@ func lostReplyOnce(t *testing.T, a, tg *engine.Engine, seg string, r *cutRelay) 
 		t.Fatalf("the relay cut %d replies, want 1", n)
 	}
 	got := tg.Notifies()
+	for i := range got {
+		if got[i].FromInstance != "" && got[i].FromInstance != a.Instance() {
+			t.Fatalf("notification from %q, sent by %q", got[i].FromInstance, a.Instance())
+		}
+		got[i].From, got[i].FromInstance = "", ""
+	}
 	want := []engine.Notification{{Name: "warm", Msg: "up"}, {Name: "kv", Msg: "ready"}}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("queued %v, want %v", got, want)

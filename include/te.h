@@ -233,6 +233,21 @@ typedef struct te_notify {
     uint64_t msg_len;
 } te_notify_t;
 
+/* One received notification with its sender, owned by the library (see
+ * te_notify_drain_from). (ABI 1.4) */
+typedef struct te_notify_from {
+    const char *name;     /* NUL-terminated */
+    const char *msg;      /* msg_len bytes, followed by a NUL */
+    uint64_t msg_len;
+    /* The sending engine's segment name and instance id as its
+     * authenticated session proved them (NUL-terminated); "" where nothing
+     * is proven: without a cluster secret, from Mooncake peers, and (sender
+     * only) for an engine that has no segment. Act on who sent a
+     * notification by these, never by name or msg. */
+    const char *sender;
+    const char *sender_instance;
+} te_notify_from_t;
+
 typedef struct te_probe_s {
     uint64_t rtt_ns;   /* round-trip time of the probe */
     uint64_t version;  /* version of the peer's published descriptor */
@@ -737,7 +752,14 @@ int te_notify_send(te_engine_t engine, const char *segment, const char *name, co
  * lost). */
 int te_notify_drain(te_engine_t engine, te_notify_t **out, size_t *count);
 
-/* te_notify_free frees what te_notify_drain returned; NULL is accepted.
+/* te_notify_drain_from is te_notify_drain with each notification's proven
+ * sender (te_notify_from_t). Free the block with te_notify_free.
+ * Blocks: no | Thread-safe: yes (each notification goes to one caller) |
+ * Errors: as te_notify_drain. (ABI 1.4) */
+int te_notify_drain_from(te_engine_t engine, te_notify_from_t **out, size_t *count);
+
+/* te_notify_free frees what te_notify_drain or te_notify_drain_from
+ * returned (cast the latter's pointer); NULL is accepted.
  * Blocks: no | Thread-safe: yes | Errors: none. */
 int te_notify_free(te_notify_t *list);
 

@@ -68,7 +68,8 @@ type SessionOptions struct {
 	Encrypt bool
 	// Name and Addr are, on the server, the segment name and RPC address
 	// it proves to the initiator (version 3); an empty Name proves the
-	// instance id in its place. The initiator ignores them.
+	// instance id in its place. The initiator proves its Name to the
+	// server in HELLO (empty: it has none) and ignores Addr.
 	Name, Addr string
 	// HeadersOnly asks for Headers mode (payloads in the clear,
 	// unauthenticated) rather than Integrity mode. Only a session both
@@ -109,10 +110,13 @@ type Opened struct {
 	// nil.
 	PeerInstance string
 	// PeerName and PeerAddr are, at the initiator, the server's segment
-	// name and RPC address, proven with Session (empty without one).
+	// name and RPC address, proven with Session (empty without one); at
+	// the server, PeerName is the initiator's segment name, proven with
+	// Session (empty without one, or when the initiator has none).
 	// Whoever holds the secret can name itself anything; what they prove
 	// is that a connection redirected on the path or by a rewritten
-	// descriptor reached another segment than the one meant.
+	// descriptor reached another segment than the one meant, and that a
+	// call came from the segment it says, not from another engine.
 	PeerName, PeerAddr string
 	// Session seals what this side sends and opens what it reads, from
 	// the byte after the exchange on; nil when neither side has a secret.
@@ -130,7 +134,7 @@ func client(conn Conn, s *Secret, localInstance string, deadline time.Time, v2 *
 
 	h := &wire.Hello{Version: wire.AuthVersion, Instance: localInstance}
 	if v2 != nil {
-		h.Version, h.Mode = wire.AuthVersionIdentity, v2.mode(s)
+		h.Version, h.Mode, h.Name = wire.AuthVersionIdentity, v2.mode(s), v2.Name
 	}
 	rand.Read(h.Nonce[:])
 	if s != nil {
@@ -363,7 +367,7 @@ func server(conn Conn, s *Secret, localInstance string, deadline time.Time, v2 *
 			"peer %s (instance %s) sent a wrong proof for key id %s (another secret under a copied key id, or a replayed exchange); refused",
 			who, printable(h.Instance), hexID(k.id))
 	}
-	o := Opened{PeerInstance: h.Instance}
+	o := Opened{PeerInstance: h.Instance, PeerName: h.Name}
 	if v2 != nil {
 		// Keys first: a failure here must not follow an accepting RESULT.
 		if o.Session, err = openSession(k, t, v2.Channel, c.Mode, session.Server); err != nil {

@@ -392,3 +392,65 @@ func TestSessionProvesServerName(t *testing.T) {
 	wantErr(t, "renamed server", outcome{err: err}, errs.Unauthenticated)
 	<-done
 }
+
+// TestSessionProvesInitiatorName: the initiator's segment name reaches the
+// server inside the HELLO both MACs cover (version 3), so the server knows
+// which segment calls; without a secret nothing is proven. A relay that
+// renames the initiator on the way fails the initiator's proof.
+func TestSessionProvesInitiatorName(t *testing.T) {
+	s := mustSecret(t, secretA)
+	cli, srv, _, _ := runSession(t, s, s, peerauth.SessionOptions{Channel: session.Control, Name: "prefill-7"}, ctrlOpt)
+	if cli.err != nil || srv.err != nil {
+		t.Fatal(cli.err, srv.err)
+	}
+	if srv.o.PeerName != "prefill-7" || srv.o.PeerInstance != "client-instance" {
+		t.Fatalf("server saw %q %q", srv.o.PeerName, srv.o.PeerInstance)
+	}
+	// An initiator without a segment proves none.
+	_, srv, _, _ = runSession(t, s, s, ctrlOpt, ctrlOpt)
+	if srv.err != nil || srv.o.PeerName != "" {
+		t.Fatal(srv.o.PeerName, srv.err)
+	}
+
+	// A relay that renames the initiator in its HELLO.
+	c, r := pair(t)
+	r2, sv := pair(t)
+	done := make(chan error, 1)
+	go func() {
+		_, err := peerauth.ServerSession(sv, s, "server-instance", time.Now().Add(5*time.Second), ctrlOpt)
+		done <- err
+	}()
+	go func() {
+		fwd := func(from io.Reader, to io.Writer, edit func([]byte) []byte) {
+			var h [wire.FrameHeaderSize]byte
+			if _, err := io.ReadFull(from, h[:]); err != nil {
+				return
+			}
+			_, n, _ := wire.ParseFrameHeader(h[:])
+			body := make([]byte, n)
+			io.ReadFull(from, body)
+			if edit != nil {
+				body = edit(body)
+			}
+			to.Write(wire.AppendFrame(nil, wire.KindAuth, body))
+		}
+		fwd(r, r2, func(b []byte) []byte {
+			h, err := wire.DecodeHello(b)
+			if err != nil {
+				return b
+			}
+			h.Name = "prefill-8"
+			return wire.AppendHello(nil, h)
+		})
+		fwd(r2, r, nil)
+		fwd(r, r2, nil)
+		fwd(r2, r, nil)
+	}()
+	_, err := peerauth.ClientSession(c, s, "client-instance", time.Now().Add(5*time.Second), peerauth.SessionOptions{Channel: session.Control, Name: "prefill-7"})
+	if err == nil {
+		t.Fatal("a renamed initiator opened a session")
+	}
+	if err := <-done; errs.CodeOf(err) != errs.Unauthenticated {
+		t.Fatalf("server: %v, want Unauthenticated", err)
+	}
+}

@@ -19,7 +19,8 @@ const (
 	// AuthVersionIdentity is version 2 whose accepting CHALLENGE also
 	// names the server's segment and RPC address, so the session proves
 	// which segment the initiator reached, not only that it holds the
-	// secret (spec.md, "Exchange, version 3").
+	// secret, and whose HELLO names the initiator's segment, so the
+	// server knows who calls (spec.md, "Exchange, version 3").
 	AuthVersionIdentity = 3
 	// MaxAuthBody bounds the body of an authentication frame.
 	MaxAuthBody = 1536
@@ -105,6 +106,10 @@ type Hello struct {
 	Nonce    [AuthNonceSize]byte
 	KeyIDs   [][AuthKeyIDSize]byte
 	Instance string
+	// Name is the initiator's own segment name (version 3 only; empty:
+	// none, as for an engine that publishes no segment). The server's
+	// RESULT MAC covers it, so the server knows which segment is calling.
+	Name string
 }
 
 // Challenge is the server's answer to Hello.
@@ -144,7 +149,12 @@ func AppendHello(dst []byte, h *Hello) []byte {
 		dst = append(dst, id[:]...)
 	}
 	dst = append(dst, uint8(len(h.Instance)))
-	return append(dst, h.Instance...)
+	dst = append(dst, h.Instance...)
+	if h.Version == AuthVersionIdentity {
+		dst = binary.LittleEndian.AppendUint16(dst, uint16(len(h.Name)))
+		dst = append(dst, h.Name...)
+	}
+	return dst
 }
 
 // DecodeHello decodes a HELLO body: version 2's layout when its version
@@ -181,10 +191,22 @@ func DecodeHello(b []byte) (*Hello, error) {
 	}
 	p = p[k*AuthKeyIDSize:]
 	n := int(p[0])
-	if n == 0 || n > MaxAuthInstance || len(p) != 1+n {
+	named := h.Version == AuthVersionIdentity
+	if n == 0 || n > MaxAuthInstance || len(p) < 1+n || !named && len(p) != 1+n {
 		return nil, authErr("HELLO instance of %d bytes in %d", n, len(p)-1)
 	}
-	h.Instance = string(p[1:])
+	h.Instance = string(p[1 : 1+n])
+	if named {
+		p = p[1+n:]
+		if len(p) < 2 {
+			return nil, authErr("HELLO without the initiator's name")
+		}
+		ln := int(binary.LittleEndian.Uint16(p))
+		if ln > MaxAuthName || len(p) != 2+ln {
+			return nil, authErr("HELLO name of %d bytes in %d", ln, len(p)-2)
+		}
+		h.Name = string(p[2:])
+	}
 	return h, nil
 }
 

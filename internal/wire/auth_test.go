@@ -19,6 +19,14 @@ func TestAuthMessagesRoundTrip(t *testing.T) {
 	if err != nil || h2.Instance != h.Instance || h2.Nonce != h.Nonce || len(h2.KeyIDs) != 2 || h2.KeyIDs[1] != h.KeyIDs[1] {
 		t.Fatal(h2, err)
 	}
+	named := &Hello{Version: AuthVersionIdentity, Mode: SessionIntegrity, Instance: "i", Name: "prefill-0", KeyIDs: h.KeyIDs[:1]}
+	if h3, err := DecodeHello(AppendHello(nil, named)); err != nil || h3.Name != "prefill-0" || h3.Instance != "i" {
+		t.Fatal(h3, err)
+	}
+	named.Name = ""
+	if h3, err := DecodeHello(AppendHello(nil, named)); err != nil || h3.Name != "" {
+		t.Fatal(h3, err)
+	}
 	c := &Challenge{Version: AuthVersion, Status: AuthProceed, KeyIndex: 1, Instance: "srv"}
 	c.Nonce[5] = 7
 	c2, err := DecodeChallenge(AppendChallenge(nil, c))
@@ -48,6 +56,11 @@ func TestAuthMessagesRefuseMalformed(t *testing.T) {
 		"instance too big": AppendHello(nil, &Hello{Version: AuthVersion, Instance: string(bytes.Repeat([]byte{'a'}, MaxAuthInstance+1))}),
 		"truncated":        good[:len(good)-1],
 	}
+	v3 := AppendHello(nil, &Hello{Version: AuthVersionIdentity, Instance: "x", Name: "seg"})
+	bad["v3 without its name"] = v3[:len(v3)-5]
+	bad["v3 name cut"] = v3[:len(v3)-1]
+	bad["v3 trailing"] = append(append([]byte(nil), v3...), 0)
+	bad["v3 name too big"] = AppendHello(nil, &Hello{Version: AuthVersionIdentity, Instance: "x", Name: string(bytes.Repeat([]byte{'a'}, MaxAuthName+1))})
 	for name, b := range bad {
 		if _, err := DecodeHello(b); errs.CodeOf(err) != errs.Protocol {
 			t.Errorf("HELLO %s: %v", name, err)
@@ -70,6 +83,7 @@ func FuzzDecodeHello(f *testing.F) {
 	f.Add([]byte{1, 1, 0})
 	f.Add(AppendHello(nil, &Hello{Version: 2, Mode: 2, Instance: "abc", KeyIDs: [][AuthKeyIDSize]byte{{1}, {2}}}))
 	f.Add(AppendHello(nil, &Hello{Version: 2, Instance: "abc"}))
+	f.Add(AppendHello(nil, &Hello{Version: 3, Mode: 3, Instance: "abc", Name: "seg", KeyIDs: [][AuthKeyIDSize]byte{{1}}}))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		h, err := DecodeHello(data)
 		if err != nil {

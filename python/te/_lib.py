@@ -82,6 +82,11 @@ class Notify(Structure):
     _fields_ = [("name", c_char_p), ("msg", c_void_p), ("msg_len", c_uint64)]
 
 
+class NotifyFrom(Structure):
+    _fields_ = [("name", c_char_p), ("msg", c_void_p), ("msg_len", c_uint64),
+                ("sender", c_char_p), ("sender_instance", c_char_p)]
+
+
 class Probe(Structure):
     _fields_ = [("rtt_ns", c_uint64), ("version", c_uint64), ("instance", c_char * 40)]
 
@@ -161,7 +166,8 @@ PROTOTYPES = {
     "te_free_batch": [batch_t],
     "te_notify_send": [engine_t, c_char_p, c_char_p, c_char_p, c_size_t],
     "te_notify_drain": [engine_t, POINTER(POINTER(Notify)), POINTER(c_size_t)],
-    "te_notify_free": [POINTER(Notify)],
+    "te_notify_drain_from": [engine_t, POINTER(POINTER(NotifyFrom)), POINTER(c_size_t)],
+    "te_notify_free": [c_void_p],
     "te_probe": [engine_t, c_char_p, POINTER(Probe)],
     # ABI 1.1: layouts, plans, handoff
     "te_layout_create": [c_char_p, POINTER(layout_t)],

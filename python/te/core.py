@@ -577,19 +577,31 @@ class Engine:
         lib = _lib.load()
         check(lib.te_notify_send(self.handle, _b(segment), _b(name), m, len(m)), lib)
 
-    def notifies(self):
-        """Drain received notifications: [(name, msg bytes)], oldest first."""
+    def notifies(self, senders=False):
+        """Drain received notifications, oldest first: [(name, msg bytes)],
+        or with senders=True [(name, msg bytes, sender, sender_instance)],
+        where sender and sender_instance are the sending engine's segment
+        name and instance as its authenticated session proved them ("" where
+        nothing is proven: no cluster secret, a Mooncake peer). Decide who
+        sent a notification by those, never by its name or message."""
         lib = _lib.load()
-        p = ctypes.POINTER(_lib.Notify)()
+        p = ctypes.POINTER(_lib.NotifyFrom if senders else _lib.Notify)()
         n = c_size_t()
-        check(lib.te_notify_drain(self.handle, byref(p), byref(n)), lib)
+        drain = lib.te_notify_drain_from if senders else lib.te_notify_drain
+        check(drain(self.handle, byref(p), byref(n)), lib)
         if n.value == 0:
             return []
         try:
-            return [(p[i].name.decode("utf-8", "replace"), ctypes.string_at(p[i].msg, p[i].msg_len))
-                    for i in range(n.value)]
+            out = []
+            for i in range(n.value):
+                e = p[i]
+                item = (e.name.decode("utf-8", "replace"), ctypes.string_at(e.msg, e.msg_len))
+                if senders:
+                    item += (e.sender.decode("utf-8", "replace"), e.sender_instance.decode("utf-8", "replace"))
+                out.append(item)
+            return out
         finally:
-            lib.te_notify_free(p)
+            lib.te_notify_free(ctypes.cast(p, ctypes.c_void_p))
 
     def probe(self, segment):
         """Check that the segment's engine answers: {rtt_ns, version, instance}."""

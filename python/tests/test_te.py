@@ -93,7 +93,8 @@ class LayoutTest(unittest.TestCase):
     STRUCTS = {
         "te_config_t": te._lib.Config, "te_stats_t": te._lib.Stats, "te_task_status_t": te._lib.TaskStatus,
         "te_batch_status_t": te._lib.BatchStatus, "te_probe_t": te._lib.Probe, "te_region_t": te._lib.Region,
-        "te_request_t": te._lib.Request, "te_notify_t": te._lib.Notify, "te_buffer_desc_t": te._lib.BufferDesc,
+        "te_request_t": te._lib.Request, "te_notify_t": te._lib.Notify, "te_notify_from_t": te._lib.NotifyFrom,
+        "te_buffer_desc_t": te._lib.BufferDesc,
         "te_layout_info_t": te._lib.LayoutInfo, "te_span_t": te._lib.Span, "te_plan_transfer_t": te._lib.PlanTransfer,
         "te_plan_stats_t": te._lib.PlanStats, "te_handoff_result_t": te._lib.HandoffResult,
         "te_handoff_status_t": te._lib.HandoffStatus,
@@ -146,6 +147,22 @@ class ConfigTest(unittest.TestCase):
         with self.assertRaises(TypeError):
             te.Engine(listen_addr="127.0.0.1:0", limits=[1])
         self.assertEqual(repr(te.Limits(max_conns=3)), "Limits(max_conns=3)")
+
+    def test_notification_senders(self):
+        """notifies(senders=True) gives the sender's proven segment and
+        instance with a secret, "" without one, whatever the name claims."""
+        for secret in ("s3cret-cluster-secret-0123", None):
+            kw = {"auth_secret": secret} if secret else {}
+            with te.Engine(listen_addr="127.0.0.1:0", **kw) as a, te.Engine(listen_addr="127.0.0.1:0", **kw) as b:
+                a.send_notify(b.name, "nixl/n/not-a", b"x")
+                got = []
+                for _ in range(500):
+                    got = b.notifies(senders=True)
+                    if got:
+                        break
+                    threading.Event().wait(0.01)
+                want = (a.name, a.probe(a.name)["instance"]) if secret else ("", "")
+                self.assertEqual(got, [("nixl/n/not-a", b"x") + want])
 
     def test_new_error_classes(self):
         self.assertIs(te.error_for(22, "m").__class__, te.AuthError)

@@ -311,6 +311,36 @@ int main(void) {
     }
     CHECK_OK(te_notify_free(list));
     CHECK_OK(te_notify_free(NULL));
+    /* With senders: nothing is proven without a secret. */
+    te_notify_from_t *from = NULL;
+    CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_notify_drain_from(e, NULL, &n));
+    CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_notify_drain_from(e, &from, NULL));
+    CHECK_OK(te_notify_send(e, name, "third", "c", 1));
+    CHECK_OK(te_notify_drain_from(e, &from, &n));
+    CHECK(n == 1);
+    if (n == 1)
+        CHECK(strcmp(from[0].name, "third") == 0 && from[0].msg_len == 1 && from[0].sender[0] == 0 &&
+              from[0].sender_instance[0] == 0);
+    CHECK_OK(te_notify_free((te_notify_t *)from));
+    {
+        /* With a secret the session proves who sent it. */
+        te_config_t sc = local_config();
+        sc.auth_secret = "errors.c cluster secret, 32 bytes...";
+        te_engine_t se = 0;
+        char sname[256];
+        te_probe_t sp;
+        CHECK_OK(te_create(&sc, &se));
+        CHECK_OK(te_segment_name(se, sname, sizeof sname));
+        CHECK_OK(te_probe(se, sname, &sp));
+        CHECK_OK(te_notify_send(se, sname, "signed", "d", 1));
+        from = NULL;
+        CHECK_OK(te_notify_drain_from(se, &from, &n));
+        CHECK(n == 1);
+        if (n == 1)
+            CHECK(strcmp(from[0].sender, sname) == 0 && strcmp(from[0].sender_instance, sp.instance) == 0);
+        CHECK_OK(te_notify_free((te_notify_t *)from));
+        CHECK_OK(te_destroy(se));
+    }
     te_probe_t pr;
     CHECK_OK(te_probe(e, name, &pr));
     CHECK(strlen(pr.instance) == 32 && pr.version > 0);

@@ -34,9 +34,14 @@ type Reserver struct {
 
 // CallInfo travels to a handler in its context (Info).
 type CallInfo struct {
-	Sender   string // budget key: "instance <proven id>", or "address <IP>"
-	Reserved uint64 // taken by the kind's Reserver before the body was read
-	Kept     uint64 // set by the handler: how much of Reserved it keeps
+	Sender string // budget key: "instance <proven id>", or "address <IP>"
+	// PeerName and PeerInstance are the calling engine's segment name and
+	// instance id as its session proved them; both empty without a
+	// secret (nothing is proven then) and for Mooncake peers, and
+	// PeerName is empty for an initiator that has no segment.
+	PeerName, PeerInstance string
+	Reserved               uint64 // taken by the kind's Reserver before the body was read
+	Kept                   uint64 // set by the handler: how much of Reserved it keeps
 }
 
 type callInfoKey struct{}

@@ -80,6 +80,8 @@ type srvConn struct {
 	ctx     context.Context // canceled when the connection ends
 	cancel  context.CancelFunc
 	sender  string          // budget key, set once authenticated
+	peer    string          // the initiator's proven segment name ("" without a secret)
+	peerID  string          // its proven instance ("" without a secret)
 	op      *session.Opener // the session's reading half (nil: none); the reader's
 	seal    *session.Sealer // its writing half, under wmu
 	slots   chan struct{}   // calls in flight on this connection
@@ -227,6 +229,7 @@ func (sc *srvConn) authenticate() bool {
 	}
 	if c.opt.Secret != nil {
 		sc.sender = "instance " + o.PeerInstance
+		sc.peer, sc.peerID = o.PeerName, o.PeerInstance
 	} else {
 		sc.sender = "address " + hostOf(sc.conn.RemoteAddr())
 	}
@@ -323,7 +326,7 @@ func (sc *srvConn) readCall() bool {
 			<-c.calls
 			done()
 		}()
-		ci := &CallInfo{Sender: sc.sender, Reserved: reserved}
+		ci := &CallInfo{Sender: sc.sender, PeerName: sc.peer, PeerInstance: sc.peerID, Reserved: reserved}
 		var flags uint8
 		var out []byte
 		if handler == nil {
