@@ -113,7 +113,11 @@ What differs from NIXL:
   (nixlNotFoundError, "ERR"), and deregistration returns once te no longer
   touches the file. Files are not in the agent metadata and another agent
   cannot reach them (nixlNotSupportedError), as with NIXL's storage
-  backends, though te itself can reach a peer's files over tcp.
+  backends: they are private te file segments, in no te descriptor a peer
+  reads, and te refuses every request to them but the agent's own, even
+  from an engine with the cluster secret that knows their address and
+  key. Path mode's "create" opens O_NOFOLLOW: a symbolic link at the path
+  is refused (nixlBackendError), not followed.
 * Not here: memory views (prep_mem_view), estimate_xfer_cost
   (nixlNotSupportedError), OBJ/BLK memory.
 * Not in NIXL: nixl_agent.close() stops an agent at once;
