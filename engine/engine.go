@@ -47,8 +47,13 @@ type Engine struct {
 	// changed; cached transport choices older than it are made again.
 	reachEpoch atomic.Uint64
 
-	ctrl    *ctrl.Plane // the control plane: handlers here, connections there
-	desc    atomic.Pointer[segment.Desc]
+	ctrl *ctrl.Plane // the control plane: handlers here, connections there
+	desc atomic.Pointer[segment.Desc]
+	// own is the descriptor this engine's own requests resolve against:
+	// desc plus the private storage buffers (RegisterFile without
+	// Remote), which no peer is shown. It is desc itself when there are
+	// none.
+	own     atomic.Pointer[segment.Desc]
 	version atomic.Uint64
 
 	segMu sync.Mutex
@@ -408,11 +413,25 @@ func (e *Engine) publish() error {
 		t.Describe(d)
 	}
 	e.mooncakeProtocol(d)
+	own := d
 	for _, r := range e.reg.Regions() {
-		if r.Remote && !r.Closing() {
+		private := !r.Remote && r.Storage != nil
+		if r.Closing() || !(r.Remote || private) {
+			continue
+		}
+		if private && own == d {
+			c := *d
+			c.Buffers = append([]segment.BufferDesc(nil), d.Buffers...)
+			own = &c
+		}
+		if r.Remote {
 			d.Buffers = append(d.Buffers, r.Desc)
 		}
+		if own != d {
+			own.Buffers = append(own.Buffers, r.Desc) // in address order, as Find needs
+		}
 	}
+	e.own.Store(own)
 	e.desc.Store(d)
 	if e.store == nil {
 		return nil

@@ -19,10 +19,12 @@ const LocationFile = "file"
 
 // FileOptions tune RegisterFile.
 type FileOptions struct {
-	// Remote publishes the range in the descriptor. It is required:
-	// requests (this engine's own included) reach a file through the
-	// segment, since a file is never a request's local side. Peers reach
-	// it only with the cluster secret and the buffer's key.
+	// Remote publishes the range in the descriptor: peers reach it with
+	// the cluster secret and the buffer's key. Without it the file is
+	// private: in no descriptor a peer reads, refused to every request
+	// but this engine's own (which address it through the engine's own
+	// segment, as they address a published file), so only the process
+	// that registered it moves its bytes (NIXL's local storage).
 	Remote bool
 	// Create makes the file (mode 0600) if it does not exist and extends
 	// it to hold the range.
@@ -60,12 +62,6 @@ func (e *Engine) RegisterFileFD(fd int, offset, length uint64, o FileOptions) (u
 func (e *Engine) registerFile(spec transport.FileSpec, remote bool) (uint64, error) {
 	if err := e.live("register file"); err != nil {
 		return 0, err
-	}
-	if !remote {
-		// Requests reach a file through the segment's descriptor, even
-		// this engine's own; a file can never be a request's local side.
-		return 0, errs.New(errs.InvalidArgument, "register file", "a file buffer must be published (FileOptions.Remote, TE_FILE_REMOTE)").
-			WithHint("requests address files through the segment; peers still need the cluster secret and the buffer's key")
 	}
 	var opener transport.FileOpener
 	for _, t := range e.transports {

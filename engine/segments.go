@@ -208,7 +208,7 @@ func (e *Engine) verifyRecord(key, name string, b []byte) ([]byte, error) {
 // first when a transfer marked it stale.
 func (e *Engine) current(st *segState) (*segment.Desc, error) {
 	if st.local {
-		return e.desc.Load(), nil
+		return e.own.Load(), nil
 	}
 	d := st.desc.Load()
 	if !st.stale.Load() {

@@ -73,7 +73,8 @@ extern "C" {
  * te_local_topology, and renamed some struct tags (the _t names stay). 1.3
  * added storage buffers (te_register_file, TE_FILE_* flags) and the
  * TE_ERR_IO and TE_ERR_NO_SPACE codes, te_version and te_metrics. 1.4
- * added te_cxl_memory, te_warmup_segment and the te_store_* functions. */
+ * added te_cxl_memory, te_warmup_segment, the te_store_* functions and
+ * private files (te_register_file without TE_FILE_REMOTE). */
 #define TE_ABI_VERSION_MAJOR 1
 #define TE_ABI_VERSION_MINOR 4
 #define TE_ABI_VERSION ((TE_ABI_VERSION_MAJOR << 16) | TE_ABI_VERSION_MINOR)
@@ -555,7 +556,7 @@ int te_register(te_engine_t engine, void *addr, uint64_t length, const char *loc
 int te_unregister(te_engine_t engine, void *addr);
 
 /* Flags of te_register_file. */
-#define TE_FILE_REMOTE 1u    /* publish the buffer (required): requests reach it through the segment */
+#define TE_FILE_REMOTE 1u    /* publish the buffer: peers reach it; without it the file is private */
 #define TE_FILE_CREATE 2u    /* create the file (mode 0600) if missing, extend it to hold the range */
 #define TE_FILE_READ_ONLY 4u /* refuse writes into the file */
 #define TE_FILE_NO_DIRECT 8u /* keep every I/O in the page cache, even where O_DIRECT works */
@@ -568,10 +569,15 @@ int te_unregister(te_engine_t engine, void *addr);
  * ends only once the kernel no longer touches its memory. The address is
  * reserved, never mapped: never dereference it, and never use it as a
  * request's local side. length 0 means up to the file's current end.
- * TE_FILE_REMOTE is required in this version: the buffer is published
- * (location "file", with its direct-I/O alignment) and requests, this
- * engine's own included, reach it through the segment; peers reach it over
- * tcp, behind the cluster secret and the buffer's key.
+ * Requests, this engine's own included, address it through the engine's
+ * segment. With TE_FILE_REMOTE the buffer is published (location "file",
+ * with its direct-I/O alignment) and peers reach it over tcp, behind the
+ * cluster secret and the buffer's key. Without it (ABI 1.4; 1.3 refused it
+ * with TE_ERR_INVALID_ARGUMENT) the file is private: it is in no descriptor
+ * a peer reads, and the owner refuses every request to it but this
+ * engine's own (TE_ERR_ACCESS_DENIED, even with the right address and key),
+ * so only this process moves its bytes; te_segment_buffers of the engine's
+ * own segment lists it.
  * path names the file (the library opens it); with path NULL, fd is a file
  * descriptor open for reading (and writing), which the library duplicates:
  * the caller may close it on return. Aligned I/O goes O_DIRECT where the file
@@ -583,7 +589,7 @@ int te_unregister(te_engine_t engine, void *addr);
  * Blocks: yes (opening the file, publishing) | Thread-safe: yes | Errors:
  * TE_ERR_INVALID_ARGUMENT (NULL addr, both or neither of path and fd, a
  * range past the end of a file opened without TE_FILE_CREATE, not a regular
- * file or block device, unknown flags, no TE_FILE_REMOTE), TE_ERR_NOT_FOUND (no such file),
+ * file or block device, unknown flags), TE_ERR_NOT_FOUND (no such file),
  * TE_ERR_ACCESS_DENIED, TE_ERR_NO_SPACE (extending it),
  * TE_ERR_TRANSPORT_UNAVAILABLE (the file transport is not installed). */
 int te_register_file(te_engine_t engine, const char *path, int32_t fd, uint64_t offset, uint64_t length,

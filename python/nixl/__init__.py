@@ -93,7 +93,16 @@ What differs from NIXL:
   limits: 64 MiB of notifications drained but not yet taken by
   get_new_notifs (the listener then leaves the rest in te, whose budget
   refuses senders), metadata of 65,536 agents, 2M ranges per agent, 4,096
-  queued background sends.
+  queued background sends. Per source of listener messages (today the te
+  segment a message claims: its agent's for pushed metadata, the reply's
+  for a metadata request; te notifications carry no proven sender yet):
+  16 agents announced, 2M ranges held, one queued reply; 4M ranges for
+  every source's pushed metadata together. Metadata past a bound is
+  refused (logged). Replies to peers' metadata requests have their own
+  queue (64) and thread, so no flood of requests delays the agent's own
+  sends; a queued job not started within its deadline (own sends 60 s,
+  replies 10 s) is dropped with a warning, and a started send gives up
+  after te's RPC timeout (5 s).
 * Files (FILE_SEG) are te file segments. register_memory takes NIXL's two
   modes: path mode ("<ro|rw>[,direct][,sync][,noatime][,create]:<path>" in
   the metadata, a device id of its own per file; the agent opens the file
@@ -113,7 +122,11 @@ What differs from NIXL:
   (nixlNotFoundError, "ERR"), and deregistration returns once te no longer
   touches the file. Files are not in the agent metadata and another agent
   cannot reach them (nixlNotSupportedError), as with NIXL's storage
-  backends, though te itself can reach a peer's files over tcp.
+  backends: they are private te file segments, in no te descriptor a peer
+  reads, and te refuses every request to them but the agent's own, even
+  from an engine with the cluster secret that knows their address and
+  key. Path mode's "create" opens O_NOFOLLOW: a symbolic link at the path
+  is refused (nixlBackendError), not followed.
 * Not here: memory views (prep_mem_view), estimate_xfer_cost
   (nixlNotSupportedError), OBJ/BLK memory.
 * Not in NIXL: nixl_agent.close() stops an agent at once;

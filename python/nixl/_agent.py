@@ -8,7 +8,10 @@ pushes and invalidations travel as te notifications under reserved names
 everything else te carries. User notifications travel as "nixl/n/<sender
 agent>". A background thread drains the engine's notifications while the
 listener is on (te has no blocking notification wait; it polls every
-5 ms); every API call that reads notifications drains them as well.
+5 ms) and runs the agent's own sends; every API call that reads
+notifications drains them as well. Replies to peers' metadata requests run
+on a thread and queue of their own, and what each source of listener
+messages can make the agent hold or queue is bounded (nixl._bounds).
 
 Transfers: a prepared list keeps its descriptors as a (n, 3) uint64 array;
 make_prepped_xfer turns the selected pairs into one array of te_request_t
@@ -27,7 +30,6 @@ import itertools
 import json
 import logging
 import os
-import queue
 import threading
 import time
 import weakref
@@ -38,7 +40,7 @@ import numpy as np
 import te
 from te import _lib
 
-from . import _backends, _etcd, _files, _meta
+from . import _backends, _bounds, _etcd, _files, _meta
 from ._descs import nixlRegDList, nixlXferDList
 from ._types import (MEM_NAME, from_te, nixl_mem_t, nixl_status_t, nixl_thread_sync_t, nixlBackendError,
                      nixlInvalidParamError, nixlNoTelemetryError, nixlNotAllowedError, nixlNotFoundError,
@@ -57,6 +59,24 @@ MAX_REMOTE_AGENTS = 65536
 MAX_PENDING_NOTIF_BYTES = 64 << 20
 MAX_REMOTE_RANGES = 1 << 21
 MAX_TASKS = 4096
+# Per source of listener messages (nixl._bounds: today the identity a
+# message claims): agents announced, ranges their metadata holds, and
+# replies to metadata requests queued; and the ranges every source's
+# metadata holds in all. Metadata the application loads itself
+# (add_remote_agent, etcd) is not charged to a source.
+MAX_AGENTS_PER_SOURCE = 16
+MAX_RANGES_PER_SOURCE = MAX_REMOTE_RANGES
+MAX_LISTENER_RANGES = 1 << 22
+MAX_REPLIES = 64
+MAX_REPLIES_PER_SOURCE = 1
+# A background job not started this long after it was queued is dropped
+# (logged): the agent's own sends, and replies to metadata requests, which
+# have their own queue and thread so that no flood of requests delays the
+# agent's own sends. A started send ends within te's RPC timeout (5 s), so
+# a send to a silent peer gives up at most TTL + 5 s after it was queued.
+TASK_TTL_S = 60.0
+REPLY_TTL_S = 10.0
+MAX_REPLY_TARGET = 1024  # characters of a reply segment name
 ETCD_WATCH_POLL_S = 0.05
 MAX_ETCD_FETCHES = 64  # etcd fetches waiting at once (each up to _etcd.WATCH_TIMEOUT_S)
 LISTEN_POLL_S = 0.005
@@ -222,8 +242,8 @@ class _Remote:
     """What an agent knows of a peer: its te segment, instance, the ranges
     its metadata listed, and the open segment handle."""
 
-    __slots__ = ("name", "segment", "instance", "listener", "tables", "seg", "gen", "stale", "checking",
-                 "__weakref__")
+    __slots__ = ("name", "segment", "instance", "listener", "tables", "seg", "gen", "stale", "checking", "source",
+                 "charged", "__weakref__")
 
     def __init__(self, name, segment, instance, listener, gen):
         self.name, self.segment, self.instance, self.listener, self.gen = name, segment, instance, listener, gen
@@ -231,8 +251,12 @@ class _Remote:
         self.seg = None
         self.stale = False
         self.checking = False
+        self.source = None  # the listener source its ranges are charged to (nixl._bounds)
+        self.charged = 0
 
-    def load(self, sections, partial):
+    def build(self, sections, partial):
+        """The tables this metadata makes (added to the current ones when
+        partial) and their range count; nothing changes yet."""
         if partial:
             tables = dict(self.tables)
             for mt, rows in sections.items():
@@ -243,7 +267,7 @@ class _Remote:
         n = sum(len(t.starts) for t in tables.values())
         if n > MAX_REMOTE_RANGES:
             raise nixlNotAllowedError(f"metadata of {self.name!r} would hold {n} ranges, over {MAX_REMOTE_RANGES}")
-        self.tables = tables
+        return tables, n
 
     def contains(self, mt, rows):
         t = self.tables.get(mt)
@@ -363,10 +387,13 @@ class nixlAgent:
         self._self_remote = None
         self._notifs = {}
         self._deferred = []  # te batches of transfer handles dropped without release
-        self._queue = queue.Queue(maxsize=MAX_TASKS)
+        self._tasks = _bounds.Jobs(MAX_TASKS)  # the agent's own sends and probes
+        self._replies = _bounds.Jobs(MAX_REPLIES, MAX_REPLIES_PER_SOURCE)  # answers to peers' requests
+        self._sources = _bounds.Sources(MAX_AGENTS_PER_SOURCE, MAX_RANGES_PER_SOURCE, MAX_LISTENER_RANGES)
         self._pending_bytes = 0
         self._stop = threading.Event()
         self._worker = None
+        self._replier = None
         self._warned = set()
         self._fetches = threading.BoundedSemaphore(MAX_ETCD_FETCHES)
         self._etcd_watcher = None
@@ -386,7 +413,7 @@ class nixlAgent:
     def _start_worker(self):
         with self._lock:
             if self._worker is None and not self._stop.is_set():
-                t = threading.Thread(target=_worker_main, args=(weakref.ref(self), self._queue, self._stop),
+                t = threading.Thread(target=_worker_main, args=(weakref.ref(self), self._tasks, self._stop),
                                      name=f"nixl-agent-{self.name}", daemon=True)
                 self._worker = t
                 self._finalizer.detach()
@@ -395,12 +422,31 @@ class nixlAgent:
                 t.start()
 
     def _post_task(self, fn, what="send"):
+        """Queue one of the agent's own background jobs (TASK_TTL_S to
+        start); nixlBackendError when MAX_TASKS are queued."""
         self._start_worker()
         try:
-            self._queue.put_nowait(fn)
-        except queue.Full:
-            raise nixlBackendError(f"agent {self.name!r} has {MAX_TASKS} background sends queued; {what} refused") \
-                from None
+            self._tasks.put(fn, what, TASK_TTL_S)
+        except nixlBackendError as e:
+            raise nixlBackendError(f"agent {self.name!r}: {e}") from None
+
+    def _post_reply(self, fn, what, source, target):
+        """Queue a reply to a peer's request on the replies' own queue and
+        thread (REPLY_TTL_S to start, MAX_REPLIES in all, MAX_REPLIES_PER_SOURCE
+        per source, one per target: a request repeated while its reply
+        waits is answered by that reply). Refusals are logged, not raised:
+        the peer's message is what is refused."""
+        try:
+            self._replies.put(fn, what, REPLY_TTL_S, source=source, key=target)
+        except nixlBackendError as e:
+            log.debug("nixl agent %s: %s", self.name, e)
+            return
+        with self._lock:
+            if self._replier is None and not self._stop.is_set():
+                t = threading.Thread(target=_reply_main, args=(weakref.ref(self), self._replies, self._stop),
+                                     name=f"nixl-reply-{self.name}", daemon=True)
+                self._replier = t
+                t.start()
 
     def close(self):
         """Stop the agent: its engine, listener and every transfer (te ends
@@ -611,16 +657,19 @@ class nixlAgent:
                 items = self._engine.notifies()
             except te.TeError as e:
                 raise from_te(e, "notifications") from e
-            for name, msg in items:
+            for item in items:
+                # (name, msg); a te that proves who sent a notification
+                # adds the sender, which then becomes the message's source.
+                name, msg = item[0], item[1]
                 if name.startswith(CTRL_PREFIX):
-                    self._control(name[len(CTRL_PREFIX):], msg)
+                    self._control(name[len(CTRL_PREFIX):], msg, item[2] if len(item) > 2 else None)
                     continue
                 if name.startswith(NOTIF_PREFIX):
                     name = name[len(NOTIF_PREFIX):]
                 self._notifs.setdefault(name, []).append(msg)
                 self._pending_bytes += len(msg) + len(name)
 
-    def _control(self, kind, msg):
+    def _control(self, kind, msg, sender=None):
         if not self._listening:
             if "ctrl" not in self._warned:
                 self._warned.add("ctrl")
@@ -629,17 +678,18 @@ class nixlAgent:
             return
         try:
             if kind == "put":
-                name = self._load(msg, eager=False)
+                name = self._load(msg, eager=False, listener=True, sender=sender)
                 log.debug("nixl agent %s: loaded metadata of %s from the listener", self.name, name)
             elif kind == "get":
                 req = _json(msg)
                 want, reply = req.get("want"), req.get("reply")
-                if want != self.name or not isinstance(reply, str) or not reply:
+                if want != self.name or not isinstance(reply, str) or not reply or len(reply) > MAX_REPLY_TARGET:
                     log.debug("nixl agent %s: metadata request for %r ignored", self.name, want)
                     return
-                # Made and sent by the worker: it probes te, which must not
-                # happen under the lock a drain holds.
-                self._post_task(lambda a, s=reply: a._send_ctrl(s, "put", a.getLocalMD()), "metadata reply")
+                # Made and sent by the reply thread: it probes te, which
+                # must not happen under the lock a drain holds.
+                self._post_reply(lambda a, s=reply: a._send_ctrl(s, "put", a.getLocalMD()), "metadata reply",
+                                 _bounds.source_of(sender, reply), reply)
             elif kind == "inv":
                 req = _json(msg)
                 name, inst = req.get("name"), req.get("instance")
@@ -728,30 +778,48 @@ class nixlAgent:
         self._live()
         return self._load(md, eager=True).encode()
 
-    def _load(self, blob, eager):
+    def _load(self, blob, eager, listener=False, sender=None):
+        """Load metadata. listener: it came through the listener, from
+        sender (te's proven sender, when it has one), and is charged to its
+        source (nixl._bounds), refused past the source's bounds."""
         md = _meta.decode(blob)
         if md.name == self.name:
             return md.name  # this agent itself: loopback needs no metadata
         created = False
         with self._lock:
             r = self._remotes.get(md.name)
+            source = None
+            if listener:
+                claimed = md.segment if md.conn else (r.source or r.segment) if r is not None else None
+                source = _bounds.source_of(sender, claimed)
+                incoming = sum(len(v) for v in md.sections.values())
+                if incoming > MAX_RANGES_PER_SOURCE:  # refused before any table is built
+                    self._sources.refused += 1
+                    raise nixlNotAllowedError(f"metadata of {md.name!r} from {source!r} holds {incoming} ranges, over "
+                                              f"{MAX_RANGES_PER_SOURCE} per source")
             if md.conn and (r is None or r.instance != md.instance or r.segment != md.segment):
                 if r is None and len(self._remotes) >= MAX_REMOTE_AGENTS:
                     raise nixlNotAllowedError(f"agent {self.name!r} holds metadata of {MAX_REMOTE_AGENTS} agents")
                 fresh = _Remote(md.name, md.segment, md.instance, md.listener, next(self._gen))
-                fresh.load(md.sections, md.partial)  # may refuse: nothing changed then
+                # Either may refuse: nothing changed then.
+                fresh.tables, n = fresh.build(md.sections, md.partial)
+                self._sources.check(source, r, n, md.name)
                 if r is not None:
                     log.info("nixl agent %s: %s restarted or moved (te instance %s at %s -> %s at %s): metadata "
                              "refreshed", self.name, md.name, r.instance, r.segment, md.instance, md.segment)
                     self._drop(r)
                 r = fresh
                 self._remotes[md.name] = r
+                self._sources.charge(r, source, n)
                 created = True
             elif r is None or (r.stale and not md.conn):
                 raise nixlNotFoundError(f"metadata of {md.name!r} without connection info, and no earlier metadata "
                                         f"with it: send it with inc_conn_info=True first")
             else:
-                r.load(md.sections, md.partial)
+                tables, n = r.build(md.sections, md.partial)
+                self._sources.check(source, r, n, md.name)
+                r.tables = tables
+                self._sources.charge(r, source, n)
                 if r.seg is not None:
                     # The same peer with new registrations: te's cached
                     # descriptor may lack them (te refetches a descriptor on
@@ -804,6 +872,7 @@ class nixlAgent:
     def _drop(self, r):
         if self._remotes.get(r.name) is r:
             del self._remotes[r.name]
+            self._sources.release(r)
         r.gen = -1
         seg, r.seg = r.seg, None
         _close(seg)
@@ -1309,25 +1378,52 @@ def _engine_args(cfg, listening):
     return args
 
 
+def _run(a, q, job, stop):
+    if q.expire(job):
+        log.warning("nixl agent %s: %s dropped: not started within its %.0f s", a.name, job.what,
+                    TASK_TTL_S if q is a._tasks else REPLY_TTL_S)
+        return
+    try:
+        job.fn(a)
+    except Exception as e:
+        if not stop.is_set():
+            log.warning("nixl agent %s: background %s failed: %s", a.name, job.what, e)
+
+
 def _worker_main(ref, q, stop):
-    """The agent's background thread: runs queued sends and probes, and
-    drains the listener while it is on. Holds the agent only weakly."""
+    """The agent's background thread: runs its own queued sends and
+    probes, and drains the listener while it is on. Holds the agent only
+    weakly."""
     while not stop.is_set():
-        try:
-            task = q.get(timeout=LISTEN_POLL_S)
-        except queue.Empty:
-            task = None
+        job = q.get(LISTEN_POLL_S)
         a = ref()
         if a is None:
             return
         try:
-            if task is not None:
-                task(a)
+            if job is not None:
+                _run(a, q, job, stop)
             if a._listening and not stop.is_set():
                 a._pump()
         except Exception as e:
             if not stop.is_set():
                 log.warning("nixl agent %s: background task failed: %s", a.name, e)
+        finally:
+            del a
+
+
+def _reply_main(ref, q, stop):
+    """Runs replies to peers' requests, apart from the agent's own sends:
+    a reply to a silent peer holds this thread only (te's RPC timeout).
+    Holds the agent only weakly."""
+    while not stop.is_set():
+        job = q.get(0.1)
+        if job is None:
+            continue
+        a = ref()
+        if a is None:
+            return
+        try:
+            _run(a, q, job, stop)
         finally:
             del a
 

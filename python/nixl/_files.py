@@ -6,11 +6,16 @@ NIXL has two modes: path mode, when the metadata reads
 create), where the agent opens the file itself; otherwise fd mode, where the
 device id is a file descriptor the caller opened. parse() tells them apart.
 
-Each registration becomes one te file segment (te.Engine.register_file on a
-descriptor: the caller's in fd mode, the one the agent opened with NIXL's
-flags in path mode, closed again at once since te works on duplicates and
-closes them when the range is unregistered). te answers with an address;
-byte k of the file is at address + (k - offset).
+Each registration becomes one private te file segment (te.Engine.register_file
+with remote=False on a descriptor: the caller's in fd mode, the one the
+agent opened with NIXL's flags in path mode, closed again at once since te
+works on duplicates and closes them when the range is unregistered). te
+answers with an address; byte k of the file is at address + (k - offset).
+Private: the file is in no te descriptor a peer reads, and te refuses every
+request to it but the agent's own engine's, even from an engine with the
+cluster secret that knows the address and key; NIXL's storage backends are
+local too. Path mode's "create" opens O_NOFOLLOW: a symbolic link at the
+path is refused (nixlBackendError) rather than followed.
 
 Transfer descriptors name the file as NIXL's do: (file offset, length,
 device id), the device id being the registration's (the fd in fd mode, the
@@ -95,6 +100,10 @@ def _open(d):
     fl = (os.O_RDONLY if d.access == "ro" else os.O_RDWR) | os.O_CLOEXEC
     for f in d.flags:
         fl |= _OPEN_FLAGS[f]
+    if fl & os.O_CREAT:
+        # A link planted where a file is to be created would make the
+        # agent extend and write whatever it points at (ELOOP instead).
+        fl |= os.O_NOFOLLOW
     try:
         return os.open(d.path, fl, 0o644)
     except OSError as e:
@@ -227,7 +236,9 @@ class FileRegistry:
                 raise nixlInvalidParamError(f"FILE_SEG {self._name(d)} is open O_APPEND: writes would land at the "
                                             f"file's end, not at their offsets; open it without O_APPEND")
             try:
-                addr = engine.register_file(fd=fd, offset=d.offset, length=length, create=True,
+                # Private (remote=False): in no descriptor a peer reads, and
+                # te refuses every request to it but this engine's own.
+                addr = engine.register_file(fd=fd, offset=d.offset, length=length, create=True, remote=False,
                                             direct=bool(fl & _OPEN_FLAGS["direct"]))
             except te.TeError as e:
                 raise from_te(e, f"FILE_SEG {self._name(d)}") from e

@@ -479,8 +479,11 @@ class Engine:
         releases it. Give path (the library opens the file) or fd (an open
         descriptor, duplicated: close yours when you like). length 0: up to
         the file's end. create makes the file and extends it to hold the
-        range; direct=False keeps every I/O in the page cache. The address is
-        reserved, never mapped: never read or write it from Python."""
+        range; direct=False keeps every I/O in the page cache. remote=False
+        keeps the file private: in no descriptor a peer reads, and refused
+        to every request but this engine's own (which address it through
+        the engine's own segment). The address is reserved, never mapped:
+        never read or write it from Python."""
         if (path is None) == (fd is None):
             raise InvalidArgument("give a path or an fd, not both or neither")
         flags = (1 if remote else 0) | (2 if create else 0) | (4 if read_only else 0) | (0 if direct else 8)

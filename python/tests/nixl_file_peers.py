@@ -109,3 +109,35 @@ def vram_files(conn, fake, path, size):
     a.deregister_memory(vreg)
     a.close()
     conn.send((states, files_ok, back_ok, backend, refused))
+
+
+def file_thief(conn, secret, segment, targets):
+    """Another process's te engine with the cluster secret, which knows an
+    agent's te segment and where its files are (targets: [(te address,
+    length)]): lists the segment's buffers, then READs each target into its
+    own memory and WRITEs 0xEE over it. Replies (the file buffers it saw,
+    [(op, address, outcome, bytes read)]), outcome being "COMPLETED" or the
+    te error class that refused it."""
+    import ctypes
+
+    import te
+
+    e = te.Engine(listen_addr="127.0.0.1:0", rpc_timeout=5, auth_secret=secret)
+    n = max(length for _, length in targets)
+    buf = ctypes.create_string_buffer(b"\xee" * n, n)
+    local = e.register(ctypes.addressof(buf), n)
+    seg = e.open_segment(segment)
+    seen = [b for b in seg.buffers() if b[2] == "file"]
+    out = []
+    for addr, length in targets:
+        for op in ("read", "write"):
+            ctypes.memset(buf, 0xEE, n)
+            try:
+                st = getattr(e, op)(seg, local, addr, length, timeout=30)
+                outcome = te.STATE_NAMES.get(st.state, str(st.state))
+            except te.TeError as err:
+                outcome = type(err).__name__
+            out.append((op, addr, outcome, buf.raw[:length] if op == "read" else b""))
+    seg.close()
+    e.close()
+    conn.send((seen, out))

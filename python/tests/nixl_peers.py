@@ -333,3 +333,59 @@ def etcd_target(conn, name, size, seed):
             agent.close()
             conn.send("bye")
             return
+
+
+def _rss():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def listener_victim(conn, secret):
+    """An agent "victim" with its listener on, under the cluster secret.
+    Sends (its te segment, its RSS in bytes); then answers "state" with
+    {remotes, ranges (held for its remotes), refused (listener metadata
+    refused over a per-source bound), rss} and "exit" with "bye"."""
+    os.environ["TE_AUTH_SECRET"] = secret
+    from nixl._api import nixl_agent, nixl_agent_config
+
+    a = nixl_agent("victim", nixl_agent_config(enable_listen_thread=True, listen_port=0))
+    ag = a.agent
+    conn.send((ag._segname, _rss()))
+    while True:
+        cmd = conn.recv()
+        if cmd == "state":
+            with ag._lock:
+                remotes = list(ag._remotes.values())
+                ranges = sum(sum(len(t.starts) for t in r.tables.values()) for r in remotes)
+            sources = getattr(ag, "_sources", None)
+            conn.send({"remotes": len(remotes), "ranges": ranges, "refused": sources.refused if sources else 0,
+                       "rss": _rss()})
+        elif cmd == "exit":
+            a.close()
+            conn.send("bye")
+            return
+
+
+def get_flooder(conn, secret, segment, want, reply, count):
+    """Another engine with the cluster secret sends count metadata requests
+    ("nixl/md/get") for agent want at segment, each asking for the reply at
+    reply. Replies the number te delivered (a receiver over its budget
+    refuses some; they are not retried)."""
+    import json
+
+    import te
+
+    e = te.Engine(listen_addr="127.0.0.1:0", rpc_timeout=5, auth_secret=secret)
+    req = json.dumps({"want": want, "from": "flooder", "reply": reply}).encode()
+    sent = 0
+    for _ in range(count):
+        try:
+            e.send_notify(segment, "nixl/md/get", req)
+            sent += 1
+        except te.ResourceExhausted:
+            pass
+    e.close()
+    conn.send(sent)

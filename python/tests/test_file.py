@@ -106,13 +106,24 @@ class LocalFileTest(unittest.TestCase):
         self.assertGreater(st["ops"], 0)
         self.e.unregister(fa)
 
+    def test_private_file(self):
+        # remote=False: this engine's own requests reach the file through
+        # its own segment; peers never see it (test_nixl_file.py,
+        # PrivateFilesTest: another process with the secret is refused).
+        fa = self.e.register_file(os.path.join(self.dir, "private"), length=MB, create=True, remote=False)
+        data = pattern(8, MB)
+        self.src.set(data)
+        self.assertEqual(move(self.e, self.seg, te.WRITE, self.src.addr, fa, MB, MB).state, te.COMPLETED)
+        self.assertEqual(move(self.e, self.seg, te.READ, self.dst.addr, fa, MB, 64 << 10).state, te.COMPLETED)
+        self.assertEqual(first_diff(self.dst.get(0, MB), data), -1)
+        self.assertIn((fa, MB, "file"), self.seg.buffers())
+        self.e.unregister(fa)
+
     def test_errors(self):
         with self.assertRaises(te.InvalidArgument):
             self.e.register_file()
         with self.assertRaises(te.InvalidArgument):
             self.e.register_file("x", fd=3)
-        with self.assertRaises(te.InvalidArgument):
-            self.e.register_file(os.path.join(self.dir, "x"), length=4096, create=True, remote=False)
         with self.assertRaises(te.NotFound):
             self.e.register_file(os.path.join(self.dir, "absent"), length=4096)
 

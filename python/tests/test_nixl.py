@@ -29,8 +29,8 @@ if np is not None:
     import nixl._bindings as nb
     import te
     from nixl._api import nixl_agent, nixl_agent_config, nixl_thread_sync_t
-    from nixl_peers import (kv_prefill, listener_target, plain_target, rdma_pair, sglang_decode, vram_reader,
-                            vram_target)
+    from nixl_peers import (get_flooder, kv_prefill, listener_target, listener_victim, plain_target, rdma_pair,
+                            sglang_decode, vram_reader, vram_target)
 
 from peers import MB, pattern
 from util import HERE, Peer, stop, wait_until
@@ -710,6 +710,126 @@ class ListenerTest(unittest.TestCase):
         self.t.send_local_metadata("127.0.0.1", self.iport)
         wait_until(lambda: self.i.check_remote_metadata("target"), what="pushed metadata")
         self.assertFalse(plain.check_remote_metadata("target"))
+
+
+class ListenerFloodTest(unittest.TestCase):
+    """te issue 30, item 9: what one source of listener messages can make
+    an agent hold, and that requests from peers cannot delay the agent's
+    own sends. Every party holds the cluster secret."""
+
+    def agent(self, name):
+        old = os.environ.get("TE_AUTH_SECRET")
+        os.environ["TE_AUTH_SECRET"] = SECRET  # read when the agent is made
+        try:
+            return agent(self, name, enable_listen_thread=True, listen_port=0)
+        finally:
+            if old is None:
+                del os.environ["TE_AUTH_SECRET"]
+            else:
+                os.environ["TE_AUTH_SECRET"] = old
+
+    def test_forged_agents_bounded_per_source(self):
+        # One engine announces 30 agents of 330,000 ranges each (what grew
+        # an agent from 60 to 406 MiB): past 16 agents or 2M ranges of one
+        # source (MAX_AGENTS_PER_SOURCE, MAX_RANGES_PER_SOURCE) the
+        # listener refuses the rest, and the agent's memory grows by what
+        # those ranges take, not by all of them.
+        from nixl import _meta
+
+        victim = Peer(listener_victim, SECRET, timeout=120)
+        self.addCleanup(victim.close)
+        self.addCleanup(victim.conn.send, "exit")
+        seg, rss0 = victim.recv()
+        e = te.Engine(listen_addr="127.0.0.1:0", rpc_timeout=5, auth_secret=SECRET)
+        self.addCleanup(e.close)
+        inst = e.probe(e.name)["instance"]
+        n, count = 330_000, 30
+        rows = np.zeros((n, 3), dtype=np.uint64)
+        rows[:, 0] = (1 << 32) + np.arange(n, dtype=np.uint64) * 4096
+        rows[:, 1] = 4096
+        for i in range(count):
+            blob = _meta.encode(_meta.Metadata(f"forged-{i}", True, e.name, inst, False, False,
+                                               {nb.DRAM_SEG: rows}))
+
+            def sent():
+                try:
+                    e.send_notify(seg, "nixl/md/put", blob)
+                    return True
+                except te.ResourceExhausted:
+                    return False  # the victim's te holds what it has not drained yet
+
+            wait_until(sent, 60, f"forged agent {i} delivered")
+        st = wait_until(lambda: (lambda s: s if s["remotes"] + s["refused"] >= count else None)(victim.ask("state")),
+                        120, "every forged agent loaded or refused")
+        grown = (st["rss"] - rss0) >> 20
+        self.assertLessEqual(st["remotes"], 16, st)
+        self.assertLessEqual(st["ranges"], 1 << 21, st)
+        self.assertGreater(st["refused"], 0, st)
+        # 2M ranges take 48 MiB of tables, and the allocators keep some of
+        # what decoding the refused ones took (about 130 MiB in all here);
+        # all 30 agents took 367 MiB.
+        self.assertLess(grown, 200, f"the agent grew by {grown} MiB: {st}")
+
+    def test_get_flood_does_not_delay_own_sends(self):
+        # 4,200 metadata requests whose replies go to a port that accepts
+        # and never answers (each reply waits te's RPC timeout, 5 s): the
+        # agent's own send_local_metadata still arrives at once, and the
+        # replies waiting stay bounded.
+        import nixl._agent as core
+
+        silent = socket.socket()
+        self.addCleanup(silent.close)
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)
+        v, honest = self.agent("victim"), self.agent("honest")
+        vseg = v.agent._segname
+        flood = Peer(get_flooder, SECRET, vseg, "victim", f"127.0.0.1:{silent.getsockname()[1]}", 4200, timeout=300)
+        try:
+            sent = flood.recv()
+        finally:
+            flood.close()
+        self.assertGreater(sent, 1000)
+        wait_until(lambda: v.agent._engine.stats()["notifies_received"] >= sent, 30, "the requests received")
+        wait_until(lambda: v.agent._engine.stats()["control"].get("notify_bytes", 0) == 0, 30,
+                   "the requests drained by the listener")
+        replies = getattr(v.agent, "_replies", None)
+        if replies is not None:
+            self.assertLessEqual(len(replies), core.MAX_REPLIES)
+        t0 = time.monotonic()
+        v.send_local_metadata("127.0.0.1", honest.agent._engine.rpc_port)
+        wait_until(lambda: honest.check_remote_metadata("victim"), 60, "the victim's own metadata")
+        took = time.monotonic() - t0
+        self.assertLess(took, 3.0, f"send_local_metadata arrived after {took:.1f} s")
+
+
+    def test_queued_replies_expire(self):
+        # Requests from three peers whose replies go to three silent ports:
+        # the first reply holds the reply thread for te's RPC timeout, and
+        # the two queued behind it pass their deadline (REPLY_TTL_S, made
+        # short here) and are dropped, not sent.
+        import json
+
+        import nixl._agent as core
+
+        saved = core.REPLY_TTL_S
+        core.REPLY_TTL_S = 0.2
+        self.addCleanup(setattr, core, "REPLY_TTL_S", saved)
+        ports = []
+        for _ in range(3):
+            s = socket.socket()
+            self.addCleanup(s.close)
+            s.bind(("127.0.0.1", 0))
+            s.listen(1)
+            ports.append(s.getsockname()[1])
+        v = self.agent("victim")
+        e = te.Engine(listen_addr="127.0.0.1:0", rpc_timeout=5, auth_secret=SECRET)
+        self.addCleanup(e.close)
+        for p in ports:
+            e.send_notify(v.agent._segname, "nixl/md/get",
+                          json.dumps({"want": "victim", "from": "x", "reply": f"127.0.0.1:{p}"}).encode())
+        q = v.agent._replies
+        wait_until(lambda: q.expired >= 2, 30, "two queued replies dropped at their deadline")
+        self.assertEqual(len(q), 0)
 
 
 class VllmTwoProcessTest(unittest.TestCase):

@@ -24,13 +24,14 @@ if np is not None:
     import nixl._bindings as nb
     import te
     from nixl._api import nixl_agent, nixl_agent_config
-    from nixl_file_peers import fsize_limited, vram_files
+    from nixl_file_peers import file_thief, fsize_limited, vram_files
 
 from peers import MB, first_diff, pattern
 from test_file import direct_dir
 from util import Peer
 
 SIZE = 4 * MB
+SECRET = "nixl-file-test-cluster-secret-0123456789"
 _log = logging.getLogger("nixl")
 
 
@@ -434,6 +435,95 @@ class FileSegTest(unittest.TestCase):
         q = self.a.query_memory([(0, 0, 0, path), (0, 0, 0, "rw:" + path), (0, 0, 0, self.path("none"))],
                                 "POSIX", "FILE")
         self.assertEqual([r and r["size"] for r in q], ["5", "5", None])
+
+
+class PrivateFilesTest(unittest.TestCase):
+    """Files registered through NIXL are private te file segments: another
+    engine with the cluster secret cannot reach them (te issue 30, item
+    10), and path mode's create does not follow a planted link."""
+
+    N = 64 << 10
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, self.dir, True)
+        old = os.environ.get("TE_AUTH_SECRET")
+        os.environ["TE_AUTH_SECRET"] = SECRET  # read when the agent is made
+        try:
+            self.a = nixl_agent("owner", nixl_agent_config(backends=["POSIX"]))
+        finally:
+            if old is None:
+                del os.environ["TE_AUTH_SECRET"]
+            else:
+                os.environ["TE_AUTH_SECRET"] = old
+        self.addCleanup(self.a.close)
+
+    def path(self, name):
+        return os.path.join(self.dir, name)
+
+    def test_another_engine_with_the_secret_is_refused(self):
+        # Another process's engine holds the secret and knows the agent's
+        # te segment and the te addresses of its files ("ro" and "rw"): it
+        # sees no file in the segment, its READs and WRITEs are refused and
+        # the files keep their bytes. (Over tcp with the right key as well:
+        # engine/transport/tcp TestPrivateFileRefusedOverTCP.)
+        a, n = self.a, self.N
+        data = {1: pattern(61, n), 2: pattern(62, n)}
+        for dev, access in ((1, "ro"), (2, "rw")):
+            with open(self.path(access), "wb") as f:
+                f.write(data[dev])
+        freg = a.register_memory([(0, n, 1, "ro:" + self.path("ro")), (0, n, 2, "rw:" + self.path("rw"))], "FILE")
+        addrs = {r.dev: r.addr for r in a.agent._files.regs.values()}
+        thief = Peer(file_thief, SECRET, a.agent._segname, [(addrs[1], n), (addrs[2], n)])
+        try:
+            seen, out = thief.recv()
+        finally:
+            thief.close()
+        self.assertEqual(seen, [], "the agent's files are in its te descriptor")
+        self.assertEqual(len(out), 4)
+        for op, addr, outcome, got in out:
+            self.assertNotEqual(outcome, "COMPLETED", f"another engine's {op} of the file at {addr:#x}")
+            if op == "read":
+                self.assertEqual(got, b"\xee" * n, "file bytes reached another engine")
+        for dev, access in ((1, "ro"), (2, "rw")):
+            with open(self.path(access), "rb") as f:
+                self.assertEqual(f.read(), data[dev], f"the {access} file changed")
+        # The agent's own transfers reach them: READ "ro", WRITE it into "rw".
+        m = aligned(n)
+        mreg = a.register_memory([(m.ctypes.data, n, 0, "")], "DRAM")
+        mem = a.get_xfer_descs([(m.ctypes.data, n, 0)], "DRAM")
+        r = a.initialize_xfer("READ", mem, a.get_xfer_descs([(0, n, 1)], "FILE"), a.name)
+        a.transfer(r)
+        self.assertEqual(wait_state(a, r), "DONE", r.err_msg)
+        self.assertEqual(m.tobytes(), data[1])
+        w = a.initialize_xfer("WRITE", mem, a.get_xfer_descs([(0, n, 2)], "FILE"), a.name)
+        a.transfer(w)
+        self.assertEqual(wait_state(a, w), "DONE", w.err_msg)
+        with open(self.path("rw"), "rb") as f:
+            self.assertEqual(f.read(), data[1])
+        for x in (r, w):
+            a.release_xfer_handle(x)
+        a.deregister_memory(freg)
+        a.deregister_memory(mreg)
+
+    def test_create_does_not_follow_a_planted_link(self):
+        # "rw,create:<path>" where someone planted a symbolic link to another
+        # file: refused (O_NOFOLLOW), the other file neither grown nor
+        # written.
+        victim, link = self.path("victim"), self.path("planted")
+        with open(victim, "wb") as f:
+            f.write(b"keep" * 1024)
+        os.symlink(victim, link)
+        with self.assertRaises(nb.nixlBackendError) as cm:
+            self.a.register_memory([(0, MB, 7, "rw,create:" + link)], "FILE")
+        self.assertIn("ELOOP", str(cm.exception))
+        with open(victim, "rb") as f:
+            self.assertEqual(f.read(), b"keep" * 1024)
+        self.assertEqual(self.a.agent._files.regs, {})
+        # A plain path still creates its file.
+        freg = self.a.register_memory([(0, MB, 7, "rw,create:" + self.path("fresh"))], "FILE")
+        self.assertEqual(os.path.getsize(self.path("fresh")), MB)
+        self.a.deregister_memory(freg)
 
 
 class FullDiskTest(unittest.TestCase):

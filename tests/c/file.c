@@ -100,16 +100,26 @@ static int node(const char *dir) {
         return 1;
     }
     close(fd); /* the library holds its own descriptors */
+    /* A private file (no TE_FILE_REMOTE): peers must not reach it. */
+    char ppath[4096];
+    snprintf(ppath, sizeof ppath, "%s/c-node-private", dir);
+    void *pa = NULL;
+    if (te_register_file(e, ppath, -1, 0, 1u << 20, TE_FILE_CREATE, &pa) != 0) {
+        fprintf(stderr, "node: private file: %s\n", tu_last());
+        return 1;
+    }
     char name[256];
     te_segment_name(e, name, sizeof name);
-    printf("READY %s %llu\n", name, (unsigned long long)(uintptr_t)fa);
+    printf("READY %s %llu %llu\n", name, (unsigned long long)(uintptr_t)fa, (unsigned long long)(uintptr_t)pa);
     fflush(stdout);
     char line[64];
     while (fgets(line, sizeof line, stdin) && strncmp(line, "EXIT", 4) != 0) {
     }
     CHECK_OK(te_unregister(e, fa));
+    CHECK_OK(te_unregister(e, pa));
     te_destroy(e);
     unlink(path);
+    unlink(ppath);
     return tu_failures != 0;
 }
 
@@ -127,17 +137,24 @@ static void local(const char *dir, unsigned char *src, unsigned char *dst) {
     CHECK(fa == NULL);
     CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_register_file(e, NULL, -1, 0, SIZE, 0, &fa));
     CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_register_file(e, path, -1, 0, SIZE, 0x100, &fa));
-    CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_register_file(e, path, -1, 0, SIZE, TE_FILE_CREATE, &fa)); /* not published */
     CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_register_file(e, path, -1, 0, SIZE, 0, NULL));
     CHECK_RC(TE_ERR_NOT_FOUND, te_register_file(e, path, -1, 0, SIZE, TE_FILE_REMOTE, &fa));
     CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_register_file(0, path, -1, 0, SIZE, 0, &fa));
 
     te_segment_t seg;
-    const uint32_t modes[] = {TE_FILE_REMOTE | TE_FILE_CREATE, TE_FILE_REMOTE | TE_FILE_CREATE | TE_FILE_NO_DIRECT};
-    for (int m = 0; m < 2; m++) {
+    /* Published, direct and buffered; then private (no TE_FILE_REMOTE),
+     * which this engine reaches through its own segment as well. */
+    const uint32_t modes[] = {TE_FILE_REMOTE | TE_FILE_CREATE, TE_FILE_REMOTE | TE_FILE_CREATE | TE_FILE_NO_DIRECT,
+                              TE_FILE_CREATE};
+    const char *what[] = {"local direct", "local buffered", "local private"};
+    for (int m = 0; m < 3; m++) {
         CHECK_OK(te_register_file(e, path, -1, 8192, SIZE, modes[m], &fa));
         CHECK_OK(te_open_segment(e, name, &seg));
-        roundtrip(e, seg, src, dst, (uint64_t)(uintptr_t)fa, m ? "local buffered" : "local direct");
+        te_buffer_desc_t own[4];
+        size_t nown = 0;
+        CHECK_OK(te_segment_buffers(seg, own, 4, &nown)); /* the engine's own view lists every file */
+        CHECK(nown == 1 && own[0].addr == (uint64_t)(uintptr_t)fa && strcmp(own[0].location, "file") == 0);
+        roundtrip(e, seg, src, dst, (uint64_t)(uintptr_t)fa, what[m]);
         /* Misaligned: odd address, offset and length; read back exactly. */
         tu_fill(src, 5001, 9);
         int32_t err;
@@ -178,8 +195,8 @@ static void remote(const char *self, const char *dir, unsigned char *src, unsign
     if (tu_spawn(self, argv, environ, &pid, &to_child[1], &from_child[0]) != 0) exit(1);
     FILE *in = fdopen(from_child[0], "r"), *out = fdopen(to_child[1], "w");
     char line[512], name[256];
-    unsigned long long faddr = 0;
-    if (!fgets(line, sizeof line, in) || sscanf(line, "READY %255s %llu", name, &faddr) != 2) {
+    unsigned long long faddr = 0, paddr = 0;
+    if (!fgets(line, sizeof line, in) || sscanf(line, "READY %255s %llu %llu", name, &faddr, &paddr) != 3) {
         fprintf(stderr, "node said: %s\n", line);
         tu_failures++;
         return;
@@ -192,7 +209,11 @@ static void remote(const char *self, const char *dir, unsigned char *src, unsign
     te_buffer_desc_t bd[4];
     size_t nb = 0;
     CHECK_OK(te_segment_buffers(seg, bd, 4, &nb));
+    /* The node's private file is not in its descriptor, and a request to
+     * its address is refused. */
     CHECK(nb == 1 && bd[0].addr == faddr && bd[0].length == SIZE && strcmp(bd[0].location, "file") == 0);
+    int32_t perr = 0;
+    CHECK(move(e, seg, TE_READ, dst, paddr, 4096, 4096, &perr) != TE_TASK_COMPLETED);
     roundtrip(e, seg, src, dst, faddr, "remote");
     te_close_segment(seg);
     CHECK_OK(te_destroy(e));

@@ -1,6 +1,8 @@
 // Package file is the transport between memory and storage regions of
 // engines in this process: files (or byte ranges of files) registered with
-// Engine.RegisterFile and published like memory, with location "file".
+// Engine.RegisterFile and published like memory, with location "file", or
+// private (FileOptions.Remote false): then in no descriptor a peer reads,
+// and refused to every request but the owner engine's own.
 //
 // A storage region takes a range of reserved, never-mapped addresses
 // (internal/sys/mem.Reserve) as long as its file range, so the registry, the
@@ -17,10 +19,10 @@
 // waits for the I/O in flight before it returns. The owner's registry checks
 // every access with the buffer's key, so windows work too.
 //
-// A peer's storage region is reached over tcp: the owner's tcp server reads
-// or writes the file through the same executor (engine/transport/tcp,
-// server_file.go). RDMA into a peer's file is not supported: such a request
-// goes to tcp.
+// A peer's storage region is reached over tcp, a published one only: the
+// owner's tcp server reads or writes the file through the same executor
+// (engine/transport/tcp, server_file.go). RDMA into a peer's file is not
+// supported: such a request goes to tcp.
 //
 // GPU memory to and from files is staged through pinned host chunks
 // (gpu.Stager) when CUDA loads: a device-to-file write copies a chunk to

@@ -219,10 +219,6 @@ func TestMisalignedRequests(t *testing.T) {
 	if e.TransportStats()["file"]["buffered_ios"] == 0 {
 		t.Fatal("misaligned I/O not counted as buffered")
 	}
-	// An unpublished file buffer could not be reached: refused.
-	if _, err := e.RegisterFile(filepath.Join(t.TempDir(), "private"), 0, 4096, engine.FileOptions{Create: true}); errs.CodeOf(err) != errs.InvalidArgument {
-		t.Fatalf("file without Remote: %v", err)
-	}
 	// Out of the file's range: refused at submit, nothing moved.
 	err = b.Reset()
 	if err == nil {
@@ -424,6 +420,93 @@ func TestUnregisterCancelsTasksOnTheFile(t *testing.T) {
 	if canceled == 0 {
 		t.Fatal("no task on the file was canceled by its unregistration")
 	}
+}
+
+// TestPrivateFile: a file registered without Remote moves to and from the
+// owner's memory through the owner's own segment, and is in no descriptor a
+// peer reads: another engine of this process, with the secret and the file
+// transport that reaches this process's files, is refused it, and the file
+// keeps its bytes. (engine/transport/tcp TestPrivateFileRefusedOverTCP: a
+// peer that knows the address and key anyway.)
+func TestPrivateFile(t *testing.T) {
+	owner := newEngine(t, nil)
+	const n = 1 << 20
+	path := filepath.Join(t.TempDir(), "private")
+	fa, err := owner.RegisterFile(path, 0, n, engine.FileOptions{Create: true})
+	if err != nil {
+		t.Fatalf("private file: %v", err)
+	}
+	src, dst := alloc(t, n), alloc(t, n)
+	fill(src, 41)
+	for _, b := range [][]byte{src, dst} {
+		if err := owner.RegisterMemory(mem.Addr(b), n, "cpu", false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	own, err := owner.OpenSegment(owner.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer owner.CloseSegment(own)
+	if st := transfer(t, owner, own, engine.Write, mem.Addr(src), fa, n, 64<<10); st.State != engine.Completed {
+		t.Fatalf("owner's write: %+v", st)
+	}
+	if st := transfer(t, owner, own, engine.Read, mem.Addr(dst), fa, n, 64<<10); st.State != engine.Completed {
+		t.Fatalf("owner's read: %+v", st)
+	}
+	if disk, _ := os.ReadFile(path); !bytes.Equal(dst, src) || !bytes.Equal(disk, src) {
+		t.Fatal("owner's round trip through its private file differs")
+	}
+	for _, b := range owner.Descriptor().Buffers {
+		if b.Addr == fa {
+			t.Fatalf("private file published: %+v", b)
+		}
+	}
+	if d, _ := own.Descriptor(); !hasBuffer(d, fa) {
+		t.Fatal("the owner's own segment does not list its private file")
+	}
+
+	peer := newEngine(t, nil)
+	pm := alloc(t, n)
+	fill(pm, 99)
+	if err := peer.RegisterMemory(mem.Addr(pm), n, "cpu", false); err != nil {
+		t.Fatal(err)
+	}
+	seg, err := peer.OpenSegment(owner.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peer.CloseSegment(seg)
+	if d, _ := seg.Descriptor(); hasBuffer(d, fa) {
+		t.Fatal("a peer's view of the owner lists the private file")
+	}
+	b, err := peer.AllocateBatch(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Free()
+	for _, op := range []engine.Opcode{engine.Read, engine.Write} {
+		b.Reset()
+		err := b.Submit(engine.Request{Op: op, Local: mem.Addr(pm), Segment: seg, Remote: fa, Length: 4096})
+		if errs.CodeOf(err) != errs.AddressNotRegistered {
+			t.Fatalf("peer's op %d on the private file: %v", op, err)
+		}
+	}
+	if disk, _ := os.ReadFile(path); !bytes.Equal(disk, src) {
+		t.Fatal("the private file changed")
+	}
+	if err := owner.UnregisterMemory(fa); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func hasBuffer(d *segment.Desc, addr uint64) bool {
+	for _, b := range d.Buffers {
+		if b.Addr == addr {
+			return b.Name == engine.LocationFile
+		}
+	}
+	return false
 }
 
 // TestRemoteFileSegmentInProcess: a second engine with tcp only reads and

@@ -318,7 +318,9 @@ func (t *Transport) prepare(r *transport.Request) (*fileio.Op, error) {
 	if o == nil {
 		return nil, errs.New(errs.PeerUnreachable, "file", "segment %q has closed", r.Peer.Name)
 	}
-	region, err := o.reg.Acquire(r.Remote, r.Length, r.Key, true)
+	// Another engine of this process is a peer like any other: it reaches
+	// published files only. The owner reaches its private ones too.
+	region, err := o.reg.Acquire(r.Remote, r.Length, r.Key, o != t)
 	if err != nil {
 		return nil, err
 	}

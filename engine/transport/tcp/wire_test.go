@@ -6,6 +6,8 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -299,4 +301,73 @@ func TestIdleConnectionDropped(t *testing.T) {
 	r := dialRaw(t, tg.endpoint, false)
 	r.nc.SetDeadline(time.Now().Add(20 * time.Second))
 	r.expectClosed()
+}
+
+// TestPrivateFileRefusedOverTCP: a peer that knows the address and key of
+// a file registered without Remote (private: in no descriptor a peer
+// reads) is refused READ and WRITE with AccessDenied, and the file keeps
+// its bytes; a published file on the same connection is served.
+func TestPrivateFileRefusedOverTCP(t *testing.T) {
+	e, err := engine.New(engine.Config{
+		ListenAddr: "127.0.0.1:0", Hostname: "127.0.0.1", Transports: []string{"tcp", "file"}, TransferTimeout: 10 * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	dir := t.TempDir()
+	content := bytes.Repeat([]byte{0xC3, 0x5A}, 4096)
+	paths := [2]string{filepath.Join(dir, "private"), filepath.Join(dir, "published")}
+	var addrs [2]uint64
+	for i, p := range paths {
+		if err := os.WriteFile(p, content, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if addrs[i], err = e.RegisterFile(p, 0, uint64(len(content)), engine.FileOptions{Remote: i == 1}); err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+	}
+	d := e.Descriptor()
+	for _, b := range d.Buffers {
+		if b.Addr == addrs[0] {
+			t.Fatalf("private file published: %+v", b)
+		}
+	}
+	// The keys as the owner's own segment holds them.
+	own, err := e.OpenSegment(e.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.CloseSegment(own)
+	od, err := own.Descriptor()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys [2]uint64
+	for _, b := range od.Buffers {
+		for i, a := range addrs {
+			if b.Addr == a {
+				keys[i] = b.Key
+			}
+		}
+	}
+	if keys[0] == 0 || keys[1] == 0 {
+		t.Fatalf("keys %v: the owner's own segment lacks a file", keys)
+	}
+	r := dialRaw(t, d.Endpoints["tcp"], true)
+	r.send(wire.DataRead, 1, addrs[0], 4096, keys[0], nil)
+	if comp, p := r.recv(); comp.Status != errs.AccessDenied || len(p) != 0 {
+		t.Fatalf("READ of the private file: %+v, %d bytes", comp, len(p))
+	}
+	r.send(wire.DataWrite, 2, addrs[0]+4096, 4096, keys[0], bytes.Repeat([]byte{0xEE}, 4096))
+	if comp, _ := r.recv(); comp.Status != errs.AccessDenied {
+		t.Fatalf("WRITE of the private file: %+v", comp)
+	}
+	r.send(wire.DataRead, 3, addrs[1]+4096, 4096, keys[1], nil)
+	if comp, p := r.recv(); comp.Status != errs.OK || !bytes.Equal(p, content[4096:]) {
+		t.Fatalf("READ of the published file: %+v", comp)
+	}
+	if disk, _ := os.ReadFile(paths[0]); !bytes.Equal(disk, content) {
+		t.Fatal("a refused WRITE changed the private file")
+	}
 }
