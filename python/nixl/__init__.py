@@ -59,7 +59,15 @@ What differs from NIXL:
 * Security: with a cluster secret (TE_AUTH_SECRET_FILE or TE_AUTH_SECRET,
   read when an agent is made) every peer proves it holds the secret before
   it learns or touches anything; an agent without it cannot load, reach or
-  notify the others. Descriptor lists sent with get_serialized_descs use a
+  notify the others. Among agents holding it, what reaches the listener is
+  taken only from the engine it speaks for, as te's session proves it:
+  metadata pushed for agent P must name its sender's own te segment and
+  instance, and once P is loaded, updates, invalidations and "nixl/n/P"
+  notifications come only from P's engine (metadata from another engine
+  replaces P only after P's engine stops answering as that instance: a
+  restart elsewhere); metadata requests are answered only to the engine
+  that asked. Without a secret nothing is proven and the network is
+  trusted, as in NIXL. Descriptor lists sent with get_serialized_descs use a
   bounded binary format, not pickle, so a peer's list cannot run code.
 * Restarts (NIXL issue 1267): add_remote_agent with newer metadata of an
   agent already loaded replaces it (full metadata) or adds to it (partial);
