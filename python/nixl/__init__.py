@@ -59,7 +59,15 @@ What differs from NIXL:
 * Security: with a cluster secret (TE_AUTH_SECRET_FILE or TE_AUTH_SECRET,
   read when an agent is made) every peer proves it holds the secret before
   it learns or touches anything; an agent without it cannot load, reach or
-  notify the others. Descriptor lists sent with get_serialized_descs use a
+  notify the others. Among agents holding it, what reaches the listener is
+  taken only from the engine it speaks for, as te's session proves it:
+  metadata pushed for agent P must name its sender's own te segment and
+  instance, and once P is loaded, updates, invalidations and "nixl/n/P"
+  notifications come only from P's engine (metadata from another engine
+  replaces P only after P's engine stops answering as that instance: a
+  restart elsewhere); metadata requests are answered only to the engine
+  that asked. Without a secret nothing is proven and the network is
+  trusted, as in NIXL. Descriptor lists sent with get_serialized_descs use a
   bounded binary format, not pickle, so a peer's list cannot run code.
 * Restarts (NIXL issue 1267): add_remote_agent with newer metadata of an
   agent already loaded replaces it (full metadata) or adds to it (partial);
@@ -93,9 +101,10 @@ What differs from NIXL:
   limits: 64 MiB of notifications drained but not yet taken by
   get_new_notifs (the listener then leaves the rest in te, whose budget
   refuses senders), metadata of 65,536 agents, 2M ranges per agent, 4,096
-  queued background sends. Per source of listener messages (today the te
-  segment a message claims: its agent's for pushed metadata, the reply's
-  for a metadata request; te notifications carry no proven sender yet):
+  queued background sends. Per source of listener messages (with a cluster
+  secret the sending engine's segment as te's session proved it; without
+  one the te segment a message claims: its agent's for pushed metadata,
+  the reply's for a metadata request):
   16 agents announced, 2M ranges held, one queued reply; 4M ranges for
   every source's pushed metadata together. Metadata past a bound is
   refused (logged). Replies to peers' metadata requests have their own

@@ -59,8 +59,8 @@ MAX_REMOTE_AGENTS = 65536
 MAX_PENDING_NOTIF_BYTES = 64 << 20
 MAX_REMOTE_RANGES = 1 << 21
 MAX_TASKS = 4096
-# Per source of listener messages (nixl._bounds: today the identity a
-# message claims): agents announced, ranges their metadata holds, and
+# Per source of listener messages (nixl._bounds: the proven sending
+# segment with a secret, else the identity a message claims): agents announced, ranges their metadata holds, and
 # replies to metadata requests queued; and the ranges every source's
 # metadata holds in all. Metadata the application loads itself
 # (add_remote_agent, etcd) is not charged to a source.
@@ -238,6 +238,15 @@ def _union(old, new):
     return new if old is None or len(old) == 0 else np.concatenate([old, new])
 
 
+class _Moved(Exception):
+    """Pushed metadata of a known agent came from another engine than the
+    one its loaded metadata names (the agent may have restarted elsewhere)."""
+
+    def __init__(self, remote):
+        super().__init__(remote.name)
+        self.remote = remote
+
+
 class _Remote:
     """What an agent knows of a peer: its te segment, instance, the ranges
     its metadata listed, and the open segment handle."""
@@ -395,6 +404,9 @@ class nixlAgent:
         self._worker = None
         self._replier = None
         self._warned = set()
+        # Messages refused because their proven sender is not the engine
+        # of the agent they speak for (see _from_agent).
+        self.refused_from = 0
         self._fetches = threading.BoundedSemaphore(MAX_ETCD_FETCHES)
         self._etcd_watcher = None
         try:
@@ -654,20 +666,39 @@ class nixlAgent:
             if not taking and self._pending_bytes >= MAX_PENDING_NOTIF_BYTES:
                 return
             try:
-                items = self._engine.notifies()
+                items = self._engine.notifies(senders=True)
             except te.TeError as e:
                 raise from_te(e, "notifications") from e
-            for item in items:
-                # (name, msg); a te that proves who sent a notification
-                # adds the sender, which then becomes the message's source.
-                name, msg = item[0], item[1]
+            for name, msg, seg, inst in items:
+                # The engine that sent it, as its te session proved it;
+                # None without a cluster secret (nothing is proven: te then
+                # trusts the network, as NIXL does).
+                sender = (seg, inst) if inst else None
                 if name.startswith(CTRL_PREFIX):
-                    self._control(name[len(CTRL_PREFIX):], msg, item[2] if len(item) > 2 else None)
+                    self._control(name[len(CTRL_PREFIX):], msg, sender)
                     continue
                 if name.startswith(NOTIF_PREFIX):
                     name = name[len(NOTIF_PREFIX):]
+                    if not self._from_agent(name, sender):
+                        continue
                 self._notifs.setdefault(name, []).append(msg)
                 self._pending_bytes += len(msg) + len(name)
+
+    def _from_agent(self, agent, sender):
+        """Whether a message that says it comes from agent came from that
+        agent's engine: with a proven sender, a known agent's messages are
+        taken only from the te segment its metadata was loaded from (an
+        agent not known yet cannot be checked and is taken). Called under
+        the lock."""
+        r = self._remotes.get(agent)
+        if sender is None or r is None or r.segment == sender[0]:
+            return True
+        self.refused_from += 1
+        if ("from", agent) not in self._warned and len(self._warned) < 1024:
+            self._warned.add(("from", agent))
+            log.warning("nixl agent %s: refused a message for agent %s sent by te segment %s (%s): %s's "
+                        "metadata names %s", self.name, agent, sender[0], sender[1], agent, r.segment)
+        return False
 
     def _control(self, kind, msg, sender=None):
         if not self._listening:
@@ -678,13 +709,28 @@ class nixlAgent:
             return
         try:
             if kind == "put":
-                name = self._load(msg, eager=False, listener=True, sender=sender)
+                try:
+                    name = self._load(msg, eager=False, listener=True, sender=sender)
+                except _Moved as m:
+                    # Another engine speaks for a known agent: taken only once
+                    # the engine its metadata names no longer answers as that
+                    # instance (the agent restarted elsewhere), checked by the
+                    # worker since probing must not happen under the lock.
+                    self._post_task(lambda a, b=msg, r=m.remote: a._load_moved(b, sender, r), "metadata check")
+                    return
                 log.debug("nixl agent %s: loaded metadata of %s from the listener", self.name, name)
             elif kind == "get":
                 req = _json(msg)
                 want, reply = req.get("want"), req.get("reply")
                 if want != self.name or not isinstance(reply, str) or not reply or len(reply) > MAX_REPLY_TARGET:
                     log.debug("nixl agent %s: metadata request for %r ignored", self.name, want)
+                    return
+                if sender is not None and reply != sender[0]:
+                    # Replies go only to the engine that asked: a request
+                    # cannot aim this agent's sends at a third party.
+                    self.refused_from += 1
+                    log.debug("nixl agent %s: metadata request from %s with replies to %s ignored",
+                              self.name, sender[0], reply)
                     return
                 # Made and sent by the reply thread: it probes te, which
                 # must not happen under the lock a drain holds.
@@ -694,6 +740,11 @@ class nixlAgent:
                 req = _json(msg)
                 name, inst = req.get("name"), req.get("instance")
                 r = self._remotes.get(name)
+                if r is not None and sender is not None and (sender[0] != r.segment or sender[1] != r.instance):
+                    self.refused_from += 1
+                    log.warning("nixl agent %s: refused an invalidation of %s sent by te segment %s (%s): %s is "
+                                "%s (%s)", self.name, name, sender[0], sender[1], name, r.segment, r.instance)
+                    return
                 if r is not None and (inst is None or inst == r.instance):
                     self._drop(r)
                     log.debug("nixl agent %s: %s invalidated its metadata", self.name, name)
@@ -778,16 +829,36 @@ class nixlAgent:
         self._live()
         return self._load(md, eager=True).encode()
 
-    def _load(self, blob, eager, listener=False, sender=None):
+    def _load(self, blob, eager, listener=False, sender=None, moved_from=None):
         """Load metadata. listener: it came through the listener, from
-        sender (te's proven sender, when it has one), and is charged to its
-        source (nixl._bounds), refused past the source's bounds."""
+        sender (the (segment, instance) te's session proved, None without a
+        secret), and is charged to its source (nixl._bounds), refused past
+        the source's bounds. Pushed metadata must name its sender's own
+        segment and instance, and updates an agent only from the segment it
+        was loaded from (else _Moved; moved_from is the remote that a check
+        found gone, which may then be replaced)."""
         md = _meta.decode(blob)
         if md.name == self.name:
             return md.name  # this agent itself: loopback needs no metadata
         created = False
         with self._lock:
             r = self._remotes.get(md.name)
+            if sender is not None:
+                seg, inst = sender
+                if md.conn and (md.segment != seg or md.instance != inst):
+                    self.refused_from += 1
+                    raise nixlNotAllowedError(f"metadata of {md.name!r} names te segment {md.segment} ({md.instance}) "
+                                              f"but was sent by {seg} ({inst})")
+                if r is not None and r.segment != seg and r is not moved_from:
+                    if not md.conn:
+                        self.refused_from += 1
+                        raise nixlNotAllowedError(f"partial metadata of {md.name!r} sent by te segment {seg}, "
+                                                  f"not by its engine at {r.segment}")
+                    raise _Moved(r)
+                if r is not None and not md.conn and r.instance != inst:
+                    self.refused_from += 1
+                    raise nixlNotAllowedError(f"partial metadata of {md.name!r} sent by te instance {inst}, "
+                                              f"not by the one its metadata names ({r.instance})")
             source = None
             if listener:
                 claimed = md.segment if md.conn else (r.source or r.segment) if r is not None else None
@@ -868,6 +939,24 @@ class nixlAgent:
         if r.seg is None:
             raise nixlNotFoundError(f"metadata of agent {r.name!r} was removed")
         return r.seg
+
+    def _load_moved(self, blob, sender, old):
+        """Metadata for a known agent from another engine (worker thread):
+        loaded only if the engine its metadata names is gone or restarted."""
+        try:
+            alive = self._engine.probe(old.segment)["instance"] == old.instance
+        except te.TeError:
+            alive = False
+        if alive:
+            with self._lock:
+                self.refused_from += 1
+            log.warning("nixl agent %s: refused metadata of %s sent by te segment %s: %s still answers at %s",
+                        self.name, old.name, sender[0], old.name, old.segment)
+            return
+        try:
+            self._load(blob, eager=False, listener=True, sender=sender, moved_from=old)
+        except Exception as e:
+            log.warning("nixl agent %s: metadata message (put) refused: %s", self.name, e)
 
     def _drop(self, r):
         if self._remotes.get(r.name) is r:

@@ -22,10 +22,11 @@ from ._types import nixlBackendError, nixlNotAllowedError
 
 
 def source_of(sender, claimed):
-    """The source a listener message is charged to: te's proven sender
-    when the notification carries one (not yet: None), else the identity
-    the message claims."""
-    return sender if sender is not None else claimed
+    """The source a listener message is charged to: the segment of te's
+    proven sender ((segment, instance), with a cluster secret), else the
+    identity the message claims (None: without a secret nothing is
+    proven)."""
+    return sender[0] if sender is not None else claimed
 
 
 class Sources:

@@ -5,6 +5,7 @@ against it too (make test-nixl)."""
 
 import ctypes
 import gc
+import json
 import logging
 import os
 import pickle
@@ -830,6 +831,122 @@ class ListenerFloodTest(unittest.TestCase):
         q = v.agent._replies
         wait_until(lambda: q.expired >= 2, 30, "two queued replies dropped at their deadline")
         self.assertEqual(len(q), 0)
+
+
+class ImpersonationTest(unittest.TestCase):
+    """With a cluster secret, metadata, invalidations and notifications for
+    agent P are taken only from P's engine, as te's session proves it:
+    another engine holding the secret (M) cannot redirect V's transfers to
+    P, drop P, speak as P, or aim V's metadata replies elsewhere."""
+
+    def setUp(self):
+        saved = os.environ.get("TE_AUTH_SECRET")
+        os.environ["TE_AUTH_SECRET"] = SECRET  # read when the agents are made
+        try:
+            self.v = agent(self, "victim", enable_listen_thread=True, listen_port=0)
+            self.p = agent(self, "P", enable_listen_thread=True, listen_port=0)
+            self.m = agent(self, "mallory", enable_listen_thread=True, listen_port=0)
+        finally:
+            if saved is None:
+                os.environ.pop("TE_AUTH_SECRET", None)
+            else:
+                os.environ["TE_AUTH_SECRET"] = saved
+        self.pb, self.mb, self.vb = buf(64 * 1024), buf(64 * 1024), buf(64 * 1024, 5)
+        self.p.register_memory([(self.pb.ctypes.data, self.pb.nbytes, 0, "")], "DRAM")
+        self.m.register_memory([(self.mb.ctypes.data, self.mb.nbytes, 0, "")], "DRAM")
+        self.vreg = self.v.register_memory([(self.vb.ctypes.data, self.vb.nbytes, 0, "")], "DRAM")
+        self.vseg = self.v.agent._engine.name
+        self.v.fetch_remote_metadata("P", "127.0.0.1", self.p.agent._engine.rpc_port)
+        wait_until(lambda: self.v.check_remote_metadata("P"), what="P's metadata")
+
+    def forged_put(self, addr):
+        """M's own metadata renamed P, its memory at P's address: what a
+        store of P's metadata pointing at M's segment looks like."""
+        md = nixl._meta.decode(self.m.get_agent_metadata())
+        md.name = "P"
+        md.sections = {k: r.copy() for k, r in md.sections.items()}
+        for r in md.sections.values():
+            r[:, 0] = addr
+        return nixl._meta.encode(md)
+
+    def send_as_m(self, kind, payload):
+        self.m.agent._engine.send_notify(self.vseg, kind, payload)
+
+    def refused(self, n):
+        wait_until(lambda: self.v.agent.refused_from >= n, what=f"{n} refusals")
+
+    def write_to_p(self, tag):
+        x = self.v.initialize_xfer("WRITE", self.v.get_xfer_descs(rows(self.vb.ctypes.data, 1, 4096), "DRAM"),
+                                   self.v.get_xfer_descs(rows(self.pb.ctypes.data, 1, 4096), "DRAM"), "P", tag)
+        self.v.transfer(x)
+        self.assertEqual(wait_state(self.v, x), "DONE")
+        self.v.release_xfer_handle(x)
+
+    def test_forged_metadata_does_not_redirect(self):
+        # M's memory put where P's is, so a redirected WRITE would succeed.
+        self.mb = buf(64 * 1024)
+        self.send_as_m("nixl/md/put", self.forged_put(self.pb.ctypes.data))
+        self.refused(1)
+        self.write_to_p(b"w1")
+        self.assertEqual(self.pb[:4096].tobytes(), self.vb[:4096].tobytes(), "P did not get the WRITE")
+        self.assertFalse(self.mb.any(), "the WRITE landed in M's memory")
+        # Partial metadata for P from M is refused too.
+        md = nixl._meta.decode(self.forged_put(self.pb.ctypes.data))
+        md.conn, md.partial = False, True
+        self.send_as_m("nixl/md/put", nixl._meta.encode(md))
+        self.refused(2)
+        self.write_to_p(b"w2")
+
+    def test_forged_invalidation_and_notification(self):
+        self.send_as_m("nixl/md/inv", b'{"name":"P"}')
+        self.refused(1)
+        self.assertTrue(self.v.check_remote_metadata("P"))
+        self.send_as_m("nixl/n/P", b"fake")
+        self.refused(2)
+        self.assertNotIn("P", self.v.get_new_notifs())
+        # P's own word still counts.
+        self.p.fetch_remote_metadata("victim", "127.0.0.1", self.v.agent._engine.rpc_port)
+        wait_until(lambda: self.p.check_remote_metadata("victim"), what="victim's metadata")
+        self.p.send_notif("victim", b"real")
+        notifs = {}
+        wait_until(lambda: notifs.update(self.v.get_new_notifs()) or "P" in notifs, what="P's notification")
+        self.assertEqual(notifs["P"], [b"real"])
+        self.p.invalidate_local_metadata("127.0.0.1", self.v.agent._engine.rpc_port)
+        wait_until(lambda: not self.v.check_remote_metadata("P"), what="P's own invalidation")
+
+    def test_metadata_replies_go_to_the_asker(self):
+        silent = socket.socket()
+        self.addCleanup(silent.close)
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)
+        req = {"want": "victim", "from": "mallory", "reply": "127.0.0.1:%d" % silent.getsockname()[1]}
+        self.send_as_m("nixl/md/get", json.dumps(req).encode())
+        self.refused(1)
+        silent.settimeout(1)
+        with self.assertRaises(socket.timeout):
+            silent.accept()  # V sent nothing there
+
+    def test_restarted_elsewhere_is_taken(self):
+        """P restarted on another port: its new engine's metadata replaces
+        the old once the old engine no longer answers."""
+        old_seg = self.p.agent._engine.name
+        self.p.close()
+        saved = os.environ.get("TE_AUTH_SECRET")
+        os.environ["TE_AUTH_SECRET"] = SECRET
+        try:
+            p2 = agent(self, "P", enable_listen_thread=True, listen_port=0)
+        finally:
+            if saved is None:
+                os.environ.pop("TE_AUTH_SECRET", None)
+            else:
+                os.environ["TE_AUTH_SECRET"] = saved
+        self.assertNotEqual(p2.agent._engine.name, old_seg)
+        p2.register_memory([(self.pb.ctypes.data, self.pb.nbytes, 0, "")], "DRAM")
+        p2.send_local_metadata("127.0.0.1", self.v.agent._engine.rpc_port)
+        wait_until(lambda: self.v.agent._remotes.get("P") is not None
+                   and self.v.agent._remotes["P"].segment == p2.agent._engine.name, what="P's new metadata")
+        self.write_to_p(b"w3")
+        self.assertEqual(self.pb[:4096].tobytes(), self.vb[:4096].tobytes())
 
 
 class VllmTwoProcessTest(unittest.TestCase):
