@@ -2,6 +2,8 @@ package lab_test
 
 import (
 	"fmt"
+	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -156,6 +158,41 @@ func TestFrozenPeerAcrossHosts(t *testing.T) {
 	}
 	r = transfer(t, a, b, 3, 4*mib, mib)
 	t.Logf("after thaw: 4 MiB in %d ms", r.ElapsedMS)
+}
+
+// TestPeerRestartedSameName kills the target mid-batch and starts it again
+// on the same host and port, so under the same segment name, with its
+// buffer elsewhere: the batch under way ends (none of its tasks reports
+// bytes the dead process never got), and the next batch reaches the new
+// process without restarting the initiator: the stale descriptor and
+// the dead connections are replaced.
+func TestPeerRestartedSameName(t *testing.T) {
+	const n, bs = 32 * mib, mib
+	port := strconv.Itoa(20000 + os.Getpid()%20000) // the lab's address is the test's own
+	l, a, b := two(t, lab.Options{RateMbit: 200}, n, append(faultEnv, envPort+"="+port)...)
+	transfer(t, a, b, 1, mib, mib)
+	a.do("pattern 2")
+	a.startWrite(b, n, bs)
+	time.Sleep(300 * time.Millisecond)
+	b.proc.Kill()
+	t0 := time.Now()
+	r := a.result(2 * time.Minute)
+	took := time.Since(t0)
+	t.Logf("killed: batch ended %s %v after %v", r.State, summary(r), took)
+	if took > progress+slack {
+		t.Errorf("tasks ended %v after the kill, want within %v + %v", took, progress, slack)
+	}
+	for i, ts := range r.Tasks {
+		if ts.State == "PENDING" || ts.State == "WAITING" {
+			t.Errorf("task %d left %s", i, ts.State)
+		}
+	}
+	b2 := startPeer(t, l.Hosts[1], n+mib, append(faultEnv, envPort+"="+port)...)
+	if b2.h.Segment != b.h.Segment {
+		t.Fatalf("restarted as %s, was %s", b2.h.Segment, b.h.Segment)
+	}
+	r = transfer(t, a, b2, 3, 4*mib, mib)
+	t.Logf("after restart: 4 MiB in %d ms", r.ElapsedMS)
 }
 
 // TestLinkDownUp pulls the target's cable mid-batch and plugs it back: the

@@ -26,6 +26,7 @@ import (
 const (
 	envPeer = "TE_LAB_PEER"      // the host address to listen on
 	envSize = "TE_LAB_PEER_SIZE" // the buffer's size in bytes
+	envPort = "TE_LAB_PEER_PORT" // the port to listen on (default: any)
 )
 
 func TestMain(m *testing.M) {
@@ -71,7 +72,11 @@ func runPeer(addr string) int {
 	if size <= 0 {
 		size = 64 << 20
 	}
-	e, err := engine.New(engine.Config{ListenAddr: addr + ":0", Hostname: addr, ForceTransport: "tcp"})
+	port := os.Getenv(envPort)
+	if port == "" {
+		port = "0"
+	}
+	e, err := engine.New(engine.Config{ListenAddr: addr + ":" + port, Hostname: addr, ForceTransport: "tcp"})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "peer:", err)
 		return 1
