@@ -276,7 +276,11 @@ func TestNameRotation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := startWith(t, sidecar.Config{Secret: sec})
+	// A pipelined batch is written while the sidecar reads it: on a
+	// loaded machine the writer can stall longer than the default 2 s
+	// header timeout between two requests of a batch (a 408 that says
+	// nothing about quotas), so the flood gets a minute.
+	s := startWith(t, sidecar.Config{Secret: sec, HeaderTimeout: time.Minute})
 	const workers, batch = 4, 200
 	total := 66000
 	if raceEnabled {
