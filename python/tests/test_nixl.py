@@ -807,7 +807,9 @@ class ListenerFloodTest(unittest.TestCase):
         # Requests from three peers whose replies go to three silent ports:
         # the first reply holds the reply thread for te's RPC timeout, and
         # the two queued behind it pass their deadline (REPLY_TTL_S, made
-        # short here) and are dropped, not sent.
+        # short here) and are dropped, not sent. Without a secret: with
+        # one, a reply goes only to the engine that asked, so requests
+        # aimed elsewhere are refused before they queue (ImpersonationTest).
         import json
 
         import nixl._agent as core
@@ -822,8 +824,8 @@ class ListenerFloodTest(unittest.TestCase):
             s.bind(("127.0.0.1", 0))
             s.listen(1)
             ports.append(s.getsockname()[1])
-        v = self.agent("victim")
-        e = te.Engine(listen_addr="127.0.0.1:0", rpc_timeout=5, auth_secret=SECRET)
+        v = agent(self, "victim", enable_listen_thread=True, listen_port=0)
+        e = te.Engine(listen_addr="127.0.0.1:0", rpc_timeout=5)
         self.addCleanup(e.close)
         for p in ports:
             e.send_notify(v.agent._segname, "nixl/md/get",
