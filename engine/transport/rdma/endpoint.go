@@ -692,6 +692,7 @@ func (ep *endpoint) destroyLocked() {
 		_ = q.qp.Destroy()
 		ep.nic.dropQP(q)
 	}
+	ep.t.st.qps.Add(-int64(len(ep.qps)))
 }
 
 // drainLocked takes every work request still posted on the (destroyed)
