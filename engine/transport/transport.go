@@ -240,8 +240,9 @@ type StatsReporter interface {
 // that fall back when a peer goes (closes, dies, restarts under its name),
 // so that growth with peers that come and go is a leak (LiveReporter).
 type Live struct {
-	// Peers is the peers (a peer's address, or its engine instance) the
-	// transport keeps state for.
+	// Peers is the peers the transport holds connections or endpoints for
+	// (tcp: the peer addresses in its pool; rdma, fabric: the peer engine
+	// instances its endpoints reach).
 	Peers int `json:"peers"`
 	// ConnsDialed and ConnsAccepted are the connections open now that this
 	// side opened to peers, and that peers opened to it.

@@ -120,6 +120,8 @@ type Transport struct {
 	wdIdle atomic.Bool
 	wdKick chan struct{}
 	wdDone chan struct{}
+	// reaperDone is closed when the idle reaper ended (reapIdle).
+	reaperDone chan struct{}
 }
 
 // passiveEP is the accepting side of an endpoint: queue pairs a peer
@@ -217,6 +219,10 @@ func (t *Transport) start(nics []*nic) {
 	if t.opt.StallTimeout > 0 {
 		t.wdKick, t.wdDone = make(chan struct{}, 1), make(chan struct{})
 		go t.watchdog()
+	}
+	if t.opt.PeerIdle > 0 {
+		t.reaperDone = make(chan struct{})
+		go t.reaper()
 	}
 	t.h.Control().Handle(wire.KindRDMA, t.handleHandshake)
 }
@@ -387,6 +393,7 @@ func (t *Transport) endpoint(pi *peerInfo, x int32) (*endpoint, error) {
 	}
 	ep := &endpoint{t: t, key: key, nic: t.nics[rl.local], rail: rl, peerH: pi.health, connecting: true, up: make(chan struct{}),
 		peer: peerRef{name: d.Name, instance: d.Instance, rpc: d.RPC, nic: rl.rname}}
+	ep.used.Store(nanotime())
 	t.eps[key] = ep
 	t.all[ep] = struct{}{}
 	t.wg.Add(1)
@@ -526,6 +533,9 @@ func (t *Transport) Close() error {
 	if t.wdDone != nil {
 		<-t.wdDone // no watchdog look meets the teardown
 	}
+	if t.reaperDone != nil {
+		<-t.reaperDone
+	}
 	t.mu.Lock()
 	t.closed = true
 	eps := make([]*endpoint, 0, len(t.eps))
@@ -641,12 +651,19 @@ func (t *Transport) Stats() map[string]uint64 {
 	return out
 }
 
-// Live reports the peer instances the transport keeps rails for, its
-// endpoints (initiating ones whose queue pairs are not destroyed, and
-// accepted ones) and the queue pairs they hold (transport.LiveReporter).
+// Live reports its endpoints (initiating ones whose queue pairs are not
+// destroyed, and accepted ones), the peer instances they reach and the
+// queue pairs they hold (transport.LiveReporter).
 func (t *Transport) Live() transport.Live {
 	t.mu.Lock()
-	l := transport.Live{Peers: len(t.peerH), Endpoints: len(t.all) + len(t.passive)}
+	inst := make(map[string]struct{}, len(t.all)+len(t.passive))
+	for ep := range t.all {
+		inst[ep.key.instance] = struct{}{}
+	}
+	for k := range t.passive {
+		inst[k.instance] = struct{}{}
+	}
+	l := transport.Live{Peers: len(inst), Endpoints: len(t.all) + len(t.passive)}
 	t.mu.Unlock()
 	l.QueuePairs = int(t.st.qps.Load())
 	return l

@@ -23,3 +23,25 @@ func TestPeerRestartsFakeVerbs(t *testing.T) {
 		c.Params = map[string]string{"rdma.library": lib}
 	}}, transporttest.Restarts{N: 500, Every: 10, Probes: map[string]func() int{"verbs_objects": func() int { return int(fake.Live()) }}})
 }
+
+// TestPeerCostFakeVerbs measures what one live peer (a child process on
+// the same fake fabric) costs an engine over rdma: an endpoint and its
+// queue pairs per rail, a control connection, their descriptors and
+// goroutines, all given back once the peer exited and its endpoints went
+// idle (Options.PeerIdle; bench/README.md, "Peer restarts").
+func TestPeerCostFakeVerbs(t *testing.T) {
+	lib := ibvtest.Build(t)
+	// The child inherits the fabric and the library from the environment.
+	t.Setenv(ibvtest.EnvFabric, t.TempDir())
+	t.Setenv("TE_IBV_LIBRARY", lib)
+	cost := transporttest.PeerCost(t, transporttest.Setup{Transport: rdma.Name, Config: func(c *engine.Config) {
+		c.Transports = []string{rdma.Name}
+		// Nothing tells the engine the peer exited: its endpoints go
+		// once idle this long.
+		c.Params = map[string]string{"rdma.library": lib, "limits.peer_idle_timeout": "200ms"}
+	}})
+	if cost["rdma.peers"] != 1 || cost["rdma.endpoints"] < 1 || cost["rdma.queue_pairs"] < cost["rdma.endpoints"] ||
+		cost["control.peer_conns_open"] != 1 {
+		t.Fatalf("one peer: %v, want one rdma peer with its endpoints and queue pairs and one control connection", cost)
+	}
+}
