@@ -179,9 +179,9 @@ type Limits struct {
 	// key). Default 16 MiB + 4 KiB: one notification of the largest size.
 	NotifyBytesPerSender uint64
 	// PeerIdleTimeout drops a peer's pooled connections (control and tcp)
-	// when it had no request for this long; shorter than IdleTimeout, so
-	// a client closes an idle connection before its peer does. Default
-	// 2m; negative: never.
+	// and destroys its rdma endpoints' queue pairs when it had no request
+	// for this long; shorter than IdleTimeout, so a client closes an idle
+	// connection before its peer does. Default 2m; negative: never.
 	PeerIdleTimeout time.Duration
 }
 

@@ -294,6 +294,9 @@ func (e *Engine) WriteMetrics(w io.Writer) error {
 	m.one("te_control_authenticated", "gauge", "1 when the engine holds a cluster secret and peers must prove it.",
 		b2f(c.Authenticated))
 	m.one("te_control_connections", "gauge", "Accepted control connections open now.", float64(c.ConnsOpen))
+	m.one("te_control_peer_connections", "gauge", "Control connections this engine dialled to peers, open now.",
+		float64(c.PeerConnsOpen))
+	m.one("te_control_peers", "gauge", "Peers the engine keeps a dialled control connection slot for.", float64(c.Peers))
 	m.one("te_control_connections_peak", "gauge", "The most accepted control connections open at once.", float64(c.ConnsPeak))
 	m.one("te_control_connections_accepted_total", "counter", "Control connections accepted.", float64(c.ConnsAccepted))
 	m.family("te_control_refused_total", "counter",
@@ -345,11 +348,40 @@ func (e *Engine) WriteMetrics(w io.Writer) error {
 			m.sample("te_transport_stat", float64(ts[n][k]), "transport", n, "stat", k)
 		}
 	}
+	e.writeLive(m, s.Live)
 	m.family("te_route_info", "gauge", "Always 1: the transport that served each open segment last, per memory class.")
 	for _, r := range s.Routes {
 		m.sample("te_route_info", 1, "segment", r.Segment, "memory", r.Memory, "transport", r.Transport)
 	}
 	return m.w.Flush()
+}
+
+// writeLive writes what peers cost the engine now, per transport that holds
+// per-peer resources (Stats.Live): gauges that fall back when peers go.
+func (e *Engine) writeLive(m *metricsWriter, live map[string]transport.Live) {
+	names := make([]string, 0, len(live))
+	for n := range live {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	m.family("te_transport_peers", "gauge", "Peers a transport keeps state for now.")
+	for _, n := range names {
+		m.sample("te_transport_peers", float64(live[n].Peers), "transport", n)
+	}
+	m.family("te_transport_connections", "gauge",
+		"A transport's connections open now, by direction: dialed (to peers) or accepted (from peers).")
+	for _, n := range names {
+		m.sample("te_transport_connections", float64(live[n].ConnsDialed), "transport", n, "direction", "dialed")
+		m.sample("te_transport_connections", float64(live[n].ConnsAccepted), "transport", n, "direction", "accepted")
+	}
+	m.family("te_transport_endpoints", "gauge", "A transport's endpoints to peers open now (rdma: NIC pairs, initiating and accepting).")
+	for _, n := range names {
+		m.sample("te_transport_endpoints", float64(live[n].Endpoints), "transport", n)
+	}
+	m.family("te_transport_queue_pairs", "gauge", "Verbs queue pairs a transport holds now.")
+	for _, n := range names {
+		m.sample("te_transport_queue_pairs", float64(live[n].QueuePairs), "transport", n)
+	}
 }
 
 func (e *Engine) writeHistograms(m *metricsWriter) {

@@ -227,3 +227,54 @@ func TestMetricsListenerCapped(t *testing.T) {
 		t.Fatal(resp.Status)
 	}
 }
+
+// TestLiveGauges: what a peer costs is reported while it lives (tcp peers
+// and connections dialled and accepted, control connections) in Stats and
+// as gauges, and falls back to nothing dialled once it is gone, without
+// waiting for the idle janitor.
+func TestLiveGauges(t *testing.T) {
+	a, b, s, la, rb := tcpPair(t)
+	r := engine.Request{Op: engine.Write, Local: la, Segment: s, Remote: rb, Length: 4096}
+	transfer(t, a, r)
+	st := a.Stats()
+	l := st.Live["tcp"]
+	if l.Peers != 1 || l.ConnsDialed < 1 || st.Control.Peers != 1 || st.Control.PeerConnsOpen != 1 {
+		t.Fatalf("a peer after a transfer: live %+v, control %+v", l, st.Control)
+	}
+	// Both engines are in this process: what a dialled, b accepted.
+	if acc := b.Stats().Live["tcp"].ConnsAccepted; acc != l.ConnsDialed {
+		t.Fatalf("b accepted %d tcp connections, a dialled %d", acc, l.ConnsDialed)
+	}
+	var buf bytes.Buffer
+	if err := a.WriteMetrics(&buf); err != nil {
+		t.Fatal(err)
+	}
+	if p := promcheck.Check(buf.Bytes()); len(p) > 0 {
+		t.Fatalf("exposition problems: %v", p)
+	}
+	for _, want := range []string{
+		`te_transport_peers{transport="tcp"} 1`,
+		`te_transport_connections{transport="tcp",direction="dialed"} ` + strconv.Itoa(l.ConnsDialed),
+		`te_transport_connections{transport="tcp",direction="accepted"} 0`,
+		`te_control_peer_connections 1`,
+		`te_control_peers 1`,
+	} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("missing %q in\n%s", want, buf.String())
+		}
+	}
+	b.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st = a.Stats()
+		l = st.Live["tcp"]
+		if l.Peers == 0 && l.ConnsDialed == 0 && st.Control.Peers == 0 && st.Control.PeerConnsOpen == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the peer closed, a still holds: live %+v, control peers %d, connections %d",
+				l, st.Control.Peers, st.Control.PeerConnsOpen)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -59,6 +59,12 @@ type Stats struct {
 	// bytes, errors, retries and cooldowns per rail and NIC, and how GPU
 	// memory was registered.
 	Transport map[string]map[string]uint64 `json:"transport_stats,omitempty"`
+	// Live is what peers cost this engine now, per transport that holds
+	// per-peer resources (LiveTransports): peers known, connections
+	// dialled and accepted, endpoints and queue pairs. Gauges that fall
+	// back when a peer goes or restarts under its name (bench/README.md,
+	// "Peer restarts").
+	Live map[string]transport.Live `json:"live,omitempty"`
 	// Topology is the NICs near each memory location, as the rdma
 	// transport uses them (Topology); absent without it.
 	Topology map[string][2][]string `json:"topology,omitempty"`
@@ -116,6 +122,13 @@ type ControlStats struct {
 	// EvictedPending counts connections closed before they authenticated
 	// to make room for a new one (oldest first).
 	EvictedPending uint64 `json:"evicted_pending"`
+	// Peers is the peers this engine keeps a dialled control connection
+	// slot for, PeerConnsOpen those connections open now (ConnsOpen counts
+	// the accepted ones). Gauges: a peer that goes (or restarts under its
+	// name) gives its connection back, and an idle one goes after
+	// Limits.PeerIdleTimeout.
+	Peers         int `json:"peers"`
+	PeerConnsOpen int `json:"peer_conns_open"`
 }
 
 // Stats returns the engine's counters.
@@ -145,6 +158,7 @@ func (e *Engine) Stats() Stats {
 		Routes:            e.routes(),
 		Control:           e.controlStats(),
 		Transport:         e.TransportStats(),
+		Live:              e.LiveTransports(),
 		Topology:          e.Topology(),
 	}
 }
@@ -175,5 +189,7 @@ func (e *Engine) controlStats() ControlStats {
 		CallsThrottled:      s.CallsThrottled,
 		AcceptErrors:        s.AcceptErrors,
 		EvictedPending:      s.EvictedPending,
+		Peers:               s.Peers,
+		PeerConnsOpen:       s.PeerConnsOpen,
 	}
 }

@@ -18,6 +18,19 @@ func (e *Engine) TransportStats() map[string]map[string]uint64 {
 	return out
 }
 
+// LiveTransports returns, by transport name, what the installed transports
+// that hold per-peer resources hold now (transport.Live): peers,
+// connections, endpoints, queue pairs.
+func (e *Engine) LiveTransports() map[string]transport.Live {
+	out := map[string]transport.Live{}
+	for _, t := range e.transports {
+		if l, ok := t.(transport.LiveReporter); ok {
+			out[t.Name()] = l.Live()
+		}
+	}
+	return out
+}
+
 // Topology returns Mooncake's topology matrix as the engine's transports use
 // it: for every memory location ("cpu:N", "cuda:N"), the RDMA NICs near it
 // and the others; nil when no installed transport places NICs (no rdma).

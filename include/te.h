@@ -510,7 +510,11 @@ int te_stats(te_engine_t engine, te_stats_t *out);
 
 /* te_stats_json writes the engine's counters, segment name and installed
  * transports as a JSON object; "transport_stats" holds the transports' own
- * counters (rdma: bytes, errors, retries and cooldowns per rail and NIC) and
+ * counters (rdma: bytes, errors, retries and cooldowns per rail and NIC),
+ * "live" what peers cost the engine now, per transport (gauges: "peers",
+ * "conns_dialed", "conns_accepted", "endpoints", "queue_pairs"; they fall
+ * back when a peer goes or restarts under its name), "control" the control
+ * plane's counters with its dialled "peers" and "peer_conns_open", and
  * "topology" the NICs near each memory location as rdma uses them (in
  * te_local_topology's shape; absent without rdma).
  * Blocks: no | Thread-safe: yes | Errors: TE_ERR_BUFFER_TOO_SMALL. */
@@ -519,7 +523,10 @@ int te_stats_json(te_engine_t engine, char *buf, size_t len);
 /* te_metrics writes the engine's metrics in Prometheus's text exposition
  * format (version 0.0.4) into the caller's buffer: tasks by final state,
  * bytes, notifications, control-plane connections and refusals
- * (authentication, limits), per-transport counters, routes, and
+ * (authentication, limits), per-transport counters, what peers cost now
+ * (te_transport_peers, te_transport_connections{direction},
+ * te_transport_endpoints, te_transport_queue_pairs,
+ * te_control_peer_connections, te_control_peers), routes, and
  * te_task_duration_seconds, a histogram of the time from a task's submit to
  * its batch's completion (what a caller of te_wait sees) per transport and
  * peer class. Every family has HELP and TYPE lines. The text

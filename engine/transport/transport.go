@@ -236,6 +236,32 @@ type StatsReporter interface {
 	Stats() map[string]uint64
 }
 
+// Live is what a transport holds for its peers now: gauges, not counters,
+// that fall back when a peer goes (closes, dies, restarts under its name),
+// so that growth with peers that come and go is a leak (LiveReporter).
+type Live struct {
+	// Peers is the peers the transport holds connections or endpoints for
+	// (tcp: the peer addresses in its pool; rdma, fabric: the peer engine
+	// instances its endpoints reach).
+	Peers int `json:"peers"`
+	// ConnsDialed and ConnsAccepted are the connections open now that this
+	// side opened to peers, and that peers opened to it.
+	ConnsDialed   int `json:"conns_dialed"`
+	ConnsAccepted int `json:"conns_accepted"`
+	// Endpoints is the endpoints open now (rdma: a NIC pair to a peer
+	// instance, initiating or accepting; fabric: a NIC pair to a peer),
+	// QueuePairs the verbs queue pairs they hold.
+	Endpoints  int `json:"endpoints"`
+	QueuePairs int `json:"queue_pairs"`
+}
+
+// LiveReporter is implemented by transports that hold per-peer resources
+// (connections, endpoints, queue pairs); the engine reports them by
+// transport (Stats.Live, te_metrics).
+type LiveReporter interface {
+	Live() Live
+}
+
 // TopologyReporter is implemented by transports that place NICs near memory
 // (rdma): Topology is Mooncake's topology matrix, for every memory location
 // ("cpu:N", "cuda:N") the NICs near it and the others.

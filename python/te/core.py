@@ -412,7 +412,9 @@ class Engine:
     def stats(self):
         """Counters, segment name and installed transports as a dict;
         "transport_stats" has the transports' own counters (rdma: per rail
-        and NIC), "topology" the NICs rdma uses per memory location."""
+        and NIC), "live" what peers cost now per transport (peers,
+        conns_dialed, conns_accepted, endpoints, queue_pairs), "topology"
+        the NICs rdma uses per memory location."""
         lib = _lib.load()
         size = 1 << 16
         while True:

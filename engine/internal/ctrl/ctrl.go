@@ -106,6 +106,9 @@ type Stats struct {
 	// EvictedPending counts connections closed before they authenticated
 	// to make room for a new one.
 	EvictedPending uint64
+	// Peers is the peers the dialled pool holds, PeerConnsOpen their
+	// connections alive now.
+	Peers, PeerConnsOpen int
 }
 
 // workerIdle is how long a pool goroutine waits for another call before it
@@ -238,7 +241,10 @@ func (c *Plane) Close() {
 // Stats returns the plane's counters.
 func (c *Plane) Stats() Stats {
 	ls := c.lim.Stats()
+	peers, conns := c.pool.Live()
 	return Stats{
+		Peers:               peers,
+		PeerConnsOpen:       conns,
 		ConnsOpen:           ls.Open,
 		ConnsPeak:           ls.Peak,
 		ConnsAccepted:       ls.Accepted,

@@ -333,6 +333,7 @@ func (c *conn[T]) exit() {
 	if len(again) > 0 {
 		c.pe.retry(again, err)
 	}
+	p.forgetDead(c.pe)
 	p.wg.Done()
 }
 

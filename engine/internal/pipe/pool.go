@@ -45,6 +45,25 @@ func New[T Item](d Dialect[T], o Options) *Pool[T] {
 // Pruned returns how many idle connections the janitor closed.
 func (p *Pool[T]) Pruned() uint64 { return p.pruned.Load() }
 
+// Live returns the peers the pool holds and their connections alive now
+// (dialing, opening or open).
+func (p *Pool[T]) Live() (peers, conns int) {
+	p.mu.Lock()
+	list := make([]*Peer[T], 0, len(p.peers))
+	for _, pe := range p.peers {
+		list = append(list, pe)
+	}
+	p.mu.Unlock()
+	for _, pe := range list {
+		for _, c := range pe.all() {
+			if c.alive() {
+				conns++
+			}
+		}
+	}
+	return len(list), conns
+}
+
 // Peer returns the peer at addr, made on first use, and marks it used now.
 func (p *Pool[T]) Peer(addr string) (*Peer[T], error) {
 	p.mu.Lock()
@@ -154,6 +173,33 @@ func (p *Pool[T]) Prune(now time.Time) {
 		}
 	}
 	p.pruned.Add(n)
+}
+
+// forgetDead drops pe once every connection it made has ended with nothing
+// queued or in flight: a peer that went (closed, died, or came back at
+// another address, as a restarted engine's data endpoint does) costs the
+// pool nothing from then on, rather than until the janitor's next round (or
+// for ever without PeerIdle). An item for pe after that goes to a new peer
+// at its address, as after Prune.
+func (p *Pool[T]) forgetDead(pe *Peer[T]) {
+	pe.mu.Lock()
+	defer pe.mu.Unlock()
+	if pe.gone {
+		return
+	}
+	for _, c := range pe.conns {
+		if c != nil {
+			if busy, alive := c.state(); busy || alive {
+				return
+			}
+		}
+	}
+	p.mu.Lock()
+	if p.peers[pe.addr] == pe {
+		delete(p.peers, pe.addr)
+		pe.gone = true
+	}
+	p.mu.Unlock()
 }
 
 // Peer is the set of connections to one address.

@@ -428,6 +428,18 @@ func (t *Transport) Stats() map[string]uint64 {
 	return out
 }
 
+// Live reports the peer instances the transport has endpoints to and those
+// endpoints (transport.LiveReporter).
+func (t *Transport) Live() transport.Live {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	inst := map[string]struct{}{}
+	for k := range t.eps {
+		inst[k.instance] = struct{}{}
+	}
+	return transport.Live{Peers: len(inst), Endpoints: len(t.eps)}
+}
+
 // Close fails everything in flight and releases every libfabric object.
 // Endpoints are closed before their requests complete: the close is the
 // flush after which the provider touches none of their memory.

@@ -72,6 +72,12 @@ type Options struct {
 	// timer (about 0.5 s at the default ACK timeout) would take longer.
 	// 0 turns the watchdog off.
 	StallTimeout time.Duration
+	// PeerIdle destroys an endpoint's queue pairs once it went this long
+	// without a post and has nothing outstanding (the engine's
+	// Limits.PeerIdleTimeout, 2m; 0: never): a peer that died, and is
+	// never asked for again, does not hold queue pairs for good. The next
+	// request to a live peer connects anew.
+	PeerIdle time.Duration
 	// MRCache (rdma.mr_cache=on) registers the mapping a host region lies
 	// in once per NIC (in windows of max_mr_size) and gives every region
 	// inside it that window's keys, instead of one memory region per
@@ -88,7 +94,8 @@ func (o Options) health() health {
 func DefaultOptions() Options {
 	return Options{Slice: DefaultSlice, QPs: DefaultQPs, Depth: DefaultDepth, Retries: DefaultRetries,
 		GIDIndex: -1, ParallelRegMin: ParallelRegMin, ErrorLimit: DefaultErrorLimit, ErrorWindow: DefaultErrorWindow,
-		Cooldown: DefaultCooldown, CooldownMax: DefaultCooldownMax, StallTimeout: DefaultStallTimeout}
+		Cooldown: DefaultCooldown, CooldownMax: DefaultCooldownMax, StallTimeout: DefaultStallTimeout,
+		PeerIdle: 2 * time.Minute}
 }
 
 // ParseOptions reads rdma.* parameters; the device allow-list falls back to
@@ -156,6 +163,13 @@ func ParseOptions(param func(string) (string, bool), getenv func(string) string)
 			return o, bad("rdma.stall_timeout", v, "want 0 (off) or a duration up to 1h (e.g. 20ms)")
 		}
 		o.StallTimeout = d
+	}
+	if v, ok := param("limits.peer_idle_timeout"); ok {
+		d, err := time.ParseDuration(strings.TrimSpace(v))
+		if err != nil || d < 0 {
+			return o, bad("limits.peer_idle_timeout", v, "want 0 (never) or a positive duration")
+		}
+		o.PeerIdle = d
 	}
 	if o.CooldownMax < o.Cooldown {
 		o.CooldownMax = o.Cooldown

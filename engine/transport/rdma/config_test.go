@@ -25,7 +25,7 @@ func TestParseOptions(t *testing.T) {
 		"rdma.devices": "mlx5_0, mlx5_1", "rdma.slice": "256KiB", "rdma.qps": "4", "rdma.depth": "64",
 		"rdma.retries": "0", "rdma.gid_index": "3", "rdma.parallel_reg_min": "1M", "rdma.library": "/opt/libibverbs.so.1",
 		"rdma.error_limit": "5", "rdma.error_window": "1s", "rdma.cooldown": "200ms", "rdma.cooldown_max": "100ms",
-		"rdma.stall_timeout": "50ms", "rdma.mr_cache": "on",
+		"rdma.stall_timeout": "50ms", "rdma.mr_cache": "on", "limits.peer_idle_timeout": "90s",
 	}), env(map[string]string{"TE_RDMA_DEVICES": "ignored", "MC_TE_FILTERS": "ignored"}))
 	if err != nil {
 		t.Fatal(err)
@@ -34,13 +34,20 @@ func TestParseOptions(t *testing.T) {
 	want := Options{Devices: []string{"mlx5_0", "mlx5_1"}, Library: "/opt/libibverbs.so.1", Slice: 256 << 10, QPs: 4,
 		Depth: 64, Retries: 0, GIDIndex: 3, ParallelRegMin: 1 << 20,
 		ErrorLimit: 5, ErrorWindow: time.Second, Cooldown: 200 * time.Millisecond, CooldownMax: 200 * time.Millisecond,
-		StallTimeout: 50 * time.Millisecond, MRCache: true}
+		StallTimeout: 50 * time.Millisecond, PeerIdle: 90 * time.Second, MRCache: true}
 	if !reflect.DeepEqual(o, want) {
 		t.Fatalf("got %+v\nwant %+v", o, want)
 	}
 	// 0 turns the stall watchdog off.
 	if o, err := ParseOptions(params(map[string]string{"rdma.stall_timeout": "0"}), env(nil)); err != nil || o.StallTimeout != 0 {
 		t.Fatalf("rdma.stall_timeout=0: %v, %v", o.StallTimeout, err)
+	}
+	// 0 keeps idle endpoints; a negative timeout is refused.
+	if o, err := ParseOptions(params(map[string]string{"limits.peer_idle_timeout": "0s"}), env(nil)); err != nil || o.PeerIdle != 0 {
+		t.Fatalf("limits.peer_idle_timeout=0s: %v, %v", o.PeerIdle, err)
+	}
+	if _, err := ParseOptions(params(map[string]string{"limits.peer_idle_timeout": "-1s"}), env(nil)); err == nil {
+		t.Fatal("limits.peer_idle_timeout=-1s accepted")
 	}
 }
 

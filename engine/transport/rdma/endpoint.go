@@ -43,6 +43,9 @@ type endpoint struct {
 	// progress (a completion, or the post that ended an idle spell); 0
 	// when none is outstanding. The stall watchdog reads it (watchOnce).
 	busy atomic.Int64
+	// used is when slices were last posted on it (or it was made): the
+	// idle reaper destroys an endpoint unused for Options.PeerIdle.
+	used atomic.Int64
 
 	mu         sync.Mutex
 	qps        []*qpState
@@ -270,6 +273,9 @@ func (ep *endpoint) takePendingLocked(out []span) []span {
 // work requests and at its end. Slices of canceled requests are left out;
 // a refused post fails the endpoint and sends the rest back for a retry.
 func (ep *endpoint) flushLocked(out *outcome) {
+	if ep.pn > 0 {
+		ep.used.Store(nanotime())
+	}
 	for ep.pn > 0 {
 		var qs *qpState
 		for k := range ep.qps {
@@ -510,6 +516,53 @@ func (t *Transport) watchdog() {
 	}
 }
 
+// errIdle is why an endpoint unused for Options.PeerIdle was destroyed.
+var errIdle error = errs.New(errs.Closed, "rdma", "idle endpoint closed")
+
+// reaper destroys, every quarter of Options.PeerIdle (at most 30s),
+// the endpoints that went PeerIdle without a post and have nothing
+// outstanding: nothing else would, for a peer that died and is not asked
+// for again (its queue pairs never fail on their own).
+func (t *Transport) reaper() {
+	defer close(t.reaperDone)
+	tk := time.NewTicker(min(max(t.opt.PeerIdle/4, 10*time.Millisecond), 30*time.Second))
+	defer tk.Stop()
+	for {
+		select {
+		case <-t.ctx.Done():
+			return
+		case <-tk.C:
+			t.reapIdle(nanotime())
+		}
+	}
+}
+
+// reapIdle fails the ready endpoints idle since before now-PeerIdle with
+// nothing pending or posted, which destroys their queue pairs.
+func (t *Transport) reapIdle(now int64) {
+	limit := now - int64(t.opt.PeerIdle)
+	var idle []*endpoint
+	t.mu.Lock()
+	for _, ep := range t.eps {
+		if ep.used.Load() < limit && ep.state.Load() == epReady {
+			idle = append(idle, ep)
+		}
+	}
+	t.mu.Unlock()
+	for _, ep := range idle {
+		ep.mu.Lock()
+		busy := ep.pn > 0 || ep.used.Load() >= limit || ep.state.Load() != epReady
+		for _, q := range ep.qps {
+			busy = busy || q.n > 0
+		}
+		if !busy {
+			ep.failLocked(errIdle)
+			ep.releaseIfIdleLocked()
+		}
+		ep.mu.Unlock()
+	}
+}
+
 // wake starts the watchdog's looks if it sleeps: work was just posted on
 // an idle endpoint.
 func (t *Transport) wake() {
@@ -661,7 +714,7 @@ func (ep *endpoint) failLocked(err error) {
 	}
 	// A handshake that fails is reported through the requests; an
 	// established endpoint that breaks is worth a line.
-	if wasReady && !ep.t.closing.Load() && err != errTornDown {
+	if wasReady && !ep.t.closing.Load() && err != errTornDown && err != errIdle {
 		ep.t.h.Logf("te: rdma: endpoint %s -> %s@%s failed: %v", ep.nic.name, ep.peer.name, ep.peer.nic, err)
 	}
 	ep.t.railError(ep, err)
@@ -692,6 +745,7 @@ func (ep *endpoint) destroyLocked() {
 		_ = q.qp.Destroy()
 		ep.nic.dropQP(q)
 	}
+	ep.t.st.qps.Add(-int64(len(ep.qps)))
 }
 
 // drainLocked takes every work request still posted on the (destroyed)

@@ -60,6 +60,13 @@ func (t *Transport) peerOf(d *segment.Desc) *peerInfo {
 		}
 	}
 	pi := &peerInfo{desc: d}
+	if t.isGone(d.Instance) {
+		// A descriptor of an incarnation that restarted since (a request
+		// submitted with it before the engine refreshed it): no rails
+		// for it, and the rails of its successor stay.
+		pi.err = errGone(d)
+		return pi
+	}
 	pi.nics, pi.err = peerNICs(d)
 	if pi.err == nil {
 		t.buildRails(pi)
@@ -69,13 +76,59 @@ func (t *Transport) peerOf(d *segment.Desc) *peerInfo {
 		}
 	}
 	pi.eps = make([]atomic.Pointer[endpoint], len(pi.rails))
+	t.mu.Lock()
+	if _, gone := t.gone[d.Instance]; gone {
+		// Its successor came while the rails were built: retire drops
+		// them again.
+		t.mu.Unlock()
+		t.retire(d.Name, d.Instance)
+		return &peerInfo{desc: d, err: errGone(d)}
+	}
+	retired := ""
 	if old, ok := t.peers.Swap(d.Name, pi); ok {
 		if o := old.(*peerInfo); o.desc != nil && o.desc.Instance != d.Instance {
-			t.retire(o.desc.Instance)
+			retired = o.desc.Instance
+			t.markGoneLocked(retired)
 		}
+	}
+	t.mu.Unlock()
+	if retired != "" {
+		t.retire(d.Name, retired)
 	}
 	t.lastPeer.Store(pi)
 	return pi
+}
+
+// maxGone bounds the restarted peer instances the transport remembers, to
+// refuse their late descriptors.
+const maxGone = 1024
+
+// markGoneLocked remembers that instance restarted; t.mu is held. A peer
+// without an instance id (a Mooncake engine) is not remembered: the id is
+// shared by every such peer.
+func (t *Transport) markGoneLocked(instance string) {
+	if _, ok := t.gone[instance]; ok || instance == "" {
+		return
+	}
+	if len(t.goneOrder) >= maxGone {
+		delete(t.gone, t.goneOrder[0])
+		t.goneOrder = t.goneOrder[1:]
+	}
+	t.gone[instance] = struct{}{}
+	t.goneOrder = append(t.goneOrder, instance)
+}
+
+func (t *Transport) isGone(instance string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	_, ok := t.gone[instance]
+	return ok
+}
+
+// errGone is why a request with the descriptor of a restarted peer
+// instance is refused: the engine looks the segment up again.
+func errGone(d *segment.Desc) error {
+	return errs.New(errs.StaleDescriptor, "rdma", "segment %q restarted: instance %s is gone", d.Name, d.Instance)
 }
 
 // buildRails lists the rails to the peer: every local NIC with every peer
@@ -111,11 +164,15 @@ func (t *Transport) buildRails(pi *peerInfo) {
 	}
 }
 
-// retire forgets the rails of a peer instance that restarted: their
-// counters go to the totals, their health does not carry over.
-func (t *Transport) retire(instance string) {
+// retire forgets a peer instance that restarted: the rails' counters go to
+// the totals, their health does not carry over, and its endpoints fail, so
+// that their queue pairs are destroyed once nothing is posted on them. The
+// engine may learn of the restart from a fresh descriptor without a request
+// ever failing on those endpoints (a store's watch, a segment opened
+// again): idle, they would hold their queue pairs for good, one set per
+// restart (Mooncake's deployments ran out of queue pairs so).
+func (t *Transport) retire(name, instance string) {
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	for k, r := range t.rails {
 		if k.instance == instance {
 			t.retired.add(r)
@@ -123,6 +180,17 @@ func (t *Transport) retire(instance string) {
 		}
 	}
 	delete(t.peerH, instance)
+	var eps []*endpoint
+	for k, ep := range t.eps {
+		if k.instance == instance && ep.peer.name == name {
+			eps = append(eps, ep)
+		}
+	}
+	t.mu.Unlock()
+	// Outside t.mu: an endpoint's lock comes first.
+	for _, ep := range eps {
+		ep.fail(errs.New(errs.StaleDescriptor, "rdma", "segment %q restarted: instance %s is gone", name, instance))
+	}
 }
 
 // plan returns the routing plan for requests from local memory at loc to a

@@ -101,6 +101,10 @@ type Transport struct {
 	rails   map[epKey]*rail        // by peer instance and NIC pair
 	peerH   map[string]*peerHealth // by peer instance
 	retired railTotals             // counters of rails of restarted peers
+	// gone holds the peer instances that restarted (their successor's
+	// descriptor was seen), goneOrder the same oldest first (maxGone).
+	gone      map[string]struct{}
+	goneOrder []string
 
 	peers    sync.Map                 // segment name -> *peerInfo of its last descriptor
 	lastPeer atomic.Pointer[peerInfo] // the one peerOf returned last
@@ -109,12 +113,15 @@ type Transport struct {
 		gpuDmabuf, gpuPeermem, gpuRefused atomic.Uint64
 		cooldowns, unreachable            atomic.Uint64
 		stalls                            atomic.Uint64 // endpoints the watchdog failed
+		qps                               atomic.Int64  // queue pairs created and not destroyed
 	}
 	// The stall watchdog (see watchdog): whether it sleeps, its wake-up,
 	// and closed when it ended.
 	wdIdle atomic.Bool
 	wdKick chan struct{}
 	wdDone chan struct{}
+	// reaperDone is closed when the idle reaper ended (reapIdle).
+	reaperDone chan struct{}
 }
 
 // passiveEP is the accepting side of an endpoint: queue pairs a peer
@@ -131,7 +138,7 @@ const MaxPassive = 4096
 // New returns an unstarted transport.
 func New() *Transport {
 	return &Transport{keys: newKeyTable(), eps: map[epKey]*endpoint{}, all: map[*endpoint]struct{}{}, passive: map[epKey]*passiveEP{},
-		rails: map[epKey]*rail{}, peerH: map[string]*peerHealth{}, dmabuf: dmabufOf}
+		rails: map[epKey]*rail{}, peerH: map[string]*peerHealth{}, gone: map[string]struct{}{}, dmabuf: dmabufOf}
 }
 
 // Name returns "rdma".
@@ -212,6 +219,10 @@ func (t *Transport) start(nics []*nic) {
 	if t.opt.StallTimeout > 0 {
 		t.wdKick, t.wdDone = make(chan struct{}, 1), make(chan struct{})
 		go t.watchdog()
+	}
+	if t.opt.PeerIdle > 0 {
+		t.reaperDone = make(chan struct{})
+		go t.reaper()
 	}
 	t.h.Control().Handle(wire.KindRDMA, t.handleHandshake)
 }
@@ -382,6 +393,7 @@ func (t *Transport) endpoint(pi *peerInfo, x int32) (*endpoint, error) {
 	}
 	ep := &endpoint{t: t, key: key, nic: t.nics[rl.local], rail: rl, peerH: pi.health, connecting: true, up: make(chan struct{}),
 		peer: peerRef{name: d.Name, instance: d.Instance, rpc: d.RPC, nic: rl.rname}}
+	ep.used.Store(nanotime())
 	t.eps[key] = ep
 	t.all[ep] = struct{}{}
 	t.wg.Add(1)
@@ -409,9 +421,10 @@ func (t *Transport) createQPs(n *nic, count int) ([]queuePair, error) {
 	for i := 0; i < count; i++ {
 		qp, err := n.hw.CreateQP(depth)
 		if err != nil {
-			destroyQPs(qps)
+			t.destroyQPs(qps)
 			return nil, err
 		}
+		t.st.qps.Add(1)
 		qps = append(qps, qp)
 	}
 	return qps, nil
@@ -457,7 +470,7 @@ func (t *Transport) handleHandshake(_ context.Context, body []byte) ([]byte, err
 	psn := rand.Uint32() & (1<<24 - 1)
 	for i, q := range qps {
 		if err = q.Connect(n.rcParams(h, gid, i, psn)); err != nil {
-			destroyQPs(qps)
+			t.destroyQPs(qps)
 			return nil, err
 		}
 	}
@@ -467,7 +480,7 @@ func (t *Transport) handleHandshake(_ context.Context, body []byte) ([]byte, err
 	if t.closed || len(t.passive) >= MaxPassive {
 		closed := t.closed
 		t.mu.Unlock()
-		destroyQPs(qps)
+		t.destroyQPs(qps)
 		if closed {
 			return nil, errs.New(errs.Closed, "rdma", "transport closed")
 		}
@@ -485,7 +498,7 @@ func (t *Transport) handleHandshake(_ context.Context, body []byte) ([]byte, err
 	t.passive[key] = &passiveEP{nic: n, segment: peerSeg, qps: qps}
 	t.mu.Unlock()
 	for _, p := range drop {
-		destroyQPs(p.qps)
+		t.destroyQPs(p.qps)
 	}
 	rep := handshake{LocalNICPath: t.h.SegmentName() + "@" + n.name, PeerNICPath: h.LocalNICPath,
 		LID: n.lid, GID: formatGID(n.gid), MTU: n.mtu, PSN: psn, Instance: t.h.Instance()}
@@ -495,10 +508,11 @@ func (t *Transport) handleHandshake(_ context.Context, body []byte) ([]byte, err
 	return rep.encode()
 }
 
-func destroyQPs(qps []queuePair) {
+func (t *Transport) destroyQPs(qps []queuePair) {
 	for _, q := range qps {
 		_ = q.Destroy()
 	}
+	t.st.qps.Add(-int64(len(qps)))
 }
 
 // closeDrain bounds how long Close waits for flushed completions.
@@ -518,6 +532,9 @@ func (t *Transport) Close() error {
 	t.cancel()
 	if t.wdDone != nil {
 		<-t.wdDone // no watchdog look meets the teardown
+	}
+	if t.reaperDone != nil {
+		<-t.reaperDone
 	}
 	t.mu.Lock()
 	t.closed = true
@@ -565,7 +582,7 @@ func (t *Transport) Close() error {
 		e.req.sliceDone(closedErr)
 	}
 	for _, p := range passive {
-		destroyQPs(p.qps)
+		t.destroyQPs(p.qps)
 	}
 	t.keys.closeAll()
 	for _, n := range t.nics {
@@ -632,6 +649,24 @@ func (t *Transport) Stats() map[string]uint64 {
 	out["peers_unreachable"] = t.st.unreachable.Load()
 	out["stalls"] = t.st.stalls.Load()
 	return out
+}
+
+// Live reports its endpoints (initiating ones whose queue pairs are not
+// destroyed, and accepted ones), the peer instances they reach and the
+// queue pairs they hold (transport.LiveReporter).
+func (t *Transport) Live() transport.Live {
+	t.mu.Lock()
+	inst := make(map[string]struct{}, len(t.all)+len(t.passive))
+	for ep := range t.all {
+		inst[ep.key.instance] = struct{}{}
+	}
+	for k := range t.passive {
+		inst[k.instance] = struct{}{}
+	}
+	l := transport.Live{Peers: len(inst), Endpoints: len(t.all) + len(t.passive)}
+	t.mu.Unlock()
+	l.QueuePairs = int(t.st.qps.Load())
+	return l
 }
 
 // Topology is Mooncake's topology matrix of this transport's NICs: for

@@ -250,6 +250,22 @@ func (t *Transport) Stats() map[string]uint64 {
 	}
 }
 
+// Live reports the peers the initiator side holds (te's framing and
+// Mooncake's), its connections to them and the accepted data connections
+// open now (transport.LiveReporter).
+func (t *Transport) Live() transport.Live {
+	var l transport.Live
+	for _, f := range []*framing{&t.tef, &t.mcf} {
+		if f.pool != nil {
+			p, c := f.pool.Live()
+			l.Peers += p
+			l.ConnsDialed += c
+		}
+	}
+	l.ConnsAccepted = t.limiter.Stats().Open
+	return l
+}
+
 func (t *Transport) pruned() uint64 {
 	var n uint64
 	for _, f := range []*framing{&t.tef, &t.mcf} {
