@@ -21,7 +21,7 @@ type Sealer struct {
 type Opener struct {
 	d       direction
 	err     error
-	scratch []byte // one sealed record, for streams (allocated on first use)
+	scratch []byte // ReadRecords sealed records, for streams (allocated on first use)
 	pay     payloadState
 }
 
@@ -113,6 +113,30 @@ func (s *Sealer) record(dst, p []byte) ([]byte, error) {
 	start := len(dst)
 	dst = append(dst, p...)
 	return s.d.aead.Seal(dst, s.d.nonce[:], nil, dst[start:]), nil
+}
+
+// Tag appends to dst the tag of rec, the next record of an Integrity
+// payload (1 to RecordSize bytes), and consumes its sequence number: on the
+// wire the record is rec followed by this tag, the bytes WritePayload puts
+// there. A sender uses it to send a payload from where it lies (the
+// records and their tags in one writev) instead of copying it into a
+// buffer first. Only Integrity sessions have such records; other modes, a
+// nil Sealer and a record of another size are refused.
+func (s *Sealer) Tag(dst, rec []byte) ([]byte, error) {
+	if s.Mode() != Integrity {
+		return dst, errs.New(errs.InvalidArgument, "session", "a payload tag in a %s session", s.Mode())
+	}
+	if s.err != nil {
+		return dst, s.err
+	}
+	if len(rec) == 0 || len(rec) > RecordSize {
+		return dst, errs.New(errs.InvalidArgument, "session", "a record of %d bytes (1 to %d)", len(rec), RecordSize)
+	}
+	if err := s.d.next(); err != nil {
+		s.err = err
+		return dst, err
+	}
+	return s.d.aead.Seal(dst, s.d.nonce[:], nil, rec), nil
 }
 
 // Open opens one record received whole (its plaintext length plus
