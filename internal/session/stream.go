@@ -106,7 +106,7 @@ func (o *Opener) DiscardBody(r io.Reader, n uint64, beforeChunk func(size int)) 
 	if o == nil {
 		return wire.DiscardBody(r, n, beforeChunk)
 	}
-	return o.records(r, nil, n, beforeChunk)
+	return o.records(r, nil, n, 1, beforeChunk)
 }
 
 // ReadPayload reads a data payload of len(dst) bytes into dst: records in
@@ -131,7 +131,7 @@ func (o *Opener) ReadPayload(r io.Reader, dst []byte, beforeChunk func(size int)
 		}
 		return nil
 	}
-	return o.records(r, dst, uint64(len(dst)), beforeChunk)
+	return o.records(r, dst, uint64(len(dst)), ReadRecords, beforeChunk)
 }
 
 // DiscardPayload reads and drops an n-byte data payload (a refused WRITE's,
@@ -143,38 +143,58 @@ func (o *Opener) DiscardPayload(r io.Reader, n uint64, beforeChunk func(size int
 		}
 		return wire.DiscardBody(r, n, beforeChunk)
 	}
-	return o.records(r, nil, n, beforeChunk)
+	return o.records(r, nil, n, ReadRecords, beforeChunk)
 }
 
 // records reads n plaintext bytes of records through the scratch buffer,
-// up to ReadRecords of them at a time (beforeChunk gets the wire size of
-// each such group), and copies each opened record into dst (nil: dropped)
-// before it opens the next.
-func (o *Opener) records(r io.Reader, dst []byte, n uint64, beforeChunk func(size int)) error {
+// up to group of them at a time (beforeChunk gets the wire size of each
+// such group: a control body's bound is per record, a payload's per
+// group), opens them (on several cores where the group is large)
+// and copies each record that opened into dst (nil: dropped). A record
+// that does not open fails the call; no byte of it reaches dst.
+func (o *Opener) records(r io.Reader, dst []byte, n uint64, group int, beforeChunk func(size int)) error {
 	if o.err != nil {
 		return o.err
 	}
 	sc := o.groupScratch()
 	for off := uint64(0); off < n; {
-		group := min(n-off, ReadRecords*RecordSize)
-		size := int(SealedSize(group))
+		k := min(n-off, uint64(group)*RecordSize)
+		size := int(SealedSize(k))
 		if beforeChunk != nil {
 			beforeChunk(size)
 		}
 		if _, err := io.ReadFull(r, sc[:size]); err != nil {
 			return err
 		}
-		for rec := sc[:size]; len(rec) > 0; {
-			k := min(len(rec), RecordSize+TagSize)
-			p, err := o.Open(rec[:k])
-			if err != nil {
-				return err
-			}
-			if dst != nil {
-				copy(dst[off:], p)
-			}
-			off += uint64(len(p))
-			rec = rec[k:]
+		if err := o.openGroup(sc[:size], int(Records(k)), dst, off); err != nil {
+			return err
+		}
+		off += k
+	}
+	return nil
+}
+
+// openGroup opens the n records of recs (at most ReadRecords, read whole) in
+// place, on several cores where they are many, then copies them into dst at
+// off and on (nil: dropped), in order, up to the first that did not open:
+// that one fails the Opener, and no byte of it or of any record after it
+// reaches dst.
+func (o *Opener) openGroup(recs []byte, n int, dst []byte, off uint64) error {
+	ks, err := o.d.take(o.keys, n)
+	o.keys = ks
+	if err != nil {
+		return o.fail(err)
+	}
+	o.job.ks, o.job.recs, o.job.enc = ks, recs, o.d.mode.encrypts()
+	fanOut(n, len(recs) >= minParallel, &o.job)
+	o.job.recs = nil
+	for i := range n {
+		if !o.job.opened[i] {
+			return o.fail(refusedRecord(ks[i].seq))
+		}
+		if dst != nil {
+			rec := recs[i*(RecordSize+TagSize) : min(len(recs), (i+1)*(RecordSize+TagSize))]
+			copy(dst[off+uint64(i*RecordSize):], rec[:len(rec)-TagSize])
 		}
 	}
 	return nil
