@@ -113,7 +113,7 @@ func (v variant) writePayload(s *Sealer, w io.Writer, p []byte) error {
 
 func (v variant) readPayload(o *Opener, r io.Reader, dst []byte) error {
 	if v.payloadMAC {
-		return o.records(r, dst, uint64(len(dst)), nil)
+		return o.records(r, dst, uint64(len(dst)), ReadRecords, nil)
 	}
 	return o.ReadPayload(r, dst, nil)
 }

@@ -1,6 +1,8 @@
 package session
 
 import (
+	"slices"
+
 	"github.com/tecache/te/internal/errs"
 )
 
@@ -13,6 +15,8 @@ type Sealer struct {
 	scratch []byte // one sealed record, for streams (allocated on first use)
 	tag     [TagSize]byte
 	pay     payloadState
+	keys    []recordKey // the records of one Seal or Tags call
+	job     sealJob
 }
 
 // Opener opens what one end receives. A nil *Opener passes bytes through.
@@ -21,8 +25,10 @@ type Sealer struct {
 type Opener struct {
 	d       direction
 	err     error
-	scratch []byte // one sealed record, for streams (allocated on first use)
+	scratch []byte // ReadRecords sealed records, for streams (allocated on first use)
 	pay     payloadState
+	keys    []recordKey // the records of one group (records)
+	job     openJob
 }
 
 // Mode returns the session's mode; 0 for a nil Sealer.
@@ -80,13 +86,18 @@ func (o *Opener) PayloadSize(n uint64) uint64 {
 // Seal appends p to dst as records (Records(len(p)) of them, each at most
 // RecordSize bytes of p and its tag) and returns the extended slice: a
 // frame header is one record. It allocates nothing when dst has room for
-// Size(len(p)) more bytes. p and dst must not overlap.
+// Size(len(p)) more bytes. p and dst must not overlap. The records of a p
+// of two records or more are sealed on several cores (on a machine of four
+// cores or more: fanOut).
 func (s *Sealer) Seal(dst, p []byte) ([]byte, error) {
 	if s == nil {
 		return append(dst, p...), nil
 	}
 	if s.err != nil {
 		return dst, s.err
+	}
+	if len(p) >= minParallel {
+		return s.sealWide(dst, p)
 	}
 	for len(p) > 0 {
 		n := min(len(p), RecordSize)
@@ -113,6 +124,59 @@ func (s *Sealer) record(dst, p []byte) ([]byte, error) {
 	start := len(dst)
 	dst = append(dst, p...)
 	return s.d.aead.Seal(dst, s.d.nonce[:], nil, dst[start:]), nil
+}
+
+// sealWide is Seal for a p of many records: their sequence numbers taken
+// in order, then the records sealed in place in dst by several workers.
+func (s *Sealer) sealWide(dst, p []byte) ([]byte, error) {
+	n := int(Records(uint64(len(p))))
+	ks, err := s.d.take(s.keys, n)
+	s.keys = ks
+	if err != nil {
+		s.err = err
+		return dst, err
+	}
+	at := len(dst)
+	dst = slices.Grow(dst, int(SealedSize(uint64(len(p)))))[:at+int(SealedSize(uint64(len(p))))]
+	s.job = sealJob{ks: ks, p: p, dst: dst, at: at, enc: s.d.mode.encrypts()}
+	fanOut(n, true, &s.job)
+	s.job = sealJob{}
+	return dst, nil
+}
+
+// Tags appends to dst the tags of the records of p, the next records of an
+// Integrity payload (p starts a record; every record but the last one is
+// RecordSize bytes), and consumes their sequence numbers: on the wire each
+// record is its bytes of p followed by its tag, what WritePayload puts
+// there. A sender uses it to send a payload from where it lies (the records
+// and their tags in one writev) instead of copying it into a buffer first;
+// the tags of a p of two records or more are computed on several cores
+// (on a machine of four cores or more: fanOut).
+// Only Integrity sessions have such records; other modes, a nil Sealer and
+// an empty p are refused.
+func (s *Sealer) Tags(dst, p []byte) ([]byte, error) {
+	if s.Mode() != Integrity {
+		return dst, errs.New(errs.InvalidArgument, "session", "payload tags in a %s session", s.Mode())
+	}
+	if s.err != nil {
+		return dst, s.err
+	}
+	if len(p) == 0 {
+		return dst, errs.New(errs.InvalidArgument, "session", "tags of an empty payload")
+	}
+	n := int(Records(uint64(len(p))))
+	ks, err := s.d.take(s.keys, n)
+	s.keys = ks
+	if err != nil {
+		s.err = err
+		return dst, err
+	}
+	at := len(dst)
+	dst = slices.Grow(dst, n*TagSize)[:at+n*TagSize]
+	s.job = sealJob{ks: ks, p: p, dst: dst, at: at, tagOnly: true}
+	fanOut(n, len(p) >= minParallel, &s.job)
+	s.job = sealJob{}
+	return dst, nil
 }
 
 // Open opens one record received whole (its plaintext length plus
@@ -149,9 +213,11 @@ func (o *Opener) Open(rec []byte) ([]byte, error) {
 	return rec[:n], nil
 }
 
-func (o *Opener) refused() error {
+func (o *Opener) refused() error { return refusedRecord(o.d.seq - 1) }
+
+func refusedRecord(seq uint64) error {
 	return errs.New(errs.Unauthenticated, "session",
-		"record %d did not authenticate: it was altered, injected, replayed or reordered, or one before it was lost", o.d.seq-1).
+		"record %d did not authenticate: it was altered, injected, replayed or reordered, or one before it was lost", seq).
 		WithHint("someone on the path between the two engines tampers with the connection, or the two ends disagree on the session")
 }
 
