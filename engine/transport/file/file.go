@@ -318,7 +318,9 @@ func (t *Transport) prepare(r *transport.Request) (*fileio.Op, error) {
 	if o == nil {
 		return nil, errs.New(errs.PeerUnreachable, "file", "segment %q has closed", r.Peer.Name)
 	}
-	region, err := o.reg.Acquire(r.Remote, r.Length, r.Key, true)
+	// In one process the owner knows the accessing engine for certain.
+	region, err := o.reg.Acquire(r.Remote, r.Length, r.Key, true,
+		segment.Caller{Name: t.h.SegmentName(), Instance: t.h.Instance(), Known: true})
 	if err != nil {
 		return nil, err
 	}
