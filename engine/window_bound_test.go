@@ -139,8 +139,8 @@ func TestGrantWindowToErrors(t *testing.T) {
 
 // nowin is a transport that cannot enforce windows (an RDMA NIC checks the
 // buffer's rkey, never the owner's window): ranked before every other, it
-// reaches the engines of this process that installed it and completes each
-// request without moving anything, counting them.
+// reaches the engines of this process that turned it on (param nowin.on)
+// and completes each request without moving anything, counting them.
 type nowin struct{ carried atomic.Int64 }
 
 var (
@@ -157,6 +157,9 @@ func (n *nowin) Caps() transport.Caps {
 	return transport.Caps{SameProcess: true, HostMemory: true, Rank: -1}
 }
 func (n *nowin) Start(h transport.Host) error {
+	if v, _ := h.Param("nowin.on"); v != "1" {
+		return nil // installed by default in every engine of these tests: reaches none of them
+	}
 	nowinMu.Lock()
 	nowinPeers[h.Instance()] = n
 	nowinMu.Unlock()
@@ -198,7 +201,8 @@ func (n *nowin) Close() error {
 // none left, or with it forced, the request fails with NotSupported naming
 // why, rather than going under the buffer's own key.
 func TestWindowNeverOverUnenforcingTransport(t *testing.T) {
-	both := func(c *engine.Config) { c.Transports = []string{"local", "nowin"} }
+	on := map[string]string{"nowin.on": "1"}
+	both := func(c *engine.Config) { c.Transports, c.Params = []string{"local", "nowin"}, on }
 	x := newBoundTrio(t, both)
 	nw := func(e *engine.Engine) *nowin {
 		nowinMu.Lock()
@@ -217,7 +221,7 @@ func TestWindowNeverOverUnenforcingTransport(t *testing.T) {
 			t.Fatalf("window forced over nowin: %+v", st)
 		}
 	}
-	only := newBoundTrio(t, func(c *engine.Config) { c.Transports = []string{"nowin"} })
+	only := newBoundTrio(t, func(c *engine.Config) { c.Transports, c.Params = []string{"nowin"}, on })
 	for range 2 {
 		st := only.write(t, only.grantee, "", 0x11)
 		if st.State != engine.Failed || errs.CodeOf(st.Err) != errs.NotSupported || !strings.Contains(st.Err.Error(), "enforce") {
