@@ -173,6 +173,19 @@ int te_unregister_batch(te_engine_t engine, void *const *addrs, size_t n) {
     return tego_unregister_batch(engine, addrs, n);
 }
 
+int te_grant_window_to(te_engine_t engine, const char *peer, const te_range_t *ranges, size_t n, uint64_t *key) {
+    if (tecapi_child(__func__)) {
+        if (key) *key = 0;
+        return TE_ERR_FORKED;
+    }
+    return tego_grant_window_to(engine, peer, ranges, n, key);
+}
+
+int te_revoke_window(te_engine_t engine, uint64_t key) {
+    if (tecapi_child(__func__)) return TE_ERR_FORKED;
+    return tego_revoke_window(engine, key);
+}
+
 int te_open_segment(te_engine_t engine, const char *name, te_segment_t *out) {
     if (tecapi_child(__func__)) {
         if (out) *out = 0;

@@ -5,6 +5,7 @@ package main
 typedef const char te_cchar;
 typedef const te_region_t te_cregion;
 typedef void *const te_caddr;
+typedef const te_range_t te_crange;
 */
 import "C"
 
@@ -132,3 +133,48 @@ func tego_unregister_batch(h C.te_engine_t, addrs *C.te_caddr, n C.size_t) (rc C
 // ptr turns an address the engine handed out (a storage buffer's, never
 // dereferenced) into the C caller's void*.
 func ptr(a uint64) unsafe.Pointer { return *(*unsafe.Pointer)(unsafe.Pointer(&a)) }
+
+//export tego_grant_window_to
+func tego_grant_window_to(h C.te_engine_t, peer *C.te_cchar, ranges *C.te_crange, n C.size_t, key *C.uint64_t) (rc C.int) {
+	defer enter("grant window", &rc)()
+	if key != nil {
+		*key = 0
+	}
+	e, err := getEngine("grant window", h)
+	if err != nil {
+		return fail(err)
+	}
+	if ranges == nil {
+		return null("grant window", "ranges")
+	}
+	if key == nil {
+		return null("grant window", "key")
+	}
+	if n == 0 || n > maxBatchItems {
+		return fail(errs.New(errs.InvalidArgument, "grant window", "n is %d, want 1..%d", n, maxBatchItems))
+	}
+	rs := make([]engine.Range, n)
+	for i, r := range unsafe.Slice((*C.te_range_t)(unsafe.Pointer(ranges)), int(n)) {
+		rs[i] = engine.Range{Addr: uint64(r.addr), Length: uint64(r.length)}
+	}
+	var name string
+	if peer != nil {
+		name = cstr(peer)
+	}
+	k, err := e.GrantWindowTo(name, rs)
+	if err != nil {
+		return fail(err)
+	}
+	*key = C.uint64_t(k)
+	return 0
+}
+
+//export tego_revoke_window
+func tego_revoke_window(h C.te_engine_t, key C.uint64_t) (rc C.int) {
+	defer enter("revoke window", &rc)()
+	e, err := getEngine("revoke window", h)
+	if err != nil {
+		return fail(err)
+	}
+	return fail(e.RevokeWindow(uint64(key)))
+}

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -66,8 +67,10 @@ type Request struct {
 	// Transport forces a transport for this request ("" chooses).
 	Transport string
 	// Window is the key of a window the target granted over the range
-	// (Engine.GrantWindow), presented instead of the buffer's own key: the
-	// target can then revoke this transfer's access alone. 0: none.
+	// (Engine.GrantWindow, GrantWindowTo), presented instead of the
+	// buffer's own key: the target can then revoke this transfer's access
+	// alone. Such a request goes only over a transport that enforces
+	// windows (Caps.Windows), or fails with NotSupported. 0: none.
 	Window uint64
 }
 
@@ -469,19 +472,15 @@ func (e *Engine) prepare(b *Batch, i, k int, gen uint64, r *Request, region *seg
 		}
 	}
 	if err != nil {
+		if errors.Is(err, errUnenforced) {
+			e.stats.windowsUnenforced.Add(1)
+		}
 		return errs.Wrap(errs.CodeOf(err), "submit", err, "request %d", i) // the cause's code is not said twice
 	}
 	b.last = lastFound{d, buf}
 	key := buf.Key
 	if r.Window != 0 {
-		if t.Caps().Windows {
-			key = r.Window
-		} else {
-			// The owner cannot check a window's key on this transport
-			// (an RDMA NIC checks the rkey): the buffer's key goes, and
-			// the owner cannot revoke this transfer's access alone.
-			e.stats.windowsUnenforced.Add(1)
-		}
+		key = r.Window // t enforces windows: pick chose no other
 	}
 	tk.length, tk.t, tk.st = r.Length, t, st
 	if d != b.peerOf {

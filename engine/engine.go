@@ -347,7 +347,7 @@ func (h host) SegmentName() string             { return h.e.name }
 func (h host) ReachChanged()                   { h.e.reachEpoch.Add(1) }
 func (h host) Instance() string                { return h.e.instance }
 func (h host) Registry() *segment.Registry     { return h.e.reg }
-func (h host) Control() transport.Control      { return h.e.ctrl }
+func (h host) Control() transport.Control      { return hostControl(h) }
 func (h host) Logf(format string, args ...any) { h.e.cfg.Logger.Info(fmt.Sprintf(format, args...)) }
 func (h host) Param(key string) (string, bool) {
 	if key == ParamHostname {
@@ -365,6 +365,27 @@ func (h host) Param(key string) (string, bool) {
 		return v, true
 	}
 	return h.e.cfg.Limits.param(key)
+}
+
+// hostControl is the control plane as a transport sees it: its handlers
+// learn who calls (transport.CallerOf), as the session proved it.
+type hostControl struct{ e *Engine }
+
+func (c hostControl) Handle(kind uint8, h func(ctx context.Context, body []byte) ([]byte, error)) {
+	known := c.e.secret != nil
+	c.e.ctrl.Handle(kind, func(ctx context.Context, body []byte) ([]byte, error) {
+		by := segment.Anyone
+		if ci := ctrl.Info(ctx); ci != nil && known {
+			// With a secret every session proved its initiator; a
+			// Mooncake peer proves nothing and names no one.
+			by = segment.Caller{Name: ci.PeerName, Instance: ci.PeerInstance, Known: true}
+		}
+		return h(transport.WithCaller(ctx, by), body)
+	})
+}
+
+func (c hostControl) Call(ctx context.Context, rpcAddr string, kind uint8, body []byte) ([]byte, error) {
+	return c.e.ctrl.Call(ctx, rpcAddr, kind, body)
 }
 
 // ParamHostname is the parameter (Host.Param) that tells transports the

@@ -287,7 +287,7 @@ func (e *Engine) WriteMetrics(w io.Writer) error {
 	m.one("te_windows_granted_total", "counter", "Access windows granted (GrantWindow).", float64(s.WindowsGranted))
 	m.one("te_windows_revoked_total", "counter", "Access windows revoked.", float64(s.WindowsRevoked))
 	m.one("te_windows_unenforced_total", "counter",
-		"Requests that named a window but went over a transport that cannot enforce one.", float64(s.WindowsUnenforced))
+		"Requests that named a window and were refused: only transports that cannot enforce one reach the peer.", float64(s.WindowsUnenforced))
 
 	e.writeHistograms(m)
 

@@ -23,8 +23,10 @@ type segState struct {
 	desc  atomic.Pointer[segment.Desc]
 	stale atomic.Bool // set when a transfer says the descriptor is out of date
 	// pick caches the transport chosen for host memory under one
-	// descriptor; route is what served each memory class last (stats).
-	pick  atomic.Pointer[pickCache]
+	// descriptor, [0] for requests without a window and [1] for those
+	// under one (which only some transports carry); route is what served
+	// each memory class last (stats).
+	pick  [2]atomic.Pointer[pickCache]
 	route [numMemClasses]atomic.Pointer[route]
 
 	// One refresh at a time per segment; callers wait on its channel, not

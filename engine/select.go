@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"errors"
 	"strings"
 	"time"
 
@@ -55,20 +56,20 @@ type pickCache struct {
 // is kept before that transport is asked again.
 const rechoose = time.Second
 
-func (e *Engine) cachedPick(st *segState, d *segment.Desc) *pickCache {
-	pc := st.pick.Load()
+func (e *Engine) cachedPick(st *segState, d *segment.Desc, win int) *pickCache {
+	pc := st.pick[win].Load()
 	if pc == nil || pc.desc != d || pc.epoch != e.reachEpoch.Load() || (pc.until != 0 && time.Now().UnixNano() > pc.until) {
 		return nil
 	}
 	return pc
 }
 
-func (e *Engine) cachePick(st *segState, d *segment.Desc, t transport.Transport, err error, passedOver bool) {
+func (e *Engine) cachePick(st *segState, d *segment.Desc, win int, t transport.Transport, err error, passedOver bool) {
 	pc := &pickCache{desc: d, epoch: e.reachEpoch.Load(), t: t, err: err}
 	if passedOver {
 		pc.until = time.Now().Add(rechoose).UnixNano()
 	}
-	st.pick.Store(pc)
+	st.pick[win].Store(pc)
 }
 
 // route is what served one memory class of a segment last, and why the
@@ -81,11 +82,17 @@ type route struct {
 // isDevice reports whether a published buffer name is a GPU location.
 func isDevice(name string) bool { return strings.HasPrefix(name, "cuda") }
 
+// errUnenforced is the cause of a refusal of a request under a window that
+// only transports unable to enforce one could carry.
+var errUnenforced = errors.New("no transport that enforces windows reaches the peer")
+
 // pick chooses the transport for request r from local to buf of the segment
 // described by d: the lowest-ranked installed transport that the peer also
 // has, that moves the memory at both ends and that reaches the peer. The
 // request's Transport or Config.ForceTransport narrows the choice to one
-// transport, which must then qualify.
+// transport, which must then qualify. A request under a window goes only to
+// a transport that enforces windows (Caps.Windows): over another the
+// owner's check, and the fence of revoking the window, would not hold.
 func (e *Engine) pick(st *segState, d *segment.Desc, buf *segment.BufferDesc, local *segment.Region, r *Request) (transport.Transport, error) {
 	localDev := local.Location.Kind == "cuda"
 	class := hostMem
@@ -102,13 +109,18 @@ func (e *Engine) pick(st *segState, d *segment.Desc, buf *segment.BufferDesc, lo
 	if hint == "" {
 		hint = e.cfg.ForceTransport
 	}
+	win := 0
+	if r.Window != 0 {
+		win = 1
+	}
 	if class == hostMem && hint == "" {
-		if pc := e.cachedPick(st, d); pc != nil {
+		if pc := e.cachedPick(st, d, win); pc != nil {
 			return pc.t, pc.err
 		}
 	}
 	var why []string
-	perBuffer := false // the choice depends on the buffer: not cached per descriptor
+	perBuffer := false  // the choice depends on the buffer: not cached per descriptor
+	unenforced := false // a transport that would serve was passed over for the window
 	for _, t := range e.transports {
 		if hint != "" && t.Name() != hint {
 			continue
@@ -120,8 +132,13 @@ func (e *Engine) pick(st *segState, d *segment.Desc, buf *segment.BufferDesc, lo
 			why = append(why, t.Name()+": "+reason)
 			continue
 		}
+		if win == 1 && !t.Caps().Windows {
+			why = append(why, t.Name()+": it cannot enforce a window (the owner does not check each access over it)")
+			unenforced = true
+			continue
+		}
 		if class == hostMem && hint == "" && !perBuffer {
-			e.cachePick(st, d, t, nil, len(why) > 0)
+			e.cachePick(st, d, win, t, nil, len(why) > 0)
 		}
 		e.noteRoute(st, class, t.Name(), why)
 		return t, nil
@@ -130,6 +147,12 @@ func (e *Engine) pick(st *segState, d *segment.Desc, buf *segment.BufferDesc, lo
 	switch {
 	case hint != "" && e.byName[hint] == nil:
 		return nil, errs.New(errs.TransportUnavailable, "submit", "transport %q is not installed", hint)
+	case unenforced:
+		// Never the buffer's own key in the window's place: the owner
+		// granted part of it, and its revoke would not fence this.
+		err = errs.Wrap(errs.NotSupported, "submit", errUnenforced,
+			"request under window %#x to segment %q: %s", r.Window, d.Name, strings.Join(why, "; ")).
+			WithHint("windows are enforced by local, shm, cxl and tcp (Stats().Caps[...].Windows); install one both sides share")
 	case hint != "" && class == storageMem:
 		err = errs.New(errs.NotSupported, "submit", "transport %s cannot move bytes to the file buffer %#x of %q: %s",
 			hint, r.Remote, d.Name, strings.Join(why, "; "))
@@ -151,7 +174,7 @@ func (e *Engine) pick(st *segState, d *segment.Desc, buf *segment.BufferDesc, lo
 		err = errs.New(errs.TransportUnavailable, "submit", "no transport reaches segment %q: %s", d.Name, strings.Join(why, "; "))
 	}
 	if class == hostMem && hint == "" && !perBuffer {
-		e.cachePick(st, d, nil, err, true)
+		e.cachePick(st, d, win, nil, err, true)
 	}
 	return nil, err
 }

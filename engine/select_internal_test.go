@@ -156,15 +156,15 @@ func TestPickCachesHostRoute(t *testing.T) {
 	if got, _ := e.pick(st, d2, buf, hostReg, &Request{}); got != b {
 		t.Fatalf("within the lease: picked %v, want the cached b", got)
 	}
-	pc := *st.pick.Load()
+	pc := *st.pick[0].Load()
 	pc.until = 1 // the lease ran out
-	st.pick.Store(&pc)
+	st.pick[0].Store(&pc)
 	if got, _ := e.pick(st, d2, buf, hostReg, &Request{}); got != a {
 		t.Fatalf("after the lease: picked %v, want a again", got)
 	}
 	// A transport says its reach changed: the cached a goes at once,
 	// though a choice of the best-ranked transport has no lease.
-	if st.pick.Load().until != 0 {
+	if st.pick[0].Load().until != 0 {
 		t.Fatal("the best-ranked choice has a lease")
 	}
 	a.unreachable = "cooling down"

@@ -37,8 +37,10 @@ type Stats struct {
 	// RefusedRecords counts descriptors and rpc_meta records read from the
 	// store that did not verify (spec.md, "Authenticated store records").
 	RefusedRecords uint64 `json:"refused_records"`
-	// Windows granted and revoked (GrantWindow); requests that named a
-	// window but went over a transport that cannot honour one.
+	// Windows granted and revoked (GrantWindow, GrantWindowTo); requests
+	// that named a window and were refused because only transports that
+	// cannot enforce one reach the peer (such a request is never carried
+	// under the buffer's own key).
 	WindowsGranted    uint64 `json:"windows_granted"`
 	WindowsRevoked    uint64 `json:"windows_revoked"`
 	WindowsUnenforced uint64 `json:"windows_unenforced"`

@@ -73,8 +73,9 @@ extern "C" {
  * te_local_topology, and renamed some struct tags (the _t names stay). 1.3
  * added storage buffers (te_register_file, TE_FILE_* flags) and the
  * TE_ERR_IO and TE_ERR_NO_SPACE codes, te_version and te_metrics. 1.4
- * added te_cxl_memory, te_warmup_segment, the te_store_* functions and
- * private files (te_register_file without TE_FILE_REMOTE). */
+ * added te_cxl_memory, te_warmup_segment, the te_store_* functions,
+ * te_notify_drain_from, te_range_t, te_grant_window_to, te_revoke_window
+ * and private files (te_register_file without TE_FILE_REMOTE). */
 #define TE_ABI_VERSION_MAJOR 1
 #define TE_ABI_VERSION_MINOR 4
 #define TE_ABI_VERSION ((TE_ABI_VERSION_MAJOR << 16) | TE_ABI_VERSION_MINOR)
@@ -614,6 +615,45 @@ int te_register_batch(te_engine_t engine, const te_region_t *regions, size_t n);
  * TE_ERR_INVALID_ARGUMENT (n == 0, a NULL address),
  * TE_ERR_ADDRESS_NOT_REGISTERED. */
 int te_unregister_batch(te_engine_t engine, void *const *addrs, size_t n);
+
+/* ---- Windows (ABI 1.4) --------------------------------------------------- */
+
+/* [addr, addr+length) of registered memory. */
+typedef struct te_range {
+    uint64_t addr;
+    uint64_t length;
+} te_range_t;
+
+/* te_grant_window_to grants a window over n ranges of this engine's
+ * registered, remote-accessible memory (each inside registered buffers) and
+ * stores its key in *key. A peer presents the key instead of the buffer's
+ * (Go's engine.Request.Window; the handoff does so itself; te_request_t
+ * carries no window yet); the engine checks every access against the
+ * ranges, and
+ * te_revoke_window ends the grant. peer is the segment name of the only
+ * engine that may use the window: with a cluster secret, an access from
+ * any other engine (checked against the identity its connection proved)
+ * is refused with TE_ERR_ACCESS_DENIED and lands nothing. peer NULL or ""
+ * grants to whoever holds the key (a bearer key). Without a secret nothing
+ * about a remote peer is proven and a bound window is a bearer key over
+ * tcp, shm and cxl; in one process it is always checked. A request under
+ * a window goes only over transports that enforce windows (local, shm,
+ * cxl, tcp), never rdma, cudaipc or fabric. On failure *key is 0.
+ * Blocks: no | Thread-safe: yes | Errors: TE_ERR_INVALID_ARGUMENT (NULL
+ * ranges or key, n == 0, an empty or overflowing range, a peer name over
+ * 4096 bytes), TE_ERR_ADDRESS_NOT_REGISTERED, TE_ERR_ACCESS_DENIED (a
+ * buffer that is not remote-accessible), TE_ERR_RESOURCE_EXHAUSTED (65536
+ * windows granted already). */
+int te_grant_window_to(te_engine_t engine, const char *peer, const te_range_t *ranges, size_t n, uint64_t *key);
+
+/* te_revoke_window ends the window granted as key: accesses under it are
+ * refused at once, those in flight get the unregister grace, then the
+ * transports cut what still holds them. It returns 0 once no access under
+ * the window can touch memory any more; on an error the window stays
+ * revoked-but-known and calling it again retries.
+ * Blocks: yes (up to the unregister grace and the revocation of peers) |
+ * Thread-safe: yes | Errors: TE_ERR_NOT_FOUND (no such window). */
+int te_revoke_window(te_engine_t engine, uint64_t key);
 
 /* ---- Segments ---------------------------------------------------------- */
 

@@ -250,10 +250,12 @@ func (g *Registry) Lookup(addr, n uint64) (*Region, bool) {
 	return s.rs[i], true
 }
 
-// Acquire validates a remote access to [addr, addr+n) under capability key
-// and, when it is allowed, counts it in flight until Release. A key of 0 skips
-// the key check (local accesses). Unregister waits for every access counted.
-func (g *Registry) Acquire(addr, n, key uint64, remote bool) (*Region, error) {
+// Acquire validates a remote access by by to [addr, addr+n) under
+// capability key and, when it is allowed, counts it in flight until
+// Release. A key of 0 skips the key check (local accesses). A window's key
+// is good for the window's ranges, and for its grantee alone when it has
+// one (Window.Admits). Unregister waits for every access counted.
+func (g *Registry) Acquire(addr, n, key uint64, remote bool, by Caller) (*Region, error) {
 	if n == 0 {
 		return nil, errs.New(errs.InvalidArgument, "access", "zero length")
 	}
@@ -269,7 +271,7 @@ func (g *Registry) Acquire(addr, n, key uint64, remote bool) (*Region, error) {
 	}
 	if key != 0 && key != r.Desc.Key {
 		if w := g.window(key); w != nil {
-			return w.acquire(addr, n)
+			return w.acquire(addr, n, by)
 		}
 		return nil, errs.New(errs.StaleDescriptor, "access", "key for buffer at %#x does not match its registration", r.Addr)
 	}
@@ -286,17 +288,17 @@ func (g *Registry) Acquire(addr, n, key uint64, remote bool) (*Region, error) {
 // AcquireIn is Acquire for a caller that already holds a candidate region
 // (the last one it used): it checks [addr, addr+n) against r alone, and falls
 // back to a lookup when r does not hold the range.
-func (g *Registry) AcquireIn(r *Region, addr, n, key uint64, remote bool) (*Region, error) {
+func (g *Registry) AcquireIn(r *Region, addr, n, key uint64, remote bool, by Caller) (*Region, error) {
 	if r == nil || r.parent != nil || n == 0 || addr < r.Addr || addr+n < addr || addr+n > r.End() || r.Closing() {
 		// A window's region spans its buffer but grants only its
 		// ranges: every access under a window is checked in full.
-		return g.Acquire(addr, n, key, remote)
+		return g.Acquire(addr, n, key, remote, by)
 	}
 	if remote && !r.Remote {
 		return nil, errs.New(errs.AccessDenied, "access", "buffer at %#x is not remote-accessible", r.Addr)
 	}
 	if key != 0 && key != r.Desc.Key {
-		return g.Acquire(addr, n, key, remote) // may be a window; the lookup decides
+		return g.Acquire(addr, n, key, remote, by) // may be a window; the lookup decides
 	}
 	if !r.Retain(1) {
 		return nil, errs.New(errs.AddressNotRegistered, "access", "buffer at %#x is being unregistered", r.Addr)

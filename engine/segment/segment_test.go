@@ -90,7 +90,7 @@ func TestRegistryAcquire(t *testing.T) {
 	if _, _, err := g.Add(r, p); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := g.Acquire(4096, 4096, r.Desc.Key, true); err != nil {
+	if _, err := g.Acquire(4096, 4096, r.Desc.Key, true, Anyone); err != nil {
 		t.Fatal(err)
 	}
 	r.Release()
@@ -108,11 +108,11 @@ func TestRegistryAcquire(t *testing.T) {
 		"between":       {9000, 10, 0, false, errs.AddressNotRegistered},
 		"straddles two": {8000, 9000, 0, false, errs.AddressNotRegistered},
 	} {
-		if _, err := g.Acquire(c.addr, c.n, c.key, c.remote); errs.CodeOf(err) != c.code {
+		if _, err := g.Acquire(c.addr, c.n, c.key, c.remote, Anyone); errs.CodeOf(err) != c.code {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
-	if _, err := g.Acquire(16384, 10, 0, false); err != nil {
+	if _, err := g.Acquire(16384, 10, 0, false, Anyone); err != nil {
 		t.Fatalf("local access to a private buffer: %v", err)
 	}
 }
@@ -132,7 +132,7 @@ func TestRegistryRemoveWaitsForAccess(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for k := 0; k < 50; k++ {
-					x, err := g.Acquire(4096, 10, 0, true)
+					x, err := g.Acquire(4096, 10, 0, true, Anyone)
 					if err != nil {
 						return
 					}
@@ -201,15 +201,15 @@ func TestAcquireInWindow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	x, err := g.AcquireIn(nil, 1<<20, 4096, w.Key, true)
+	x, err := g.AcquireIn(nil, 1<<20, 4096, w.Key, true, Anyone)
 	if err != nil {
 		t.Fatal(err)
 	}
 	x.Release()
-	if _, err := g.AcquireIn(x, 1<<20+8192, 4096, w.Key, true); errs.CodeOf(err) != errs.AccessDenied {
+	if _, err := g.AcquireIn(x, 1<<20+8192, 4096, w.Key, true, Anyone); errs.CodeOf(err) != errs.AccessDenied {
 		t.Fatalf("access outside the window through its region: %v", err)
 	}
-	if y, err := g.AcquireIn(x, 1<<20+8192, 4096, r.Desc.Key, true); err != nil || y != r {
+	if y, err := g.AcquireIn(x, 1<<20+8192, 4096, r.Desc.Key, true, Anyone); err != nil || y != r {
 		t.Fatalf("access under the buffer's key: %v", err)
 	} else {
 		y.Release()
@@ -232,13 +232,13 @@ func TestWindowAcrossBuffers(t *testing.T) {
 		t.Fatalf("window regions %d, bytes %d", len(w.Regions()), w.Bytes())
 	}
 	for _, x := range []uint64{1<<20 + 2048, 1<<20 + 4096} {
-		r, err := g.Acquire(x, 2048, w.Key, true)
+		r, err := g.Acquire(x, 2048, w.Key, true, Anyone)
 		if err != nil {
 			t.Fatalf("access at %#x: %v", x, err)
 		}
 		r.Release()
 	}
-	if _, err := g.Acquire(1<<20, 2048, w.Key, true); errs.CodeOf(err) != errs.AccessDenied {
+	if _, err := g.Acquire(1<<20, 2048, w.Key, true, Anyone); errs.CodeOf(err) != errs.AccessDenied {
 		t.Fatalf("access before the window: %v", err)
 	}
 	if _, err := g.GrantWindow([]Range{{Addr: 1<<20 + 6000, Length: 4096}}); errs.CodeOf(err) != errs.AddressNotRegistered {

@@ -24,9 +24,27 @@ import (
 // Range is [Addr, Addr+Length).
 type Range struct{ Addr, Length uint64 }
 
+// Caller is the engine an access comes from, as the owner knows it: Name
+// is its segment name and Instance its instance id. Known says the owner
+// knows them: the engine is in this process (local, file), or the session
+// the access arrives on proved them with the cluster secret. Without a
+// secret nothing about a remote peer is known (te trusts the network by
+// design then), and a window bound to a grantee is honoured for any
+// caller, as a bearer key.
+type Caller struct {
+	Name, Instance string
+	Known          bool
+}
+
+// Anyone is the caller of an access whose origin the owner does not know.
+var Anyone = Caller{}
+
 // Window is a granted window.
 type Window struct {
-	Key     uint64
+	Key uint64
+	// Grantee is the segment name of the only engine that may use the
+	// window ("": anyone holding the key, a bearer grant).
+	Grantee string
 	starts  []uint64 // sorted, merged ranges
 	ends    []uint64
 	owner   []int     // index into regions for each range
@@ -56,14 +74,28 @@ const MaxWindowRanges = 1 << 20
 
 // GrantWindow grants a window over ranges, each of which must lie inside one
 // registered, remote-accessible region that is not being unregistered.
-// Adjacent and overlapping ranges are merged.
+// Adjacent and overlapping ranges are merged. Whoever holds the key may use
+// it (GrantWindowTo binds it to one engine).
 func (g *Registry) GrantWindow(ranges []Range) (*Window, error) {
+	return g.GrantWindowTo("", ranges)
+}
+
+// MaxGranteeLen bounds a grantee's name (a segment name).
+const MaxGranteeLen = 4096
+
+// GrantWindowTo is GrantWindow for the engine whose segment is named
+// grantee alone: an access under the window from a known caller of another
+// name is refused (Caller). An empty grantee grants to anyone.
+func (g *Registry) GrantWindowTo(grantee string, ranges []Range) (*Window, error) {
+	if len(grantee) > MaxGranteeLen {
+		return nil, errs.New(errs.InvalidArgument, "grant window", "grantee name of %d bytes, more than %d", len(grantee), MaxGranteeLen)
+	}
 	if len(ranges) == 0 {
 		return nil, errs.New(errs.InvalidArgument, "grant window", "no ranges")
 	}
 	rs := append([]Range(nil), ranges...)
 	sort.Slice(rs, func(i, j int) bool { return rs[i].Addr < rs[j].Addr })
-	w := &Window{Key: NewKey()}
+	w := &Window{Key: NewKey(), Grantee: grantee}
 	byParent := map[*Region]int{}
 	// A range may run over several registered buffers that follow each
 	// other (one per layer, say): it is cut at their boundaries.
@@ -128,9 +160,26 @@ func (g *Registry) Window(key uint64) (*Window, bool) {
 	return w, w != nil
 }
 
-// acquire counts an access to [addr, addr+n) under the window, on its region
-// and on the registered one. The range must lie inside one of its ranges.
-func (w *Window) acquire(addr, n uint64) (*Region, error) {
+// Admits says whether by may use the window: nil, or an AccessDenied error
+// naming the window, its grantee and the caller.
+func (w *Window) Admits(by Caller) error {
+	if w.Grantee == "" || !by.Known || by.Name == w.Grantee {
+		return nil
+	}
+	name := by.Name
+	if name == "" {
+		name = "an engine without a segment, instance " + by.Instance
+	}
+	return errs.New(errs.AccessDenied, "access", "window %#x is granted to segment %q; %q may not use it", w.Key, w.Grantee, name)
+}
+
+// acquire counts an access by by to [addr, addr+n) under the window, on its
+// region and on the registered one. The range must lie inside one of its
+// ranges.
+func (w *Window) acquire(addr, n uint64, by Caller) (*Region, error) {
+	if err := w.Admits(by); err != nil {
+		return nil, err
+	}
 	i := sort.Search(len(w.starts), func(i int) bool { return w.starts[i] > addr }) - 1
 	if i < 0 || addr+n > w.ends[i] {
 		return nil, errs.New(errs.AccessDenied, "access", "[%#x,+%d) is outside the window granted", addr, n)
@@ -149,21 +198,25 @@ func (w *Window) acquire(addr, n uint64) (*Region, error) {
 // WindowFor returns the region of the open window granted as key that holds
 // [addr, addr+n) in one of its ranges, and that range: for a transport whose
 // peers access memory on their own once told a key is good (shm), the
-// owner's check at grant time.
-func (g *Registry) WindowFor(key, addr, n uint64) (r *Region, start, end uint64, ok bool) {
+// owner's check at grant time. A window that does not admit by (Admits)
+// returns its refusal, with ok false.
+func (g *Registry) WindowFor(key, addr, n uint64, by Caller) (r *Region, start, end uint64, ok bool, err error) {
 	w := g.window(key)
 	if w == nil || w.closing.Load() || n == 0 || addr+n < addr {
-		return nil, 0, 0, false
+		return nil, 0, 0, false, nil
+	}
+	if err := w.Admits(by); err != nil {
+		return nil, 0, 0, false, err
 	}
 	i := sort.Search(len(w.starts), func(i int) bool { return w.starts[i] > addr }) - 1
 	if i < 0 || addr+n > w.ends[i] {
-		return nil, 0, 0, false
+		return nil, 0, 0, false, nil
 	}
 	r = w.regions[w.owner[i]]
 	if r.parent.Closing() {
-		return nil, 0, 0, false
+		return nil, 0, 0, false, nil
 	}
-	return r, w.starts[i], w.ends[i], true
+	return r, w.starts[i], w.ends[i], true, nil
 }
 
 // CloseWindow refuses new accesses under the window granted as key and

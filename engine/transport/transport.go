@@ -131,6 +131,24 @@ type Control interface {
 	Call(ctx context.Context, rpcAddr string, kind uint8, body []byte) ([]byte, error)
 }
 
+// callerKey is the context key of the caller of a control call.
+type callerKey struct{}
+
+// WithCaller returns ctx carrying the engine a control call comes from (the
+// engine sets it before a transport's handler runs).
+func WithCaller(ctx context.Context, c segment.Caller) context.Context {
+	return context.WithValue(ctx, callerKey{}, c)
+}
+
+// CallerOf returns the engine a control call comes from, as its session
+// proved it: Known only when the engine has the cluster secret. A handler
+// that acts on an instance or segment named in the body checks it against
+// this one when it is Known, and uses it for windows (segment.Caller).
+func CallerOf(ctx context.Context) segment.Caller {
+	c, _ := ctx.Value(callerKey{}).(segment.Caller)
+	return c
+}
+
 // Host is what an engine gives its transports.
 type Host interface {
 	SegmentName() string

@@ -565,3 +565,56 @@ func TestPlantedNotice(t *testing.T) {
 		t.Fatalf("decode cache: %d bad words, first: %s", bad, first)
 	}
 }
+
+// TestWindowBoundToMover: with the cluster secret, a side that names the
+// engine it expects on the other end (Request.Peer) grants its window to
+// that engine alone. Decode names this process's prefill: the push lands.
+// Decode names another segment: prefill, paired by the sidecar and holding
+// the key, is refused by decode's engine over tcp, the transfer fails and
+// not a byte lands in decode's blocks. A mover that named another segment
+// than the one it was paired with refuses to move.
+func TestWindowBoundToMover(t *testing.T) {
+	const secret = "handoff-test-cluster-secret-0002"
+	sec, err := authsecret.Parse(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := startSidecarWith(t, sidecar.Config{Secret: sec})
+	t.Setenv(authsecret.EnvSecret, secret) // for this process and the child
+	ctx := context.Background()
+	dec := startChild(t, sc.addr, "tcp", decodeShape, time.Second)
+	pre := newLocal(t, sc, "tcp", prefillShape, time.Second)
+	pre.cache.Fill(srcBlocks)
+	push := func(id, bound string, mine string) (answer, error) {
+		t.Helper()
+		dec.do(command{Op: "clear"})
+		if a := dec.do(command{Op: "expect", ID: id, Blocks: dstBlocks, Segment: bound}); a.Err != "" {
+			t.Fatalf("expect: %s", a.Err)
+		}
+		tx, err := pre.c.Ready(ctx, handoff.Request{ID: id, Layout: &pre.cache.Layout, Blocks: srcBlocks, Peer: mine})
+		if err != nil {
+			t.Fatal(err)
+		}
+		waiting := dec.send(command{Op: "wait", ID: id})
+		_, err = tx.Send(ctx)
+		return dec.get(waiting), err
+	}
+	if a, err := push("w1", pre.e.Name(), dec.segment); err != nil || a.Err != "" {
+		t.Fatalf("bound to the mover: send %v, decode %s", err, a.Err)
+	}
+	if a := dec.do(command{Op: "check", Src: srcBlocks, Blocks: dstBlocks}); a.Bad != 0 {
+		t.Fatalf("decode cache: %d bad words, first: %s", a.Bad, a.First)
+	}
+	a, err := push("w2", "127.0.0.1:1", "")
+	if errs.CodeOf(err) != errs.AccessDenied || a.Err == "" {
+		t.Fatalf("bound to another engine: send %v, decode %q", err, a.Err)
+	}
+	// Nothing moved: every word of decode's cache is still cleared.
+	if a := dec.do(command{Op: "check"}); a.Bad != 0 {
+		t.Fatalf("the refused mover's bytes landed in decode's cache: %d words, first: %s", a.Bad, a.First)
+	}
+	_, err = push("w3", "", "127.0.0.1:1")
+	if errs.CodeOf(err) != errs.AccessDenied || !strings.Contains(err.Error(), "paired with") {
+		t.Fatalf("mover paired with another segment than it named: %v", err)
+	}
+}

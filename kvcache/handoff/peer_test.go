@@ -55,6 +55,7 @@ type command struct {
 	Reason  string `json:"reason,omitempty"`
 	// raw: READ from the peer (Segment, Layout, Src) into Blocks as one
 	// batch of the plan's requests, or of 4 MiB requests when Contig.
+	// expect, ready: Segment is the other side's (handoff.Request.Peer).
 	Segment string          `json:"segment,omitempty"`
 	Layout  *kvcache.Layout `json:"layout,omitempty"`
 	Contig  bool            `json:"contig,omitempty"`
@@ -161,7 +162,7 @@ func runPeer() int {
 			switch c.Op {
 			case "expect", "ready":
 				r := handoff.Request{ID: c.ID, Layout: &s.cache.Layout, Blocks: c.Blocks, Mode: handoff.Mode(c.Mode),
-					Timeout: time.Duration(c.Timeout) * time.Millisecond}
+					Timeout: time.Duration(c.Timeout) * time.Millisecond, Peer: c.Segment}
 				var err error
 				if c.Op == "expect" {
 					t, err = s.c.Expect(ctx, r)

@@ -32,6 +32,14 @@ type Request struct {
 	// Timeout bounds the transfer from this declaration: unpaired or
 	// unfinished by then, it expires (0: the sidecar's default, 30s).
 	Timeout time.Duration
+	// Peer is the segment name of the other side's engine, when the
+	// serving system knows it (a proxy tells decode its prefill, and
+	// prefill its decode). The window over this side's blocks is then
+	// granted to that engine alone (engine.GrantWindowTo): with a cluster
+	// secret no other engine can use its key, even one that learns it. A
+	// pairing with another segment fails on the moving side. Empty: the
+	// window is a bearer key, good for whichever engine the sidecar pairs.
+	Peer string
 }
 
 // Result describes a finished transfer.
@@ -65,6 +73,7 @@ type Transfer struct {
 	id       string
 	layout   *kvcache.Layout
 	blocks   []int
+	peer     string // the other side's segment, when the caller named it
 	instance string
 	cap      string // this side's capability for the transfer
 
@@ -143,7 +152,7 @@ func (c *Client) declare(ctx context.Context, role proto.Role, r Request) (*Tran
 	if err != nil {
 		return nil, err
 	}
-	window, err := c.e.GrantWindow(ranges)
+	window, err := c.e.GrantWindowTo(r.Peer, ranges)
 	if err != nil {
 		return nil, errs.Wrap(errs.CodeOf(err), op, err, "the blocks of transfer %q must be registered, remote-accessible memory", r.ID)
 	}
@@ -173,7 +182,7 @@ func (c *Client) declare(ctx context.Context, role proto.Role, r Request) (*Tran
 	}
 	c.track(r.ID)
 	return &Transfer{c: c, role: role, id: r.ID, layout: r.Layout, blocks: append([]int(nil), r.Blocks...),
-		instance: rec.Instance, rec: rec, cap: rec.Capability, window: window, noticeKey: rec.NoticeKey}, nil
+		instance: rec.Instance, rec: rec, cap: rec.Capability, window: window, noticeKey: rec.NoticeKey, peer: r.Peer}, nil
 }
 
 // blockRanges lists the memory of blocks in every layer of l, coalesced (a
@@ -406,6 +415,9 @@ func (t *Transfer) setup(rec proto.Record, layered bool) error {
 	op := "handoff"
 	if rec.Peer == nil {
 		return errs.New(errs.Protocol, op, "the sidecar paired transfer %q without the peer's declaration", t.id)
+	}
+	if t.peer != "" && rec.Peer.Segment != t.peer {
+		return errs.New(errs.AccessDenied, op, "transfer %q was paired with segment %q, not %q as declared", t.id, rec.Peer.Segment, t.peer)
 	}
 	var peer kvcache.Layout
 	if err := json.Unmarshal(rec.Peer.Layout, &peer); err != nil {

@@ -64,6 +64,10 @@ class Region(Structure):
                 ("reserved", c_int32)]
 
 
+class Range(Structure):
+    _fields_ = [("addr", c_uint64), ("length", c_uint64)]
+
+
 class Request(Structure):
     _fields_ = [("opcode", c_int32), ("reserved", c_int32), ("local", c_void_p), ("segment", segment_t),
                 ("remote", c_uint64), ("length", c_uint64)]
@@ -153,6 +157,8 @@ PROTOTYPES = {
     "te_open_segment": [engine_t, c_char_p, POINTER(segment_t)],
     "te_close_segment": [segment_t],
     "te_warmup_segment": [engine_t, c_char_p],  # ABI 1.4
+    "te_grant_window_to": [engine_t, c_char_p, POINTER(Range), c_size_t, POINTER(c_uint64)],  # ABI 1.4
+    "te_revoke_window": [engine_t, c_uint64],  # ABI 1.4
     "te_segment_buffers": [segment_t, POINTER(BufferDesc), c_size_t, POINTER(c_size_t)],
     "te_allocate_batch": [engine_t, c_size_t, POINTER(batch_t)],
     "te_submit": [batch_t, POINTER(Request), c_size_t],

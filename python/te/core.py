@@ -547,6 +547,27 @@ class Engine:
         lib = _lib.load()
         check(lib.te_warmup_segment(self.handle, _b(segment)), lib)
 
+    def grant_window(self, ranges, peer=None):
+        """Grant a window over (addr, length) ranges of this engine's registered, remote-accessible
+        memory and return its key (te_grant_window_to). With peer (a segment name) only that engine
+        may use it: with a cluster secret any other engine is refused (AccessDenied) and nothing
+        lands; without a secret it is a bearer key over tcp, shm and cxl. peer None: a bearer key."""
+        if not ranges:
+            raise InvalidArgument("no ranges")
+        rs = (_lib.Range * len(ranges))()
+        for i, (addr, n) in enumerate(ranges):
+            rs[i].addr, rs[i].length = addr, n
+        key = c_uint64()
+        lib = _lib.load()
+        check(lib.te_grant_window_to(self.handle, _b(peer) if peer else None, rs, len(rs), byref(key)), lib)
+        return key.value
+
+    def revoke_window(self, key):
+        """End the window granted as key (te_revoke_window); returns once no access under it can
+        touch memory any more. Blocks (releasing the GIL). Raises NotFound for an unknown key."""
+        lib = _lib.load()
+        check(lib.te_revoke_window(self.handle, key), lib)
+
     def allocate_batch(self, capacity):
         """An empty batch for up to capacity requests (1 .. 16777216); free() it, or use it in a
         with block."""

@@ -98,6 +98,7 @@ class LayoutTest(unittest.TestCase):
         "te_layout_info_t": te._lib.LayoutInfo, "te_span_t": te._lib.Span, "te_plan_transfer_t": te._lib.PlanTransfer,
         "te_plan_stats_t": te._lib.PlanStats, "te_handoff_result_t": te._lib.HandoffResult,
         "te_handoff_status_t": te._lib.HandoffStatus,
+        "te_range_t": te._lib.Range,
     }
 
     def test_structs_match_header(self):
@@ -163,6 +164,28 @@ class ConfigTest(unittest.TestCase):
                     threading.Event().wait(0.01)
                 want = (a.name, a.probe(a.name)["instance"]) if secret else ("", "")
                 self.assertEqual(got, [("nixl/n/not-a", b"x") + want])
+
+    def test_windows(self):
+        """grant_window to a peer and as a bearer key, revoke_window, and the refusals."""
+        buf = (ctypes.c_char * (1 << 16))()
+        priv = (ctypes.c_char * 4096)()
+        with te.Engine(listen_addr="127.0.0.1:0") as e:
+            a = e.register(buf)
+            p = e.register(priv, remote=False)
+            bound = e.grant_window([(a, 4096), (a + 8192, 4096)], peer="peer:1")
+            bearer = e.grant_window([(a, 4096)])
+            self.assertNotEqual(bound, 0)
+            self.assertNotEqual(bound, bearer)
+            with self.assertRaises(te.InvalidArgument):
+                e.grant_window([])
+            with self.assertRaises(te.AccessDenied):
+                e.grant_window([(p, 4096)], peer="peer:1")
+            with self.assertRaises(te.AddressNotRegistered):
+                e.grant_window([(a + (1 << 16), 4096)])
+            e.revoke_window(bound)
+            with self.assertRaises(te.NotFound):
+                e.revoke_window(bound)
+            e.revoke_window(bearer)
 
     def test_new_error_classes(self):
         self.assertIs(te.error_for(22, "m").__class__, te.AuthError)

@@ -183,6 +183,25 @@ int main(void) {
     CHECK_RC(TE_ERR_ADDRESS_NOT_REGISTERED, te_unregister_batch(e, both, 2));
     CHECK_OK(te_register(e, b, N, NULL, 0)); /* local only */
 
+    /* Windows (ABI 1.4): a to a peer, a bearer one, and the refusals. */
+    te_range_t wr[2] = {{(uint64_t)(uintptr_t)a, 4096}, {(uint64_t)(uintptr_t)a + 8192, 4096}};
+    uint64_t wkey = 7, bkey = 0;
+    CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_grant_window_to(e, "peer", NULL, 1, &wkey));
+    CHECK(wkey == 0); /* cleared on failure */
+    CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_grant_window_to(e, "peer", wr, 0, &wkey));
+    CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_grant_window_to(e, "peer", wr, 2, NULL));
+    te_range_t unreg = {(uint64_t)(uintptr_t)b - 4096, 4096};
+    CHECK_RC(TE_ERR_ADDRESS_NOT_REGISTERED, te_grant_window_to(e, "peer", &unreg, 1, &wkey));
+    te_range_t priv = {(uint64_t)(uintptr_t)b, 4096};
+    CHECK_RC(TE_ERR_ACCESS_DENIED, te_grant_window_to(e, "peer", &priv, 1, &wkey));
+    CHECK_OK(te_grant_window_to(e, "peer", wr, 2, &wkey));
+    CHECK_OK(te_grant_window_to(e, NULL, wr, 1, &bkey));
+    CHECK(wkey != 0 && bkey != 0 && wkey != bkey);
+    CHECK_OK(te_revoke_window(e, wkey));
+    CHECK_RC(TE_ERR_NOT_FOUND, te_revoke_window(e, wkey));
+    CHECK_OK(te_revoke_window(e, bkey));
+    CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_revoke_window(0, bkey));
+
     /* Names and counters. */
     char name[256], tiny[4];
     int32_t port = 0;

@@ -463,7 +463,8 @@ func (t *Transport) prepare(r *transport.Request, alive *ownerCheck) (prepared, 
 	if r.Peer.Instance == t.h.Instance() {
 		// This engine: the target address is ours; count the access so
 		// Unregister waits for it.
-		reg, err := t.h.Registry().Acquire(r.Remote, r.Length, r.Key, true)
+		reg, err := t.h.Registry().Acquire(r.Remote, r.Length, r.Key, true,
+			segment.Caller{Name: t.h.SegmentName(), Instance: t.h.Instance(), Known: true})
 		if err != nil {
 			return prepared{}, err
 		}
@@ -653,6 +654,14 @@ func (t *Transport) handle(ctx context.Context, body []byte) ([]byte, error) {
 	m, err := decode(body)
 	if err != nil {
 		return nil, err
+	}
+	// Every op acts on the instance the body names (the opener recorded,
+	// the owner whose mappings close): with a secret it must be the one
+	// the session proved, or an engine holding the secret could close
+	// another's mappings or speak for it.
+	if by := transport.CallerOf(ctx); by.Known && by.Instance != m.Instance {
+		return nil, errs.New(errs.Unauthenticated, "cudaipc",
+			"message names instance %s, but its session proved instance %s (segment %q)", m.Instance, by.Instance, by.Name)
 	}
 	switch m.Op {
 	case opOpen:

@@ -479,3 +479,43 @@ func TestOwnerRestartDropsOldMappings(t *testing.T) {
 		t.Fatalf("%d opens, %d mapped; want the old mapping closed and one open", n, p.pdrv.mapped())
 	}
 }
+
+// TestHandleChecksProvenCaller: with a secret every message's instance must
+// be the one its session proved (transport.CallerOf): an engine holding the
+// secret cannot record an opener in another's name, drop another's opener,
+// or close this engine's mappings of another owner's buffer. Refused with
+// Unauthenticated, changing nothing; the proven engine is served.
+func TestHandleChecksProvenCaller(t *testing.T) {
+	p := newPair(t)
+	r := p.register(t, 0x900000)
+	if err := p.write(r, 0); err != nil { // the peer maps the owner's buffer
+		t.Fatal(err)
+	}
+	mallory := transport.WithCaller(context.Background(), segment.Caller{Name: "mallory", Instance: "mallory", Known: true})
+	for name, m := range map[string]*msg{
+		"open in another's name":   {Op: opOpen, Key: r.Desc.Key, Addr: r.Addr, Length: r.Length, Pid: 1, Instance: "peer", RPC: "peer-rpc"},
+		"release another's opener": {Op: opRelease, Key: r.Desc.Key, Instance: "peer"},
+		"close as another owner":   {Op: opClose, Key: r.Desc.Key, Instance: "owner"},
+	} {
+		target := p.owner
+		if m.Op == opClose {
+			target = p.peer
+		}
+		if _, err := target.handle(mallory, m.encode()); errs.CodeOf(err) != errs.Unauthenticated {
+			t.Errorf("%s: %v, want Unauthenticated", name, err)
+		}
+	}
+	p.owner.omu.Lock()
+	_, still := p.owner.exports[r.Desc.Key].openers["peer"]
+	p.owner.omu.Unlock()
+	if !still || p.pdrv.mapped() != 1 {
+		t.Fatal("a refused message changed state")
+	}
+	owner := transport.WithCaller(context.Background(), segment.Caller{Name: "owner", Instance: "owner", Known: true})
+	if _, err := p.peer.handle(owner, (&msg{Op: opClose, Key: r.Desc.Key, Instance: "owner"}).encode()); err != nil {
+		t.Fatalf("close from the proven owner: %v", err)
+	}
+	if p.pdrv.mapped() != 0 {
+		t.Fatal("the proven owner's close left the mapping open")
+	}
+}

@@ -319,8 +319,10 @@ func (t *Transport) prepare(r *transport.Request) (*fileio.Op, error) {
 		return nil, errs.New(errs.PeerUnreachable, "file", "segment %q has closed", r.Peer.Name)
 	}
 	// Another engine of this process is a peer like any other: it reaches
-	// published files only. The owner reaches its private ones too.
-	region, err := o.reg.Acquire(r.Remote, r.Length, r.Key, o != t)
+	// published files only; the owner reaches its private ones too. In
+	// one process the owner knows the accessing engine for certain.
+	region, err := o.reg.Acquire(r.Remote, r.Length, r.Key, o != t,
+		segment.Caller{Name: t.h.SegmentName(), Instance: t.h.Instance(), Known: true})
 	if err != nil {
 		return nil, err
 	}

@@ -34,6 +34,7 @@ const InlineBytes = 1 << 20
 // Transport is the local (same-process) transport.
 type Transport struct {
 	instance string
+	self     segment.Caller // this engine, as the owners it accesses know it
 
 	qmu     sync.Mutex
 	queue   []*queued
@@ -68,6 +69,9 @@ func (t *Transport) Caps() transport.Caps {
 // reach it.
 func (t *Transport) Start(h transport.Host) error {
 	t.instance = h.Instance()
+	// In one process the owner knows for certain which engine calls: a
+	// window bound to another engine is refused with or without a secret.
+	t.self = segment.Caller{Name: h.SegmentName(), Instance: h.Instance(), Known: true}
 	mu.Lock()
 	engines[t.instance] = h.Registry()
 	mu.Unlock()
@@ -103,7 +107,7 @@ func (t *Transport) Submit(reqs []transport.Request) {
 		total += reqs[i].Length
 	}
 	if total <= InlineBytes {
-		var c cache
+		c := cache{by: t.self}
 		for i := range reqs {
 			reqs[i].Complete(c.do(&reqs[i]))
 		}
@@ -137,7 +141,7 @@ func (t *Transport) Submit(reqs []transport.Request) {
 // empty (the next large submit starts another).
 func (t *Transport) worker() {
 	defer t.wg.Done()
-	var c cache
+	c := cache{by: t.self}
 	for {
 		t.qmu.Lock()
 		if len(t.queue) == 0 {
@@ -173,6 +177,7 @@ func (t *Transport) Quiesce(*segment.Region) error { return nil }
 // cache remembers the last owner's registry, so a submit to one engine looks
 // it up once instead of taking the global lock per request.
 type cache struct {
+	by   segment.Caller // the engine accessing
 	inst string
 	reg  *segment.Registry
 	last *segment.Region // the owner's region the previous request hit
@@ -190,7 +195,7 @@ func (c *cache) do(r *transport.Request) error {
 	}
 	// The owner's registry decides, with the key of the registration the
 	// descriptor was built from: a stale descriptor is refused.
-	region, err := c.reg.AcquireIn(c.last, r.Remote, r.Length, r.Key, true)
+	region, err := c.reg.AcquireIn(c.last, r.Remote, r.Length, r.Key, true, c.by)
 	if err != nil {
 		return err
 	}

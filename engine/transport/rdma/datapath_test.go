@@ -288,6 +288,36 @@ func TestFabricHandshakeRefusals(t *testing.T) {
 	}
 }
 
+// With a secret, the accepting side takes the peer's instance and segment
+// from what the session proved: a handshake naming another (which would
+// tear down that peer's queue pairs) is refused with Unauthenticated and
+// creates nothing.
+func TestFabricHandshakeProvenCaller(t *testing.T) {
+	f := newFabric()
+	a, b := newSide(t, f, "a", 1, nil), newSide(t, f, "b", 1, nil)
+	h := handshake{LocalNICPath: "a@a_nic0", PeerNICPath: "b@b_nic0", QPNum: []uint32{1}, MTU: 5,
+		GID: formatGID(a.tr.nics[0].gid), Instance: "a-1", PeerInstance: b.tr.h.Instance()}
+	body, _ := h.encode()
+	for name, by := range map[string]segment.Caller{
+		"another instance": {Name: "a", Instance: "mallory-1", Known: true},
+		"another segment":  {Name: "mallory", Instance: "a-1", Known: true},
+	} {
+		ctx := transport.WithCaller(context.Background(), by)
+		if _, err := b.tr.handleHandshake(ctx, body); !errors.Is(err, errs.ErrUnauthenticated) {
+			t.Fatalf("%s: %v", name, err)
+		}
+	}
+	if _, qps, _ := f.stats(); qps != 0 {
+		t.Fatalf("refused handshakes left %d queue pairs", qps)
+	}
+	// The proven peer passes the check (the fake fabric then refuses its
+	// made-up queue pair number, which is not what is tested here).
+	ctx := transport.WithCaller(context.Background(), segment.Caller{Name: "a", Instance: "a-1", Known: true})
+	if _, err := b.tr.handleHandshake(ctx, body); errs.CodeOf(err) == errs.Unauthenticated {
+		t.Fatalf("the proven peer: %v", err)
+	}
+}
+
 // When every endpoint of a NIC together would overrun its completion queue,
 // posting waits for completions, across endpoints, and nothing stalls.
 func TestFabricCQRoom(t *testing.T) {

@@ -432,10 +432,20 @@ func (t *Transport) createQPs(n *nic, count int) ([]queuePair, error) {
 
 // handleHandshake is the accepting side: it connects new queue pairs of the
 // named local NIC to the caller's and replies with them.
-func (t *Transport) handleHandshake(_ context.Context, body []byte) ([]byte, error) {
+func (t *Transport) handleHandshake(ctx context.Context, body []byte) ([]byte, error) {
 	h, gid, err := decodeHandshake(body)
 	if err != nil {
 		return nil, err
+	}
+	// The instance and segment the body names decide which endpoints the
+	// new queue pairs replace: with a secret they must be those the
+	// session proved, or an engine holding the secret could tear down
+	// another peer's queue pairs.
+	if by := transport.CallerOf(ctx); by.Known {
+		if seg, _, _ := splitNICPath(h.LocalNICPath); h.Instance != by.Instance || seg != by.Name {
+			return nil, errs.New(errs.Unauthenticated, "rdma",
+				"handshake names segment %q instance %s, but its session proved segment %q instance %s", seg, h.Instance, by.Name, by.Instance)
+		}
 	}
 	if h.PeerInstance != "" && h.PeerInstance != t.h.Instance() {
 		return nil, errs.New(errs.StaleDescriptor, "rdma", "handshake for instance %s reached %s", h.PeerInstance, t.h.Instance())

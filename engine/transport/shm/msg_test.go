@@ -306,3 +306,42 @@ func TestRevokeOvertakesGrant(t *testing.T) {
 		t.Fatalf("after a refused renewal: %v, session %d", err, o.session)
 	}
 }
+
+// TestHandlersCheckProvenCaller: with a secret the engine hands each control
+// call the instance its session proved (transport.CallerOf); a body that
+// names another instance (attach in another's name, validate or detach
+// another's session, revoke another owner's grants) is refused with
+// Unauthenticated and changes nothing. Without a secret (an unknown caller)
+// the body is taken at its word, as before.
+func TestHandlersCheckProvenCaller(t *testing.T) {
+	tr, h := started(t, nil)
+	self := tr.self
+	mallory := transport.WithCaller(context.Background(), segment.Caller{Name: "mallory", Instance: "mallory-1", Known: true})
+	owner := transport.WithCaller(context.Background(), segment.Caller{Name: "p", Instance: "owner-1", Known: true})
+	// A session of instance "victim-1", as if it had attached.
+	tr.pmu.Lock()
+	tr.peers[42] = &peer{session: 42, instance: "victim-1", rpc: "r", pid: 1, pidfd: -1, grants: map[uint64]struct{}{}, lastGrant: time.Now()}
+	tr.pmu.Unlock()
+	o := attachedOwner(tr)
+	o.allowed[5] = &entry{addr: 0x1000, len: 0x1000}
+	for name, body := range map[string][]byte{
+		"attach in another's name":   (&attachReq{Pid: 1, BootID: self.BootID, PidNS: self.PidNS, Instance: "victim-1", RPC: "r"}).encode(),
+		"validate another's session": (&validateReq{Session: 42, Items: []item{{1, 2, 3}}}).encode(),
+		"detach another's session":   (&detachReq{Session: 42}).encode(),
+		"revoke as another owner":    (&revokeReq{Owner: "owner-1", Session: 77, Items: []item{{5, 0x1000, 0x1000}}}).encode(),
+	} {
+		if _, err := h.handler(mallory, body); errs.CodeOf(err) != errs.Unauthenticated {
+			t.Errorf("%s: %v, want Unauthenticated", name, err)
+		}
+	}
+	if tr.peers[42] == nil || o.allowed[5] == nil {
+		t.Fatal("a refused call changed state")
+	}
+	// The engine the session proved is served.
+	if b, err := h.handler(owner, (&revokeReq{Owner: "owner-1", Session: 77, Items: []item{{5, 0x1000, 0x1000}}}).encode()); err != nil || checkAck(b, opRevoke) != nil {
+		t.Fatalf("revoke from the proven owner: %v", err)
+	}
+	if o.allowed[5] != nil {
+		t.Fatal("the proven owner's revoke did not end the grant")
+	}
+}

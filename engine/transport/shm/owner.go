@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/tecache/te/engine/transport"
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/mem"
 )
@@ -61,6 +62,15 @@ func (t *Transport) handleAttach(ctx context.Context, body []byte) ([]byte, erro
 	if m.RPC == "" || m.Instance == "" {
 		return nil, errs.New(errs.InvalidArgument, "shm attach", "peer gave no control address or instance")
 	}
+	// The session is keyed by the instance the body names (a new one of
+	// that instance replaces the old): with a secret it must be the one
+	// the control session proved, or an engine holding the secret could
+	// end another's session or attach in its name.
+	by := transport.CallerOf(ctx)
+	if by.Known && by.Instance != m.Instance {
+		return nil, errs.New(errs.Unauthenticated, "shm attach",
+			"attach names instance %s, but its session proved instance %s (segment %q)", m.Instance, by.Instance, by.Name)
+	}
 	cctx, cancel := context.WithTimeout(ctx, t.opt.RevokeTimeout)
 	rep, err := t.call(cctx, m.RPC, (&revokeReq{Owner: t.h.Instance()}).encode())
 	cancel()
@@ -111,12 +121,16 @@ func (t *Transport) handleAttach(ctx context.Context, body []byte) ([]byte, erro
 // handleValidate checks the keys a peer is about to use against the current
 // registrations, records what it granted (so Unregister knows whom to tell)
 // and renews the peer's lease. A session that is unknown (cut off, detached,
-// or never attached) is refused as a whole with AccessDenied.
-func (t *Transport) handleValidate(body []byte) ([]byte, error) {
+// or never attached) is refused as a whole with AccessDenied; with a secret,
+// one the calling engine did not attach is refused with Unauthenticated. A
+// window's key is granted only to the engine the window is bound to, as the
+// control session proved it (segment.Window.Admits).
+func (t *Transport) handleValidate(ctx context.Context, body []byte) ([]byte, error) {
 	m, err := decodeValidateReq(body)
 	if err != nil {
 		return nil, err
 	}
+	by := transport.CallerOf(ctx)
 	rep := validateRep{LeaseNS: uint64(t.opt.Lease), Grants: make([]grant, len(m.Items))}
 	reg := t.h.Registry()
 	t.pmu.Lock()
@@ -124,6 +138,10 @@ func (t *Transport) handleValidate(body []byte) ([]byte, error) {
 	p := t.peers[m.Session]
 	if p == nil {
 		return nil, errs.New(errs.AccessDenied, "shm validate", "session %#x is not attached (cut off or detached)", m.Session)
+	}
+	if by.Known && by.Instance != p.instance {
+		return nil, errs.New(errs.Unauthenticated, "shm validate",
+			"session %#x belongs to instance %s, but the call's session proved instance %s (segment %q)", m.Session, p.instance, by.Instance, by.Name)
 	}
 	// Checking the registry and recording the grant under pmu orders this
 	// against Unregister, which collects the holders under pmu after the
@@ -135,7 +153,14 @@ func (t *Transport) handleValidate(body []byte) ([]byte, error) {
 			// A window's key: good for the window's ranges only, and
 			// revoked on its own (RevokeWindow). The grant is the range
 			// that holds the item; the peer asks again for another.
-			if w, start, end, ok := reg.WindowFor(it.Key, it.Addr, it.Len); ok && w.Parent() == r {
+			w, start, end, ok, werr := reg.WindowFor(it.Key, it.Addr, it.Len, by)
+			if werr != nil {
+				// A window bound to another engine: nothing granted.
+				t.h.Logf("te: %s: %v", t.spec.Name, werr)
+				rep.Grants[i].Code = errs.CodeOf(werr)
+				continue
+			}
+			if ok && w.Parent() == r {
 				p.grants[it.Key] = struct{}{}
 				rep.Grants[i] = grant{Addr: start, Len: end - start}
 				continue
@@ -156,13 +181,19 @@ func (t *Transport) handleValidate(body []byte) ([]byte, error) {
 	return rep.encode(), nil
 }
 
-func (t *Transport) handleDetach(body []byte) ([]byte, error) {
+func (t *Transport) handleDetach(ctx context.Context, body []byte) ([]byte, error) {
 	m, err := decodeDetachReq(body)
 	if err != nil {
 		return nil, err
 	}
+	by := transport.CallerOf(ctx)
 	t.pmu.Lock()
 	p := t.peers[m.Session]
+	if p != nil && by.Known && by.Instance != p.instance {
+		t.pmu.Unlock()
+		return nil, errs.New(errs.Unauthenticated, "shm detach",
+			"session %#x belongs to instance %s, but the call's session proved instance %s", m.Session, p.instance, by.Instance)
+	}
 	delete(t.peers, m.Session)
 	t.pmu.Unlock()
 	if p != nil {

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tecache/te/engine/segment"
+	"github.com/tecache/te/engine/transport"
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/mem"
 )
@@ -375,6 +376,13 @@ func (t *Transport) handleRevoke(ctx context.Context, body []byte) ([]byte, erro
 	m, err := decodeRevokeReq(body)
 	if err != nil {
 		return nil, err
+	}
+	// The owner named decides whose grants end: with a secret it must be
+	// the engine the session proved, or an engine holding the secret
+	// could revoke another owner's grants here.
+	if by := transport.CallerOf(ctx); by.Known && by.Instance != m.Owner {
+		return nil, errs.New(errs.Unauthenticated, "shm revoke",
+			"revocation names owner %s, but its session proved instance %s (segment %q)", m.Owner, by.Instance, by.Name)
 	}
 	if len(m.Items) == 0 {
 		return ackReply(opRevoke), nil

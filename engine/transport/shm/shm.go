@@ -371,9 +371,9 @@ func (t *Transport) handle(ctx context.Context, body []byte) ([]byte, error) {
 	case opAttach:
 		return t.handleAttach(ctx, body)
 	case opValidate:
-		return t.handleValidate(body)
+		return t.handleValidate(ctx, body)
 	case opDetach:
-		return t.handleDetach(body)
+		return t.handleDetach(ctx, body)
 	case opRevoke:
 		return t.handleRevoke(ctx, body)
 	}

@@ -449,6 +449,12 @@ func (t *Transport) hold(o *owner, j *job) {
 			if x, ok := index[askKey{j.rs[i].r.Key, j.spans[i].Remote}]; ok && grants[x].Code != 0 {
 				resolved[i] = true
 				t.st.staleRefused.Add(1)
+				r := j.rs[i].r
+				if r.Buffer != nil && r.Key != r.Buffer.Key && grants[x].Code == errs.AccessDenied {
+					j.rs[i].end(errs.New(grants[x].Code, "shm", "segment %q refused [%#x,+%d) under window %#x: the window is bound to another engine, "+
+						"does not cover the range, or was revoked", o.name, j.spans[i].Remote, j.spans[i].N, r.Key))
+					continue
+				}
 				j.rs[i].end(errs.New(grants[x].Code, "shm", "owner refused [%#x,+%d): %v", j.spans[i].Remote, j.spans[i].N, grants[x].Code))
 			}
 		}

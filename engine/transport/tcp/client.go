@@ -24,7 +24,8 @@ type op struct {
 	p                  *pipe.Peer[item]
 	inst               string // the instance the request's descriptor names (te's framing)
 	write              bool
-	gpu                int // local memory: 0 host, else device ordinal+1 (staged, gpu.go)
+	window             bool // key is a window's, not the buffer's
+	gpu                int  // local memory: 0 host, else device ordinal+1 (staged, gpu.go)
 	remaining          atomic.Int32
 	err                atomic.Pointer[errBox]
 	canceled           atomic.Bool
@@ -127,6 +128,7 @@ func (t *Transport) Submit(reqs []transport.Request) {
 		o := &ops[i]
 		o.local, o.remote, o.key, o.tk = r.Local, r.Remote, r.Key, r.Ticket()
 		o.p, o.write, o.inst = p, r.Op == transport.Write, r.Peer.Instance
+		o.window = r.Buffer != nil && r.Key != r.Buffer.Key
 		if isDevice(r.Region) {
 			if !f.gpu {
 				r.Complete(errs.New(errs.NotSupported, "tcp", "local %#x is GPU memory: not moved to a Mooncake peer over tcp", r.Local))

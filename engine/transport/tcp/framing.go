@@ -608,6 +608,11 @@ func (d *teCompletions) Decode(r *pipe.Reader[item]) error {
 		return nil
 	}
 	if comp.Status != errs.OK {
+		if o.window && comp.Status == errs.AccessDenied {
+			r.Done(s, errs.New(comp.Status, "tcp", "%s refused %v of [%#x,+%d) under window %#x: the window is bound to another engine, "+
+				"does not cover the range, or was revoked", r.Addr(), o.opcode(), o.remote+it.off, it.n, o.key))
+			return nil
+		}
 		r.Done(s, errs.New(comp.Status, "tcp", "%s refused %v of [%#x,+%d)", r.Addr(), o.opcode(), o.remote+it.off, it.n))
 		return nil
 	}

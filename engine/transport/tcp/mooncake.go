@@ -196,7 +196,7 @@ func (s *serverConn) serveMooncake(sv *server, first []byte) {
 		}
 		// Key 0 skips the key check: reachable only here, with
 		// AcceptMooncake on.
-		region, err := t.reg.Acquire(req.Addr, req.Size, 0, true)
+		region, err := t.reg.Acquire(req.Addr, req.Size, 0, true, segment.Anyone)
 		if err != nil {
 			s.refuseMooncake(br, wire.MooncakeAddrRejected)
 			return

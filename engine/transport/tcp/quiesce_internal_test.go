@@ -35,7 +35,7 @@ func TestQuiesceSeesBlockedPush(t *testing.T) {
 	s := &serverConn{t: tr, nc: noWriteDeadline{near}, wake: make(chan struct{}, 1), space: make(chan struct{}, 1), done: make(chan struct{})}
 	tr.served[s] = struct{}{}
 	read := func(r *segment.Region, n uint64) response {
-		g, err := reg.Acquire(r.Addr, n, 0, true)
+		g, err := reg.Acquire(r.Addr, n, 0, true, segment.Anyone)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -318,6 +318,13 @@ func (s *serverConn) serveTe(sv *server, first []byte) {
 		}
 		return // told why, if at all; nothing was read or touched
 	}
+	// The engine on the other end, for windows bound to one engine: with
+	// a secret, the segment and instance its exchange proved; without one
+	// nothing is known (te trusts the network then).
+	by := segment.Anyone
+	if s.t.secret != nil {
+		by = segment.Caller{Name: o.PeerName, Instance: o.PeerInstance, Known: true}
+	}
 	// From here every header is a record, opened before any field of it
 	// is used; a record that does not open closes the connection, and
 	// nothing more is read from it.
@@ -348,7 +355,7 @@ func (s *serverConn) serveTe(sv *server, first []byte) {
 		var region *segment.Region
 		if status == errs.OK {
 			var err error
-			region, err = s.t.reg.Acquire(req.Addr, req.Length, req.Key, true)
+			region, err = s.t.reg.Acquire(req.Addr, req.Length, req.Key, true, by)
 			status = errs.CodeOf(err)
 			if isDevice(region) {
 				// The CPU never touches device memory: without CUDA

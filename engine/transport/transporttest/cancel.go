@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tecache/te/engine"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/mem"
 )
 
@@ -293,13 +294,45 @@ func testUnregisterLocal(t *testing.T, s Setup) {
 // testWindow: a transport that declares Caps.Windows honours a window the
 // target granted: requests under its key reach its ranges (several of them,
 // in one batch) and nothing else, and none after it was revoked, while the
-// buffer's own key still works.
+// buffer's own key still works. Over a transport that cannot enforce
+// windows a request under one is refused (NotSupported) and lands nothing:
+// it never goes under the buffer's own key.
 func testWindow(t *testing.T, s Setup) {
 	v := s.start(t)
-	if c := v.e.Stats().Caps[s.Transport]; !c.Windows {
-		t.Skipf("%s does not honour windows (the buffer's key is sent)", s.Transport)
-	}
 	const bs = 64 << 10
+	if c := v.e.Stats().Caps[s.Transport]; !c.Windows {
+		if err := v.peer.Fill(0); err != nil {
+			t.Fatal(err)
+		}
+		zero, _ := v.peer.CRC(0, 2*bs)
+		key, err := v.peer.Grant([2]uint64{0, 2 * bs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fillRandom(v.src[:bs], 7)
+		r := v.req(engine.Write, mem.Addr(v.src), 0, bs)
+		r.Window, r.Transport = key, s.Transport
+		b, err := v.e.AllocateBatch(1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Free()
+		err = b.Submit(r)
+		if err == nil {
+			st, _ := b.Wait(30 * time.Second)
+			err = st.Err
+			if st.State == engine.Completed {
+				t.Fatalf("%s carried a request under a window it cannot enforce", s.Transport)
+			}
+		}
+		if errs.CodeOf(err) != errs.NotSupported {
+			t.Fatalf("request under a window over %s: %v, want NotSupported", s.Transport, err)
+		}
+		if got, _ := v.peer.CRC(0, 2*bs); got != zero {
+			t.Fatalf("a request under a window over %s landed", s.Transport)
+		}
+		return
+	}
 	if err := v.peer.Fill(0); err != nil {
 		t.Fatal(err)
 	}

@@ -71,6 +71,9 @@ type Peer interface {
 	// Grant grants a window over ranges of the buffer, given as offsets
 	// and lengths, and returns its key; Revoke revokes it.
 	Grant(ranges ...[2]uint64) (uint64, error)
+	// GrantTo is Grant for the engine whose segment is named grantee
+	// alone (engine.GrantWindowTo).
+	GrantTo(grantee string, ranges ...[2]uint64) (uint64, error)
 	Revoke(key uint64) error
 	// Kill makes the peer vanish abruptly (SIGKILL for a child process).
 	Kill()
@@ -242,12 +245,13 @@ func (p *inproc) CRC(off, n uint64) (uint32, error) {
 	}
 	return crc32.ChecksumIEEE(b), nil
 }
-func (p *inproc) Grant(ranges ...[2]uint64) (uint64, error) {
+func (p *inproc) Grant(ranges ...[2]uint64) (uint64, error) { return p.GrantTo("", ranges...) }
+func (p *inproc) GrantTo(grantee string, ranges ...[2]uint64) (uint64, error) {
 	var rs []engine.Range
 	for _, r := range ranges {
 		rs = append(rs, engine.Range{Addr: p.Addr() + r[0], Length: r[1]})
 	}
-	return p.e.GrantWindow(rs)
+	return p.e.GrantWindowTo(grantee, rs)
 }
 func (p *inproc) Revoke(key uint64) error { return p.e.RevokeWindow(key) }
 func (p *inproc) Kill()                   { p.e.Close() }
@@ -374,8 +378,12 @@ func (c *child) CRC(off, n uint64) (uint32, error) {
 	return uint32(v), err
 }
 
-func (c *child) Grant(ranges ...[2]uint64) (uint64, error) {
+func (c *child) Grant(ranges ...[2]uint64) (uint64, error) { return c.GrantTo("", ranges...) }
+func (c *child) GrantTo(grantee string, ranges ...[2]uint64) (uint64, error) {
 	cmd := "grant"
+	if grantee != "" {
+		cmd = "grantto " + grantee
+	}
 	for _, r := range ranges {
 		cmd += fmt.Sprintf(" %d %d", r[0], r[1])
 	}
@@ -468,15 +476,19 @@ func runPeer() int {
 			var c uint32
 			c, err = p.CRC(off, n)
 			out = strconv.FormatUint(uint64(c), 10)
-		case "grant":
+		case "grant", "grantto":
+			grantee, k0 := "", 1
+			if f[0] == "grantto" && len(f) > 1 {
+				grantee, k0 = f[1], 2
+			}
 			var rs [][2]uint64
-			for k := 1; k+1 < len(f); k += 2 {
+			for k := k0; k+1 < len(f); k += 2 {
 				off, _ := strconv.ParseUint(f[k], 10, 64)
 				n, _ := strconv.ParseUint(f[k+1], 10, 64)
 				rs = append(rs, [2]uint64{off, n})
 			}
 			var key uint64
-			key, err = p.Grant(rs...)
+			key, err = p.GrantTo(grantee, rs...)
 			out = strconv.FormatUint(key, 10)
 		case "revoke":
 			key, _ := strconv.ParseUint(f[1], 10, 64)
