@@ -52,29 +52,18 @@ func tego_notify_send(h C.te_engine_t, segment, name, msg *C.te_cchar, msgLen C.
 //export tego_notify_drain
 func tego_notify_drain(h C.te_engine_t, out **C.te_notify_t, count *C.size_t) (rc C.int) {
 	defer enter("notify drain", &rc)()
-	e, err := getEngine("notify drain", h)
-	if err != nil {
-		return fail(err)
-	}
-	if out == nil || count == nil {
-		return null("notify drain", "out or count")
-	}
-	*out, *count = nil, 0
-	base, n, err := drainNotifies(h, e, "notify drain", unsafe.Sizeof(C.te_notify_t{}), false,
-		func(base unsafe.Pointer, i int, name, msg, _, _ *C.char, msgLen int) {
-			e := &unsafe.Slice((*C.te_notify_t)(base), i+1)[i]
-			e.name, e.msg, e.msg_len = name, msg, C.uint64_t(msgLen)
-		})
-	if err != nil {
-		return fail(err)
-	}
-	*out, *count = (*C.te_notify_t)(base), C.size_t(n)
-	return 0
+	return drainExport(h, (*unsafe.Pointer)(unsafe.Pointer(out)), count, false)
 }
 
 //export tego_notify_drain_from
 func tego_notify_drain_from(h C.te_engine_t, out **C.te_notify_from_t, count *C.size_t) (rc C.int) {
 	defer enter("notify drain", &rc)()
+	return drainExport(h, (*unsafe.Pointer)(unsafe.Pointer(out)), count, true)
+}
+
+// drainExport is te_notify_drain (senders false: te_notify_t entries) and
+// te_notify_drain_from (te_notify_from_t entries).
+func drainExport(h C.te_engine_t, out *unsafe.Pointer, count *C.size_t, senders bool) C.int {
 	e, err := getEngine("notify drain", h)
 	if err != nil {
 		return fail(err)
@@ -83,8 +72,17 @@ func tego_notify_drain_from(h C.te_engine_t, out **C.te_notify_from_t, count *C.
 		return null("notify drain", "out or count")
 	}
 	*out, *count = nil, 0
-	base, n, err := drainNotifies(h, e, "notify drain", unsafe.Sizeof(C.te_notify_from_t{}), true,
+	entry := unsafe.Sizeof(C.te_notify_t{})
+	if senders {
+		entry = unsafe.Sizeof(C.te_notify_from_t{})
+	}
+	base, n, err := drainNotifies(h, e, "notify drain", entry, senders,
 		func(base unsafe.Pointer, i int, name, msg, from, inst *C.char, msgLen int) {
+			if !senders {
+				e := &unsafe.Slice((*C.te_notify_t)(base), i+1)[i]
+				e.name, e.msg, e.msg_len = name, msg, C.uint64_t(msgLen)
+				return
+			}
 			e := &unsafe.Slice((*C.te_notify_from_t)(base), i+1)[i]
 			e.name, e.msg, e.msg_len = name, msg, C.uint64_t(msgLen)
 			e.sender, e.sender_instance = from, inst
@@ -92,7 +90,7 @@ func tego_notify_drain_from(h C.te_engine_t, out **C.te_notify_from_t, count *C.
 	if err != nil {
 		return fail(err)
 	}
-	*out, *count = (*C.te_notify_from_t)(base), C.size_t(n)
+	*out, *count = base, C.size_t(n)
 	return 0
 }
 

@@ -49,10 +49,7 @@ func (p *Pool[T]) Pruned() uint64 { return p.pruned.Load() }
 // (dialing, opening or open).
 func (p *Pool[T]) Live() (peers, conns int) {
 	p.mu.Lock()
-	list := make([]*Peer[T], 0, len(p.peers))
-	for _, pe := range p.peers {
-		list = append(list, pe)
-	}
+	list := p.peerList()
 	p.mu.Unlock()
 	for _, pe := range list {
 		for _, c := range pe.all() {
@@ -62,6 +59,15 @@ func (p *Pool[T]) Live() (peers, conns int) {
 		}
 	}
 	return len(list), conns
+}
+
+// peerList returns the peers held now; the caller holds p.mu.
+func (p *Pool[T]) peerList() []*Peer[T] {
+	list := make([]*Peer[T], 0, len(p.peers))
+	for _, pe := range p.peers {
+		list = append(list, pe)
+	}
+	return list
 }
 
 // Peer returns the peer at addr, made on first use, and marks it used now.
@@ -93,10 +99,7 @@ func (p *Pool[T]) Close(err error) {
 	}
 	p.closed = err
 	p.cancel()
-	peers := make([]*Peer[T], 0, len(p.peers))
-	for _, pe := range p.peers {
-		peers = append(peers, pe)
-	}
+	peers := p.peerList()
 	p.mu.Unlock()
 	// A connection made before closed was set is in its peer's list by
 	// now (newConn runs under the peer's lock); none is made after.
