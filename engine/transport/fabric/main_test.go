@@ -74,7 +74,8 @@ const sessionSecret = "fabric-conformance-cluster-secret-0123456789"
 func processSetup(t *testing.T, prov string) transporttest.Setup {
 	requireProvider(t, prov)
 	t.Setenv("TE_PARAM_fabric_provider", prov)
-	return transporttest.Setup{Transport: fabric.Name, Process: true}
+	// The torture between processes meets the stale-key gap (tortureGap).
+	return transporttest.Setup{Transport: fabric.Name, Process: true, SkipTorture: tortureSkip()}
 }
 
 // TestConformanceTCP runs the suite over the tcp provider with the target
@@ -82,7 +83,6 @@ func processSetup(t *testing.T, prov string) transporttest.Setup {
 // two processes, and the stall tests (timeout, unregister in flight) run.
 func TestConformanceTCP(t *testing.T) {
 	s := processSetup(t, "tcp")
-	s.SkipTorture = tortureSkip()
 	transporttest.Run(t, s)
 }
 
@@ -122,7 +122,6 @@ func TestConformanceTCPSession(t *testing.T) {
 		t.Skip("short")
 	}
 	s := processSetup(t, "tcp")
-	s.SkipTorture = tortureSkip()
 	t.Setenv("TE_AUTH_SECRET", sessionSecret)
 	transporttest.Run(t, s)
 }
