@@ -363,19 +363,6 @@ func TestSessionProvesServerName(t *testing.T) {
 	}()
 	go func() {
 		// HELLO through unchanged, CHALLENGE renamed, the rest through.
-		fwd := func(from io.Reader, to io.Writer, edit func([]byte) []byte) {
-			var h [wire.FrameHeaderSize]byte
-			if _, err := io.ReadFull(from, h[:]); err != nil {
-				return
-			}
-			_, n, _ := wire.ParseFrameHeader(h[:])
-			body := make([]byte, n)
-			io.ReadFull(from, body)
-			if edit != nil {
-				body = edit(body)
-			}
-			to.Write(wire.AppendFrame(nil, wire.KindAuth, body))
-		}
 		fwd(r, r2, nil)
 		fwd(r2, r, func(b []byte) []byte {
 			ch, err := wire.DecodeChallenge(b)
@@ -421,19 +408,6 @@ func TestSessionProvesInitiatorName(t *testing.T) {
 		done <- err
 	}()
 	go func() {
-		fwd := func(from io.Reader, to io.Writer, edit func([]byte) []byte) {
-			var h [wire.FrameHeaderSize]byte
-			if _, err := io.ReadFull(from, h[:]); err != nil {
-				return
-			}
-			_, n, _ := wire.ParseFrameHeader(h[:])
-			body := make([]byte, n)
-			io.ReadFull(from, body)
-			if edit != nil {
-				body = edit(body)
-			}
-			to.Write(wire.AppendFrame(nil, wire.KindAuth, body))
-		}
 		fwd(r, r2, func(b []byte) []byte {
 			h, err := wire.DecodeHello(b)
 			if err != nil {
@@ -453,4 +427,20 @@ func TestSessionProvesInitiatorName(t *testing.T) {
 	if err := <-done; errs.CodeOf(err) != errs.Unauthenticated {
 		t.Fatalf("server: %v, want Unauthenticated", err)
 	}
+}
+
+// fwd relays one authentication frame from one side to the other, its body
+// rewritten by edit when edit is not nil.
+func fwd(from io.Reader, to io.Writer, edit func([]byte) []byte) {
+	var h [wire.FrameHeaderSize]byte
+	if _, err := io.ReadFull(from, h[:]); err != nil {
+		return
+	}
+	_, n, _ := wire.ParseFrameHeader(h[:])
+	body := make([]byte, n)
+	io.ReadFull(from, body)
+	if edit != nil {
+		body = edit(body)
+	}
+	to.Write(wire.AppendFrame(nil, wire.KindAuth, body))
 }
