@@ -194,7 +194,7 @@ PKGS=(
 # (shm; rdma's fake fabric between two processes), skipped by name when the
 # probe says qemu lacks it; io_uring's own tests skip themselves (uring.Setup
 # says ENOSYS).
-NEEDS_VM_shm='^(TestConformance|TestCancel.*|TestCloseWithTasksInFlight|TestChosenForAnotherProcess|TestRefusedFallsBackToTCP|TestUnregisterWhileHammered|TestStoppedPeerIsCutOff|TestKilledPeerDoesNotStallUnregister|TestOwnerCloseRevokes|TestMove.*|TestWindowDiesWithItsMemory)$'
+NEEDS_VM_shm='^(TestConformance|TestCancel.*|TestCloseWithTasksInFlight|TestChosenForAnotherProcess|TestRefusedFallsBackToTCP|TestUnregisterWhileHammered|TestStoppedPeerIsCutOff|TestKilledPeerDoesNotStallUnregister|TestOwnerCloseRevokes|TestMove.*|TestWindowDiesWithItsMemory|TestWindowBoundToGrantee)$'
 NEEDS_VM_rdma='^(TestConformanceFakeFabric|TestTwoProcess.*)$'
 # A package with a -test.run filter and a -test.skip of its own leaves out
 # its process_vm tests by this narrower filter instead (one -test.skip
