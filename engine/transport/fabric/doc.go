@@ -29,4 +29,16 @@
 // once every operation of it has completed or its endpoint was closed:
 // the fence of a terminal state. Device memory is not registered with the
 // NIC (no FI_HMEM path yet): the engine moves it over a staging transport.
+//
+// A refused key (the owner re-registered) ends an operation with
+// StaleDescriptor, and the engine fetches the descriptor again. Providers
+// that drop such an access without completing it (shm) are covered by a
+// stall watchdog: an endpoint with operations posted and no completion for
+// fabric.stall_timeout (1 s there, plus the time its posted bytes take at
+// 64 MiB/s) is closed and they end with StaleDescriptor.
+//
+// Before libfabric first initializes its providers, te sets the provider
+// parameters in internal/sys/fabric.ProviderDefaults that the environment
+// does not: ofi_rxm's default receive pool costs each endpoint tens of
+// MiB and up to a second to open, and te opens one per peer.
 package fabric

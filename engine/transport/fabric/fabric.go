@@ -52,8 +52,8 @@ type Transport struct {
 	accepts map[string]struct{} // peer endpoint addresses accepted, per NIC and address
 
 	st struct {
-		posts, eagain, teardowns, retries, errors, gpuRefused atomic.Uint64
-		bytes                                                 atomic.Uint64
+		posts, eagain, teardowns, stalls, retries, errors, gpuRefused atomic.Uint64
+		bytes                                                         atomic.Uint64
 	}
 }
 
@@ -224,6 +224,13 @@ func (t *Transport) Start(h transport.Host) error {
 		if err != nil {
 			h.Logf("te: fabric: skipping %s: %v", offers[i].Name(), err)
 			continue
+		}
+		n.stall = o.StallTimeout
+		if n.stall < 0 {
+			n.stall = 0
+			if silentRefusal(n.prov) {
+				n.stall = DefaultStall
+			}
 		}
 		t.nics = append(t.nics, n)
 	}
@@ -413,12 +420,13 @@ func (t *Transport) pair(d *segment.Desc, nd []nicDesc) (int, int, error) {
 
 // Stats counts operations posted, posts the provider pushed back
 // (-FI_EAGAIN), bytes moved, endpoints torn down to flush canceled
-// operations, operations retried on a new endpoint, error completions and
+// operations or (stalls) ended by the stall watchdog, operations retried on
+// a new endpoint, error completions and
 // device regions left to staging; per NIC its posts and bytes.
 func (t *Transport) Stats() map[string]uint64 {
 	out := map[string]uint64{
 		"posts": t.st.posts.Load(), "eagain": t.st.eagain.Load(), "bytes": t.st.bytes.Load(),
-		"teardowns": t.st.teardowns.Load(), "retries": t.st.retries.Load(), "errors": t.st.errors.Load(),
+		"teardowns": t.st.teardowns.Load(), "stalls": t.st.stalls.Load(), "retries": t.st.retries.Load(), "errors": t.st.errors.Load(),
 		"gpu_staged": t.st.gpuRefused.Load(),
 	}
 	for _, n := range t.nics {

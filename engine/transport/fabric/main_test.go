@@ -1,7 +1,6 @@
 package fabric_test
 
 import (
-	"os"
 	"testing"
 
 	_ "github.com/tecache/te/engine/std" // the engines these tests build install every standard transport
@@ -30,40 +29,11 @@ func requireProvider(t *testing.T, prov string) map[string]string {
 // provider (RDM over ofi_rxm) with both engines in this process, small
 // slices so large transfers are many operations.
 func TestConformanceTCPInProcess(t *testing.T) {
-	tortureGap(t)
 	p := requireProvider(t, "tcp")
 	p["fabric.slice"] = "256KiB"
 	transporttest.Run(t, transporttest.Setup{Transport: fabric.Name, Config: func(c *engine.Config) {
 		c.Params = p
 	}})
-}
-
-// tortureGap skips, unless TE_FABRIC_TORTURE_ALL=1, the setups whose fence
-// torture completes no task on some seeds (tcp in one process: seeds
-// 1796180452685613778, 1796180429221934562; shm: 1796181943776786556,
-// 1796182718178561873). There the peer re-registers early, reads go out
-// under the old key and are refused, and the engine never moves to the new
-// descriptor: the tcp provider drops the connection after each refusal and
-// shm never completes a refused access. Nothing lands where it must not
-// (the torture's fences hold); the stale-key refresh is the open part.
-// Between two processes over tcp the torture hits the same gap: on some
-// machines no task of it completes on any seed (0 of 138 on a fresh 2-core
-// VM, canceled or refused), so there the suite runs without it
-// (tortureSkip); the rest of the suite runs unconditionally.
-func tortureGap(t *testing.T) {
-	t.Helper()
-	if why := tortureSkip(); why != "" {
-		t.Skip(why)
-	}
-}
-
-// tortureSkip is why the fence torture is skipped, "" with
-// TE_FABRIC_TORTURE_ALL=1.
-func tortureSkip() string {
-	if os.Getenv("TE_FABRIC_TORTURE_ALL") == "1" {
-		return ""
-	}
-	return "known gap: after a peer re-registers, fabric does not refresh a refused key (see tortureGap); TE_FABRIC_TORTURE_ALL=1 runs it"
 }
 
 // sessionSecret is the cluster secret of the session setups.
@@ -74,8 +44,7 @@ const sessionSecret = "fabric-conformance-cluster-secret-0123456789"
 func processSetup(t *testing.T, prov string) transporttest.Setup {
 	requireProvider(t, prov)
 	t.Setenv("TE_PARAM_fabric_provider", prov)
-	// The torture between processes meets the stale-key gap (tortureGap).
-	return transporttest.Setup{Transport: fabric.Name, Process: true, SkipTorture: tortureSkip()}
+	return transporttest.Setup{Transport: fabric.Name, Process: true}
 }
 
 // TestConformanceTCP runs the suite over the tcp provider with the target
@@ -86,18 +55,11 @@ func TestConformanceTCP(t *testing.T) {
 	transporttest.Run(t, s)
 }
 
-// runSHM runs the suite over shm: the fence torture always; the whole
-// suite only with TE_FABRIC_SHM_SUITE=1, because libfabric 1.17's shm
-// drops an access under a refused key without ever completing it, so
-// StaleDescriptor ends TIMEOUT (nothing written: the fence holds) where
-// the suite wants the code StaleDescriptor. Every other case passes.
+// runSHM runs the suite over shm. libfabric 1.17's shm drops an access
+// under a refused key without ever completing it: the stall watchdog
+// (fabric.stall_timeout) is what ends those with StaleDescriptor here.
 func runSHM(t *testing.T, s transporttest.Setup) {
-	tortureGap(t)
-	if os.Getenv("TE_FABRIC_SHM_SUITE") == "1" {
-		transporttest.Run(t, s)
-		return
-	}
-	transporttest.RunTorture(t, s)
+	transporttest.Run(t, s)
 }
 
 // TestConformanceSHM runs it over the shm provider between two processes.

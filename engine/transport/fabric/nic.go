@@ -61,6 +61,9 @@ type nic struct {
 	backlog []*op
 	out     int // operations posted and not yet completed
 
+	stall     time.Duration // the stall watchdog's bound (0: off)
+	stallNext time.Time     // when it looks next
+
 	posts, bytes atomic.Uint64
 }
 
@@ -273,7 +276,11 @@ func (n *nic) post() bool {
 			continue
 		}
 		if o.pe.dead.Load() {
-			n.t.retry(o, errTornDown)
+			if e := o.pe.fail.Load(); e != nil {
+				n.t.opDone(o, *e)
+			} else {
+				n.t.retry(o, errTornDown)
+			}
 			did = true
 			continue
 		}
@@ -305,6 +312,7 @@ func (n *nic) post() bool {
 		o.slot = slot
 		n.out++
 		o.pe.out++
+		o.pe.outBytes += o.n
 		n.posts.Add(1)
 		n.t.st.posts.Add(1)
 	}
@@ -385,6 +393,8 @@ func (n *nic) take(ctx uintptr) *op {
 	n.free = append(n.free, s)
 	n.out--
 	o.pe.out--
+	o.pe.outBytes -= o.n
+	o.pe.done++
 	return o
 }
 
@@ -404,6 +414,7 @@ func remoteError(o *op, err error) error {
 // posted after their grace: closing an endpoint is the flush after which
 // the provider touches none of its operations' memory.
 func (n *nic) sweep() {
+	n.stalls()
 	n.mu.Lock()
 	if len(n.cancels) == 0 {
 		n.mu.Unlock()
@@ -447,7 +458,12 @@ func (n *nic) hasCanceled(pe *peerEP) bool {
 // the canceled ones as canceled, the others to go again on a new endpoint.
 // Completions already queued are read first, so that none of them can be
 // taken for a later operation in the same slot.
-func (n *nic) teardown(pe *peerEP) {
+func (n *nic) teardown(pe *peerEP) { n.close(pe, nil) }
+
+// close closes a peer endpoint (the flush) and ends the operations posted
+// on it: canceled ones as canceled, the others with fail, or, when fail is
+// nil, sent again on a new endpoint.
+func (n *nic) close(pe *peerEP, fail error) {
 	if pe.shared() {
 		// Under FI_MR_ENDPOINT every peer shares the NIC's endpoint:
 		// closing it is not a flush of one peer. The operations end at
@@ -456,6 +472,9 @@ func (n *nic) teardown(pe *peerEP) {
 	}
 	if pe.closed {
 		return
+	}
+	if fail != nil {
+		pe.fail.Store(&fail)
 	}
 	pe.kill()
 	n.t.st.teardowns.Add(1)
@@ -470,8 +489,51 @@ func (n *nic) teardown(pe *peerEP) {
 			n.free = append(n.free, int32(s))
 			n.out--
 			pe.out--
-			n.t.retry(o, errTornDown)
+			pe.outBytes -= o.n
+			switch {
+			case o.q.canceled.Load():
+				n.t.opDone(o, errCanceled)
+			case fail != nil:
+				n.t.opDone(o, fail)
+			default:
+				n.t.retry(o, errTornDown)
+			}
 		}
+	}
+}
+
+// stalls closes the endpoints whose posted operations have seen no
+// completion for the stall bound, failing those operations with
+// StaleDescriptor: on a provider that drops an access under a refused key
+// (the owner re-registered) nothing else would end them, and the endpoint
+// takes no more work behind them. The engine then fetches the owner's
+// descriptor again. It looks a few times per bound, not on every round.
+func (n *nic) stalls() {
+	const stallRate = 64 << 20 // bytes per second no provider is slower than, loaded
+	if n.stall <= 0 {
+		return
+	}
+	now := time.Now()
+	if now.Before(n.stallNext) {
+		return
+	}
+	n.stallNext = now.Add(n.stall / 4)
+	for _, pe := range n.polled {
+		if pe.closed || pe.out == 0 || pe.done != pe.seen || pe.quiet.IsZero() {
+			pe.seen, pe.quiet = pe.done, now
+			continue
+		}
+		// A large batch may rightly complete nothing for a while: its
+		// bytes at a floor rate extend the bound.
+		if now.Sub(pe.quiet) < n.stall+time.Duration(pe.outBytes/stallRate)*time.Second {
+			continue
+		}
+		n.t.st.stalls.Add(1)
+		n.t.h.Logf("te: fabric: %s -> %s: %d operations posted, none completed in %v: closing the endpoint (the peer may have re-registered, or stopped)",
+			n.name, pe.peerName, pe.out, n.stall)
+		n.close(pe, errs.New(errs.StaleDescriptor, "fabric",
+			"no completion from %s within %v (fabric.stall_timeout): %s drops an access the owner refuses (its registration changed) without completing it, or the peer stopped",
+			pe.peerName, n.stall, n.prov))
 	}
 }
 

@@ -41,10 +41,28 @@ type Options struct {
 	CancelGrace time.Duration
 	// HandshakeTimeout bounds the endpoint exchange with a peer.
 	HandshakeTimeout time.Duration
+	// StallTimeout (fabric.stall_timeout) is how long an endpoint may
+	// have operations posted and see none of them complete before it is
+	// closed (the flush) and they fail with StaleDescriptor, so that the
+	// engine fetches the peer's descriptor again. -1 (the default) leaves
+	// it to the provider: DefaultStall for those that drop an access
+	// under a refused key without completing it (shm), off for the
+	// others, which complete it with an error; 0 turns it off.
+	StallTimeout time.Duration
 }
 
+// DefaultStall is the stall timeout of providers that never complete an
+// access the owner refused (libfabric's shm provider, as of 1.17): a
+// moment on one host, where the bytes of a whole slice move in
+// milliseconds, and well under the engine's transfer timeout.
+const DefaultStall = time.Second
+
+// silentRefusal reports whether a provider drops an access under a refused
+// key without completing it.
+func silentRefusal(prov string) bool { return prov == "shm" }
+
 func parseOptions(param func(string) (string, bool), getenv func(string) string) (Options, error) {
-	o := Options{Slice: 4 << 20, Depth: 256, CancelGrace: 50 * time.Millisecond, HandshakeTimeout: 10 * time.Second}
+	o := Options{Slice: 4 << 20, Depth: 256, CancelGrace: 50 * time.Millisecond, HandshakeTimeout: 10 * time.Second, StallTimeout: -1}
 	bad := func(key, v string, err error) error {
 		return errs.Wrap(errs.InvalidArgument, "fabric", err, "parameter %s=%q", key, v)
 	}
@@ -83,6 +101,16 @@ func parseOptions(param func(string) (string, bool), getenv func(string) string)
 	}
 	if v, ok := param("fabric.library"); ok && v != "" {
 		o.Library = v
+	}
+	if v, ok := param("fabric.stall_timeout"); ok && v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 || d > 0 && d < time.Millisecond {
+			if err == nil {
+				err = errs.New(errs.InvalidArgument, "fabric", "0 (off) or at least 1ms")
+			}
+			return o, bad("fabric.stall_timeout", v, err)
+		}
+		o.StallTimeout = d
 	}
 	if v, ok := param("limits.handshake_timeout"); ok && v != "" {
 		if d, err := time.ParseDuration(v); err == nil && d > 0 {

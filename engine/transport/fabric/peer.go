@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/tecache/te/engine/segment"
+	"github.com/tecache/te/engine/transport"
 	"github.com/tecache/te/internal/errs"
 	fab "github.com/tecache/te/internal/sys/fabric"
 	"github.com/tecache/te/internal/wire"
@@ -40,8 +42,18 @@ type peerEP struct {
 	ready   bool
 	pending []*op
 	dead    atomic.Bool
+	// fail, once set (before dead), ends the operations still waiting
+	// for it instead of sending them to a new endpoint: the stall
+	// watchdog's StaleDescriptor, since they carry the same stale key.
+	fail atomic.Pointer[error]
 
-	out int // operations posted on it (poller-owned)
+	out      int    // operations posted on it (poller-owned)
+	outBytes uint64 // their bytes (poller-owned)
+	// Poller-owned, for the stall watchdog: completions read, the count
+	// at the last look, and since when it has not moved with operations
+	// posted.
+	done, seen uint64
+	quiet      time.Time
 }
 
 func (pe *peerEP) endpoint() *fab.Endpoint { return pe.ep }
@@ -217,10 +229,16 @@ func (pe *peerEP) close(t *Transport) {
 
 // handleHandshake answers a peer's endpoint exchange with the address of
 // the NIC it names.
-func (t *Transport) handleHandshake(_ context.Context, body []byte) ([]byte, error) {
+func (t *Transport) handleHandshake(ctx context.Context, body []byte) ([]byte, error) {
 	var h hello
 	if err := json.Unmarshal(body, &h); err != nil || h.Instance == "" || len(h.Addr) == 0 || len(h.Addr) > 256 {
 		return nil, errs.New(errs.Protocol, "fabric", "bad endpoint exchange")
+	}
+	// With a secret the session proved who calls: the body's instance,
+	// which the NIC's peer accounting is keyed by, must be that one.
+	if by := transport.CallerOf(ctx); by.Known && (h.Instance != by.Instance || h.Segment != by.Name) {
+		return nil, errs.New(errs.Unauthenticated, "fabric",
+			"endpoint exchange names segment %q instance %s, but its session proved segment %q instance %s", h.Segment, h.Instance, by.Name, by.Instance)
 	}
 	if h.To != t.h.Instance() {
 		return nil, errs.New(errs.StaleDescriptor, "fabric", "endpoint exchange for instance %s reached %s", h.To, t.h.Instance())

@@ -54,9 +54,6 @@ type Setup struct {
 	// start; the initiator's own buffers stay private memory, which the
 	// shared-memory transport copies from and into without registering.
 	Shared bool
-	// SkipTorture, when set, says why Run skips the fence torture (a known
-	// gap of the transport, named in its tests); the rest of the suite runs.
-	SkipTorture string
 }
 
 // The largest transfer the suite makes and the peer buffer that holds it.
@@ -190,12 +187,7 @@ func Run(t *testing.T, s Setup) {
 	t.Run("TimeoutIsAFence", func(t *testing.T) { testTimeout(t, s) })
 	t.Run("UnregisterInFlight", func(t *testing.T) { testUnregisterLocal(t, s) })
 	t.Run("Window", func(t *testing.T) { testWindow(t, s) })
-	t.Run("Torture", func(t *testing.T) {
-		if s.SkipTorture != "" {
-			t.Skip(s.SkipTorture)
-		}
-		testTorture(t, s)
-	})
+	t.Run("Torture", func(t *testing.T) { testTorture(t, s) })
 }
 
 func fillRandom(b []byte, seed int64) {

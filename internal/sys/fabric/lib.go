@@ -22,6 +22,9 @@ const DefaultLibrary = "libfabric.so.1"
 // providers loaded for the life of the process.
 type Lib struct {
 	Path string
+	// Defaults are the ProviderDefaults this process got from te
+	// ("NAME=value"); the others were set already.
+	Defaults []string
 
 	getinfo  uintptr // fi_getinfo
 	freeinfo uintptr // fi_freeinfo
@@ -70,7 +73,7 @@ func Open(path string) (*Lib, error) {
 		return nil, errs.Wrap(errs.NotSupported, "fabric", err, "cannot load %s", path).
 			WithHint("install libfabric (Debian: apt-get install libfabric1; on AWS the EFA installer's /opt/amazon/efa/lib/libfabric.so.1, named by TE_FABRIC_LIBRARY)")
 	}
-	l := &Lib{Path: path}
+	l := &Lib{Path: path, Defaults: setDefaults(h, ProviderDefaults)}
 	var missing []string
 	sym := func(name string) uintptr {
 		a, err := purego.Dlsym(h, name)

@@ -1,0 +1,73 @@
+package fabric
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/tecache/te/engine/segment"
+	"github.com/tecache/te/engine/transport"
+	"github.com/tecache/te/internal/errs"
+)
+
+// stubHost is the part of transport.Host the endpoint exchange reads.
+type stubHost struct{ transport.Host }
+
+func (stubHost) Instance() string { return "b-1" }
+
+// With a secret, the endpoint exchange must name the segment and instance
+// its session proved: another engine holding the secret cannot be counted
+// as someone else.
+func TestHandshakeProvenCaller(t *testing.T) {
+	tr := &Transport{h: stubHost{}}
+	body, _ := json.Marshal(hello{Instance: "a-1", Segment: "a", To: "someone-else", NIC: "x", Addr: []byte{1}})
+	for name, by := range map[string]segment.Caller{
+		"another instance": {Name: "a", Instance: "mallory-1", Known: true},
+		"another segment":  {Name: "mallory", Instance: "a-1", Known: true},
+	} {
+		_, err := tr.handleHandshake(transport.WithCaller(context.Background(), by), body)
+		if !errors.Is(err, errs.ErrUnauthenticated) {
+			t.Fatalf("%s: %v, want Unauthenticated", name, err)
+		}
+	}
+	// The proven caller passes the check (and is then told it named
+	// another instance than this engine's).
+	ctx := transport.WithCaller(context.Background(), segment.Caller{Name: "a", Instance: "a-1", Known: true})
+	if _, err := tr.handleHandshake(ctx, body); errs.CodeOf(err) != errs.StaleDescriptor {
+		t.Fatalf("the proven peer: %v, want StaleDescriptor (To names another instance)", err)
+	}
+	// Without a secret nothing is proven and the body is taken as it is.
+	if _, err := tr.handleHandshake(context.Background(), body); errs.CodeOf(err) != errs.StaleDescriptor {
+		t.Fatalf("no secret: %v", err)
+	}
+}
+
+func TestStallTimeoutOption(t *testing.T) {
+	parse := func(v string) (Options, error) {
+		return parseOptions(func(k string) (string, bool) {
+			if k == "fabric.stall_timeout" && v != "" {
+				return v, true
+			}
+			return "", false
+		}, func(string) string { return "" })
+	}
+	o, err := parse("")
+	if err != nil || o.StallTimeout != -1 {
+		t.Fatalf("default: %v %v, want -1 (by provider)", o.StallTimeout, err)
+	}
+	for v, want := range map[string]time.Duration{"0": 0, "250ms": 250 * time.Millisecond, "2s": 2 * time.Second} {
+		if o, err := parse(v); err != nil || o.StallTimeout != want {
+			t.Errorf("%s: %v %v", v, o.StallTimeout, err)
+		}
+	}
+	for _, v := range []string{"-1s", "10us", "soon"} {
+		if _, err := parse(v); errs.CodeOf(err) != errs.InvalidArgument {
+			t.Errorf("%s: %v, want InvalidArgument", v, err)
+		}
+	}
+	if !silentRefusal("shm") || silentRefusal("tcp") || silentRefusal("efa") {
+		t.Error("only shm drops refused accesses silently")
+	}
+}
