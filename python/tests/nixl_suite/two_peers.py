@@ -10,6 +10,7 @@ its agent (and so its listener) is up. Every wait is bounded.
 """
 
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -20,12 +21,39 @@ DEADLINE_S = 120
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free on every address, below the kernel's ephemeral range, so
+    that no connection of another process gets it as its source port between
+    this check and the target's listen (it listens on 0.0.0.0)."""
+    lo = 32768
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(max(1024, lo - 12000), lo)
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return port
+    raise SystemExit("no free port below the ephemeral range")
+
+
+# Another process may still take the port first; the target then exits
+# saying so, and the run starts again on another port (this many times).
+ATTEMPTS = 3
 
 
 def main(nixl_dir):
+    for attempt in range(ATTEMPTS):
+        if run(nixl_dir, last=attempt == ATTEMPTS - 1):
+            return
+
+
+def run(nixl_dir, last):
     example = os.path.join(nixl_dir, "examples", "basic_two_peers.py")
     runner = os.path.join(HERE, "run_example.py")
     # No TE_NIXL_HOST: the example runs as NIXL's users run it, the target
@@ -45,7 +73,12 @@ def main(nixl_dir):
             if time.monotonic() > deadline:
                 raise SystemExit("target did not come up")
         else:
-            raise SystemExit("target exited before its agent came up:\n" + "".join(out["target"]))
+            log = "".join(out["target"])
+            target.wait()
+            if "address already in use" in log and not last:
+                print(f"two-peer example: port {port} taken before the target listened; again on another")
+                return False
+            raise SystemExit("target exited before its agent came up:\n" + log)
         init = subprocess.run(cmd + ["initiator"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True, timeout=DEADLINE_S)
         out["initiator"] = init.stdout.splitlines(keepends=True)
@@ -68,6 +101,7 @@ def main(nixl_dir):
     if not ok:
         raise SystemExit(f"two-peer example failed (target rc {target.returncode}, initiator rc {init.returncode})")
     print("two-peer example: READ between two processes, notification, bytes verified")
+    return True
 
 
 if __name__ == "__main__":
