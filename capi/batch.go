@@ -4,6 +4,7 @@ package main
 #include "te.h"
 typedef const char te_cchar;
 typedef const te_request_t te_crequest;
+typedef const uint64_t te_cu64;
 */
 import "C"
 
@@ -110,8 +111,9 @@ func tego_allocate_batch(h C.te_engine_t, capacity C.size_t, out *C.te_batch_t) 
 }
 
 // requests converts the caller's requests, resolving segment handles (the
-// last one is remembered: batches usually target one segment).
-func requests(op string, owner uint64, reqs *C.te_crequest, n C.size_t) ([]engine.Request, error) {
+// last one is remembered: batches usually target one segment). windows, when
+// not NULL, holds n window keys, one per request (0: none).
+func requests(op string, owner uint64, reqs *C.te_crequest, windows *C.te_cu64, n C.size_t) ([]engine.Request, error) {
 	if reqs == nil {
 		return nil, errs.New(errs.InvalidArgument, op, "requests is NULL")
 	}
@@ -119,6 +121,10 @@ func requests(op string, owner uint64, reqs *C.te_crequest, n C.size_t) ([]engin
 		return nil, errs.New(errs.InvalidArgument, op, "n is %d, want 1..%d", n, maxBatchItems)
 	}
 	out := getRequests(int(n))
+	var wins []C.uint64_t
+	if windows != nil {
+		wins = unsafe.Slice((*C.uint64_t)(unsafe.Pointer(windows)), int(n))
+	}
 	var lastH uint64
 	var lastS *engine.Segment
 	for i, r := range unsafe.Slice((*C.te_request_t)(unsafe.Pointer(reqs)), int(n)) {
@@ -137,6 +143,9 @@ func requests(op string, owner uint64, reqs *C.te_crequest, n C.size_t) ([]engin
 		}
 		out[i] = engine.Request{Op: engine.Opcode(uint8(r.opcode)), Local: addr(r.local), Segment: lastS,
 			Remote: uint64(r.remote), Length: uint64(r.length)}
+		if wins != nil {
+			out[i].Window = uint64(wins[i])
+		}
 		if r.opcode != C.TE_READ && r.opcode != C.TE_WRITE {
 			putRequests(out)
 			return nil, errs.New(errs.InvalidArgument, op, "request %d: opcode %d is neither TE_READ nor TE_WRITE", i, r.opcode)
@@ -166,39 +175,53 @@ func putRequests(rs []engine.Request) {
 //export tego_submit
 func tego_submit(h C.te_batch_t, reqs *C.te_crequest, n C.size_t) (rc C.int) {
 	defer enter("submit", &rc)()
-	be, owner, err := batches.Get("submit", uint64(h))
-	if err != nil {
-		return fail(err)
-	}
-	rs, err := requests("submit", owner, reqs, n)
-	if err != nil {
-		return fail(err)
-	}
-	defer putRequests(rs)
-	return fail(be.b.Submit(rs...))
+	return submit(h, reqs, nil, n, false, nil, nil, nil, 0)
 }
 
 //export tego_submit_with_notify
 func tego_submit_with_notify(h C.te_batch_t, reqs *C.te_crequest, n C.size_t, segment, name, msg *C.te_cchar, msgLen C.size_t) (rc C.int) {
 	defer enter("submit", &rc)()
+	return submit(h, reqs, nil, n, true, segment, name, msg, msgLen)
+}
+
+//export tego_submit_windows
+func tego_submit_windows(h C.te_batch_t, reqs *C.te_crequest, windows *C.te_cu64, n C.size_t) (rc C.int) {
+	defer enter("submit", &rc)()
+	return submit(h, reqs, windows, n, false, nil, nil, nil, 0)
+}
+
+//export tego_submit_windows_with_notify
+func tego_submit_windows_with_notify(h C.te_batch_t, reqs *C.te_crequest, windows *C.te_cu64, n C.size_t, segment, name, msg *C.te_cchar, msgLen C.size_t) (rc C.int) {
+	defer enter("submit", &rc)()
+	return submit(h, reqs, windows, n, true, segment, name, msg, msgLen)
+}
+
+// submit is the four submit calls: windows may be NULL (no window for any
+// request); with notify, (name, msg) goes to segment once all completed.
+func submit(h C.te_batch_t, reqs *C.te_crequest, windows *C.te_cu64, n C.size_t, notify bool, segment, name, msg *C.te_cchar, msgLen C.size_t) C.int {
 	be, owner, err := batches.Get("submit", uint64(h))
 	if err != nil {
 		return fail(err)
 	}
-	if segment == nil || name == nil {
-		return null("submit", "notify segment or name")
+	if notify {
+		if segment == nil || name == nil {
+			return null("submit", "notify segment or name")
+		}
+		if msg == nil && msgLen > 0 {
+			return null("submit", "msg")
+		}
+		if err := notifyLimits("submit", name, msgLen); err != nil {
+			return fail(err)
+		}
 	}
-	if msg == nil && msgLen > 0 {
-		return null("submit", "msg")
-	}
-	if err := notifyLimits("submit", name, msgLen); err != nil {
-		return fail(err)
-	}
-	rs, err := requests("submit", owner, reqs, n)
+	rs, err := requests("submit", owner, reqs, windows, n)
 	if err != nil {
 		return fail(err)
 	}
 	defer putRequests(rs)
+	if !notify {
+		return fail(be.b.Submit(rs...))
+	}
 	return fail(be.b.SubmitWithNotify(cstr(segment), cstr(name), cbytes(msg, msgLen), rs...))
 }
 

@@ -229,7 +229,7 @@ func TestHeaderConstants(t *testing.T) {
 // TestCPrograms compiles the C test programs against a fresh libte.so and
 // runs them: the error-path walk, the two-process transfer over tcp and over
 // the transport the engines choose, the fork rules, the per-thread last
-// error and te_destroy's release of batches. ctest runs the same programs.
+// error, te_destroy's release of batches and requests under windows. ctest runs the same programs.
 func TestCPrograms(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds libte.so")
@@ -250,6 +250,7 @@ func TestCPrograms(t *testing.T) {
 		{"fork_fresh", [][]string{{lib}}},
 		{"lifecycle", [][]string{nil}},
 		{"file", [][]string{{t.TempDir()}}},
+		{"window", [][]string{{"tcp"}, {"local"}}},
 	} {
 		bin := filepath.Join(dir, prog.src)
 		link := []string{"-L" + filepath.Dir(lib), "-lte", "-Wl,-rpath," + filepath.Dir(lib), "-lpthread"}

@@ -228,6 +228,17 @@ int te_submit_with_notify(te_batch_t batch, const te_request_t *requests, size_t
     return tego_submit_with_notify(batch, requests, n, segment, name, msg, msg_len);
 }
 
+int te_submit_windows(te_batch_t batch, const te_request_t *requests, const uint64_t *windows, size_t n) {
+    if (tecapi_child(__func__)) return TE_ERR_FORKED;
+    return tego_submit_windows(batch, requests, windows, n);
+}
+
+int te_submit_windows_with_notify(te_batch_t batch, const te_request_t *requests, const uint64_t *windows,
+        size_t n, const char *segment, const char *name, const char *msg, size_t msg_len) {
+    if (tecapi_child(__func__)) return TE_ERR_FORKED;
+    return tego_submit_windows_with_notify(batch, requests, windows, n, segment, name, msg, msg_len);
+}
+
 int te_task_status(te_batch_t batch, size_t index, te_task_status_t *out) {
     if (tecapi_child(__func__)) return TE_ERR_FORKED;
     return tego_task_status(batch, index, out);

@@ -74,8 +74,9 @@ extern "C" {
  * added storage buffers (te_register_file, TE_FILE_* flags) and the
  * TE_ERR_IO and TE_ERR_NO_SPACE codes, te_version and te_metrics. 1.4
  * added te_cxl_memory, te_warmup_segment, the te_store_* functions,
- * te_notify_drain_from, te_range_t, te_grant_window_to, te_revoke_window
- * and private files (te_register_file without TE_FILE_REMOTE). */
+ * te_notify_drain_from, te_range_t, te_grant_window_to, te_revoke_window,
+ * te_submit_windows, te_submit_windows_with_notify and private files
+ * (te_register_file without TE_FILE_REMOTE). */
 #define TE_ABI_VERSION_MAJOR 1
 #define TE_ABI_VERSION_MINOR 4
 #define TE_ABI_VERSION ((TE_ABI_VERSION_MAJOR << 16) | TE_ABI_VERSION_MINOR)
@@ -627,9 +628,8 @@ typedef struct te_range {
 /* te_grant_window_to grants a window over n ranges of this engine's
  * registered, remote-accessible memory (each inside registered buffers) and
  * stores its key in *key. A peer presents the key instead of the buffer's
- * (Go's engine.Request.Window; the handoff does so itself; te_request_t
- * carries no window yet); the engine checks every access against the
- * ranges, and
+ * (te_submit_windows; Go's engine.Request.Window; the handoff does so
+ * itself); the engine checks every access against the ranges, and
  * te_revoke_window ends the grant. peer is the segment name of the only
  * engine that may use the window: with a cluster secret, an access from
  * any other engine (checked against the identity its connection proved)
@@ -728,6 +728,39 @@ int te_submit(te_batch_t batch, const te_request_t *requests, size_t n);
  * TE_ERR_TOO_LARGE (name over 4096 bytes or msg over 16 MiB). */
 int te_submit_with_notify(te_batch_t batch, const te_request_t *requests, size_t n, const char *segment,
                           const char *name, const char *msg, size_t msg_len);
+
+/* te_submit_windows submits like te_submit, request i under the window
+ * whose key is windows[i]: a key the target segment's engine granted with
+ * te_grant_window_to (to this engine, or to whoever holds it) and passed to
+ * this process. windows is an array of n keys parallel to requests (which
+ * stay te_request_t, so arrays built for te_submit serve as they are); a 0
+ * key sends that request under the buffer's own key, as te_submit does, and
+ * windows NULL is exactly te_submit. A request under a window presents its
+ * key instead of the buffer's and goes only over a transport that enforces
+ * windows (local, shm, cxl, tcp), chosen among them as te_submit chooses;
+ * when none reaches the peer (or the forced transport is not one) the call
+ * fails with TE_ERR_NOT_SUPPORTED and starts nothing: the buffer's own key
+ * never stands in for the window. The remote range must still lie inside
+ * one buffer of the segment's descriptor. The target checks every access:
+ * a range not inside the window's ranges, a window revoked, or (with a
+ * cluster secret) one granted to another engine fails the task with
+ * TE_ERR_ACCESS_DENIED (te_wait, te_task_status); a key the target does not
+ * know (never granted, or revoked and forgotten) reads there as a stale
+ * buffer key and fails it with TE_ERR_STALE_DESCRIPTOR. A refused task lands
+ * nothing. (ABI 1.4)
+ * Blocks: like te_submit | Thread-safe: yes | Errors: as te_submit, plus
+ * TE_ERR_NOT_SUPPORTED (a request under a window and no transport that
+ * enforces windows reaches its peer). */
+int te_submit_windows(te_batch_t batch, const te_request_t *requests, const uint64_t *windows, size_t n);
+
+/* te_submit_windows_with_notify submits like te_submit_windows and sends
+ * the notification as te_submit_with_notify does (windows NULL: exactly
+ * te_submit_with_notify). (ABI 1.4)
+ * Blocks: like te_submit | Thread-safe: yes | Errors: as
+ * te_submit_windows, plus TE_ERR_TOO_LARGE (name over 4096 bytes or msg
+ * over 16 MiB). */
+int te_submit_windows_with_notify(te_batch_t batch, const te_request_t *requests, const uint64_t *windows, size_t n,
+                                  const char *segment, const char *name, const char *msg, size_t msg_len);
 
 /* te_task_status fills *out with the state of task index.
  * Blocks: no | Thread-safe: yes, also against te_batch_reset, te_free_batch

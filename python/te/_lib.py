@@ -163,6 +163,9 @@ PROTOTYPES = {
     "te_allocate_batch": [engine_t, c_size_t, POINTER(batch_t)],
     "te_submit": [batch_t, POINTER(Request), c_size_t],
     "te_submit_with_notify": [batch_t, POINTER(Request), c_size_t, c_char_p, c_char_p, c_char_p, c_size_t],
+    "te_submit_windows": [batch_t, POINTER(Request), POINTER(c_uint64), c_size_t],  # ABI 1.4
+    "te_submit_windows_with_notify": [batch_t, POINTER(Request), POINTER(c_uint64), c_size_t, c_char_p, c_char_p,
+                                      c_char_p, c_size_t],  # ABI 1.4
     "te_task_status": [batch_t, c_size_t, POINTER(TaskStatus)],
     "te_batch_status": [batch_t, POINTER(BatchStatus)],
     "te_wait": [batch_t, c_int64, POINTER(BatchStatus)],

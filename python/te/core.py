@@ -139,10 +139,21 @@ class Batch:
         self.capacity = capacity
 
     @staticmethod
-    def _requests(reqs):
+    def _requests(reqs, window=None):
+        """The te_request_t array and, when any request names a window, the parallel array of
+        window keys (else None: te_submit)."""
         arr = (_lib.Request * len(reqs))()
+        keys = None
         for i, r in enumerate(reqs):
-            op, local, seg, remote, length = r
+            if len(r) == 6:
+                op, local, seg, remote, length, win = r
+            elif len(r) == 5:
+                (op, local, seg, remote, length), win = r, None
+            else:
+                raise InvalidArgument(f"request {i}: {len(r)} items, want (opcode, local, segment, remote, length"
+                                      "[, window])")
+            if win is None:
+                win = window
             if not isinstance(local, int):
                 local, n = address_of(local)
                 length = n if length is None else length
@@ -151,22 +162,42 @@ class Batch:
             arr[i].segment = seg.handle if isinstance(seg, Segment) else int(seg)
             arr[i].remote = int(remote)
             arr[i].length = int(length)
-        return arr
+            if win:
+                if keys is None:
+                    keys = (c_uint64 * len(reqs))()
+                keys[i] = int(win)
+        return arr, keys
 
-    def submit(self, requests, notify=None):
-        """Start requests, a list of (opcode, local, segment, remote, length);
+    def submit(self, requests, notify=None, window=None):
+        """Start requests, a list of (opcode, local, segment, remote, length[, window]);
         local is an address or a buffer (length None: the buffer's size).
-        notify=(segment_name, name, msg) is sent once every task completed."""
+        notify=(segment_name, name, msg) is sent once every task completed.
+        window is the key of a window the target's engine granted (its Engine.grant_window,
+        handed to this process): a request's sixth item, else window= for every request
+        that has none; 0 (a sixth item of 0 too) or None: the buffer's own key, as without
+        windows. A request under a window presents that key instead of the buffer's
+        (te_submit_windows) and goes only over a transport that enforces windows (local,
+        shm, cxl, tcp): with none to the peer submit raises NotSupported and starts nothing.
+        A request the target refuses (outside the window's ranges, revoked, granted to
+        another engine) fails with AccessDenied in wait(), one under a key the target does
+        not know with StaleDescriptor; a refused request lands nothing."""
         if not requests:
             raise InvalidArgument("no requests")
-        arr = self._requests(requests)
+        arr, keys = self._requests(requests, window)
         lib = _lib.load()
         if notify is None:
-            check(lib.te_submit(self.handle, arr, len(arr)), lib)
+            if keys is None:
+                check(lib.te_submit(self.handle, arr, len(arr)), lib)
+            else:
+                check(lib.te_submit_windows(self.handle, arr, keys, len(arr)), lib)
         else:
             seg, name, msg = notify
             m = _b(msg) or b""
-            check(lib.te_submit_with_notify(self.handle, arr, len(arr), _b(seg), _b(name), m, len(m)), lib)
+            if keys is None:
+                check(lib.te_submit_with_notify(self.handle, arr, len(arr), _b(seg), _b(name), m, len(m)), lib)
+            else:
+                check(lib.te_submit_windows_with_notify(self.handle, arr, keys, len(arr), _b(seg), _b(name), m,
+                                                        len(m)), lib)
 
     def task_status(self, index):
         """(state, error code, transferred, transport) of task index."""
@@ -551,7 +582,8 @@ class Engine:
         """Grant a window over (addr, length) ranges of this engine's registered, remote-accessible
         memory and return its key (te_grant_window_to). With peer (a segment name) only that engine
         may use it: with a cluster secret any other engine is refused (AccessDenied) and nothing
-        lands; without a secret it is a bearer key over tcp, shm and cxl. peer None: a bearer key."""
+        lands; without a secret it is a bearer key over tcp, shm and cxl. peer None: a bearer key.
+        The peer sends under it with Batch.submit's window (Engine.write/read/transfer window=)."""
         if not ranges:
             raise InvalidArgument("no ranges")
         rs = (_lib.Range * len(ranges))()
@@ -576,11 +608,12 @@ class Engine:
         check(lib.te_allocate_batch(self.handle, int(capacity), byref(h)), lib)
         return Batch(self, h.value, capacity)
 
-    def transfer(self, requests, timeout=None, notify=None):
-        """Submit requests in one batch, wait, free it; returns the status."""
+    def transfer(self, requests, timeout=None, notify=None, window=None):
+        """Submit requests in one batch (Batch.submit: window= for those that name none), wait,
+        free it; returns the status."""
         b = self.allocate_batch(len(requests))
         try:
-            b.submit(requests, notify=notify)
+            b.submit(requests, notify=notify, window=window)
             return b.wait(timeout)
         finally:
             try:
@@ -588,13 +621,13 @@ class Engine:
             except TeError:
                 pass  # still busy after a wait timeout: the engine fails it later
 
-    def write(self, segment, local, remote, length=None, timeout=None):
-        """Copy local memory to remote address of segment and wait."""
-        return self.transfer([(WRITE, local, segment, remote, length)], timeout)
+    def write(self, segment, local, remote, length=None, timeout=None, window=None):
+        """Copy local memory to remote address of segment (under window, a key it granted) and wait."""
+        return self.transfer([(WRITE, local, segment, remote, length)], timeout, window=window)
 
-    def read(self, segment, local, remote, length=None, timeout=None):
-        """Copy from remote address of segment into local memory and wait."""
-        return self.transfer([(READ, local, segment, remote, length)], timeout)
+    def read(self, segment, local, remote, length=None, timeout=None, window=None):
+        """Copy from remote address of segment (under window, a key it granted) into local memory and wait."""
+        return self.transfer([(READ, local, segment, remote, length)], timeout, window=window)
 
     # -- notifications and probes -----------------------------------------
     def send_notify(self, segment, name, msg=b""):

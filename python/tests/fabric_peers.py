@@ -109,6 +109,16 @@ def initiator(conn, name, raddr, seed_own, seed_peer, dev=3, transports="rdma,tc
     run([(te.WRITE, host, seg, raddr + HALF, HALF)])
     out["host_write"] = {k: v - before.get(k, 0) for k, v in rdma().items()
                          if k.startswith("rail.") and v != before.get(k, 0)}
+    # Under a window: a transport that cannot enforce one (rdma, cudaipc) is
+    # refused at submit (NotSupported, nothing started); any key will do.
+    b = e.allocate_batch(1)
+    try:
+        b.submit([(te.WRITE, host, seg, raddr + HALF, 4096)], window=0x1234567890ABCDEF)
+        b.wait(30)
+        out["window"] = "sent"
+    except te.TeError as err:
+        out["window"] = (type(err).__name__, "window" in str(err), b.status().tasks)
+    b.free()
     out["topology"] = e.topology()
     out["gpu_dmabuf"] = rdma().get("gpu_dmabuf")
     out["transports"] = sorted(out["transports"])

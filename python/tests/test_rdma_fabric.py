@@ -86,6 +86,8 @@ class RDMAFabricTest(unittest.TestCase):
         self.assertEqual(out["topology"]["cuda:5"][0], ["mlx5_4"])
         self.assertEqual(out["topology"]["cpu:1"][0], ["mlx5_4", "mlx5_5", "mlx5_6", "mlx5_7"])
         self.assertEqual(out["gpu_dmabuf"], 1)
+        # rdma cannot enforce a window: te_submit_windows refuses, starts nothing.
+        self.assertEqual(out["window"], ("NotSupported", True, 0))
 
 
 

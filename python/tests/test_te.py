@@ -187,6 +187,81 @@ class ConfigTest(unittest.TestCase):
                 e.revoke_window(bound)
             e.revoke_window(bearer)
 
+    def test_send_under_window(self):
+        """Requests under a window the target granted (Batch.submit's window= and a request's 6th
+        item, te_submit_windows) over tcp: inside the window they land; outside its ranges, under a
+        key never granted or after the revoke they are refused and land nothing; no window is the
+        plain submit, the whole buffer reachable."""
+        kw = {"listen_addr": "127.0.0.1:0", "transports": "tcp", "force_transport": "tcp", "rpc_timeout": 3}
+        n, win = 64 << 10, 16 << 10
+        with te.Engine(**kw) as owner, te.Engine(**kw) as peer:
+            dst = (ctypes.c_char * n)()
+            src = bytearray(pattern(5, n))
+            d = owner.register(dst)
+            s = peer.register(src, remote=False)
+            key = owner.grant_window([(d, win)])
+            with peer.open_segment(owner.name) as seg:
+                def landed(off, length=4096):
+                    return dst.raw[off:off + length] == bytes(src[off:off + length])
+
+                st = peer.write(seg, s, d, 4096, window=key)
+                self.assertEqual((st.state, st.completed), (te.COMPLETED, 1))
+                self.assertTrue(landed(0))
+                with peer.allocate_batch(3) as b:
+                    # Per request: the 6th item; window= covers the requests that name none, and a 0
+                    # item is no window (the buffer's key, past the window).
+                    b.submit([(te.WRITE, s + 4096, seg, d + 4096, 4096, key),
+                              (te.WRITE, s + 8192, seg, d + 8192, 4096),
+                              (te.WRITE, s + 2 * win, seg, d + 2 * win, 4096, 0)],
+                             window=key, notify=(owner.name, "win", b"landed"))
+                    self.assertEqual(b.wait(10).completed, 3)
+                    self.assertEqual(b.task_status(0)[3], "tcp")
+                self.assertTrue(landed(4096) and landed(8192) and landed(2 * win))
+                self.assertEqual(owner.notifies(), [("win", b"landed")])  # delivered before wait returned
+                with self.assertRaises(te.InvalidArgument):
+                    peer.transfer([(te.WRITE, s, seg, d)])
+                ctypes.memset(dst, 0, n)
+
+                # Refused: past the window, straddling its end; nothing lands.
+                for off in (win, win - 2048):
+                    with self.assertRaises(te.AccessDenied, msg=off):
+                        peer.write(seg, s + off, d + off, 4096, window=key)
+                with self.assertRaises(te.AccessDenied):
+                    peer.transfer([(te.WRITE, s + win, seg, d + win, 4096, key)])
+                # A key the owner never granted reads there as a stale buffer key.
+                with self.assertRaises((te.AccessDenied, te.StaleDescriptor)):
+                    peer.write(seg, s, d, 4096, window=key ^ (0x5A5A << 40))
+                self.assertEqual(dst.raw, bytes(n))
+                owner.revoke_window(key)
+                with self.assertRaises((te.AccessDenied, te.StaleDescriptor)):
+                    peer.write(seg, s, d, 4096, window=key)
+                self.assertEqual(dst.raw, bytes(n))
+                peer.write(seg, s, d, 4096)  # the buffer's own key still goes
+                self.assertTrue(landed(0))
+
+    def test_window_bound_to_peer(self):
+        """With a cluster secret, a window granted with grant_window(peer=...) carries the grantee's
+        requests, and a third engine holding the secret and the key is refused (AccessDenied) and
+        lands nothing."""
+        kw = {"listen_addr": "127.0.0.1:0", "transports": "tcp", "force_transport": "tcp", "rpc_timeout": 3,
+              "auth_secret": "window-cluster-secret-0123456789"}
+        with te.Engine(**kw) as owner, te.Engine(**kw) as grantee, te.Engine(**kw) as other:
+            dst = (ctypes.c_char * 8192)()
+            src = bytearray(pattern(6, 4096))
+            d = owner.register(dst)
+            key = owner.grant_window([(d, 8192)], peer=grantee.name)
+            for e in (other, grantee):
+                e.register(src, remote=False)
+            with other.open_segment(owner.name) as seg:
+                with self.assertRaises(te.AccessDenied):
+                    other.write(seg, src, d, window=key)
+            self.assertEqual(dst.raw, bytes(8192))
+            with grantee.open_segment(owner.name) as seg:
+                st = grantee.write(seg, src, d + 4096, window=key)
+            self.assertEqual((st.state, st.transferred), (te.COMPLETED, 4096))
+            self.assertEqual(dst.raw, bytes(4096) + bytes(src))
+            owner.revoke_window(key)
+
     def test_new_error_classes(self):
         self.assertIs(te.error_for(22, "m").__class__, te.AuthError)
         self.assertIsInstance(te.error_for(22, "m"), PermissionError)

@@ -16,7 +16,9 @@
  * application would with cuMemAlloc), READs the target's first half into it
  * and WRITEs its own pattern into the second half, over rdma, then checks
  * that te's stats name the NICs behind GPU 3's and GPU 5's PCIe switches
- * (mlx5_2 and mlx5_4 on that node). Without the fakes it exits 77 (skip).
+ * (mlx5_2 and mlx5_4 on that node), and that a request under a window
+ * (te_submit_windows) is refused with TE_ERR_NOT_SUPPORTED: rdma cannot
+ * enforce windows. Without the fakes it exits 77 (skip).
  *
  * "rdma_fabric --real TRANSPORT" runs the same on a GPU machine with the
  * real driver (TE_CUDA_LIBRARY or libcuda.so.1), both processes on device
@@ -269,6 +271,20 @@ static int initiator(const char *self) {
         CHECK(strstr(js, "\"gpu_dmabuf\":1") != NULL);
         CHECK(strstr(js, "\"cuda:3\":[[\"mlx5_2\"]") != NULL);
         free(js);
+        /* Under a window (te_submit_windows): rdma, forced, cannot enforce
+         * one, so the request is refused here before the target sees it
+         * (any key will do), never sent under the buffer's own key. */
+        te_request_t r = {TE_WRITE, 0, (void *)(uintptr_t)(g + HALF), seg, raddr + HALF, 4096};
+        uint64_t key = 0x1234567890abcdefull;
+        te_batch_t b = 0;
+        te_batch_status_t st;
+        CHECK_OK(te_allocate_batch(e, 1, &b));
+        CHECK_RC(TE_ERR_NOT_SUPPORTED, te_submit_windows(b, &r, &key, 1));
+        CHECK(strstr(tu_last(), "window") != NULL);
+        CHECK_OK(te_batch_status(b, &st));
+        CHECK(st.tasks == 0);
+        te_wait(b, 30000, NULL); /* had it gone, free only once it ended */
+        CHECK_OK(te_free_batch(b));
     }
     fprintf(out, "EXIT\n");
     fflush(out);
