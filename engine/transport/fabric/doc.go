@@ -34,7 +34,7 @@
 // StaleDescriptor, and the engine fetches the descriptor again. Providers
 // that drop such an access without completing it (shm) are covered by a
 // stall watchdog: an endpoint with operations posted and no completion for
-// fabric.stall_timeout (1 s there, plus the time its posted bytes take at
+// fabric.stall_timeout (250 ms there, plus the time its posted bytes take at
 // 64 MiB/s) is closed and they end with StaleDescriptor.
 //
 // Before libfabric first initializes its providers, te sets the provider

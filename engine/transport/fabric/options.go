@@ -55,7 +55,7 @@ type Options struct {
 // access the owner refused (libfabric's shm provider, as of 1.17): a
 // moment on one host, where the bytes of a whole slice move in
 // milliseconds, and well under the engine's transfer timeout.
-const DefaultStall = time.Second
+const DefaultStall = 250 * time.Millisecond
 
 // silentRefusal reports whether a provider drops an access under a refused
 // key without completing it.
