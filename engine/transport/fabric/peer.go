@@ -3,6 +3,7 @@ package fabric
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -42,6 +43,9 @@ type peerEP struct {
 	ready   bool
 	pending []*op
 	dead    atomic.Bool
+	// up is closed when connect ended; err (read after up) says how.
+	up  chan struct{}
+	err error
 	// fail, once set (before dead), ends the operations still waiting
 	// for it instead of sending them to a new endpoint: the stall
 	// watchdog's StaleDescriptor, since they carry the same stale key.
@@ -86,7 +90,7 @@ func (t *Transport) endpointFor(d *segment.Desc, li, ri int, rnic string) (*peer
 	if len(t.eps) >= maxPeers*len(t.nics) {
 		return nil, errs.New(errs.ResourceExhausted, "fabric", "%d peer endpoints open already", len(t.eps))
 	}
-	pe := &peerEP{t: t, n: t.nics[li], key: key, peerName: d.Name, rpc: d.RPC, rnic: rnic}
+	pe := &peerEP{t: t, n: t.nics[li], key: key, peerName: d.Name, rpc: d.RPC, rnic: rnic, up: make(chan struct{})}
 	t.eps[key] = pe
 	t.wg.Add(1)
 	go pe.connect()
@@ -140,6 +144,8 @@ func (pe *peerEP) connect() {
 		pe.ready = true
 	}
 	pe.mu.Unlock()
+	pe.err = err
+	close(pe.up)
 	if err != nil {
 		for _, o := range ops {
 			pe.t.opDone(o, err)
@@ -277,5 +283,38 @@ func (pe *peerEP) failPending(err error) {
 	pe.mu.Unlock()
 	for _, o := range ops {
 		pe.t.opDone(o, err)
+	}
+}
+
+// Warmup opens the endpoint to the peer NIC its requests would use and
+// exchanges addresses, returning once that is done or failed
+// (transport.Warmer); an endpoint already up costs nothing. The provider's
+// own connection (rxm over tcp forms it at the first operation) is not
+// made here.
+func (t *Transport) Warmup(ctx context.Context, d *segment.Desc) error {
+	if err := t.Reachable(d); err != nil {
+		return err
+	}
+	nd, err := parseEndpoint(d)
+	if err != nil {
+		return err
+	}
+	li, ri, err := t.pair(d, nd)
+	if err != nil {
+		return err
+	}
+	pe, err := t.endpointFor(d, li, ri, nd[ri].Name)
+	if err != nil {
+		return err
+	}
+	select {
+	case <-pe.up:
+		return pe.err
+	case <-ctx.Done():
+		code := errs.Canceled
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			code = errs.Timeout
+		}
+		return errs.Wrap(code, "fabric", ctx.Err(), "endpoint to %s", d.Name)
 	}
 }
