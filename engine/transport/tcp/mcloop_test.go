@@ -1,6 +1,7 @@
 package tcp_test
 
 import (
+	"bufio"
 	"bytes"
 	"io"
 	"net"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/tecache/te/engine"
 	"github.com/tecache/te/internal/errs"
+	"github.com/tecache/te/internal/peerauth"
 	"github.com/tecache/te/internal/sys/mem"
 	"github.com/tecache/te/internal/wire"
 )
@@ -130,15 +132,22 @@ func TestMooncakeLoopFraming(t *testing.T) {
 	base := mem.Addr(tg.buf)
 	a, b := mcPattern(5000, 1), mcPattern(70000, 2)
 
-	// Two WRITEs and a READ of both in one write: the statuses come in
-	// order and the READ sees both WRITEs.
+	// Requests sent together, without waiting for answers, in one write:
+	// a small WRITE, a READ of it, then larger WRITEs and a READ of all;
+	// the statuses and READ payloads come in order and each READ sees
+	// the WRITEs before it.
 	r := dialMc(t, tg.data)
-	var out []byte
-	for _, q := range []struct {
+	small := mcPattern(100, 4)
+	reqs := []struct {
 		op      uint8
 		addr, n uint64
 		p       []byte
-	}{{wire.MooncakeWrite, base, 5000, a}, {wire.MooncakeWrite, base + 5000, 70000, b}, {wire.MooncakeRead, base, 75000, nil}} {
+	}{
+		{wire.MooncakeWrite, base + 80000, 100, small}, {wire.MooncakeRead, base + 80000, 100, nil},
+		{wire.MooncakeWrite, base, 5000, a}, {wire.MooncakeWrite, base + 5000, 70000, b}, {wire.MooncakeRead, base, 75000, nil},
+	}
+	var out []byte
+	for _, q := range reqs {
 		var h [wire.MooncakeHeaderSize]byte
 		wire.PutMooncakeRequest(h[:], wire.MooncakeRequest{Size: q.n, Addr: q.addr, Op: q.op, V2: true})
 		out = append(append(out, h[:]...), q.p...)
@@ -146,15 +155,22 @@ func TestMooncakeLoopFraming(t *testing.T) {
 	if _, err := r.nc.Write(out); err != nil {
 		t.Fatal(err)
 	}
-	r.expectStatus(wire.MooncakeOK)
-	r.expectStatus(wire.MooncakeOK)
-	r.expectStatus(wire.MooncakeOK)
-	got := make([]byte, 75000)
-	if _, err := io.ReadFull(r.br, got); err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(got, append(append([]byte{}, a...), b...)) {
-		t.Fatal("pipelined requests: the READ returned other bytes")
+	for i, q := range reqs {
+		r.expectStatus(wire.MooncakeOK)
+		if q.op != wire.MooncakeRead {
+			continue
+		}
+		got := make([]byte, q.n)
+		if _, err := io.ReadFull(r.br, got); err != nil {
+			t.Fatal(err)
+		}
+		want := small
+		if i == 4 {
+			want = append(append([]byte{}, a...), b...)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("pipelined request %d: the READ returned other bytes", i)
+		}
 	}
 
 	// A header and payload one byte per write.
@@ -172,15 +188,21 @@ func TestMooncakeLoopFraming(t *testing.T) {
 		t.Fatal("trickled WRITE did not land")
 	}
 
-	// te's preface in two pieces, then a te READ.
+	// te's preface in two pieces, the second in one segment with the
+	// exchange's first frame: the loop hands all of it to te's path.
 	nc, err := net.Dial("tcp", tg.data)
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer nc.Close()
+	nc.SetDeadline(time.Now().Add(10 * time.Second))
 	nc.Write([]byte(wire.DataPreface[:3]))
 	time.Sleep(20 * time.Millisecond) // two segments, most likely two reads
-	nc.Close()
-	te := dialRaw(t, tg.data, true)
+	te := &raw{t: t, nc: nc, br: bufio.NewReader(nc)}
+	joined := &withFirst{Conn: nc, first: []byte(wire.DataPreface[3:])}
+	if _, err := peerauth.Client(peerauth.WithReader(joined, te.br), nil, "raw-initiator", time.Now().Add(10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
 	te.send(wire.DataRead, 1, base+200000, 100, tg.e.Descriptor().Buffers[0].Key, nil)
 	if comp, p := te.recv(); comp.Status != errs.OK || !bytes.Equal(p, c) {
 		t.Fatalf("te READ through the loop: %+v", comp)
@@ -198,6 +220,22 @@ func TestMooncakeLoopFraming(t *testing.T) {
 	if !bytes.Equal(tg.buf, before) {
 		t.Fatal("a refused WRITE changed memory")
 	}
+}
+
+// withFirst sends first with the first Write.
+type withFirst struct {
+	net.Conn
+	first []byte
+}
+
+func (w *withFirst) Write(p []byte) (int, error) {
+	if w.first != nil {
+		b := append(w.first, p...)
+		w.first = nil
+		_, err := w.Conn.Write(b)
+		return len(p), err
+	}
+	return w.Conn.Write(p)
 }
 
 // TestMooncakeLoopRefusals: bad headers on a fresh connection and after a
@@ -377,4 +415,3 @@ func TestMooncakeLoopCloseMidRequest(t *testing.T) {
 		return openFDs(t) <= fds && runtime.NumGoroutine() <= gs
 	})
 }
-
