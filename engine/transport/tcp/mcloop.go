@@ -49,13 +49,20 @@ type mcLoop struct {
 	events  []unix.EpollEvent
 	iov     [2]unix.Iovec
 	free    []*mcConn // closed connections' state, for the next ones
-	next    time.Time // earliest deadline of a connection, zero: none
-	paused  time.Time // accepting resumes then (out of fds)
+	// ready are connections that used up their turn with bytes still to
+	// move (edge-triggered: no event will come for them); spare is the
+	// other half of the list.
+	ready, spare []*mcConn
+	next         time.Time // earliest deadline of a connection, zero: none
+	paused       time.Time // accepting resumes then (out of fds)
 }
 
 // mcYield is how often the loop yields to the scheduler: well inside the
 // runtime's 10 ms time slice.
 const mcYield = 5 * time.Millisecond
+
+// mcSteps bounds the reads and writes one connection makes in a turn.
+const mcSteps = 64
 
 // mcSmall is how much of a WRITE's payload is read with its header (and
 // copied into place); what a hand-off carries is then well within the
@@ -78,6 +85,7 @@ type mcConn struct {
 	served  bool // a request was served: the idle timeout applies between requests
 	out     bool // registered for EPOLLOUT too
 	in      bool // registered in the epoll set
+	queued  bool // in the loop's ready list
 	hdr     [wire.MooncakeHeaderSize]byte
 	nin     int
 	pend    []byte // bytes read past a WRITE's payload (a pipelining peer)
@@ -182,6 +190,9 @@ func (l *mcLoop) run() {
 		if !l.paused.IsZero() {
 			wait = 10
 		}
+		if len(l.ready) > 0 {
+			wait = 0
+		}
 		n, err := unix.EpollWait(l.ep, l.events, wait)
 		if err != nil && err != unix.EINTR {
 			l.t.logf("te: tcp: epoll_wait: %v", err)
@@ -213,6 +224,19 @@ func (l *mcLoop) run() {
 				}
 				l.serve(c)
 			}
+		}
+		if len(l.ready) > 0 {
+			ready := l.ready
+			l.ready = l.spare[:0]
+			for _, c := range ready {
+				// c may have been closed since, its state reused.
+				if c.queued && l.conns[c.fd] == c {
+					c.queued = false
+					l.serve(c)
+				}
+			}
+			clear(ready)
+			l.spare = ready
 		}
 		now = time.Now()
 		if !l.paused.IsZero() && !now.Before(l.paused) {
@@ -311,7 +335,17 @@ func (l *mcLoop) accept() {
 
 // serve advances c as far as its socket allows.
 func (l *mcLoop) serve(c *mcConn) {
-	for {
+	for step := 0; ; step++ {
+		if step == mcSteps {
+			// A peer that keeps its socket busy (requests sent
+			// without waiting for answers) gets its next turn after
+			// the others'.
+			if !c.queued {
+				c.queued = true
+				l.ready = append(l.ready, c)
+			}
+			return
+		}
 		var ok bool
 		switch c.state {
 		case mcHeader:
@@ -576,7 +610,7 @@ func (l *mcLoop) recycle(c *mcConn) {
 
 func (c *mcConn) reset() {
 	c.cur.Store(nil)
-	c.fd, c.release, c.state, c.known, c.served, c.out, c.in = -1, nil, mcHeader, false, false, false, false
+	c.fd, c.release, c.state, c.known, c.served, c.out, c.in, c.queued = -1, nil, mcHeader, false, false, false, false, false
 	c.nin, c.pend, c.req, c.region, c.done, c.mark = 0, nil, wire.MooncakeRequest{}, nil, 0, 0
 	c.openBy, c.timeout = time.Time{}, time.Time{}
 }

@@ -47,7 +47,7 @@ func TestMooncakeLoopCutsStalledPeers(t *testing.T) {
 		header   = 300 * time.Millisecond
 		progress = 400 * time.Millisecond
 		idle     = 2500 * time.Millisecond // far from the others: each cut is told apart
-		big      = 64 << 20 // more than loopback's socket buffers hold unread
+		big      = 64 << 20                // more than loopback's socket buffers hold unread
 	)
 	buf := alloc(t, big)
 	e, err := engine.New(engine.Config{ListenAddr: "127.0.0.1:0", Hostname: "127.0.0.1", Transports: []string{"tcp"},
@@ -414,4 +414,53 @@ func TestMooncakeLoopCloseMidRequest(t *testing.T) {
 	waitFor(t, 5*time.Second, "descriptors and goroutines back to their count before the engine", func() bool {
 		return openFDs(t) <= fds && runtime.NumGoroutine() <= gs
 	})
+}
+
+// TestMooncakeLoopFairTurns: a peer that streams requests without pause
+// (1-byte WRITEs, pipelined) does not hold the loop: another peer's
+// requests are answered meanwhile.
+func TestMooncakeLoopFairTurns(t *testing.T) {
+	tg := newMcTarget(t, true, nil)
+	base := mem.Addr(tg.buf)
+	hog := dialMc(t, tg.data)
+	hog.nc.SetDeadline(time.Now().Add(time.Minute))
+	// 25 bytes per request, 256 KiB of them per write.
+	var one [wire.MooncakeHeaderSize + 1]byte
+	wire.PutMooncakeRequest(one[:], wire.MooncakeRequest{Size: 1, Addr: base, Op: wire.MooncakeWrite, V2: true})
+	chunk := bytes.Repeat(one[:], (256<<10)/len(one))
+	stop := make(chan struct{})
+	done := make(chan struct{}, 2)
+	go func() { // the hog's requests
+		defer func() { done <- struct{}{} }()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := hog.nc.Write(chunk); err != nil {
+				return
+			}
+		}
+	}()
+	go func() { // and its statuses, read as fast as they come
+		defer func() { done <- struct{}{} }()
+		io.Copy(io.Discard, hog.nc)
+	}()
+	defer func() {
+		close(stop)
+		hog.nc.Close()
+		<-done
+		<-done
+	}()
+	waitFor(t, 10*time.Second, "the hog served", func() bool { return tg.e.TransportStats()["tcp"]["mooncake_served"] > 10000 })
+	for i := 0; i < 20; i++ {
+		r := dialMc(t, tg.data)
+		r.nc.SetDeadline(time.Now().Add(5 * time.Second))
+		r.send(wire.MooncakeRead, true, base+4096, 8, nil)
+		if c, ok := r.status(); !ok || c != wire.MooncakeOK {
+			t.Fatalf("request %d beside the hog: status %d, read %v", i, c, ok)
+		}
+		r.nc.Close()
+	}
 }
