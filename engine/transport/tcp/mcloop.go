@@ -195,7 +195,7 @@ func (l *mcLoop) run() {
 		}
 		n, err := unix.EpollWait(l.ep, l.events, wait)
 		if err != nil && err != unix.EINTR {
-			l.t.logf("te: tcp: epoll_wait: %v", err)
+			l.t.mc.note(l.t, "epoll", "te: tcp: epoll_wait: %v", err)
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
