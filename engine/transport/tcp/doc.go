@@ -74,7 +74,15 @@
 // on another). The data listener tells a Mooncake initiator's first bytes
 // from te's preface and, when the engine accepts Mooncake peers, serves it
 // with the same owner-side checks and in-flight accounting, key aside; see
-// "Mooncake interop" in internal/wire/spec.md.
+// "Mooncake interop" in internal/wire/spec.md. Then the listener belongs to
+// one goroutine with its own epoll set (mcloop.go): it accepts every
+// connection and serves Mooncake's READs and WRITEs of registered host memory
+// on non-blocking sockets itself, since Mooncake's initiator opens a
+// connection per request and the netpoller's wake-ups and goroutine
+// hand-offs around each one cost more than the request; te's connections,
+// and every Mooncake request it refuses, go to the goroutine path with the
+// bytes read so far. Connection limits, timeouts, unregister fences and
+// Close hold there as on the goroutine path.
 //
 // Parameters (engine.Config.Params):
 //

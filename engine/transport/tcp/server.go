@@ -155,6 +155,9 @@ type serverConn struct {
 	// openBy is when the preface and the exchange must both be done: one
 	// deadline from the first read to the session (spec.md).
 	openBy time.Time
+	// pre is what the Mooncake loop read before it handed the connection
+	// over (at most firstReadSize bytes), read before the socket.
+	pre []byte
 
 	// cur is the region the reader is writing a payload into, if any;
 	// pushing the one a READ holds while push waits for room in the queue.
@@ -268,10 +271,18 @@ func (s *serverConn) readHeader(br *bufio.Reader, op *session.Opener, buf []byte
 
 func (s *serverConn) readLoop(sv *server) {
 	br := sv.first
-	br.Reset(s.nc)
+	if s.pre != nil {
+		// Handed over by the loop (mcloop.go): what it read comes
+		// first, all of it into the buffer's first fill.
+		br.Reset(&prefixed{pre: s.pre, Conn: s.nc})
+	} else {
+		br.Reset(s.nc)
+	}
 	defer br.Reset(nil)
 	var h [wire.DataPrefaceSize]byte
-	s.openBy = time.Now().Add(s.t.opt.Header)
+	if s.openBy.IsZero() {
+		s.openBy = time.Now().Add(s.t.opt.Header)
+	}
 	s.nc.SetReadDeadline(s.openBy)
 	if _, err := readFrame(br, nil, h[:], len(h)); err != nil {
 		return
@@ -283,6 +294,21 @@ func (s *serverConn) readLoop(sv *server) {
 		serve = s.serveMooncake
 	}
 	serve(sv, h[:])
+}
+
+// prefixed reads pre, then the connection.
+type prefixed struct {
+	pre []byte
+	net.Conn
+}
+
+func (p *prefixed) Read(b []byte) (int, error) {
+	if len(p.pre) > 0 {
+		n := copy(b, p.pre)
+		p.pre = p.pre[n:]
+		return n, nil
+	}
+	return p.Conn.Read(b)
 }
 
 // afterFirst is the connection as read after its first bytes: what the
@@ -460,6 +486,9 @@ func (t *Transport) Quiesce(r *segment.Region) error {
 		t.mu.Unlock()
 		for _, s := range cut {
 			s.nc.Close()
+		}
+		if t.loop != nil {
+			t.loop.cut(r)
 		}
 		time.Sleep(p)
 	}

@@ -181,7 +181,11 @@ type Transport struct {
 	opt  Options
 	reg  *segment.Registry
 	logf func(string, ...any)
-	ln   net.Listener
+	ln   net.Listener // nil when loop serves the listener
+	addr net.Addr     // the data listener's
+	// loop accepts and serves Mooncake initiators when the engine accepts
+	// them (mcloop.go).
+	loop *mcLoop
 
 	// The initiator side: te's framing and Mooncake's, each a pool of
 	// peers with their pipelined connections (client.go).
@@ -339,7 +343,17 @@ func (t *Transport) Start(h transport.Host) error {
 	if err != nil {
 		return errs.Wrap(errs.TransportUnavailable, "tcp", err, "data listener on %s", addr)
 	}
-	t.ln = ln
+	t.addr = ln.Addr()
+	if o.AcceptMooncake {
+		l, err := t.startLoop(ln)
+		ln.Close() // the loop holds its own descriptor of the socket
+		if err != nil {
+			return errs.Wrap(errs.TransportUnavailable, "tcp", err, "data listener on %s", addr)
+		}
+		t.loop = l
+	} else {
+		t.ln = ln
+	}
 	// Replies must come within Timeout while requests are in flight: a
 	// peer that hangs without closing its socket does not hold requests,
 	// and the memory they pin, forever.
@@ -349,23 +363,27 @@ func (t *Transport) Start(h transport.Host) error {
 	po.Ordered, po.Retries, po.Label = true, maxMcTries, "Mooncake peer "
 	t.mcf = framing{pool: pipe.New[item](mcDialect{t}, po)}
 	t.wg.Add(1)
-	go t.acceptLoop()
+	if t.loop != nil {
+		go t.loop.run()
+	} else {
+		go t.acceptLoop()
+	}
 	return nil
 }
 
 // Addr returns the data listener's address.
-func (t *Transport) Addr() net.Addr { return t.ln.Addr() }
+func (t *Transport) Addr() net.Addr { return t.addr }
 
 // Describe publishes the data endpoint: the host peers reach the engine's RPC
 // listener at, with the data listener's port.
 func (t *Transport) Describe(d *segment.Desc) {
-	if t.ln == nil {
+	if t.addr == nil {
 		return
 	}
-	port := t.ln.Addr().(*net.TCPAddr).Port
+	port := t.addr.(*net.TCPAddr).Port
 	host, _, err := net.SplitHostPort(d.RPC)
 	if err != nil || host == "" {
-		host = t.ln.Addr().(*net.TCPAddr).IP.String()
+		host = t.addr.(*net.TCPAddr).IP.String()
 		if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
 			host = "127.0.0.1"
 		}
@@ -428,13 +446,17 @@ func (t *Transport) clientHello(nc net.Conn, addr string) (string, *session.Sess
 // connection, and waits for the transport's goroutines.
 func (t *Transport) Close() error {
 	t.mu.Lock()
-	if t.closed || t.ln == nil {
+	if t.closed || t.addr == nil {
 		t.closed = true
 		t.mu.Unlock()
 		return nil
 	}
 	t.closed = true
-	t.ln.Close()
+	if t.loop != nil {
+		t.loop.close()
+	} else {
+		t.ln.Close()
+	}
 	close(t.quit)
 	for s := range t.served {
 		s.nc.Close()
