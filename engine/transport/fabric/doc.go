@@ -33,9 +33,10 @@
 // A refused key (the owner re-registered) ends an operation with
 // StaleDescriptor, and the engine fetches the descriptor again. Providers
 // that drop such an access without completing it (shm) are covered by a
-// stall watchdog: an endpoint with operations posted and no completion for
-// fabric.stall_timeout (250 ms there, plus the time its posted bytes take at
-// 64 MiB/s) is closed and they end with StaleDescriptor.
+// stall watchdog: when an endpoint's posted operations see no completion
+// for fabric.stall_timeout (250 ms there, plus the time their bytes take at
+// 64 MiB/s), te asks the owner whether it still holds their keys; if not,
+// the endpoint is closed and they end with StaleDescriptor.
 //
 // Before libfabric first initializes its providers, te sets the provider
 // parameters in internal/sys/fabric.ProviderDefaults that the environment

@@ -52,8 +52,8 @@ type Transport struct {
 	accepts map[string]struct{} // peer endpoint addresses accepted, per NIC and address
 
 	st struct {
-		posts, eagain, teardowns, stalls, retries, errors, gpuRefused atomic.Uint64
-		bytes                                                         atomic.Uint64
+		posts, eagain, teardowns, stalls, stallChecks, retries, errors, gpuRefused atomic.Uint64
+		bytes                                                                      atomic.Uint64
 	}
 }
 
@@ -420,13 +420,14 @@ func (t *Transport) pair(d *segment.Desc, nd []nicDesc) (int, int, error) {
 
 // Stats counts operations posted, posts the provider pushed back
 // (-FI_EAGAIN), bytes moved, endpoints torn down to flush canceled
-// operations or (stalls) ended by the stall watchdog, operations retried on
+// operations or (stalls) ended by the stall watchdog after asking the owner
+// (stall_checks: how often it asked), operations retried on
 // a new endpoint, error completions and
 // device regions left to staging; per NIC its posts and bytes.
 func (t *Transport) Stats() map[string]uint64 {
 	out := map[string]uint64{
 		"posts": t.st.posts.Load(), "eagain": t.st.eagain.Load(), "bytes": t.st.bytes.Load(),
-		"teardowns": t.st.teardowns.Load(), "stalls": t.st.stalls.Load(), "retries": t.st.retries.Load(), "errors": t.st.errors.Load(),
+		"teardowns": t.st.teardowns.Load(), "stalls": t.st.stalls.Load(), "stall_checks": t.st.stallChecks.Load(), "retries": t.st.retries.Load(), "errors": t.st.errors.Load(),
 		"gpu_staged": t.st.gpuRefused.Load(),
 	}
 	for _, n := range t.nics {
@@ -448,6 +449,29 @@ func (t *Transport) Live() transport.Live {
 	return transport.Live{Peers: len(inst), Endpoints: len(t.eps)}
 }
 
+// barrier returns once no holder of mu is left from before the call.
+func (t *Transport) barrier() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	_ = t.eps // a barrier: nothing to do under mu
+}
+
+// goTracked runs f in a goroutine Close waits for; false once the
+// transport is closing.
+func (t *Transport) goTracked(f func()) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closing.Load() {
+		return false
+	}
+	t.wg.Add(1)
+	go func() {
+		defer t.wg.Done()
+		f()
+	}()
+	return true
+}
+
 // Close fails everything in flight and releases every libfabric object.
 // Endpoints are closed before their requests complete: the close is the
 // flush after which the provider touches none of their memory.
@@ -459,6 +483,9 @@ func (t *Transport) Close() error {
 		return nil
 	}
 	t.cancel()
+	// Goroutines are added under mu after a look at closing: once mu was
+	// free after the swap, none is added any more.
+	t.barrier()
 	t.wg.Wait()
 	for _, n := range t.nics {
 		n.stop()

@@ -10,6 +10,7 @@ import (
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
 	"github.com/tecache/te/internal/errs"
+	fab "github.com/tecache/te/internal/sys/fabric"
 )
 
 // stubHost is the part of transport.Host the endpoint exchange reads.
@@ -69,5 +70,33 @@ func TestStallTimeoutOption(t *testing.T) {
 	}
 	if !silentRefusal("shm") || silentRefusal("tcp") || silentRefusal("efa") {
 		t.Error("only shm drops refused accesses silently")
+	}
+}
+
+// The stall watchdog's question: which of these keys does the owner no
+// longer hold.
+func TestKeyCheck(t *testing.T) {
+	r := &segment.Region{}
+	tr := &Transport{h: stubHost{}, regs: map[*segment.Region][]*fab.MR{r: {{Key: 7}, {Key: 8}}}}
+	body, _ := json.Marshal(hello{Instance: "a-1", To: "b-1", Check: []uint64{7, 9, 8, 10}})
+	rep, err := tr.handleHandshake(context.Background(), body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var h hello
+	if err := json.Unmarshal(rep, &h); err != nil {
+		t.Fatal(err)
+	}
+	if len(h.Stale) != 2 || h.Stale[0] != 9 || h.Stale[1] != 10 {
+		t.Fatalf("stale %v, want [9 10]", h.Stale)
+	}
+	// Asked of a restarted owner: StaleDescriptor, as an exchange is.
+	body, _ = json.Marshal(hello{Instance: "a-1", To: "b-0", Check: []uint64{7}})
+	if _, err := tr.handleHandshake(context.Background(), body); errs.CodeOf(err) != errs.StaleDescriptor {
+		t.Fatalf("check for another instance: %v", err)
+	}
+	body, _ = json.Marshal(hello{Instance: "a-1", To: "b-1", Check: make([]uint64, maxCheck+1)})
+	if _, err := tr.handleHandshake(context.Background(), body); errs.CodeOf(err) != errs.Protocol {
+		t.Fatalf("an oversized check: %v", err)
 	}
 }

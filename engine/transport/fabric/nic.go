@@ -1,9 +1,12 @@
 package fabric
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -11,6 +14,7 @@ import (
 	"github.com/tecache/te/internal/errs"
 	fab "github.com/tecache/te/internal/sys/fabric"
 	"github.com/tecache/te/internal/sys/mem"
+	"github.com/tecache/te/internal/wire"
 )
 
 // nic is one opened domain: its address vector, completion queue and the
@@ -61,8 +65,9 @@ type nic struct {
 	backlog []*op
 	out     int // operations posted and not yet completed
 
-	stall     time.Duration // the stall watchdog's bound (0: off)
-	stallNext time.Time     // when it looks next
+	stall     time.Duration  // the stall watchdog's bound (0: off)
+	stallNext time.Time      // when it looks next
+	verdicts  []stallVerdict // from checkKeys, under mu
 
 	posts, bytes atomic.Uint64
 }
@@ -502,18 +507,42 @@ func (n *nic) close(pe *peerEP, fail error) {
 	}
 }
 
-// stalls closes the endpoints whose posted operations have seen no
-// completion for the stall bound, failing those operations with
-// StaleDescriptor: on a provider that drops an access under a refused key
-// (the owner re-registered) nothing else would end them, and the endpoint
-// takes no more work behind them. The engine then fetches the owner's
-// descriptor again. It looks a few times per bound, not on every round.
+// stalls watches for endpoints whose posted operations have seen no
+// completion for the stall bound. On a provider that drops an access under
+// a refused key (the owner re-registered) nothing else would end them, and
+// the endpoint takes no more work behind them; but a loaded peer can also
+// be merely slow. So the owner is asked whether it still holds the keys of
+// those operations (checkKeys, off the poller): if not, the endpoint is
+// closed (the flush) and they end StaleDescriptor, so the engine fetches
+// the descriptor again; if it does, they wait on; if it does not answer,
+// they end PeerUnreachable. It looks a few times per bound, not on every
+// round.
 func (n *nic) stalls() {
 	const stallRate = 64 << 20 // bytes per second no provider is slower than, loaded
 	if n.stall <= 0 {
 		return
 	}
 	now := time.Now()
+	n.mu.Lock()
+	verdicts := n.verdicts
+	n.verdicts = nil
+	n.mu.Unlock()
+	for _, v := range verdicts {
+		pe := v.pe
+		pe.checking = false
+		if pe.closed {
+			continue
+		}
+		if v.err == nil {
+			// The owner holds every key: slow, not refused.
+			pe.seen, pe.quiet = pe.done, now
+			continue
+		}
+		n.t.st.stalls.Add(1)
+		n.t.h.Logf("te: fabric: %s -> %s: %d operations posted, none completed in %v: %v",
+			n.name, pe.peerName, pe.out, n.stall, v.err)
+		n.close(pe, v.err)
+	}
 	if now.Before(n.stallNext) {
 		return
 	}
@@ -525,16 +554,58 @@ func (n *nic) stalls() {
 		}
 		// A large batch may rightly complete nothing for a while: its
 		// bytes at a floor rate extend the bound.
-		if now.Sub(pe.quiet) < n.stall+time.Duration(pe.outBytes/stallRate)*time.Second {
+		if pe.checking || now.Sub(pe.quiet) < n.stall+time.Duration(pe.outBytes/stallRate)*time.Second {
 			continue
 		}
-		n.t.st.stalls.Add(1)
-		n.t.h.Logf("te: fabric: %s -> %s: %d operations posted, none completed in %v: closing the endpoint (the peer may have re-registered, or stopped)",
-			n.name, pe.peerName, pe.out, n.stall)
-		n.close(pe, errs.New(errs.StaleDescriptor, "fabric",
-			"no completion from %s within %v (fabric.stall_timeout): %s drops an access the owner refuses (its registration changed) without completing it, or the peer stopped",
-			pe.peerName, n.stall, n.prov))
+		var keys []uint64
+		for _, o := range n.slots {
+			if o != nil && o.pe == pe && !slices.Contains(keys, o.key) {
+				keys = append(keys, o.key)
+			}
+		}
+		pe.checking = true
+		n.t.st.stallChecks.Add(1)
+		if !n.t.goTracked(func() { n.checkKeys(pe, keys) }) {
+			pe.checking = false
+		}
 	}
+}
+
+// stallVerdict is what checkKeys learned about a stalled endpoint: err nil
+// when the owner holds every key of its posted operations.
+type stallVerdict struct {
+	pe  *peerEP
+	err error
+}
+
+// checkKeys asks the owner of pe's peer NIC whether it still holds keys and
+// hands the verdict to the poller.
+func (n *nic) checkKeys(pe *peerEP, keys []uint64) {
+	t := n.t
+	body, _ := json.Marshal(hello{Instance: t.h.Instance(), Segment: t.h.SegmentName(), To: pe.key.instance, NIC: pe.rnic, Check: keys})
+	ctx, cancel := context.WithTimeout(t.ctx, t.opt.HandshakeTimeout)
+	rep, err := t.h.Control().Call(ctx, pe.rpc, wire.KindFabric, body)
+	cancel()
+	var v stallVerdict
+	v.pe = pe
+	var h hello
+	switch {
+	case errs.CodeOf(err) == errs.StaleDescriptor:
+		v.err = errs.Wrap(errs.StaleDescriptor, "fabric", err, "%s restarted under the operations posted to it", pe.peerName)
+	case err != nil:
+		v.err = errs.Wrap(errs.PeerUnreachable, "fabric", err,
+			"no completion from %s within %v (fabric.stall_timeout), and it does not answer", pe.peerName, n.stall)
+	case json.Unmarshal(rep, &h) != nil:
+		v.err = errs.New(errs.Protocol, "fabric", "bad key check reply from %s", pe.peerName)
+	case len(h.Stale) > 0:
+		v.err = errs.New(errs.StaleDescriptor, "fabric",
+			"%s no longer holds the key of operations posted to it (its registration changed): %s drops such an access without completing it",
+			pe.peerName, n.prov)
+	}
+	n.mu.Lock()
+	n.verdicts = append(n.verdicts, v)
+	n.mu.Unlock()
+	n.wake()
 }
 
 // passive progresses peers' RMA into this engine: blocked in

@@ -42,7 +42,8 @@ type Options struct {
 	// HandshakeTimeout bounds the endpoint exchange with a peer.
 	HandshakeTimeout time.Duration
 	// StallTimeout (fabric.stall_timeout) is how long an endpoint may
-	// have operations posted and see none of them complete before it is
+	// have operations posted and see none of them complete before te asks
+	// the owner whether it still holds their keys; if not, the endpoint is
 	// closed (the flush) and they fail with StaleDescriptor, so that the
 	// engine fetches the peer's descriptor again. -1 (the default) leaves
 	// it to the provider: DefaultStall for those that drop an access
@@ -53,8 +54,8 @@ type Options struct {
 
 // DefaultStall is the stall timeout of providers that never complete an
 // access the owner refused (libfabric's shm provider, as of 1.17): a
-// moment on one host, where the bytes of a whole slice move in
-// milliseconds, and well under the engine's transfer timeout.
+// moment on one host, where a slice moves in milliseconds. A slow peer
+// costs only the owner's answer that its keys still hold.
 const DefaultStall = 250 * time.Millisecond
 
 // silentRefusal reports whether a provider drops an access under a refused

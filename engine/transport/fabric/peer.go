@@ -58,6 +58,7 @@ type peerEP struct {
 	// posted.
 	done, seen uint64
 	quiet      time.Time
+	checking   bool // a key check with the owner is out
 }
 
 func (pe *peerEP) endpoint() *fab.Endpoint { return pe.ep }
@@ -124,6 +125,11 @@ type hello struct {
 	To       string `json:"to,omitempty"`  // the instance the caller means
 	NIC      string `json:"nic,omitempty"` // the callee's NIC
 	Addr     []byte `json:"addr"`
+	// Check asks the callee, instead of an exchange, which of these keys
+	// it no longer holds (Stale in the reply): the stall watchdog's
+	// question (nic.stalls).
+	Check []uint64 `json:"check,omitempty"`
+	Stale []uint64 `json:"stale,omitempty"`
 }
 
 // connect opens the endpoint, exchanges addresses with the peer over the
@@ -237,7 +243,8 @@ func (pe *peerEP) close(t *Transport) {
 // the NIC it names.
 func (t *Transport) handleHandshake(ctx context.Context, body []byte) ([]byte, error) {
 	var h hello
-	if err := json.Unmarshal(body, &h); err != nil || h.Instance == "" || len(h.Addr) == 0 || len(h.Addr) > 256 {
+	if err := json.Unmarshal(body, &h); err != nil || h.Instance == "" || len(h.Addr) > 256 || len(h.Check) > maxCheck ||
+		len(h.Addr) == 0 && len(h.Check) == 0 {
 		return nil, errs.New(errs.Protocol, "fabric", "bad endpoint exchange")
 	}
 	// With a secret the session proved who calls: the body's instance,
@@ -251,6 +258,9 @@ func (t *Transport) handleHandshake(ctx context.Context, body []byte) ([]byte, e
 	}
 	if t.closing.Load() {
 		return nil, errs.New(errs.Closed, "fabric", "transport closed")
+	}
+	if len(h.Check) > 0 {
+		return json.Marshal(hello{Instance: t.h.Instance(), Stale: t.staleKeys(h.Check)})
 	}
 	for _, n := range t.nics {
 		if n.name != h.NIC {
@@ -317,4 +327,30 @@ func (t *Transport) Warmup(ctx context.Context, d *segment.Desc) error {
 		}
 		return errs.Wrap(code, "fabric", ctx.Err(), "endpoint to %s", d.Name)
 	}
+}
+
+// maxCheck bounds the keys one stall check asks about (an endpoint's
+// posted operations carry at most that many).
+const maxCheck = 4096
+
+// staleKeys returns those of keys no registration here holds on any NIC.
+func (t *Transport) staleKeys(keys []uint64) []uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var stale []uint64
+	for _, k := range keys {
+		held := false
+		for _, mrs := range t.regs {
+			for _, m := range mrs {
+				held = held || m.Key == k
+			}
+			if held {
+				break
+			}
+		}
+		if !held {
+			stale = append(stale, k)
+		}
+	}
+	return stale
 }
