@@ -554,7 +554,11 @@ func (b *Batch) complete(i int, gen uint64, err error) {
 		t.err = err
 	}
 	t.word.Store(gen<<stateBits | uint64(state))
-	b.reqs[i].Region.Release()
+	// The hold on the local region goes last, once the task is counted:
+	// UnregisterMemory returns when its regions are idle and promises the
+	// tasks on them have ended, so a caller must not find one pending then.
+	// (A settled batch may be reset at once, so the region is read first.)
+	region := b.reqs[i].Region
 	if err != nil {
 		b.failed(t, state, err)
 	} else {
@@ -564,6 +568,7 @@ func (b *Batch) complete(i int, gen uint64, err error) {
 	if b.pending.Add(-1) == 0 {
 		b.settle()
 	}
+	region.Release()
 }
 
 // failed records a task that did not complete (the rare path, under mu).
