@@ -94,7 +94,7 @@ func (x *boundTrio) check(t *testing.T, tr string) {
 		t.Fatal(err)
 	}
 	clear(x.dst)
-	if st := x.write(t, x.grantee, tr, 0x77); st.State != engine.Failed {
+	if st := x.write(t, x.grantee, tr, 0x77); st.State != engine.Failed || errs.CodeOf(st.Err) != errs.AccessDenied {
 		t.Fatalf("%s: the grantee wrote after the revoke: %+v", tr, st)
 	}
 	if !bytes.Equal(x.dst[:4096], make([]byte, 4096)) {

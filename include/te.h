@@ -742,12 +742,12 @@ int te_submit_with_notify(te_batch_t batch, const te_request_t *requests, size_t
  * fails with TE_ERR_NOT_SUPPORTED and starts nothing: the buffer's own key
  * never stands in for the window. The remote range must still lie inside
  * one buffer of the segment's descriptor. The target checks every access:
- * a range not inside the window's ranges, a window revoked, or (with a
- * cluster secret) one granted to another engine fails the task with
- * TE_ERR_ACCESS_DENIED (te_wait, te_task_status); a key the target does not
- * know (never granted, or revoked and forgotten) reads there as a stale
- * buffer key and fails it with TE_ERR_STALE_DESCRIPTOR. A refused task lands
- * nothing. (ABI 1.4)
+ * a range not inside the window's ranges, a window revoked or never granted
+ * (window keys are marked as such, so the target tells them from buffer
+ * keys), or (with a cluster secret) one granted to another engine fails the
+ * task with TE_ERR_ACCESS_DENIED (te_wait, te_task_status), never with
+ * TE_ERR_STALE_DESCRIPTOR: a fresh descriptor would not help. A refused
+ * task lands nothing. (ABI 1.4)
  * Blocks: like te_submit | Thread-safe: yes | Errors: as te_submit, plus
  * TE_ERR_NOT_SUPPORTED (a request under a window and no transport that
  * enforces windows reaches its peer). */

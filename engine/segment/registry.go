@@ -150,18 +150,41 @@ func (r *Region) WaitIdle(ctx context.Context) error {
 	return nil
 }
 
-// NewKey returns a random non-zero capability key.
-func NewKey() uint64 {
+// WindowKeyBit marks a window's key: buffer keys have it clear, window keys
+// set. An owner that meets a key with the bit set that it holds no window
+// for then knows the window is gone (revoked, or never granted here) and
+// refuses the access as AccessDenied, where a buffer key that does not match
+// is a descriptor out of date (StaleDescriptor, which makes the initiator
+// refresh and retry). 63 random bits stay in every key.
+const WindowKeyBit = 1 << 63
+
+// NewKey returns a random non-zero capability key for a buffer.
+func NewKey() uint64 { return randomKey() &^ WindowKeyBit }
+
+// newWindowKey returns a random capability key for a window.
+func newWindowKey() uint64 { return randomKey() | WindowKeyBit }
+
+func randomKey() uint64 {
 	var b [8]byte
 	for {
 		if _, err := rand.Read(b[:]); err != nil {
 			// crypto/rand does not fail on Linux; keep a non-zero fallback.
 			return uint64(time.Now().UnixNano()) | 1
 		}
-		if k := binary.LittleEndian.Uint64(b[:]); k != 0 {
+		if k := binary.LittleEndian.Uint64(b[:]); k&^WindowKeyBit != 0 {
 			return k
 		}
 	}
+}
+
+// keyRefusal is why an access presenting key, which is not r's, is refused:
+// a window key this registry holds no window for (AccessDenied), or a stale
+// buffer key.
+func keyRefusal(r *Region, key uint64) error {
+	if key&WindowKeyBit != 0 {
+		return errs.New(errs.AccessDenied, "access", "window %#x is not open here (revoked, or never granted by this engine)", key)
+	}
+	return errs.New(errs.StaleDescriptor, "access", "key for buffer at %#x does not match its registration", r.Addr)
 }
 
 // Registry is the set of registered local memory. Lookups are lock-free and
@@ -273,7 +296,7 @@ func (g *Registry) Acquire(addr, n, key uint64, remote bool, by Caller) (*Region
 		if w := g.window(key); w != nil {
 			return w.acquire(addr, n, by)
 		}
-		return nil, errs.New(errs.StaleDescriptor, "access", "key for buffer at %#x does not match its registration", r.Addr)
+		return nil, keyRefusal(r, key)
 	}
 	// Count first, then check closing: with Close setting closing before it
 	// reads the count, one of the two always sees the other.

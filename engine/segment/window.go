@@ -95,7 +95,7 @@ func (g *Registry) GrantWindowTo(grantee string, ranges []Range) (*Window, error
 	}
 	rs := append([]Range(nil), ranges...)
 	sort.Slice(rs, func(i, j int) bool { return rs[i].Addr < rs[j].Addr })
-	w := &Window{Key: NewKey(), Grantee: grantee}
+	w := &Window{Key: newWindowKey(), Grantee: grantee}
 	byParent := map[*Region]int{}
 	// A range may run over several registered buffers that follow each
 	// other (one per layer, say): it is cut at their boundaries.

@@ -178,9 +178,9 @@ class Batch:
         windows. A request under a window presents that key instead of the buffer's
         (te_submit_windows) and goes only over a transport that enforces windows (local,
         shm, cxl, tcp): with none to the peer submit raises NotSupported and starts nothing.
-        A request the target refuses (outside the window's ranges, revoked, granted to
-        another engine) fails with AccessDenied in wait(), one under a key the target does
-        not know with StaleDescriptor; a refused request lands nothing."""
+        A request the target refuses (outside the window's ranges, revoked or never granted,
+        granted to another engine) fails with AccessDenied in wait(); a refused request lands
+        nothing."""
         if not requests:
             raise InvalidArgument("no requests")
         arr, keys = self._requests(requests, window)

@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/mem"
@@ -169,6 +170,10 @@ func (t *Transport) handleValidate(ctx context.Context, body []byte) ([]byte, er
 		switch {
 		case !ok || r.Closing():
 			rep.Grants[i].Code = errs.AddressNotRegistered
+		case it.Key&segment.WindowKeyBit != 0:
+			// A window key with no open window over the item: revoked,
+			// never granted, or not covering it. Refused, not stale.
+			rep.Grants[i].Code = errs.AccessDenied
 		case r.Desc.Key != it.Key || it.Key == 0:
 			rep.Grants[i].Code = errs.StaleDescriptor
 		case !r.Remote:
