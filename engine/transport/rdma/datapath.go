@@ -1,6 +1,7 @@
 package rdma
 
 import (
+	"errors"
 	"sync/atomic"
 
 	"github.com/tecache/te/engine/segment"
@@ -388,7 +389,8 @@ func retryable(err error) bool {
 // retry sends a slice that did not run to another rail (retryRail), or
 // ends it. A slice of a canceled request ends Canceled; one flushed because
 // its endpoint was torn down for someone else's cancellation goes again on
-// the same rail without spending an attempt. Every slice that gets here
+// the same rail without spending an attempt, and one flushed by the stall
+// watchdog goes to another rail without spending one (stallError). Every slice that gets here
 // can no longer touch memory through its last attempt: its completion was
 // polled (after a failure, from a queue pair in the error state), or it was
 // never posted.
@@ -400,6 +402,10 @@ func (t *Transport) retry(e wrEntry, err error) {
 		e.req.sliceDone(errCanceled)
 	case err == errTornDown:
 		t.dispatch(e, e.rail)
+	case isStall(err):
+		q := e.req
+		q.pi.rails[e.rail].retries.Add(1)
+		t.dispatch(e, q.pi.retryRail(q.pl, e.rail, q.sliceLen(e.idx), nanotime(), t.rr.Add(1)))
 	case int(e.attempt) >= t.opt.Retries || !retryable(err):
 		e.req.sliceDone(err)
 	default:
@@ -408,4 +414,10 @@ func (t *Transport) retry(e wrEntry, err error) {
 		q.pi.rails[e.rail].retries.Add(1)
 		t.dispatch(e, q.pi.retryRail(q.pl, e.rail, q.sliceLen(e.idx), nanotime(), t.rr.Add(1)))
 	}
+}
+
+// isStall reports whether err is the stall watchdog's verdict.
+func isStall(err error) bool {
+	var s stallError
+	return errors.As(err, &s)
 }

@@ -417,8 +417,11 @@ func (ep *endpoint) completedLocked(qs *qpState, seq uint32, status uint32, err 
 		return // covered already
 	}
 	out.failErr = err
-	if status == ibv.WCWRFlushErr && ep.torn {
+	switch {
+	case status == ibv.WCWRFlushErr && ep.torn:
 		out.failErr = errTornDown
+	case status == ibv.WCWRFlushErr && ep.stalled:
+		out.failErr = ep.err // the watchdog's verdict, not the flush
 	}
 	k := int(d) + 1
 	for i := 0; i < k; i++ {
@@ -615,6 +618,16 @@ func (t *Transport) watchOnce() bool {
 	return busy
 }
 
+// stallError is the watchdog's verdict on an endpoint. Its flushed slices
+// go to the other rails without spending an attempt: the verdict says the
+// rail went quiet while the peer's other rails moved bytes, which says
+// nothing against the slices themselves (and a busy host, or a software
+// NIC on one, can make a live rail look dead for a moment). The rail's
+// cooldown keeps them off it; the transfer timeout still bounds the task.
+type stallError struct{ error }
+
+func (e stallError) Unwrap() error { return e.error }
+
 // checkStall fails the endpoint if it still has gone without a completion
 // for longer than its stall limit (see Transport.watchOnce): its queue pairs go
 // to the error state, the NIC flushes their work requests, and the flushed
@@ -632,9 +645,9 @@ func (ep *endpoint) checkStall(now int64) {
 	}
 	ep.t.st.stalls.Add(1)
 	ep.stalled = true
-	ep.failLocked(errs.New(errs.PeerUnreachable, "rdma",
+	ep.failLocked(stallError{errs.New(errs.PeerUnreachable, "rdma",
 		"no completion on %s -> %s@%s for %v (limit %v) while other rails to the peer moved bytes (a dead link or NIC)",
-		ep.nic.name, ep.peer.name, ep.peer.nic, time.Duration(now-b).Round(time.Millisecond), time.Duration(limit).Round(time.Millisecond)))
+		ep.nic.name, ep.peer.name, ep.peer.nic, time.Duration(now-b).Round(time.Millisecond), time.Duration(limit).Round(time.Millisecond))})
 	out.spans = ep.takePendingLocked(out.spans)
 	ep.releaseIfIdleLocked()
 	ep.mu.Unlock()

@@ -181,14 +181,17 @@ func TestTwoProcessNICFails(t *testing.T) {
 // timer runs out, about half a second at the default ACK timeout. The stall
 // watchdog fails the endpoint long before, since the other rails to the
 // peer keep completing; its queue pairs flush, the slices go to the other
-// rails and every byte arrives. Without the watchdog the retry timer's
-// errors do the same, later.
+// rails and every byte arrives, without spending the slices' attempts.
+// Without the watchdog the retry timer's errors do the same, later.
 func TestTwoProcessLinkDown(t *testing.T) {
 	for _, tc := range []struct {
 		name, params string
 		watchdog     bool
 	}{
 		{"watchdog", "", true},
+		// The watchdog's verdict spends no attempt: with none to spend
+		// the slices still go to the other rails.
+		{"watchdog-no-retries", ",rdma.retries=0", true},
 		{"retry-timer", ",rdma.stall_timeout=0", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
