@@ -361,9 +361,19 @@ func (t *Transport) Unregister(r *segment.Region) error {
 	delete(t.regs, r)
 	t.mu.Unlock()
 	var first error
-	for _, m := range mrs {
+	for i, m := range mrs {
+		// Exclusive of the NIC's progress (nic.prog): once this returns,
+		// no copy a provider checked against the region is still running.
+		var n *nic
+		if i < len(t.nics) {
+			n = t.nics[i]
+			n.prog.Lock()
+		}
 		if err := m.Close(); err != nil && first == nil {
 			first = err
+		}
+		if n != nil {
+			n.prog.Unlock()
 		}
 	}
 	return first
