@@ -84,7 +84,19 @@ type Options struct {
 	// region and NIC. An rkey then reaches the whole window, not only its
 	// buffer (see SECURITY.md), so it is off by default.
 	MRCache bool
+	// Poll is how a NIC's completion poller waits (rdma.poll):
+	// PollAdaptive (default) polls while completions come within a few
+	// microseconds and otherwise sleeps on the completion channel;
+	// PollBusy never sleeps while work is outstanding, for hosts that
+	// give the engine a core.
+	Poll string
 }
+
+// Completion polling modes (Options.Poll).
+const (
+	PollAdaptive = "adaptive"
+	PollBusy     = "busy"
+)
 
 func (o Options) health() health {
 	return health{limit: o.ErrorLimit, window: o.ErrorWindow, cool: o.Cooldown, coolMax: o.CooldownMax}
@@ -95,7 +107,7 @@ func DefaultOptions() Options {
 	return Options{Slice: DefaultSlice, QPs: DefaultQPs, Depth: DefaultDepth, Retries: DefaultRetries,
 		GIDIndex: -1, ParallelRegMin: ParallelRegMin, ErrorLimit: DefaultErrorLimit, ErrorWindow: DefaultErrorWindow,
 		Cooldown: DefaultCooldown, CooldownMax: DefaultCooldownMax, StallTimeout: DefaultStallTimeout,
-		PeerIdle: 2 * time.Minute}
+		PeerIdle: 2 * time.Minute, Poll: PollAdaptive}
 }
 
 // ParseOptions reads rdma.* parameters; the device allow-list falls back to
@@ -182,6 +194,16 @@ func ParseOptions(param func(string) (string, bool), getenv func(string) string)
 			o.MRCache = false
 		default:
 			return o, bad("rdma.mr_cache", v, "want on or off")
+		}
+	}
+	if v, ok := param("rdma.poll"); ok {
+		switch m := strings.ToLower(strings.TrimSpace(v)); m {
+		case PollAdaptive, PollBusy:
+			o.Poll = m
+		case "":
+			o.Poll = PollAdaptive
+		default:
+			return o, bad("rdma.poll", v, "want adaptive or busy")
 		}
 	}
 	if v, ok := param("rdma.parallel_reg_min"); ok {

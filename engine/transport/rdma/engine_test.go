@@ -158,11 +158,14 @@ func TestDescriptorFakeVerbs(t *testing.T) {
 // fakeVerbsPair starts a target and an initiator engine over the software
 // provider (two devices each), registers a buffer of size on each and opens
 // the target's segment.
-func fakeVerbsPair(t testing.TB, lib string, size int) (init *engine.Engine, seg *engine.Segment, src, dst []byte) {
+func fakeVerbsPair(t testing.TB, lib string, size int, params ...string) (init *engine.Engine, seg *engine.Segment, src, dst []byte) {
 	t.Helper()
 	conf := cfg()
 	conf.Transports = []string{rdma.Name}
 	conf.Params = map[string]string{"rdma.library": lib}
+	for i := 0; i+1 < len(params); i += 2 {
+		conf.Params[params[i]] = params[i+1]
+	}
 	target, err := engine.New(conf)
 	if err != nil {
 		t.Fatal(err)
@@ -272,4 +275,56 @@ func TestFakeVerbsWarmup(t *testing.T) {
 		t.Fatalf("the first transfer after warmup changed the queue pairs: %d -> %d", warmed, after)
 	}
 	t.Logf("queue pairs: %d before warmup, %d after it and after the first transfer", before, warmed)
+}
+
+// With rdma.poll=busy the initiator's pollers do not sleep between
+// back-to-back batches, where adaptive polling parks each of them once a
+// batch on this fake (its completions take longer than the spin budget);
+// the bytes move, and once idle a busy poller gives its core back: after a
+// pause each has parked again.
+func TestFakeVerbsBusyPoll(t *testing.T) {
+	lib := ibvtest.Build(t)
+	ibvtest.Open(t, lib)
+	const n, bs, rounds = 8, 4096, 200
+	run := func(mode string) (during, after uint64) {
+		init, seg, src, dst := fakeVerbsPair(t, lib, n*bs, "rdma.poll", mode)
+		b, err := init.AllocateBatch(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Free()
+		runBatch(t, b, seg, src, dst, n, bs) // connects both NIC pairs
+		time.Sleep(20 * time.Millisecond)    // past the linger: both pollers parked
+		parks := func() (sum uint64) {
+			for k, v := range init.Stats().Transport[rdma.Name] {
+				if strings.HasSuffix(k, ".parks") {
+					sum += v
+				}
+			}
+			return sum
+		}
+		before := parks()
+		for r := 0; r < rounds; r++ {
+			for i := range src {
+				src[i] = byte(i + r)
+			}
+			runBatch(t, b, seg, src, dst, n, bs)
+			if !bytes.Equal(src, dst) {
+				t.Fatalf("%s, round %d: bytes differ", mode, r)
+			}
+		}
+		during = parks() - before
+		time.Sleep(20 * time.Millisecond)
+		after = parks() - before
+		t.Logf("rdma.poll=%s: %d batches, %d parks while they ran, %d after a 20 ms pause", mode, rounds, during, after)
+		return during, after
+	}
+	adaptive, _ := run("adaptive")
+	during, after := run("busy")
+	if during*2 > adaptive {
+		t.Fatalf("busy pollers parked %d times in %d back-to-back batches, adaptive ones %d", during, rounds, adaptive)
+	}
+	if after <= during {
+		t.Fatalf("idle busy pollers never parked (%d parks before the pause, %d after)", during, after)
+	}
 }

@@ -46,6 +46,7 @@ type nic struct {
 	nStarve atomic.Int32
 
 	posts atomic.Uint64 // ibv_post_send calls
+	parks atomic.Uint64 // times the poller slept on the completion channel
 
 	// What the stall watchdog asks of the NIC (see endpoint.checkStall):
 	// when it last completed work for any endpoint, whether the poller is

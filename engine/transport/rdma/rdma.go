@@ -648,6 +648,7 @@ func (t *Transport) Stats() map[string]uint64 {
 	for _, n := range t.nics {
 		p := n.posts.Load()
 		out["nic."+n.name+".doorbells"] = p
+		out["nic."+n.name+".parks"] = n.parks.Load()
 		out["doorbells"] += p
 	}
 	out["gpu_dmabuf"] = t.st.gpuDmabuf.Load()

@@ -215,7 +215,11 @@ func (v *verbsNIC) Run(t *Transport, n *nic) {
 			sp.hit(nanotime())
 			continue
 		}
-		if n.outstanding() > 0 {
+		if t.opt.Poll == PollBusy {
+			if v.busy(t, n) {
+				continue
+			}
+		} else if n.outstanding() > 0 {
 			now := nanotime()
 			n.emptyAt.Store(now)
 			sp.idle(now)
@@ -239,6 +243,7 @@ func (v *verbsNIC) Run(t *Transport, n *nic) {
 		var evErr error
 		looks := 0
 		n.parked.Store(true)
+		n.parks.Add(1)
 		err := rc.Read(func(uintptr) bool {
 			if v.ch.TryEvent() {
 				unacked++
@@ -289,6 +294,46 @@ func (v *verbsNIC) spin(t *Transport, n *nic, d time.Duration) bool {
 		}
 	}
 }
+
+// busy is the poller of rdma.poll=busy: it polls the CQ without arming it
+// or sleeping while work is outstanding and for busyLinger after the last
+// of it ended, so a stream of batches never waits for a completion event
+// (no interrupt, no channel read, no wake-up): the poller's core is
+// spent on it, as Mooncake's worker threads spend theirs. It reports
+// whether something completed; false sends the poller to park.
+func (v *verbsNIC) busy(t *Transport, n *nic) bool {
+	idleSince := int64(0)
+	for i := 0; ; i++ {
+		if v.drain(t, n) > 0 {
+			return true
+		}
+		if i%64 != 63 {
+			continue
+		}
+		now := nanotime()
+		if n.outstanding() > 0 {
+			// The watchdog's sign that this poller runs and finds nothing.
+			n.emptyAt.Store(now)
+			idleSince = 0
+		} else if idleSince == 0 {
+			idleSince = now
+		} else if now-idleSince > int64(busyLinger) {
+			return false
+		}
+		select {
+		case <-v.stop:
+			return false
+		default:
+		}
+		runtime.Gosched()
+	}
+}
+
+// busyLinger is how long a busy poller keeps polling once nothing is
+// outstanding: longer than the gap between one batch's end and the next
+// one's first post in a serving loop, short enough that an idle engine
+// gives its core back.
+const busyLinger = 2 * time.Millisecond
 
 // spinner decides how long the poller polls an idle CQ before it sleeps:
 // twice the recent wait from going idle (work outstanding, nothing
