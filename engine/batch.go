@@ -2,6 +2,7 @@ package engine
 
 import (
 	"errors"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -198,6 +199,15 @@ type Batch struct {
 
 	histFrom int // first task not yet in the latency histograms (under mu)
 
+	// The stage histograms' marks (metrics.go), where the last submit is
+	// timed: when it handed its requests to a transport (index stageT, -1: none yet) and
+	// when the batch last settled, monoNow.
+	handAt   atomic.Int64
+	settleAt atomic.Int64
+	stageT   atomic.Int32
+	stageOn  atomic.Bool // this batch's last submit is timed
+	stageDue int         // requests until a submit is timed (under subMu)
+
 	// pending counts submitted tasks not ended, plus a batch notify being
 	// sent. Only the completion that brings it to zero takes mu.
 	pending atomic.Int64
@@ -232,7 +242,8 @@ func (e *Engine) AllocateBatch(capacity int) (*Batch, error) {
 	if capacity <= 0 || capacity > 1<<24 {
 		return nil, errs.New(errs.InvalidArgument, "allocate batch", "capacity %d outside 1..%d", capacity, 1<<24)
 	}
-	b := &Batch{e: e, capacity: capacity, settled: true}
+	// A fresh batch's first submit is timed with the odds of any other.
+	b := &Batch{e: e, capacity: capacity, settled: true, stageDue: rand.IntN(stageSampleReqs)}
 	b.tasks, b.reqs = getSlots(capacity)
 	e.batchMu.Lock()
 	e.batches[b] = struct{}{}
@@ -374,6 +385,7 @@ func (b *Batch) submit(n *batchNotify, reqs []Request) error {
 	bgen := b.gen
 	b.mu.Unlock()
 
+	b.markHanded(lo, len(reqs))
 	// Hand each transport its run of requests in one call.
 	for i := lo; i < lo+len(reqs); {
 		t := b.tasks[i].t
@@ -614,7 +626,7 @@ func (b *Batch) settle() {
 	}
 	b.settled = true
 	b.flushStats()
-	b.flushHistograms()
+	b.observeTransfer(b.flushHistograms())
 	b.logBatch()
 	if b.done != nil {
 		close(b.done)
@@ -843,12 +855,14 @@ func (b *Batch) Wait(timeout time.Duration) (BatchStatus, error) {
 	b.mu.Unlock()
 	if timeout < 0 {
 		<-done
+		b.observeWakeup()
 		return b.Status(), nil
 	}
 	t := time.NewTimer(timeout)
 	defer t.Stop()
 	select {
 	case <-done:
+		b.observeWakeup()
 		return b.Status(), nil
 	case <-t.C:
 		return b.Status(), errs.New(errs.Timeout, "wait", "batch not finished within %v", timeout)

@@ -88,6 +88,80 @@ func TestWriteMetrics(t *testing.T) {
 	}
 }
 
+// TestStageHistograms: each batch of 256 requests or more adds one submit
+// and one transfer observation to its transport's stage histograms, a Wait
+// that blocked one wakeup, and the stages' sums stay within the batches'
+// own time. Smaller batches are sampled: about one per 256 requests.
+func TestStageHistograms(t *testing.T) {
+	a, _, s, la, rb := tcpPair(t)
+	const batches = 20
+	r := engine.Request{Op: engine.Write, Local: la, Segment: s, Remote: rb, Length: 4 << 10}
+	reqs := make([]engine.Request, 256)
+	for i := range reqs {
+		reqs[i] = r
+		reqs[i].Local += uint64(i) * r.Length
+		reqs[i].Remote += uint64(i) * r.Length
+	}
+	start := time.Now()
+	for range batches {
+		transfer(t, a, reqs...)
+	}
+	elapsed := time.Since(start).Seconds()
+	var buf bytes.Buffer
+	if err := a.WriteMetrics(&buf); err != nil {
+		t.Fatal(err)
+	}
+	if problems := promcheck.Check(buf.Bytes()); len(problems) > 0 {
+		t.Fatalf("exposition problems:\n%s", strings.Join(problems, "\n"))
+	}
+	value := func(series string) float64 {
+		for _, l := range strings.Split(buf.String(), "\n") {
+			if v, ok := strings.CutPrefix(l, series+" "); ok {
+				f, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					t.Fatalf("%s: %v", l, err)
+				}
+				return f
+			}
+		}
+		t.Fatalf("no %s in\n%s", series, buf.String())
+		return 0
+	}
+	var sum float64
+	for _, stage := range []string{"submit", "transfer", "wakeup"} {
+		n := value(`te_batch_stage_seconds_count{transport="tcp",stage="` + stage + `"}`)
+		v := value(`te_batch_stage_seconds_sum{transport="tcp",stage="` + stage + `"}`)
+		t.Logf("%s: %v observations, %.1f µs in all", stage, n, v*1e6)
+		switch {
+		case stage != "wakeup" && n != batches:
+			t.Errorf("%s: %v observations for %d batches", stage, n, batches)
+		case stage == "wakeup" && (n < 1 || n > batches):
+			t.Errorf("wakeup: %v observations for %d batches each waited once", n, batches)
+		case v <= 0 && stage == "transfer":
+			t.Errorf("transfer: no time in %d batches of 1 MiB over tcp", batches)
+		}
+		sum += v
+	}
+	st := a.Stats().Stages["tcp"]
+	if st.Submits != batches || st.Transfers != batches || st.Wakeups != uint64(value(`te_batch_stage_seconds_count{transport="tcp",stage="wakeup"}`)) || st.TransferNS == 0 {
+		t.Errorf("Stats.Stages[tcp] = %+v, unlike the metrics", st)
+	}
+	if sum > elapsed {
+		t.Errorf("the stages add up to %.3f s, more than the %.3f s the batches took", sum, elapsed)
+	}
+	// A fresh batch of one request is timed with odds 2 in 256 (none of
+	// 2400: 7e-9).
+	const small = 2400
+	for range small {
+		transfer(t, a, r)
+	}
+	timed := a.Stats().Stages["tcp"].Submits - st.Submits
+	t.Logf("%d batches of one request: %d timed", small, timed)
+	if timed == 0 || timed > small/40 {
+		t.Errorf("%d of %d single-request batches timed, want about 2 in 256", timed, small)
+	}
+}
+
 // TestMetricsListener: MetricsAddr with no host serves /metrics on
 // loopback, and Close stops it.
 func TestMetricsListener(t *testing.T) {

@@ -70,6 +70,24 @@ type Stats struct {
 	// Topology is the NICs near each memory location, as the rdma
 	// transport uses them (Topology); absent without it.
 	Topology map[string][2][]string `json:"topology,omitempty"`
+	// Stages is where batches' time went, per transport that served any
+	// (te_batch_stage_seconds in WriteMetrics).
+	Stages map[string]StageTimes `json:"stages,omitempty"`
+}
+
+// StageTimes adds up the stages of the batches one transport served: Submit's
+// own work up to the hand-off to the transport (one per submit), the
+// hand-off to the last task's end (one per settled batch), and from then
+// until a waiter blocked in Wait ran again (one per such wake-up). Counts
+// and total nanoseconds; a mean is a difference of two snapshots' sums over
+// that of their counts.
+type StageTimes struct {
+	Submits    uint64 `json:"submits"`
+	SubmitNS   uint64 `json:"submit_ns"`
+	Transfers  uint64 `json:"transfers"`
+	TransferNS uint64 `json:"transfer_ns"`
+	Wakeups    uint64 `json:"wakeups"`
+	WakeupNS   uint64 `json:"wakeup_ns"`
 }
 
 // ControlStats are the control plane's counters: its connections, and each
@@ -162,6 +180,7 @@ func (e *Engine) Stats() Stats {
 		Transport:         e.TransportStats(),
 		Live:              e.LiveTransports(),
 		Topology:          e.Topology(),
+		Stages:            e.stageTimes(),
 	}
 }
 

@@ -531,7 +531,9 @@ int te_stats_json(te_engine_t engine, char *buf, size_t len);
  * te_control_peer_connections, te_control_peers), routes, and
  * te_task_duration_seconds, a histogram of the time from a task's submit to
  * its batch's completion (what a caller of te_wait sees) per transport and
- * peer class. Every family has HELP and TYPE lines. The text
+ * peer class, and te_batch_stage_seconds, where that time goes per
+ * transport (stage: submit, transfer, wakeup). Every family has HELP and
+ * TYPE lines. The text
  * is NUL-terminated like te_last_error's; when needed is not NULL it
  * receives the bytes the whole text takes, NUL included, on success and on
  * TE_ERR_BUFFER_TOO_SMALL, so a caller can size the buffer: buf may be NULL

@@ -180,6 +180,12 @@ type Result struct {
 	// libibverbs its "NIC" threads too) over the measured rounds, per
 	// request.
 	CPUusPerReq float64 `json:"cpu_us_per_req"`
+	// Stage*us are the initiator's mean times per batch in each stage
+	// (engine.StageTimes): Submit's own work, hand-off to the last task's
+	// end, and that end to the waiter running again.
+	StageSubmitUS   float64 `json:"stage_submit_us"`
+	StageTransferUS float64 `json:"stage_transfer_us"`
+	StageWakeupUS   float64 `json:"stage_wakeup_us"`
 	// DoorbellsPerSubmit is ibv_post_send calls per batch (rdma only).
 	DoorbellsPerSubmit float64 `json:"doorbells_per_submit,omitempty"`
 	// Over the fake libibverbs: FakeNICusPerReq is the part of CPUusPerReq
@@ -203,6 +209,19 @@ func cpuTime() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// stages sums the initiator's stage times over its transports.
+func (in *Initiator) stages() (t engine.StageTimes) {
+	for _, s := range in.e.Stats().Stages {
+		t.Submits += s.Submits
+		t.SubmitNS += s.SubmitNS
+		t.Transfers += s.Transfers
+		t.TransferNS += s.TransferNS
+		t.Wakeups += s.Wakeups
+		t.WakeupNS += s.WakeupNS
+	}
+	return t
 }
 
 // doorbells is the rdma transport's ibv_post_send count.
@@ -233,6 +252,9 @@ func (r Result) String() string {
 	}
 	if r.FakeNICusPerReq > 0 {
 		db += fmt.Sprintf(" (fake NIC %.2fus/req; with the NIC as a memcpy %.2fus/req)", r.FakeNICusPerReq, r.CPUusPerReqNICMemcpy)
+	}
+	if r.StageTransferUS > 0 {
+		db += fmt.Sprintf("  stages submit %.1fus transfer %.1fus wakeup %.1fus", r.StageSubmitUS, r.StageTransferUS, r.StageWakeupUS)
 	}
 	return fmt.Sprintf("%-5s%s %-5s block %-6s batch %-4d threads %d: %7.3f GB/s %9.0f req/s  p50 %8.0fus p99 %8.0fus  %s  memcpy %.2f GB/s (%.3fx)%s  cpu %.2fus/req%s",
 		r.Transport, auth, r.Op, FormatSize(r.Block), r.Batch, r.Threads, r.GBps, r.ReqPerS, r.P50us, r.P99us,
@@ -436,6 +458,7 @@ func (in *Initiator) Run(ctx context.Context, o Options) (Result, error) {
 		teCPU    time.Duration
 		nicCPU   int64
 		bells    uint64
+		stages   engine.StageTimes
 		rawBytes uint64
 		rawTime  time.Duration
 		mu       sync.Mutex
@@ -444,7 +467,7 @@ func (in *Initiator) Run(ctx context.Context, o Options) (Result, error) {
 	)
 	for teTime < o.Duration && ctx.Err() == nil {
 		d := min(round, o.Duration-teTime)
-		cpu0, bell0, nic0 := cpuTime(), in.doorbells(), fakeNICNanos()
+		cpu0, bell0, nic0, st0 := cpuTime(), in.doorbells(), fakeNICNanos(), in.stages()
 		start := time.Now()
 		stop := start.Add(d)
 		var wg sync.WaitGroup
@@ -475,6 +498,13 @@ func (in *Initiator) Run(ctx context.Context, o Options) (Result, error) {
 		teTime += time.Since(start)
 		teCPU += cpuTime() - cpu0
 		bells += in.doorbells() - bell0
+		st1 := in.stages()
+		stages.Submits += st1.Submits - st0.Submits
+		stages.SubmitNS += st1.SubmitNS - st0.SubmitNS
+		stages.Transfers += st1.Transfers - st0.Transfers
+		stages.TransferNS += st1.TransferNS - st0.TransferNS
+		stages.Wakeups += st1.Wakeups - st0.Wakeups
+		stages.WakeupNS += st1.WakeupNS - st0.WakeupNS
 		if nic0 >= 0 {
 			nicCPU += fakeNICNanos() - nic0
 		}
@@ -505,6 +535,14 @@ func (in *Initiator) Run(ctx context.Context, o Options) (Result, error) {
 		r.CPUusPerReq = float64(teCPU.Nanoseconds()) / 1e3 / float64(requests)
 		r.DoorbellsPerSubmit = float64(bells) / (float64(requests) / float64(o.Batch))
 	}
+	mean := func(ns, n uint64) float64 {
+		if n == 0 {
+			return 0
+		}
+		return float64(ns) / float64(n) / 1e3
+	}
+	r.StageSubmitUS, r.StageTransferUS, r.StageWakeupUS = mean(stages.SubmitNS, stages.Submits),
+		mean(stages.TransferNS, stages.Transfers), mean(stages.WakeupNS, stages.Wakeups)
 	sort.Slice(lats, func(i, j int) bool { return lats[i] < lats[j] })
 	r.P50us, r.P99us = pct(lats, 0.50), pct(lats, 0.99)
 	if rawTime > 0 {

@@ -82,6 +82,7 @@ class MetricsTest(unittest.TestCase):
             text = e.metrics()
         self.assertIn('te_tasks_total{state="completed"} 1\n', text)
         self.assertIn('te_task_duration_seconds_count{transport="local",peer="same_process"} 1\n', text)
+        self.assertIn('te_batch_stage_seconds_count{transport="local",stage="transfer"} ', text)
         helped, typed, families = set(), set(), set()
         for line in text.splitlines():
             if line.startswith("# HELP "):
@@ -91,7 +92,7 @@ class MetricsTest(unittest.TestCase):
             elif line:
                 name = re.match(r"[a-zA-Z_:][a-zA-Z0-9_:]*", line).group(0)
                 families.add(re.sub(r"_(bucket|sum|count)$", "", name) if name.startswith(
-                    "te_task_duration_seconds") else name)
+                    ("te_task_duration_seconds", "te_batch_stage_seconds")) else name)
         self.assertTrue(families)
         self.assertEqual(families - helped, set())
         self.assertEqual(families - typed, set())
