@@ -66,7 +66,11 @@ type batchResult struct {
 //	crc OFF N               CRC-32 of [OFF, OFF+N)
 //	write SEG RADDR N BS    write [0, N) to SEG at RADDR in one batch of
 //	                        N/BS tasks: answers "submitted", then a
-//	                        batchResult once every task ended
+//	                        batchResult once every task ended; through the
+//	                        segment held open by "open" if there is one,
+//	                        else opened and closed around the batch
+//	open SEG                open SEG and hold it: answers "opened MS" or
+//	                        "refused MS CODE MESSAGE" (MS: the open's time)
 func runPeer(addr string) int {
 	size, _ := strconv.Atoi(os.Getenv(envSize))
 	if size <= 0 {
@@ -93,6 +97,7 @@ func runPeer(addr string) int {
 	}
 	out := json.NewEncoder(os.Stdout)
 	out.Encode(hello{e.Name(), mem.Addr(buf), uint64(size)})
+	held := map[string]*engine.Segment{}
 	sc := bufio.NewScanner(os.Stdin)
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
@@ -130,7 +135,24 @@ func runPeer(addr string) int {
 				fmt.Println("error usage: write SEG RADDR N BS")
 				continue
 			}
-			out.Encode(write(e, buf, f[1], num(2), num(3), num(4)))
+			out.Encode(write(e, held[f[1]], buf, f[1], num(2), num(3), num(4)))
+		case "open":
+			if len(f) != 2 {
+				fmt.Println("error usage: open SEG")
+				continue
+			}
+			t0 := time.Now()
+			s, err := e.OpenSegment(f[1])
+			ms := time.Since(t0).Milliseconds()
+			if err != nil {
+				fmt.Printf("refused %d %s %s\n", ms, engine.CodeOf(err), strings.ReplaceAll(err.Error(), "\n", " "))
+				continue
+			}
+			if old := held[f[1]]; old != nil {
+				e.CloseSegment(old)
+			}
+			held[f[1]] = s
+			fmt.Printf("opened %d\n", ms)
 		default:
 			fmt.Printf("error unknown command %q\n", f[0])
 		}
@@ -155,16 +177,18 @@ func pattern(buf []byte, seed uint64) {
 	}
 }
 
-func write(e *engine.Engine, buf []byte, seg string, raddr, n, bs uint64) batchResult {
+func write(e *engine.Engine, s *engine.Segment, buf []byte, seg string, raddr, n, bs uint64) batchResult {
 	if bs == 0 || n%bs != 0 || n > uint64(len(buf)) {
 		return batchResult{Err: "bad sizes"}
 	}
-	s, err := e.OpenSegment(seg)
-	if err != nil {
-		fmt.Println("submitted") // the caller waits for this line first
-		return batchResult{Err: err.Error()}
+	if s == nil {
+		var err error
+		if s, err = e.OpenSegment(seg); err != nil {
+			fmt.Println("submitted") // the caller waits for this line first
+			return batchResult{Err: err.Error()}
+		}
+		defer e.CloseSegment(s)
 	}
-	defer e.CloseSegment(s)
 	cnt := int(n / bs)
 	b, err := e.AllocateBatch(cnt)
 	if err != nil {
