@@ -30,6 +30,9 @@ const (
 )
 
 func TestMain(m *testing.M) {
+	if r := os.Getenv(envRole); r != "" {
+		os.Exit(runRole(r, os.Getenv(envPeer)))
+	}
 	if a := os.Getenv(envPeer); a != "" {
 		os.Exit(runPeer(a))
 	}

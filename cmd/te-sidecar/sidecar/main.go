@@ -48,6 +48,8 @@ type Options struct {
 	HandoffMaxBytes        int // -handoff-max-bytes, TE_SIDECAR_HANDOFF_MAX_BYTES
 	HandoffClientTransfers int // -handoff-client-transfers, TE_SIDECAR_HANDOFF_CLIENT_TRANSFERS
 	HandoffClientBytes     int // -handoff-client-bytes, TE_SIDECAR_HANDOFF_CLIENT_BYTES
+	// -handoff-settle-grace, TE_SIDECAR_HANDOFF_SETTLE_GRACE
+	HandoffSettleGrace time.Duration
 
 	secret *authsecret.Secrets
 }
@@ -156,6 +158,9 @@ func ParseOptions(args []string, getenv func(string) string, out io.Writer) (Opt
 		"unpaired handoff transfers one client may hold; past it, 429 (env TE_SIDECAR_HANDOFF_CLIENT_TRANSFERS)")
 	fs.IntVar(&o.HandoffClientBytes, "handoff-client-bytes", envInt("TE_SIDECAR_HANDOFF_CLIENT_BYTES", 32<<20),
 		"declaration bytes of one client's live handoff transfers; past it, 429 (env TE_SIDECAR_HANDOFF_CLIENT_BYTES)")
+	fs.DurationVar(&o.HandoffSettleGrace, "handoff-settle-grace", envDur("TE_SIDECAR_HANDOFF_SETTLE_GRACE", 40*time.Second),
+		"how long a handoff that expired or was aborted while its mover was moving waits for the mover's report before "+
+			"the other side may reuse its blocks; keep it over the engines' transfer timeout (env TE_SIDECAR_HANDOFF_SETTLE_GRACE)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -210,7 +215,7 @@ func ParseOptions(args []string, getenv func(string) string, out io.Writer) (Opt
 // counts, rates and timeouts.
 var mustBePositive = []string{"max-value", "max-keys", "max-metadata-bytes", "max-conns", "max-pending-conns-per-ip",
 	"header-timeout", "log-refusals-per-second", "max-body-in-flight", "shutdown-timeout", "handoff-max-body",
-	"handoff-max-transfers", "handoff-max-bytes", "handoff-client-transfers", "handoff-client-bytes"}
+	"handoff-max-transfers", "handoff-max-bytes", "handoff-client-transfers", "handoff-client-bytes", "handoff-settle-grace"}
 
 // positive refuses the first flag of mustBePositive that is not over
 // zero, naming it and, when the value came from there, its variable.
@@ -334,7 +339,8 @@ func Main(ctx context.Context, args []string, getenv func(string) string, logOut
 		HeaderTimeout: o.HeaderTimeout, RefusalLogRate: o.RefusalLogRate,
 		MaxBodyInFlight: int64(o.MaxBodyInFlight), Logger: log, Version: Version,
 		Handoff: rendezvous.Config{MaxBody: o.HandoffMaxBody, MaxTransfers: o.HandoffMaxTransfers,
-			MaxBytes: int64(o.HandoffMaxBytes), ClientTransfers: o.HandoffClientTransfers, ClientBytes: int64(o.HandoffClientBytes)}})
+			MaxBytes: int64(o.HandoffMaxBytes), ClientTransfers: o.HandoffClientTransfers, ClientBytes: int64(o.HandoffClientBytes),
+			SettleGrace: o.HandoffSettleGrace}})
 	errc := make(chan error, 1)
 	go func() { errc <- s.Serve(ln) }()
 	switch {

@@ -28,6 +28,7 @@ func TestRefusalsNameTheirInput(t *testing.T) {
 	}{
 		{[]string{"-max-keys=-5"}, nil, []string{"-max-keys=-5", "must be positive", "a whole number of at least 1"}},
 		{[]string{"-handoff-client-bytes", "0"}, nil, []string{"-handoff-client-bytes=0", "must be positive"}},
+		{[]string{"-handoff-settle-grace", "0s"}, nil, []string{"-handoff-settle-grace=0s", "must be positive"}},
 		{[]string{"-shutdown-timeout", "0s"}, nil, []string{"-shutdown-timeout=0s", "a duration over 0 such as 10s"}},
 		{nil, map[string]string{"TE_SIDECAR_MAX_KEYS": "-5"}, []string{"TE_SIDECAR_MAX_KEYS=-5", "must be positive", "-max-keys"}},
 		{nil, map[string]string{"TE_SIDECAR_MAX_KEYS": "many"}, []string{`TE_SIDECAR_MAX_KEYS="many"`, "want a whole number such as 1048576"}},
