@@ -9,16 +9,16 @@ import (
 	"github.com/tecache/te/engine"
 
 	"github.com/tecache/te/engine/transport/transporttest"
-	"github.com/tecache/te/internal/sys/cuda/cudatest"
+	"github.com/tecache/te/internal/sys/gpu/gputest"
 )
 
 func TestMain(m *testing.M) {
 	if os.Getenv(envGPUChild) == "1" {
 		os.Exit(runGPUChild())
 	}
-	// The real driver where TE_CUDA_REAL=1, else the fake one (gpu_test.go);
-	// child processes inherit the choice.
-	_, gpuSetupErr = cudatest.Setup()
+	// The real runtimes where TE_CUDA_REAL=1 or TE_HIP_REAL=1, else the
+	// fakes (gpu_test.go); child processes inherit the choice.
+	gpuSetupErr = gputest.Setup()
 	transporttest.Main(m)
 }
 
