@@ -76,7 +76,9 @@ func (g *gpuPool) take(d gpu.Driver, dev int, chunk uint64) (*gpu.Stager, error)
 }
 
 // put keeps a ring whose copies all ended; a failed one is freed.
-func (g *gpuPool) put(d gpu.Driver, dev int, s *gpu.Stager, ok bool) { g.pool(d.Kind()).Put(dev, s, ok) }
+func (g *gpuPool) put(d gpu.Driver, dev int, s *gpu.Stager, ok bool) {
+	g.pool(d.Kind()).Put(dev, s, ok)
+}
 
 func (g *gpuPool) close() {
 	g.mu.Lock()
