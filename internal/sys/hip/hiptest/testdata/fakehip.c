@@ -33,7 +33,9 @@
  * sysfs tree, the AMD functions of its bus/pci/devices (vendor 0x1002, a
  * display or processing-accelerator class) are the devices, in bus order,
  * and hipDeviceGetPCIBusId reports their addresses; without a tree there is
- * one device.
+ * one device. FAKEHIP_PCI_VENDOR=0x10de takes another vendor's functions
+ * instead, so a recorded NVIDIA machine serves as an AMD one of the same
+ * shape.
  *
  * It proves te's logic and ABI use, not a real runtime's behaviour or speed.
  */
@@ -105,12 +107,14 @@ static void setup(void) {
     if (root && *root) {
       char dir[4096];
       snprintf(dir, sizeof dir, "%s/bus/pci/devices", root);
+      const char *v = getenv("FAKEHIP_PCI_VENDOR");
+      int vendor = v && *v ? (int)strtol(v, NULL, 16) : 0x1002;
       DIR *d = opendir(dir);
       struct dirent *e;
       while (d && (e = readdir(d)) && ntree < MAXDEV) {
         if (e->d_name[0] == '.' || strlen(e->d_name) >= sizeof busids[0]) continue;
         int cls = readhex(dir, e->d_name, "class") >> 16;
-        if (readhex(dir, e->d_name, "vendor") == 0x1002 && (cls == 0x03 || cls == 0x12))
+        if (readhex(dir, e->d_name, "vendor") == vendor && (cls == 0x03 || cls == 0x12))
           memcpy(busids[ntree++], e->d_name, strlen(e->d_name) + 1);
       }
       if (d) closedir(d);
