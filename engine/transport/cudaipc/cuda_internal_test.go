@@ -14,7 +14,7 @@ import (
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
 	"github.com/tecache/te/internal/errs"
-	cu "github.com/tecache/te/internal/sys/cuda"
+	"github.com/tecache/te/internal/sys/gpu"
 )
 
 func TestMsgRoundTrip(t *testing.T) {
@@ -52,12 +52,12 @@ func FuzzDecode(f *testing.F) {
 // TestDescriptorExtra checks the handle's encoding in a descriptor survives
 // the JSON round trip peers see, and that damaged values are refused.
 func TestDescriptorExtra(t *testing.T) {
-	var h cu.IPCMemHandle
-	for i := range h.Reserved {
-		h.Reserved[i] = byte(255 - i)
+	var h gpu.IPCHandle
+	for i := range h {
+		h[i] = byte(255 - i)
 	}
 	d := &segment.Desc{Name: "n", Buffers: []segment.BufferDesc{{Name: "cuda:1", Addr: 0x1000, Length: 4096, Key: 5}}}
-	setExport(&d.Buffers[0], export{Handle: h, Offset: 512, UUID: strings.Repeat("ab", 16)})
+	setExport(&d.Buffers[0], "cuda", export{Handle: h, Offset: 512, UUID: strings.Repeat("ab", 16)})
 	b, err := d.Encode()
 	if err != nil {
 		t.Fatal(err)
@@ -69,11 +69,11 @@ func TestDescriptorExtra(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, ok, err := exportOf(&d2.Buffers[0])
-	if err != nil || !ok || e.Handle != h || e.Offset != 512 || e.UUID != strings.Repeat("ab", 16) {
+	kind, e, ok, err := exportOf(&d2.Buffers[0])
+	if err != nil || !ok || kind != "cuda" || e.Handle != h || e.Offset != 512 || e.UUID != strings.Repeat("ab", 16) {
 		t.Fatalf("exportOf after JSON = %+v, %v, %v", e, ok, err)
 	}
-	if _, ok, _ := exportOf(&segment.BufferDesc{Name: "cpu"}); ok {
+	if _, _, ok, _ := exportOf(&segment.BufferDesc{Name: "cpu"}); ok {
 		t.Fatal("host buffer has an export")
 	}
 	for k, v := range map[string]string{ExtraHandle: "!!", ExtraOffset: "x", ExtraUUID: "zz"} {
@@ -83,7 +83,7 @@ func TestDescriptorExtra(t *testing.T) {
 			bad.Extra[kk] = vv
 		}
 		bad.Extra[k] = v
-		if _, _, err := exportOf(&bad); !errors.Is(err, errs.ErrMetadata) {
+		if _, _, _, err := exportOf(&bad); !errors.Is(err, errs.ErrMetadata) {
 			t.Errorf("%s=%q: %v, want Metadata", k, v, err)
 		}
 	}
@@ -106,14 +106,15 @@ type fakeDriver struct {
 
 func newFakeDriver() *fakeDriver { return &fakeDriver{maps: map[uint64]int{}} }
 
+func (f *fakeDriver) kind() string        { return "cuda" }
 func (f *fakeDriver) devices() int        { return 2 }
 func (f *fakeDriver) uuid(dev int) string { return strings.Repeat(string(rune('a'+dev)), 32) }
 func (f *fakeDriver) export(dev int, addr, length uint64) (export, error) {
-	var h cu.IPCMemHandle
-	h.Reserved[0] = byte(dev)
+	var h gpu.IPCHandle
+	h[0] = byte(dev)
 	return export{Handle: h, Offset: 256, UUID: f.uuid(dev)}, nil
 }
-func (f *fakeDriver) open(dev int, h cu.IPCMemHandle) (uint64, error) {
+func (f *fakeDriver) open(dev int, h gpu.IPCHandle) (uint64, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	base := uint64(0x10000000 * (len(f.maps) + 1))
@@ -185,7 +186,7 @@ func newPair(t *testing.T) *pair {
 	p := &pair{odrv: newFakeDriver(), pdrv: newFakeDriver(),
 		ohost: &fakeHost{inst: "owner", reg: segment.NewRegistry()}, phost: &fakeHost{inst: "peer", reg: segment.NewRegistry()}}
 	p.owner, p.peer = New(), New()
-	p.owner.drv, p.peer.drv = p.odrv, p.pdrv
+	p.owner.drvs, p.peer.drvs = map[string]driver{"cuda": p.odrv}, map[string]driver{"cuda": p.pdrv}
 	p.owner.opt.CloseTimeout = 200 * time.Millisecond
 	p.owner.call = func(ctx context.Context, rpc string, body []byte) ([]byte, error) {
 		if rpc != "peer-rpc" || p.peerDown.Load() {
