@@ -210,13 +210,7 @@ func (t *Transport) start(nics []*nic) {
 	}
 	t.health = t.opt.health()
 	if t.loc == nil {
-		t.loc = newLocality(topo.Root(), names, func() map[string][]string {
-			all := topo.ProbeGPUsByKind()
-			if ids := topo.ProbeGPUs(); len(ids) > 0 {
-				all["cuda"] = ids
-			}
-			return all
-		})
+		t.loc = newLocality(topo.Root(), names, func() map[string][]string { return topo.ProbeGPUsByKind() })
 	}
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	for _, n := range t.nics {

@@ -23,14 +23,11 @@ var (
 	// (none without a driver; "" for a device whose address the driver
 	// does not give).
 	ProbeGPUs = func() []string { return probeKind("cuda") }
-	// ProbeGPUsByKind lists them for every runtime that loads but CUDA
-	// (which ProbeGPUs answers), by location kind.
+	// ProbeGPUsByKind lists them for every runtime that loads, by
+	// location kind.
 	ProbeGPUsByKind = func() map[string][]string {
 		out := map[string][]string{}
 		for _, k := range gpu.Kinds() {
-			if k == "cuda" {
-				continue
-			}
 			if ids := probeKind(k); len(ids) > 0 {
 				out[k] = ids
 			}
@@ -58,7 +55,8 @@ func probeKind(kind string) []string {
 
 // Local describes this machine as te sees it: the NICs libibverbs lists
 // (those in allow, when it is not empty) and the GPUs every runtime
-// reports, placed in the sysfs tree at Root().
+// reports, placed in the sysfs tree at Root() (ProbeGPUs answers for CUDA,
+// so a test that replaces it describes the machine's CUDA devices).
 func Local(allow []string) (*Machine, error) {
 	return Discover(Options{NICs: ProbeNICs(), Allow: allow, GPUs: ProbeGPUs(), GPUsByKind: ProbeGPUsByKind()})
 }
