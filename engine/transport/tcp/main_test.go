@@ -68,3 +68,16 @@ func TestConformanceEncrypted(t *testing.T) {
 		c.Params = map[string]string{"tcp.conns": "2", "tcp.slice": "64KiB"}
 	}})
 }
+
+// TestConformanceGPU runs the suite with the target's buffer in GPU memory
+// of each runtime (cuda, hip), in a child process: transfers of up to 64
+// MiB between two processes, staged through pinned rings on the target's
+// side.
+func TestConformanceGPU(t *testing.T) {
+	if testing.Short() {
+		t.Skip("short")
+	}
+	forVendors(t, func(t *testing.T, v gputest.Vendor) {
+		transporttest.Run(t, transporttest.Setup{Transport: "tcp", Process: true, GPU: true, GPUKind: v.Kind})
+	})
+}
