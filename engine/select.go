@@ -172,8 +172,8 @@ func (e *Engine) pick(st *segState, d *segment.Desc, buf *segment.BufferDesc, lo
 		err = errs.New(errs.NotSupported, "submit",
 			"no installed transport moves GPU memory between this engine and segment %q (local %#x, remote %s): %s",
 			d.Name, r.Local, buf.Name, strings.Join(why, "; ")).
-			WithHint("GPU memory moves through CUDA IPC between engines of one host, through NICs that registered " +
-				"the buffer, or staged through pinned host memory when CUDA loads on both sides; Stats().Caps says what " +
+			WithHint("GPU memory moves through GPU IPC between engines of one host, through NICs that registered " +
+				"the buffer, or staged through pinned host memory when its runtime loads on both sides; Stats().Caps says what " +
 				"each installed transport moves")
 	default:
 		err = errs.New(errs.TransportUnavailable, "submit", "no transport reaches segment %q: %s", d.Name, strings.Join(why, "; "))
@@ -215,7 +215,7 @@ func qualifies(t transport.Transport, d *segment.Desc, buf *segment.BufferDesc, 
 			return "it does not move GPU memory"
 		}
 		if !dm.DeviceMemory(d, buf, local) {
-			return "it cannot move this GPU buffer (not registered with it, or the peer lacks CUDA)"
+			return "it cannot move this GPU buffer (not registered with it, or the peer lacks its GPU runtime)"
 		}
 	}
 	if err := t.Reachable(d); err != nil {
