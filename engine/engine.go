@@ -492,7 +492,7 @@ func (e *Engine) live(op string) error {
 type MemoryRegion struct {
 	Addr     uint64
 	Length   uint64
-	Location string // "cpu", "cpu:N", "cuda:N" or "*"
+	Location string // "cpu", "cpu:N", "cuda:N", "hip:N" or "*"
 	Remote   bool   // remote-accessible
 }
 

@@ -8,6 +8,7 @@ import (
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
 	"github.com/tecache/te/internal/errs"
+	"github.com/tecache/te/internal/sys/gpu"
 )
 
 // Transport selection: one function, pick, chooses the transport of every
@@ -79,8 +80,12 @@ type route struct {
 	why       []string
 }
 
-// isDevice reports whether a published buffer name is a GPU location.
-func isDevice(name string) bool { return strings.HasPrefix(name, "cuda") }
+// isDevice reports whether a published buffer name is a GPU location
+// (KIND:N of any runtime).
+func isDevice(name string) bool {
+	kind, _, _ := strings.Cut(name, ":")
+	return gpu.IsDevice(kind)
+}
 
 // errUnenforced is the cause of a refusal of a request under a window that
 // only transports unable to enforce one could carry.
@@ -94,7 +99,7 @@ var errUnenforced = errors.New("no transport that enforces windows reaches the p
 // a transport that enforces windows (Caps.Windows): over another the
 // owner's check, and the fence of revoking the window, would not hold.
 func (e *Engine) pick(st *segState, d *segment.Desc, buf *segment.BufferDesc, local *segment.Region, r *Request) (transport.Transport, error) {
-	localDev := local.Location.Kind == "cuda"
+	localDev := gpu.IsDevice(local.Location.Kind)
 	class := hostMem
 	switch {
 	case local.Storage != nil:
@@ -167,8 +172,8 @@ func (e *Engine) pick(st *segState, d *segment.Desc, buf *segment.BufferDesc, lo
 		err = errs.New(errs.NotSupported, "submit",
 			"no installed transport moves GPU memory between this engine and segment %q (local %#x, remote %s): %s",
 			d.Name, r.Local, buf.Name, strings.Join(why, "; ")).
-			WithHint("GPU memory moves through CUDA IPC between engines of one host, through NICs that registered " +
-				"the buffer, or staged through pinned host memory when CUDA loads on both sides; Stats().Caps says what " +
+			WithHint("GPU memory moves through GPU IPC between engines of one host, through NICs that registered " +
+				"the buffer, or staged through pinned host memory when its runtime loads on both sides; Stats().Caps says what " +
 				"each installed transport moves")
 	default:
 		err = errs.New(errs.TransportUnavailable, "submit", "no transport reaches segment %q: %s", d.Name, strings.Join(why, "; "))
@@ -198,7 +203,7 @@ func qualifies(t transport.Transport, d *segment.Desc, buf *segment.BufferDesc, 
 		if !caps.FileMemory {
 			return "it does not move files"
 		}
-		if local.Location.Kind == "cuda" {
+		if gpu.IsDevice(local.Location.Kind) {
 			dm, ok := t.(transport.DeviceMover)
 			if !caps.GPUMemory || !ok || !dm.DeviceMemory(d, buf, local) {
 				return "it cannot move GPU memory to a file"
@@ -210,7 +215,7 @@ func qualifies(t transport.Transport, d *segment.Desc, buf *segment.BufferDesc, 
 			return "it does not move GPU memory"
 		}
 		if !dm.DeviceMemory(d, buf, local) {
-			return "it cannot move this GPU buffer (not registered with it, or the peer lacks CUDA)"
+			return "it cannot move this GPU buffer (not registered with it, or the peer lacks its GPU runtime)"
 		}
 	}
 	if err := t.Reachable(d); err != nil {

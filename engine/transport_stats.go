@@ -32,7 +32,7 @@ func (e *Engine) LiveTransports() map[string]transport.Live {
 }
 
 // Topology returns Mooncake's topology matrix as the engine's transports use
-// it: for every memory location ("cpu:N", "cuda:N"), the RDMA NICs near it
+// it: for every memory location ("cpu:N", "cuda:N", "hip:N"), the RDMA NICs near it
 // and the others; nil when no installed transport places NICs (no rdma).
 func (e *Engine) Topology() map[string][2][]string {
 	for _, t := range e.transports {

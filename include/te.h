@@ -192,7 +192,7 @@ typedef struct te_config {
 typedef struct te_region {
     void *addr;
     uint64_t length;
-    const char *location; /* "cpu", "cpu:N", "cuda:N" or "*"; NULL means "cpu" */
+    const char *location; /* "cpu", "cpu:N", "cuda:N", "hip:N" or "*"; NULL means "cpu" */
     int32_t remote;       /* non-zero: peers may access it */
     int32_t reserved;     /* set to 0 */
 } te_region_t;
@@ -442,9 +442,10 @@ int te_version(char *buf, size_t len);
 
 /* te_local_topology writes, as a JSON object in Mooncake's topology shape,
  * the memory locations of this machine and the RDMA NICs te would use for
- * each: {"cpu:0": [[preferred NICs], [other NICs]], "cuda:0": [[...], [...]]}.
+ * each: {"cpu:0": [[preferred NICs], [other NICs]], "cuda:0": [[...], [...]]}
+ * (AMD devices as "hip:N").
  * CPU locations are the NUMA nodes (a NIC on the node is preferred), GPU
- * locations the CUDA devices the driver reports (preferred: the NICs behind
+ * locations the devices each GPU runtime reports (preferred: the NICs behind
  * the GPU's PCIe switch, else those on its NUMA node). It reads sysfs, or
  * the tree TE_SYSFS_ROOT names instead of /sys. The rdma transport spreads
  * each request over these preferred NICs. devices is a comma-separated list
@@ -552,7 +553,11 @@ int te_metrics(te_engine_t engine, char *buf, size_t len, size_t *needed);
 /* te_register registers [addr, addr+length) with every installed transport
  * and, when remote is non-zero, publishes it so peers may access it.
  * Registering the identical range again succeeds and changes nothing.
- * location: "cpu", "cpu:N", "cuda:N", "*" (detect) or NULL (cpu).
+ * location: "cpu", "cpu:N", "cuda:N" (CUDA device N), "hip:N" (AMD device N,
+ * through the HIP runtime), "*" (detect: device memory of any runtime that
+ * loads is published as its KIND:N) or NULL (cpu). Device memory needs its
+ * runtime in the process (TE_ERR_NOT_SUPPORTED otherwise) and must be that
+ * device's (TE_ERR_INVALID_ARGUMENT otherwise).
  * Blocks: yes (publishing to the metadata store) | Thread-safe: yes |
  * Errors: TE_ERR_INVALID_ARGUMENT (NULL addr, zero length, bad location),
  * TE_ERR_ADDRESS_OVERLAPPED (overlaps a registered range), and a transport's

@@ -12,11 +12,12 @@ import (
 	"time"
 
 	"github.com/tecache/te/internal/errs"
+	"github.com/tecache/te/internal/sys/gpu"
 )
 
 // Location is where registered memory lives.
 type Location struct {
-	Kind  string // "cpu", "cuda", "file" (a storage region) or "*" (detect)
+	Kind  string // "cpu", a GPU runtime ("cuda", "hip"), "file" (a storage region) or "*" (detect)
 	Index int    // device or NUMA node; -1 when unspecified
 }
 
@@ -30,7 +31,8 @@ func (l Location) String() string {
 	return l.Kind + ":" + strconv.Itoa(l.Index)
 }
 
-// ParseLocation parses "cpu", "cpu:N", "cuda:N" or "*" (an empty string means
+// ParseLocation parses "cpu", "cpu:N", "cuda:N", "hip:N" (or KIND:N of any
+// runtime registered with package gpu) or "*" (an empty string means
 // "cpu"). Other strings are an invalid argument.
 func ParseLocation(s string) (Location, error) {
 	switch s {
@@ -41,7 +43,7 @@ func ParseLocation(s string) (Location, error) {
 	}
 	kind, idx, ok := strings.Cut(s, ":")
 	// hip:N is AMD device memory, named as Mooncake's ROCm builds name it.
-	if ok && (kind == "cpu" || kind == "cuda" || kind == "hip") {
+	if ok && (kind == "cpu" || kind == "cuda" || kind == "hip" || gpu.Known(kind)) {
 		n, err := strconv.Atoi(idx)
 		if err == nil && n >= 0 && n < 1<<16 {
 			return Location{Kind: kind, Index: n}, nil

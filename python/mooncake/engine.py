@@ -63,7 +63,8 @@ Differences a caller may notice:
 
 GPU memory: as in Mooncake, register_memory(tensor.data_ptr(), tensor.nbytes)
 and batch_register_memory(ptrs, sizes) register with location "*", so te
-detects device memory from the pointer (cuda:N) through the CUDA driver.
+detects device memory from the pointer (cuda:N, or hip:N for AMD GPUs)
+through the GPU runtimes that load.
 Tensor objects themselves are accepted too (capacity may then be omitted):
 they register at their own device, "cuda:N" for a CUDA tensor, which fails
 cleanly (NotSupported, -10) in a process without CUDA.

@@ -485,8 +485,9 @@ class Engine:
     # -- memory ---------------------------------------------------------
     def register(self, buf, length=None, location=None, remote=True):
         """Register memory (see address_of for what buf may be); returns its
-        address. location: "cpu", "cuda:N" or "*" (detect); None means "cpu",
-        or for a tensor its own device (a CUDA tensor registers as cuda:N)."""
+        address. location: "cpu", "cuda:N", "hip:N" (AMD GPU memory, through
+        the HIP runtime) or "*" (detect); None means "cpu", or for a tensor
+        its own device (a CUDA tensor registers as cuda:N)."""
         addr, n = address_of(buf, length)
         location = resolve_location(buf, location)
         lib = _lib.load()

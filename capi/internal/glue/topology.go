@@ -33,7 +33,7 @@ func LocalTopology(root string, filter []string) Topology {
 	if root != SysRoot {
 		sys = filepath.Join(root, "sys")
 	}
-	m, err := topo.Discover(topo.Options{Root: sys, NICs: topo.ProbeNICs(), Allow: filter, GPUs: topo.ProbeGPUs()})
+	m, err := topo.Discover(topo.Options{Root: sys, NICs: topo.ProbeNICs(), Allow: filter, GPUs: topo.ProbeGPUs(), GPUsByKind: topo.ProbeGPUsByKind()})
 	if err != nil {
 		return Topology{}
 	}

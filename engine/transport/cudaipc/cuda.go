@@ -2,8 +2,8 @@ package cudaipc
 
 import (
 	"context"
-	"encoding/hex"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"sync"
@@ -14,7 +14,9 @@ import (
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
 	"github.com/tecache/te/internal/errs"
-	cu "github.com/tecache/te/internal/sys/cuda"
+	"github.com/tecache/te/internal/sys/gpu"
+	// Links every runtime te has: Start opens each that loads.
+	_ "github.com/tecache/te/internal/sys/gpu/runtimes"
 	"github.com/tecache/te/internal/wire"
 )
 
@@ -44,13 +46,14 @@ func DefaultOptions() Options {
 // memory: unified addressing tells them apart).
 type span struct{ dst, src, n uint64 }
 
-// driver is the part of the CUDA driver the transport uses; tests replace it
-// to check the bookkeeping without a GPU.
+// driver is the part of a GPU runtime the transport uses (gpuDriver over
+// gpu.Driver); tests replace it to check the bookkeeping without a GPU.
 type driver interface {
+	kind() string
 	devices() int
 	uuid(dev int) string
 	export(dev int, addr, length uint64) (export, error)
-	open(dev int, h cu.IPCMemHandle) (uint64, error)
+	open(dev int, h gpu.IPCHandle) (uint64, error)
 	close(dev int, base uint64) error
 	// copies enqueues the spans on one stream of dev and waits for them
 	// once; errs[i] says how span i ended.
@@ -62,7 +65,7 @@ type driver interface {
 type Transport struct {
 	opt  Options
 	h    transport.Host
-	drv  driver
+	drvs map[string]driver // by location kind: every runtime that loads
 	self segment.HostID
 	rpc  atomic.Pointer[string]
 
@@ -108,12 +111,14 @@ type opener struct {
 type importKey struct {
 	owner string // owner instance
 	key   uint64
+	kind  string // runtime of the buffer and of this side's mapping
 	dev   int
 }
 
 type handleKey struct {
 	owner string
-	h     cu.IPCMemHandle
+	h     gpu.IPCHandle
+	kind  string
 	dev   int
 }
 
@@ -150,8 +155,9 @@ func (t *Transport) Caps() transport.Caps {
 // Stats returns the protocol counters.
 func (t *Transport) Stats() *Stats { return &t.st }
 
-// Start loads the CUDA driver; without one (or without a GPU) it fails with
-// TransportUnavailable and the reason, and the engine runs without cudaipc.
+// Start loads every GPU runtime te has (gpu.Kinds: CUDA, HIP); without any
+// that loads and sees a device it fails with TransportUnavailable and the
+// reasons, and the engine runs without cudaipc.
 func (t *Transport) Start(h transport.Host) error {
 	for k, p := range map[string]*time.Duration{"cudaipc.close_timeout": &t.opt.CloseTimeout, "cudaipc.call_timeout": &t.opt.CallTimeout} {
 		if v, ok := h.Param(k); ok {
@@ -166,16 +172,12 @@ func (t *Transport) Start(h transport.Host) error {
 	if err != nil {
 		return err
 	}
-	if t.drv == nil {
-		l, err := cu.Load()
+	if t.drvs == nil {
+		drvs, err := loadDrivers()
 		if err != nil {
-			return errs.Wrap(errs.TransportUnavailable, "cudaipc", err, "CUDA is not available")
+			return err
 		}
-		d, err := newCUDADriver(l)
-		if err != nil {
-			return errs.Wrap(errs.TransportUnavailable, "cudaipc", err, "CUDA is not usable")
-		}
-		t.drv = d
+		t.drvs = drvs
 	}
 	t.h, t.self = h, self
 	if t.call == nil {
@@ -185,6 +187,28 @@ func (t *Transport) Start(h transport.Host) error {
 	}
 	h.Control().Handle(wire.KindCUDA, t.handle)
 	return nil
+}
+
+// loadDrivers opens every registered runtime that loads and sees a device.
+func loadDrivers() (map[string]driver, error) {
+	drvs := map[string]driver{}
+	var why []string
+	for _, k := range gpu.Kinds() {
+		d, _, err := gpu.Load(k)
+		var g *gpuDriver
+		if err == nil {
+			g, err = newGPUDriver(d)
+		}
+		if err != nil {
+			why = append(why, fmt.Sprintf("%s: %v", k, err))
+			continue
+		}
+		drvs[k] = g
+	}
+	if len(drvs) == 0 {
+		return nil, errs.New(errs.TransportUnavailable, "cudaipc", "no GPU runtime is available (%s)", strings.Join(why, "; "))
+	}
+	return drvs, nil
 }
 
 func hostID() (segment.HostID, error) {
@@ -213,20 +237,26 @@ func (t *Transport) Describe(d *segment.Desc) {
 }
 
 // Register exports a remote-accessible GPU buffer: it puts the IPC handle of
-// the allocation that holds it into the buffer's descriptor. Host memory
-// needs nothing. GPU memory that cannot be exported (VMM allocations, a
-// range spanning two allocations) is logged and left to other transports,
-// rather than failing the registration.
+// the allocation that holds it, made by the buffer's runtime, into the
+// buffer's descriptor. Host memory needs nothing. GPU memory that cannot be
+// exported (VMM allocations, a range spanning two allocations, a runtime
+// that did not load) is logged and left to other transports, rather than
+// failing the registration.
 func (t *Transport) Register(r *segment.Region) error {
-	if !r.Remote || r.Location.Kind != "cuda" {
+	if !r.Remote || !gpu.IsDevice(r.Location.Kind) {
 		return nil
 	}
-	e, err := t.drv.export(r.Location.Index, r.Addr, r.Length)
+	drv := t.drvs[r.Location.Kind]
+	if drv == nil {
+		t.h.Logf("te: cudaipc: buffer [%#x,+%d) on %s is not exported: no %s runtime here", r.Addr, r.Length, r.Location, r.Location.Kind)
+		return nil
+	}
+	e, err := drv.export(r.Location.Index, r.Addr, r.Length)
 	if err != nil {
 		t.h.Logf("te: cudaipc: buffer [%#x,+%d) on %s is not exported: %v", r.Addr, r.Length, r.Location, err)
 		return nil
 	}
-	setExport(&r.Desc, e)
+	setExport(&r.Desc, r.Location.Kind, e)
 	t.omu.Lock()
 	t.exports[r.Desc.Key] = &exported{addr: r.Addr, length: r.Length, openers: map[string]opener{}}
 	t.omu.Unlock()
@@ -316,15 +346,48 @@ func (t *Transport) Reachable(d *segment.Desc) error {
 	return nil
 }
 
-// DeviceMemory reports whether cudaipc can serve a request to buf of d: in
-// this engine any memory (cuMemcpy with unified addressing), in another
-// process only a buffer whose owner exported its handle.
-func (t *Transport) DeviceMemory(d *segment.Desc, buf *segment.BufferDesc, _ *segment.Region) bool {
-	if d.Instance != "" && d.Instance == t.h.Instance() {
-		return true
+// DeviceMemory reports whether cudaipc can serve a request from local to
+// buf of d: in this engine any memory of one runtime (a copy with unified
+// addressing), in another process only a buffer whose owner exported its
+// handle, with a runtime here of the same kind. Device memory of two
+// runtimes never pairs: neither runtime can copy the other's memory.
+func (t *Transport) DeviceMemory(d *segment.Desc, buf *segment.BufferDesc, local *segment.Region) bool {
+	lk := ""
+	if local != nil && gpu.IsDevice(local.Location.Kind) {
+		lk = local.Location.Kind
 	}
-	_, ok := buf.Extra[ExtraHandle]
-	return ok
+	rk := kindOf(buf)
+	if d.Instance != "" && d.Instance == t.h.Instance() {
+		_, err := t.pairKind(lk, rk)
+		return err == nil
+	}
+	kind, _, ok, err := exportOf(buf)
+	if !ok || err != nil || t.drvs[kind] == nil {
+		return false
+	}
+	return lk == "" || lk == kind
+}
+
+// pairKind is the runtime that copies between memory of kinds a and b (""
+// for host memory): the one both name, or any that loaded for host to host.
+func (t *Transport) pairKind(a, b string) (string, error) {
+	switch {
+	case a != "" && b != "" && a != b:
+		return "", errs.New(errs.NotSupported, "cudaipc", "%s memory and %s memory do not pair: no runtime copies between them", a, b)
+	case a == "" && b == "":
+		for _, k := range gpu.Kinds() {
+			if t.drvs[k] != nil {
+				return k, nil
+			}
+		}
+		return "", errs.New(errs.TransportUnavailable, "cudaipc", "no GPU runtime")
+	case a == "":
+		a = b
+	}
+	if t.drvs[a] == nil {
+		return "", errs.New(errs.NotSupported, "cudaipc", "%s memory, but no %s runtime in this process", a, a)
+	}
+	return a, nil
 }
 
 // Submit copies the requests on the GPU: one goroutine per call enqueues
@@ -366,17 +429,23 @@ func (t *Transport) spawn(f func()) bool {
 	return true
 }
 
-// prepared is a request ready to copy: its span, the device that copies it
-// and what to release once the copy ended.
+// prepared is a request ready to copy: its span, the runtime and device
+// that copy it and what to release once the copy ended.
 type prepared struct {
 	s       *reqState
-	dev     int
+	at      devKey
 	sp      span
 	release func()
 }
 
+// devKey is a device of a runtime.
+type devKey struct {
+	kind string
+	dev  int
+}
+
 func (t *Transport) run(states []reqState) {
-	byDev := map[int][]prepared{}
+	byDev := map[devKey][]prepared{}
 	var alive ownerCheck
 	for i := range states {
 		s := &states[i]
@@ -389,14 +458,14 @@ func (t *Transport) run(states []reqState) {
 			continue
 		}
 		p.s = s
-		byDev[p.dev] = append(byDev[p.dev], p)
+		byDev[p.at] = append(byDev[p.at], p)
 	}
 	for dev, ps := range byDev {
 		spans := make([]span, len(ps))
 		for i, p := range ps {
 			spans[i] = p.sp
 		}
-		errl := t.drv.copies(dev, spans)
+		errl := t.drvs[dev.kind].copies(dev.dev, spans)
 		for i, p := range ps {
 			// Release before Complete: the copy has ended, and an Unregister
 			// waiting on the mapping need not wait for the caller.
@@ -454,10 +523,11 @@ func (t *Transport) prepare(r *transport.Request, alive *ownerCheck) (prepared, 
 	if t.closed.Load() {
 		return prepared{}, errs.New(errs.Closed, "cudaipc", "transport closed")
 	}
-	dev := -1
-	if r.Region != nil && r.Region.Location.Kind == "cuda" {
-		dev = r.Region.Location.Index
+	dev, lk := -1, ""
+	if r.Region != nil && gpu.IsDevice(r.Region.Location.Kind) {
+		dev, lk = r.Region.Location.Index, r.Region.Location.Kind
 	}
+	var kind string
 	var remote uint64
 	var release func()
 	if r.Peer.Instance == t.h.Instance() {
@@ -468,28 +538,41 @@ func (t *Transport) prepare(r *transport.Request, alive *ownerCheck) (prepared, 
 		if err != nil {
 			return prepared{}, err
 		}
+		rk := ""
+		if gpu.IsDevice(reg.Location.Kind) {
+			rk = reg.Location.Kind
+		}
+		if kind, err = t.pairKind(lk, rk); err != nil {
+			reg.Release()
+			return prepared{}, err
+		}
 		remote, release = r.Remote, reg.Release
-		if dev < 0 && reg.Location.Kind == "cuda" {
+		if dev < 0 && rk != "" {
 			dev = reg.Location.Index
 		}
 	} else {
-		e, ok, err := exportOf(r.Buffer)
+		k, e, ok, err := exportOf(r.Buffer)
 		if err != nil {
 			return prepared{}, err
 		}
 		if !ok {
 			return prepared{}, errs.New(errs.NotSupported, "cudaipc", "buffer %s at %#x of %q has no IPC handle", r.Buffer.Name, r.Buffer.Addr, r.Peer.Name)
 		}
+		// The handle opens only with the runtime that made it, and only
+		// into memory of that runtime (or host memory) on this side.
+		if kind, err = t.pairKind(lk, k); err != nil {
+			return prepared{}, err
+		}
 		if err := t.ownerAlive(alive, r.Peer); err != nil {
 			return prepared{}, err
 		}
 		if dev < 0 {
-			dev = t.deviceFor(e.UUID)
+			dev = t.deviceFor(kind, e.UUID)
 		}
 		if dev < 0 {
 			dev = 0
 		}
-		m, err := t.acquire(r.Peer, r.Buffer, e, dev)
+		m, err := t.acquire(r.Peer, r.Buffer, kind, e, dev)
 		if err != nil {
 			return prepared{}, err
 		}
@@ -502,16 +585,17 @@ func (t *Transport) prepare(r *transport.Request, alive *ownerCheck) (prepared, 
 	if r.Op == transport.Read {
 		sp = span{dst: r.Local, src: remote, n: r.Length}
 	}
-	return prepared{dev: dev, sp: sp, release: release}, nil
+	return prepared{at: devKey{kind, dev}, sp: sp, release: release}, nil
 }
 
-// deviceFor finds the local ordinal of the GPU with uuid, or -1.
-func (t *Transport) deviceFor(uuid string) int {
-	if uuid == "" {
+// deviceFor finds the local ordinal of runtime kind's GPU with uuid, or -1.
+func (t *Transport) deviceFor(kind, uuid string) int {
+	drv := t.drvs[kind]
+	if uuid == "" || drv == nil {
 		return -1
 	}
-	for i := 0; i < t.drv.devices(); i++ {
-		if t.drv.uuid(i) == uuid {
+	for i := 0; i < drv.devices(); i++ {
+		if drv.uuid(i) == uuid {
 			return i
 		}
 	}
@@ -522,8 +606,8 @@ func (t *Transport) deviceFor(uuid string) int {
 // the handle on first use, and counts a copy in flight on it. The owner is
 // told before the handle is opened, so its Unregister always knows whom to
 // ask; a close request that arrives meanwhile waits for the open to finish.
-func (t *Transport) acquire(d *segment.Desc, buf *segment.BufferDesc, e export, dev int) (*mapping, error) {
-	k := importKey{owner: d.Instance, key: buf.Key, dev: dev}
+func (t *Transport) acquire(d *segment.Desc, buf *segment.BufferDesc, kind string, e export, dev int) (*mapping, error) {
+	k := importKey{owner: d.Instance, key: buf.Key, kind: kind, dev: dev}
 	t.imu.Lock()
 	m := t.imports[k]
 	fresh := m == nil
@@ -590,7 +674,7 @@ func (t *Transport) open(k importKey, m *mapping, buf *segment.BufferDesc, e exp
 		fail(errs.Wrap(errs.CodeOf(err), "cudaipc", err, "owner refused access to buffer at %#x", buf.Addr))
 		return
 	}
-	hk := handleKey{owner: k.owner, h: e.Handle, dev: k.dev}
+	hk := handleKey{owner: k.owner, h: e.Handle, kind: k.kind, dev: k.dev}
 	base, err := t.openHandle(hk)
 	if err != nil {
 		t.releaseOwner(m.ownerRPC, k.key)
@@ -610,7 +694,7 @@ func (t *Transport) openHandle(hk handleKey) (uint64, error) {
 		o.users++
 		return o.base, nil
 	}
-	base, err := t.drv.open(hk.dev, hk.h)
+	base, err := t.drvs[hk.kind].open(hk.dev, hk.h)
 	if err != nil {
 		return 0, err
 	}
@@ -632,7 +716,7 @@ func (t *Transport) closeHandle(hk handleKey) error {
 	}
 	delete(t.handles, hk)
 	t.st.Closed.Add(1)
-	return t.drv.close(hk.dev, o.base)
+	return t.drvs[hk.kind].close(hk.dev, o.base)
 }
 
 func (t *Transport) releaseMapping(m *mapping) {
@@ -762,7 +846,7 @@ func (t *Transport) closeMappings(ctx context.Context, owner string, key uint64)
 // protocol for every buffer it exported, so no peer keeps a mapping of
 // memory the application may free after Close.
 func (t *Transport) Close() error {
-	if t.drv == nil {
+	if t.drvs == nil {
 		return nil
 	}
 	t.lmu.Lock()
@@ -822,9 +906,8 @@ func (t *Transport) Close() error {
 		}()
 	}
 	wg.Wait()
-	t.drv.release()
+	for _, d := range t.drvs {
+		d.release()
+	}
 	return first
 }
-
-// uuidHex formats a device UUID for ExtraUUID.
-func uuidHex(u cu.UUID) string { return hex.EncodeToString(u.Bytes[:]) }

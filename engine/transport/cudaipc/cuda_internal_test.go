@@ -14,7 +14,7 @@ import (
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
 	"github.com/tecache/te/internal/errs"
-	cu "github.com/tecache/te/internal/sys/cuda"
+	"github.com/tecache/te/internal/sys/gpu"
 )
 
 func TestMsgRoundTrip(t *testing.T) {
@@ -52,12 +52,12 @@ func FuzzDecode(f *testing.F) {
 // TestDescriptorExtra checks the handle's encoding in a descriptor survives
 // the JSON round trip peers see, and that damaged values are refused.
 func TestDescriptorExtra(t *testing.T) {
-	var h cu.IPCMemHandle
-	for i := range h.Reserved {
-		h.Reserved[i] = byte(255 - i)
+	var h gpu.IPCHandle
+	for i := range h {
+		h[i] = byte(255 - i)
 	}
 	d := &segment.Desc{Name: "n", Buffers: []segment.BufferDesc{{Name: "cuda:1", Addr: 0x1000, Length: 4096, Key: 5}}}
-	setExport(&d.Buffers[0], export{Handle: h, Offset: 512, UUID: strings.Repeat("ab", 16)})
+	setExport(&d.Buffers[0], "cuda", export{Handle: h, Offset: 512, UUID: strings.Repeat("ab", 16)})
 	b, err := d.Encode()
 	if err != nil {
 		t.Fatal(err)
@@ -69,11 +69,11 @@ func TestDescriptorExtra(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, ok, err := exportOf(&d2.Buffers[0])
-	if err != nil || !ok || e.Handle != h || e.Offset != 512 || e.UUID != strings.Repeat("ab", 16) {
+	kind, e, ok, err := exportOf(&d2.Buffers[0])
+	if err != nil || !ok || kind != "cuda" || e.Handle != h || e.Offset != 512 || e.UUID != strings.Repeat("ab", 16) {
 		t.Fatalf("exportOf after JSON = %+v, %v, %v", e, ok, err)
 	}
-	if _, ok, _ := exportOf(&segment.BufferDesc{Name: "cpu"}); ok {
+	if _, _, ok, _ := exportOf(&segment.BufferDesc{Name: "cpu"}); ok {
 		t.Fatal("host buffer has an export")
 	}
 	for k, v := range map[string]string{ExtraHandle: "!!", ExtraOffset: "x", ExtraUUID: "zz"} {
@@ -83,7 +83,7 @@ func TestDescriptorExtra(t *testing.T) {
 			bad.Extra[kk] = vv
 		}
 		bad.Extra[k] = v
-		if _, _, err := exportOf(&bad); !errors.Is(err, errs.ErrMetadata) {
+		if _, _, _, err := exportOf(&bad); !errors.Is(err, errs.ErrMetadata) {
 			t.Errorf("%s=%q: %v, want Metadata", k, v, err)
 		}
 	}
@@ -94,6 +94,7 @@ func TestDescriptorExtra(t *testing.T) {
 
 // fakeDriver records what the transport asks of the driver.
 type fakeDriver struct {
+	k       string // its kind; "cuda" when empty
 	mu      sync.Mutex
 	maps    map[uint64]int // mapped base -> device
 	opens   atomic.Int32
@@ -106,14 +107,20 @@ type fakeDriver struct {
 
 func newFakeDriver() *fakeDriver { return &fakeDriver{maps: map[uint64]int{}} }
 
+func (f *fakeDriver) kind() string {
+	if f.k == "" {
+		return "cuda"
+	}
+	return f.k
+}
 func (f *fakeDriver) devices() int        { return 2 }
 func (f *fakeDriver) uuid(dev int) string { return strings.Repeat(string(rune('a'+dev)), 32) }
 func (f *fakeDriver) export(dev int, addr, length uint64) (export, error) {
-	var h cu.IPCMemHandle
-	h.Reserved[0] = byte(dev)
+	var h gpu.IPCHandle
+	h[0] = byte(dev)
 	return export{Handle: h, Offset: 256, UUID: f.uuid(dev)}, nil
 }
-func (f *fakeDriver) open(dev int, h cu.IPCMemHandle) (uint64, error) {
+func (f *fakeDriver) open(dev int, h gpu.IPCHandle) (uint64, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	base := uint64(0x10000000 * (len(f.maps) + 1))
@@ -185,7 +192,7 @@ func newPair(t *testing.T) *pair {
 	p := &pair{odrv: newFakeDriver(), pdrv: newFakeDriver(),
 		ohost: &fakeHost{inst: "owner", reg: segment.NewRegistry()}, phost: &fakeHost{inst: "peer", reg: segment.NewRegistry()}}
 	p.owner, p.peer = New(), New()
-	p.owner.drv, p.peer.drv = p.odrv, p.pdrv
+	p.owner.drvs, p.peer.drvs = map[string]driver{"cuda": p.odrv}, map[string]driver{"cuda": p.pdrv}
 	p.owner.opt.CloseTimeout = 200 * time.Millisecond
 	p.owner.call = func(ctx context.Context, rpc string, body []byte) ([]byte, error) {
 		if rpc != "peer-rpc" || p.peerDown.Load() {
@@ -245,6 +252,64 @@ func (p *pair) do(r *transport.Request) error {
 func (p *pair) write(r *segment.Region, off uint64) error {
 	buf := r.Desc
 	return p.do(&transport.Request{Op: transport.Write, Local: 0x5000, Remote: r.Addr + off, Length: 64, Peer: p.desc, Buffer: &buf})
+}
+
+// TestVendorsDoNotPair: a hip buffer is exported under hip_ipc, not
+// cuda_ipc; a peer without a HIP runtime does not offer to move it, nor
+// does one whose local memory is CUDA's (no runtime copies between the
+// two); from host memory, the HIP runtime copies it and the CUDA one is not
+// asked. A handle under another runtime's keys than the buffer's location
+// is no export at all.
+func TestVendorsDoNotPair(t *testing.T) {
+	p := newPair(t)
+	ohip, phip := &fakeDriver{k: "hip", maps: map[uint64]int{}}, &fakeDriver{k: "hip", maps: map[uint64]int{}}
+	p.owner.drvs["hip"] = ohip
+	r, err := segment.NewRegion(0xa00000, 1<<20, "hip:1", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.owner.Register(r); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := p.ohost.reg.Add(r); err != nil {
+		t.Fatal(err)
+	}
+	hk, _, _ := ExtraKeys("hip")
+	if r.Desc.Extra[hk] == "" || r.Desc.Extra[ExtraHandle] != "" {
+		t.Fatalf("hip buffer exported as %v, want %s only", r.Desc.Extra, hk)
+	}
+	host, _ := segment.NewRegion(0x5000, 4096, "cpu", false)
+	cudaMem, _ := segment.NewRegion(0x6000, 4096, "cuda:0", false)
+	buf := r.Desc
+	if p.peer.DeviceMemory(p.desc, &buf, host) {
+		t.Fatal("a peer without a HIP runtime offers to move hip memory")
+	}
+	if err := p.do(&transport.Request{Op: transport.Write, Local: 0x5000, Region: host, Remote: r.Addr, Length: 64, Peer: p.desc, Buffer: &buf}); !errors.Is(err, errs.ErrNotSupported) {
+		t.Fatalf("write to hip memory without a HIP runtime: %v, want NotSupported", err)
+	}
+	p.peer.drvs["hip"] = phip
+	if p.peer.DeviceMemory(p.desc, &buf, cudaMem) {
+		t.Fatal("cuda memory pairs with a hip buffer")
+	}
+	if err := p.do(&transport.Request{Op: transport.Write, Local: 0x6000, Region: cudaMem, Remote: r.Addr, Length: 64, Peer: p.desc, Buffer: &buf}); !errors.Is(err, errs.ErrNotSupported) {
+		t.Fatalf("write from cuda memory to hip memory: %v, want NotSupported", err)
+	}
+	if !p.peer.DeviceMemory(p.desc, &buf, host) {
+		t.Fatal("host memory does not pair with a hip buffer")
+	}
+	if err := p.do(&transport.Request{Op: transport.Write, Local: 0x5000, Region: host, Remote: r.Addr, Length: 64, Peer: p.desc, Buffer: &buf}); err != nil {
+		t.Fatal(err)
+	}
+	if phip.opens.Load() != 1 || len(phip.spans) != 1 || p.pdrv.opens.Load() != 0 || len(p.pdrv.spans) != 0 {
+		t.Fatalf("hip opens %d copies %d, cuda opens %d copies %d: want the hip runtime only",
+			phip.opens.Load(), len(phip.spans), p.pdrv.opens.Load(), len(p.pdrv.spans))
+	}
+	// The same handle under a cuda buffer's name is not an export.
+	mislabeled := buf
+	mislabeled.Name = "cuda:1"
+	if _, _, ok, _ := exportOf(&mislabeled); ok || p.peer.DeviceMemory(p.desc, &mislabeled, host) {
+		t.Fatal("a hip handle counts as the export of a cuda buffer")
+	}
 }
 
 func TestOpenOnceAndCopyAddress(t *testing.T) {

@@ -4,17 +4,21 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"strconv"
+	"strings"
 
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/internal/errs"
-	cu "github.com/tecache/te/internal/sys/cuda"
+	"github.com/tecache/te/internal/sys/gpu"
 )
 
 // Keys this transport adds to BufferDesc.Extra (te_extra in the JSON) for a
-// GPU buffer it exported.
+// CUDA buffer it exported. A buffer of another runtime uses the same keys
+// with its kind in place of "cuda" (hip_ipc, hip_ipc_off, hip_uuid; see
+// ExtraKeys), so a peer only ever opens a handle with the runtime that made
+// it, and a peer that predates HIP finds no handle it would misread.
 const (
-	// ExtraHandle is the CUipcMemHandle of the allocation holding the
-	// buffer: its 64 bytes in standard base64.
+	// ExtraHandle is the IPC handle (CUipcMemHandle) of the allocation
+	// holding the buffer: its 64 bytes in standard base64.
 	ExtraHandle = "cuda_ipc"
 	// ExtraOffset is the buffer's offset from the allocation's base, in
 	// decimal: opening a handle maps the whole allocation.
@@ -24,63 +28,89 @@ const (
 	ExtraUUID = "cuda_uuid"
 )
 
+// ExtraKeys returns the Extra keys of an export of runtime kind: handle,
+// offset and device UUID.
+func ExtraKeys(kind string) (handle, offset, uuid string) {
+	if kind == "cuda" {
+		return ExtraHandle, ExtraOffset, ExtraUUID
+	}
+	return kind + "_ipc", kind + "_ipc_off", kind + "_uuid"
+}
+
 // export is what a descriptor says about an exported buffer.
 type export struct {
-	Handle cu.IPCMemHandle
+	Handle gpu.IPCHandle
 	Offset uint64
-	UUID   string // hex; empty when the owner's driver has no cuDeviceGetUuid
+	UUID   string // hex; empty when the owner's runtime cannot tell
 }
 
 // EncodeHandle returns the Extra form of an IPC handle.
-func EncodeHandle(h cu.IPCMemHandle) string { return base64.StdEncoding.EncodeToString(h.Reserved[:]) }
+func EncodeHandle(h gpu.IPCHandle) string { return base64.StdEncoding.EncodeToString(h[:]) }
 
 // DecodeHandle parses the Extra form of an IPC handle.
-func DecodeHandle(s string) (cu.IPCMemHandle, error) {
-	var h cu.IPCMemHandle
-	if base64.StdEncoding.DecodedLen(len(s)) > cu.IPCHandleSize+2 {
+func DecodeHandle(s string) (gpu.IPCHandle, error) {
+	var h gpu.IPCHandle
+	if base64.StdEncoding.DecodedLen(len(s)) > len(h)+2 {
 		return h, errs.New(errs.Metadata, "cudaipc", "IPC handle of %d characters is too long", len(s))
 	}
 	b, err := base64.StdEncoding.DecodeString(s)
-	if err != nil || len(b) != cu.IPCHandleSize {
-		return h, errs.New(errs.Metadata, "cudaipc", "IPC handle is not %d bytes of base64", cu.IPCHandleSize)
+	if err != nil || len(b) != len(h) {
+		return h, errs.New(errs.Metadata, "cudaipc", "IPC handle is not %d bytes of base64", len(h))
 	}
-	copy(h.Reserved[:], b)
+	copy(h[:], b)
 	return h, nil
 }
 
-// setExport records an export in a buffer's descriptor.
-func setExport(b *segment.BufferDesc, e export) {
+// kindOf is the runtime a buffer's location names ("hip" for "hip:0"), or
+// "" for memory that is not a GPU's.
+func kindOf(b *segment.BufferDesc) string {
+	k, _, _ := strings.Cut(b.Name, ":")
+	if !gpu.IsDevice(k) {
+		return ""
+	}
+	return k
+}
+
+// setExport records an export of runtime kind in a buffer's descriptor.
+func setExport(b *segment.BufferDesc, kind string, e export) {
 	if b.Extra == nil {
 		b.Extra = map[string]string{}
 	}
-	b.Extra[ExtraHandle] = EncodeHandle(e.Handle)
-	b.Extra[ExtraOffset] = strconv.FormatUint(e.Offset, 10)
+	kh, ko, ku := ExtraKeys(kind)
+	b.Extra[kh] = EncodeHandle(e.Handle)
+	b.Extra[ko] = strconv.FormatUint(e.Offset, 10)
 	if e.UUID != "" {
-		b.Extra[ExtraUUID] = e.UUID
+		b.Extra[ku] = e.UUID
 	}
 }
 
-// exportOf reads a buffer's export; ok is false when the buffer has none
-// (host memory, or GPU memory that could not be exported).
-func exportOf(b *segment.BufferDesc) (e export, ok bool, err error) {
-	s, ok := b.Extra[ExtraHandle]
+// exportOf reads a buffer's export and the runtime that made it (the kind
+// of the buffer's location); ok is false when the buffer has none (host
+// memory, or GPU memory that could not be exported).
+func exportOf(b *segment.BufferDesc) (kind string, e export, ok bool, err error) {
+	kind = kindOf(b)
+	if kind == "" {
+		return "", e, false, nil
+	}
+	kh, ko, ku := ExtraKeys(kind)
+	s, ok := b.Extra[kh]
 	if !ok {
-		return e, false, nil
+		return kind, e, false, nil
 	}
 	if e.Handle, err = DecodeHandle(s); err != nil {
-		return e, true, err
+		return kind, e, true, err
 	}
-	if e.Offset, err = strconv.ParseUint(b.Extra[ExtraOffset], 10, 64); err != nil {
-		return e, true, errs.New(errs.Metadata, "cudaipc", "buffer at %#x has a bad %s %q", b.Addr, ExtraOffset, b.Extra[ExtraOffset])
+	if e.Offset, err = strconv.ParseUint(b.Extra[ko], 10, 64); err != nil {
+		return kind, e, true, errs.New(errs.Metadata, "cudaipc", "buffer at %#x has a bad %s %q", b.Addr, ko, b.Extra[ko])
 	}
 	if e.Offset+b.Length < e.Offset {
-		return e, true, errs.New(errs.Metadata, "cudaipc", "buffer at %#x: offset %d overflows", b.Addr, e.Offset)
+		return kind, e, true, errs.New(errs.Metadata, "cudaipc", "buffer at %#x: offset %d overflows", b.Addr, e.Offset)
 	}
-	if u := b.Extra[ExtraUUID]; u != "" {
+	if u := b.Extra[ku]; u != "" {
 		if _, herr := hex.DecodeString(u); herr != nil || len(u) != 32 {
-			return e, true, errs.New(errs.Metadata, "cudaipc", "buffer at %#x has a bad %s %q", b.Addr, ExtraUUID, u)
+			return kind, e, true, errs.New(errs.Metadata, "cudaipc", "buffer at %#x has a bad %s %q", b.Addr, ku, u)
 		}
 		e.UUID = u
 	}
-	return e, true, nil
+	return kind, e, true, nil
 }

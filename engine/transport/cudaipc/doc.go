@@ -1,8 +1,12 @@
 // Package cudaipc is te's same-host GPU transport, "cudaipc".
 //
-// An engine exports each remote-accessible GPU buffer it registers: the CUDA
-// IPC handle of the allocation that holds it goes into the buffer's
-// descriptor (BufferDesc.Extra: cuda_ipc, cuda_ipc_off, cuda_uuid). A peer
+// It serves every GPU runtime te has through gpu.Driver (CUDA for cuda:N,
+// HIP for hip:N); the name stays "cudaipc" for compatibility. An engine
+// exports each remote-accessible GPU buffer it registers: the runtime's IPC
+// handle of the allocation that holds it goes into the buffer's descriptor
+// (BufferDesc.Extra: cuda_ipc, cuda_ipc_off, cuda_uuid; hip_ipc, ... for
+// HIP memory, so a handle is only opened with the runtime that made it;
+// memory of two runtimes never pairs). A peer
 // engine on the same host (same boot id and pid namespace) opens each handle
 // once, on first use, keeps the mapping in a cache, and copies device to
 // device (or host to device) with the driver; the owner's CPU is not
@@ -28,10 +32,10 @@
 // for every stream synchronisation in flight.
 //
 // Requests inside one engine (source and target registered with the same
-// engine) are copied with cuMemcpy directly: a process cannot open its own
+// engine) are copied by the runtime directly: a process cannot open its own
 // IPC handles.
 //
-// The transport starts only when the CUDA driver loads and sees a device;
+// The transport starts only when some GPU runtime loads and sees a device;
 // otherwise Start fails with TransportUnavailable and the reason, and the
 // engine runs without it. The engine sends it only requests that touch GPU
 // memory (see transport.DeviceMover).

@@ -4,158 +4,144 @@ import (
 	"sync"
 
 	"github.com/tecache/te/internal/errs"
-	cu "github.com/tecache/te/internal/sys/cuda"
+	"github.com/tecache/te/internal/sys/gpu"
 )
 
-// cudaDriver is the driver through internal/sys/cuda: one primary context
-// and one copy stream per device, taken on first use.
-type cudaDriver struct {
-	l    *cu.Lib
+// gpuDriver is one GPU runtime through gpu.Driver: copy streams per device,
+// taken on first use. The first stream of a device is made before anything
+// else is asked of it and lives until release: CUDA's driver keeps the
+// device's primary context retained while a stream of it exists, and the
+// handles opened in that context must outlive every call.
+type gpuDriver struct {
+	d    gpu.Driver
 	mu   sync.Mutex
 	devs []*devState
 }
 
 type devState struct {
-	dev     cu.Device
 	uuid    string
-	ctx     cu.Context  // 0 until first use
-	streams []cu.Stream // idle streams (guarded by cudaDriver.mu)
-	all     []cu.Stream // every stream created, destroyed by release
+	streams []gpu.Stream // idle streams (guarded by gpuDriver.mu)
+	all     []gpu.Stream // every stream created, destroyed by release
 }
 
-func newCUDADriver(l *cu.Lib) (*cudaDriver, error) {
-	n, err := l.DeviceCount()
+func newGPUDriver(d gpu.Driver) (*gpuDriver, error) {
+	n, err := d.DeviceCount()
 	if err != nil {
 		return nil, err
 	}
 	if n == 0 {
-		return nil, errs.New(errs.NotSupported, "cudaipc", "the driver sees no device")
+		return nil, errs.New(errs.NotSupported, "cudaipc", "the %s runtime sees no device", d.Kind())
 	}
-	d := &cudaDriver{l: l}
+	g := &gpuDriver{d: d}
 	for i := 0; i < n; i++ {
-		dev, err := l.DeviceGet(i)
-		if err != nil {
-			return nil, err
+		s := &devState{}
+		if u, err := d.DeviceUUID(i); err == nil {
+			s.uuid = u
 		}
-		s := &devState{dev: dev}
-		if u, err := l.DeviceUUID(dev); err == nil {
-			s.uuid = uuidHex(u)
-		}
-		d.devs = append(d.devs, s)
+		g.devs = append(g.devs, s)
 	}
-	return d, nil
+	return g, nil
 }
 
-func (d *cudaDriver) devices() int { return len(d.devs) }
+func (g *gpuDriver) kind() string { return g.d.Kind() }
 
-func (d *cudaDriver) uuid(dev int) string {
-	if dev < 0 || dev >= len(d.devs) {
+func (g *gpuDriver) devices() int { return len(g.devs) }
+
+func (g *gpuDriver) uuid(dev int) string {
+	if dev < 0 || dev >= len(g.devs) {
 		return ""
 	}
-	return d.devs[dev].uuid
+	return g.devs[dev].uuid
 }
 
-// state returns dev's primary context and stream, retaining the context and
-// creating the stream on first use.
-func (d *cudaDriver) state(dev int) (*devState, error) {
-	if dev < 0 || dev >= len(d.devs) {
-		return nil, errs.New(errs.InvalidArgument, "cudaipc", "device %d is not visible to this process (%d devices)", dev, len(d.devs))
+// state returns dev's state once it holds a stream (see gpuDriver).
+func (g *gpuDriver) state(dev int) (*devState, error) {
+	if dev < 0 || dev >= len(g.devs) {
+		return nil, errs.New(errs.InvalidArgument, "cudaipc", "%s device %d is not visible to this process (%d devices)", g.d.Kind(), dev, len(g.devs))
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	s := d.devs[dev]
-	if s.ctx != 0 {
+	s := g.devs[dev]
+	g.mu.Lock()
+	held := len(s.all) > 0
+	g.mu.Unlock()
+	if held {
 		return s, nil
 	}
-	ctx, err := d.l.PrimaryCtxRetain(s.dev)
+	st, err := g.d.StreamCreate(dev)
 	if err != nil {
 		return nil, err
 	}
-	s.ctx = ctx
+	g.mu.Lock()
+	s.all = append(s.all, st)
+	s.streams = append(s.streams, st)
+	g.mu.Unlock()
 	return s, nil
 }
 
-// stream takes an idle stream of s (creating one when none is idle), so
+// stream takes an idle stream of dev (creating one when none is idle), so
 // concurrent batches do not wait for each other's copies.
-func (d *cudaDriver) stream(s *devState) (cu.Stream, error) {
-	d.mu.Lock()
+func (g *gpuDriver) stream(dev int, s *devState) (gpu.Stream, error) {
+	g.mu.Lock()
 	if n := len(s.streams); n > 0 {
 		st := s.streams[n-1]
 		s.streams = s.streams[:n-1]
-		d.mu.Unlock()
+		g.mu.Unlock()
 		return st, nil
 	}
-	d.mu.Unlock()
-	var st cu.Stream
-	err := d.l.With(s.ctx, func() (err error) {
-		st, err = d.l.StreamCreate(cu.StreamNonBlocking)
-		return
-	})
+	g.mu.Unlock()
+	st, err := g.d.StreamCreate(dev)
 	if err != nil {
 		return 0, err
 	}
-	d.mu.Lock()
+	g.mu.Lock()
 	s.all = append(s.all, st)
-	d.mu.Unlock()
+	g.mu.Unlock()
 	return st, nil
 }
 
-func (d *cudaDriver) putStream(s *devState, st cu.Stream) {
-	d.mu.Lock()
+func (g *gpuDriver) putStream(s *devState, st gpu.Stream) {
+	g.mu.Lock()
 	s.streams = append(s.streams, st)
-	d.mu.Unlock()
+	g.mu.Unlock()
 }
 
-func (d *cudaDriver) export(dev int, addr, length uint64) (export, error) {
-	s, err := d.state(dev)
+func (g *gpuDriver) export(dev int, addr, length uint64) (export, error) {
+	s, err := g.state(dev)
 	if err != nil {
 		return export{}, err
 	}
-	var e export
-	err = d.l.With(s.ctx, func() error {
-		base, size, err := d.l.MemGetAddressRange(addr)
-		if err != nil {
-			return err
-		}
-		if addr+length > base+size {
-			return errs.New(errs.NotSupported, "cudaipc", "[%#x,+%d) spans more than the allocation [%#x,+%d); register each allocation on its own",
-				addr, length, base, size)
-		}
-		h, err := d.l.IPCGetMemHandle(base)
-		if err != nil {
-			return err
-		}
-		e = export{Handle: h, Offset: addr - base, UUID: s.uuid}
-		return nil
-	})
-	return e, err
+	base, size, err := g.d.AllocRange(dev, addr)
+	if err != nil {
+		return export{}, err
+	}
+	if addr < base || addr+length > base+size {
+		return export{}, errs.New(errs.NotSupported, "cudaipc", "[%#x,+%d) spans more than the allocation [%#x,+%d); register each allocation on its own",
+			addr, length, base, size)
+	}
+	h, err := g.d.IPCExport(dev, base)
+	if err != nil {
+		return export{}, err
+	}
+	return export{Handle: h, Offset: addr - base, UUID: s.uuid}, nil
 }
 
-func (d *cudaDriver) open(dev int, h cu.IPCMemHandle) (uint64, error) {
-	s, err := d.state(dev)
-	if err != nil {
+func (g *gpuDriver) open(dev int, h gpu.IPCHandle) (uint64, error) {
+	if _, err := g.state(dev); err != nil {
 		return 0, err
 	}
-	var p uint64
-	err = d.l.With(s.ctx, func() (err error) {
-		p, err = d.l.IPCOpenMemHandle(h, cu.IPCLazyEnablePeerAccess)
-		return
-	})
-	return p, err
+	return g.d.IPCImport(dev, h)
 }
 
-func (d *cudaDriver) close(dev int, base uint64) error {
-	s, err := d.state(dev)
-	if err != nil {
+func (g *gpuDriver) close(dev int, base uint64) error {
+	if _, err := g.state(dev); err != nil {
 		return err
 	}
-	return d.l.With(s.ctx, func() error { return d.l.IPCCloseMemHandle(base) })
+	return g.d.IPCClose(dev, base)
 }
 
 // copies enqueues every span on one stream and waits once: unified
-// addressing lets cuMemcpyAsync serve host and device memory in either
-// direction.
-func (d *cudaDriver) copies(dev int, spans []span) []error {
+// addressing lets the runtime's default-direction copy serve host and
+// device memory either way.
+func (g *gpuDriver) copies(dev int, spans []span) []error {
 	errl := make([]error, len(spans))
 	fill := func(err error) []error {
 		for i := range errl {
@@ -165,43 +151,33 @@ func (d *cudaDriver) copies(dev int, spans []span) []error {
 		}
 		return errl
 	}
-	s, err := d.state(dev)
+	s, err := g.state(dev)
 	if err != nil {
 		return fill(err)
 	}
-	st, err := d.stream(s)
+	st, err := g.stream(dev, s)
 	if err != nil {
 		return fill(err)
 	}
-	err = d.l.With(s.ctx, func() error {
-		for i, sp := range spans {
-			errl[i] = d.l.CopyAsync(sp.dst, sp.src, sp.n, st)
-		}
-		return d.l.StreamSynchronize(st)
-	})
-	if err != nil {
+	for i, sp := range spans {
+		errl[i] = g.d.CopyAsync(sp.dst, sp.src, sp.n, gpu.Default, st)
+	}
+	if err := g.d.StreamSync(st); err != nil {
 		// A failed synchronisation leaves the stream's state unknown: drop
 		// it (release destroys it) and fail every copy.
 		return fill(err)
 	}
-	d.putStream(s, st)
+	g.putStream(s, st)
 	return errl
 }
 
-func (d *cudaDriver) release() {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for _, s := range d.devs {
-		if s.ctx == 0 {
-			continue
+func (g *gpuDriver) release() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, s := range g.devs {
+		for _, st := range s.all {
+			g.d.StreamDestroy(st)
 		}
-		d.l.With(s.ctx, func() error {
-			for _, st := range s.all {
-				d.l.StreamDestroy(st)
-			}
-			return nil
-		})
-		d.l.PrimaryCtxRelease(s.dev)
-		s.ctx, s.streams, s.all = 0, nil, nil
+		s.streams, s.all = nil, nil
 	}
 }

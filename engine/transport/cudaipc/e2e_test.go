@@ -17,8 +17,9 @@ import (
 	"github.com/tecache/te/engine/transport/cudaipc"
 	"github.com/tecache/te/engine/transport/transporttest"
 	"github.com/tecache/te/internal/errs"
-	"github.com/tecache/te/internal/sys/cuda"
 	"github.com/tecache/te/internal/sys/cuda/cudatest"
+	"github.com/tecache/te/internal/sys/gpu"
+	"github.com/tecache/te/internal/sys/gpu/gputest"
 	"github.com/tecache/te/internal/sys/mem"
 )
 
@@ -30,21 +31,40 @@ func TestMain(m *testing.M) {
 	if os.Getenv(envChild) == "1" {
 		os.Exit(runChild())
 	}
-	// The real driver where TE_CUDA_REAL=1, else the fake one; child
-	// processes (this package's and the suite's peers) inherit the choice.
-	_, setupErr = cudatest.Setup()
+	// The real runtimes where TE_CUDA_REAL=1 or TE_HIP_REAL=1, else the
+	// fakes; child processes (this package's and the suite's peers) inherit
+	// the choice.
+	setupErr = gputest.Setup()
 	transporttest.Main(m)
 }
 
-// TestConformance runs the shared suite over cudaipc: the target is a child
-// process whose buffer is GPU memory (the fake driver's where there is no
-// GPU, whose device memory faults on any CPU access), this side's memory is
-// host memory, so every byte goes through CUDA IPC and the driver's copies.
-// cudaipc honours no window keys (the owner does not check each access), so
-// the window cases check only what the engine does.
+// forVendors runs f once per GPU runtime (cuda, hip), in a subtest named
+// by its kind, with the child processes it starts allocating that
+// runtime's memory.
+func forVendors(t *testing.T, f func(t *testing.T, v gputest.Vendor)) {
+	for _, v := range gputest.Vendors() {
+		t.Run(v.Kind, func(t *testing.T) {
+			if setupErr != nil {
+				t.Skipf("no GPU runtime and no fake: %v", setupErr)
+			}
+			v.Driver(t)
+			t.Setenv(gputest.EnvKind, v.Kind)
+			f(t, v)
+		})
+	}
+}
+
+// TestConformance runs the shared suite over cudaipc, once per GPU runtime:
+// the target is a child process whose buffer is GPU memory (the fake
+// runtime's where there is no GPU, whose device memory faults on any CPU
+// access), this side's memory is host memory, so every byte (up to 64 MiB
+// per transfer) goes through the runtime's IPC and copies. cudaipc honours
+// no window keys (the owner does not check each access), so the window
+// cases check only what the engine does.
 func TestConformance(t *testing.T) {
-	needCUDA(t)
-	transporttest.Run(t, transporttest.Setup{Transport: cudaipc.Name, Process: true, GPU: true})
+	forVendors(t, func(t *testing.T, v gputest.Vendor) {
+		transporttest.Run(t, transporttest.Setup{Transport: cudaipc.Name, Process: true, GPU: true, GPUKind: v.Kind})
+	})
 }
 
 // size is the GPU buffer of each side: TE_CUDAIPC_SIZE bytes (the GPU check
@@ -56,38 +76,51 @@ func size() uint64 {
 	return 8 << 20
 }
 
-// gpu is the shared device buffer of package cudatest, filled with this
+// gpuBuf is the shared device buffer of package gputest, filled with this
 // package's pattern.
-type gpu struct {
-	*cudatest.Buffer
-	l       *cuda.Lib
+type gpuBuf struct {
+	*gputest.Buffer
 	addr, n uint64
 }
 
-func newGPU(n uint64) (*gpu, error) {
-	b, err := cudatest.NewBuffer(n)
+func newGPU(v gputest.Vendor, n uint64) (*gpuBuf, error) {
+	b, err := v.NewBuffer(n)
 	if err != nil {
 		return nil, err
 	}
-	return &gpu{Buffer: b, l: b.Lib(), addr: b.Addr, n: n}, nil
+	return &gpuBuf{Buffer: b, addr: b.Addr, n: n}, nil
 }
 
-func (g *gpu) fill(seed byte) error {
+func (g *gpuBuf) fill(seed byte) error {
 	return g.Fill(func(i uint64) byte { return byte(i*7) ^ seed })
 }
 
-func (g *gpu) crc(off, n uint64) (uint32, error) {
+func (g *gpuBuf) crc(off, n uint64) (uint32, error) {
 	b, err := g.Download(off, n)
 	return crc32.ChecksumIEEE(b), err
 }
 
-func (g *gpu) free() { g.Free() }
+func (g *gpuBuf) free() { g.Free() }
+
+// copyDtoD copies n bytes device to device on a stream of device 0 of d and
+// waits for it.
+func copyDtoD(d gpu.Driver, dst, src, n uint64) error {
+	s, err := d.StreamCreate(0)
+	if err != nil {
+		return err
+	}
+	defer d.StreamDestroy(s)
+	if err := d.CopyAsync(dst, src, n, gpu.DeviceToDevice, s); err != nil {
+		return err
+	}
+	return d.StreamSync(s)
+}
 
 // runChild is the owner process: a GPU buffer registered with "*" (so the
 // engine must recognise it), then commands on stdin.
 func runChild() int {
 	fail := func(err error) int { fmt.Println("ERR", err); return 1 }
-	g, err := newGPU(size())
+	g, err := newGPU(gputest.FromEnv(), size())
 	if err != nil {
 		return fail(err)
 	}
@@ -158,23 +191,18 @@ func transfer(t *testing.T, e *engine.Engine, reqs ...engine.Request) (engine.Ba
 	return st, time.Since(t0)
 }
 
-// TestGPUToGPU is the GPU conformance case for cudaipc: two processes, a
-// GPU buffer each; writes and reads in both directions check their bytes;
-// the owner's Unregister closes the peer's mapping before it returns. With
-// the fake driver it checks te's logic; with TE_CUDA_REAL=1 on a GPU machine
-// it is the real thing.
-func TestGPUToGPU(t *testing.T) {
-	if setupErr != nil {
-		t.Skipf("no CUDA driver and no fake: %v", setupErr)
-	}
-	if err := cuda.Available(); err != nil {
-		if errors.Is(err, errs.ErrNotSupported) {
-			t.Skipf("CUDA not available: %v", err)
-		}
-		t.Fatal(err)
-	}
+// TestGPUToGPU is the GPU conformance case for cudaipc, once per runtime:
+// two processes, a GPU buffer each; writes and reads in both directions
+// check their bytes; the owner's Unregister closes the peer's mapping
+// before it returns. With the fake runtimes it checks te's logic; with
+// TE_CUDA_REAL=1 (TE_HIP_REAL=1) on a GPU machine it is the real thing.
+func TestGPUToGPU(t *testing.T) { forVendors(t, testGPUToGPU) }
+
+func testGPUToGPU(t *testing.T, v gputest.Vendor) {
+	loc := v.Location(0)
+	handleKey, _, _ := cudaipc.ExtraKeys(v.Kind)
 	n := size()
-	g, err := newGPU(n)
+	g, err := newGPU(v, n)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,15 +213,15 @@ func TestGPUToGPU(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	if err := e.RegisterMemory(g.addr, n, "cuda:0", true); err != nil {
+	if err := e.RegisterMemory(g.addr, n, loc, true); err != nil {
 		t.Fatal(err)
 	}
-	if b := e.Descriptor().Buffers[0]; b.Name != "cuda:0" || b.Extra[cudaipc.ExtraHandle] == "" {
-		t.Fatalf("published buffer %+v lacks cuda:0 or its IPC handle", b)
+	if b := e.Descriptor().Buffers[0]; b.Name != loc || b.Extra[handleKey] == "" {
+		t.Fatalf("published buffer %+v lacks %s or its IPC handle (%s)", b, loc, handleKey)
 	}
 	c := startChild(t)
-	if c.loc != "cuda:0" {
-		t.Fatalf("child registered its GPU buffer with \"*\" and published %q, want cuda:0", c.loc)
+	if c.loc != loc {
+		t.Fatalf("child registered its GPU buffer with \"*\" and published %q, want %s", c.loc, loc)
 	}
 	seg, err := e.OpenSegment(c.name)
 	if err != nil {
@@ -218,21 +246,19 @@ func TestGPUToGPU(t *testing.T) {
 	}
 	// The physical reference: the same bytes copied device to device in
 	// this process, in the same run.
-	ref, err := newGPU(n)
+	ref, err := newGPU(v, n)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var refTook time.Duration
-	err = g.With(func() error {
-		// Once to warm up (first touch), then timed.
-		if err := g.l.CopyDtoD(ref.addr, g.addr, n); err != nil {
-			return err
-		}
+	drv := v.Driver(t)
+	// Once to warm up (first touch), then timed.
+	err = copyDtoD(drv, ref.addr, g.addr, n)
+	if err == nil {
 		t0 := time.Now()
-		err := g.l.CopyDtoD(ref.addr, g.addr, n)
+		err = copyDtoD(drv, ref.addr, g.addr, n)
 		refTook = time.Since(t0)
-		return err
-	})
+	}
 	ref.free()
 	if err != nil {
 		t.Fatal(err)
@@ -268,13 +294,13 @@ func TestGPUToGPU(t *testing.T) {
 	if force != "" && force != "cudaipc" {
 		return
 	}
-	if cudatest.Fake() && cudatest.Counter(t, "fakecuda_open_handles") != 1 {
-		t.Fatalf("%d handles open, want 1 (opened once, cached)", cudatest.Counter(t, "fakecuda_open_handles"))
+	if v.Fake() && v.Counter(t, "open_handles") != 1 {
+		t.Fatalf("%d handles open, want 1 (opened once, cached)", v.Counter(t, "open_handles"))
 	}
 	if line := c.Do(t, "unreg"); line != "UNREG <nil>" {
 		t.Fatalf("child unregister: %s", line)
 	}
-	if cudatest.Fake() && cudatest.Counter(t, "fakecuda_open_handles") != 0 {
+	if v.Fake() && v.Counter(t, "open_handles") != 0 {
 		t.Fatal("the owner's Unregister returned while this process still mapped its memory")
 	}
 	st, _ = transfer(t, e, engine.Request{Op: engine.Write, Local: g.addr, Segment: seg, Remote: c.addr, Length: 4096})
@@ -295,10 +321,9 @@ func ts0(force string) string {
 // K and V planes of [num_blocks][block_size*heads*head_dim] fp16, a list of
 // scattered block ids written as one batch of one request per (layer, K/V,
 // block), then read back into a second local region and compared.
-func TestKVHandoff(t *testing.T) {
-	if setupErr != nil || cuda.Available() != nil {
-		t.Skipf("CUDA not available: %v %v", setupErr, cuda.Available())
-	}
+func TestKVHandoff(t *testing.T) { forVendors(t, testKVHandoff) }
+
+func testKVHandoff(t *testing.T, v gputest.Vendor) {
 	const layers, blockSize, heads, headDim = 8, 16, 8, 128
 	const blockBytes = blockSize * heads * headDim * 2 // fp16
 	n := size()
@@ -306,7 +331,7 @@ func TestKVHandoff(t *testing.T) {
 	if numBlocks < 8 {
 		t.Skip("buffer too small for the KV layout")
 	}
-	g, err := newGPU(n)
+	g, err := newGPU(v, n)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -361,21 +386,12 @@ func TestKVHandoff(t *testing.T) {
 	}
 }
 
-func needCUDA(t *testing.T) {
-	t.Helper()
-	if setupErr != nil {
-		t.Skipf("no CUDA driver and no fake: %v", setupErr)
-	}
-	if err := cuda.Available(); err != nil {
-		t.Skipf("CUDA not available: %v", err)
-	}
-}
-
 // TestRegisterChecksDevice: a location that does not match what the driver
 // says about the memory is refused, and nothing is registered.
-func TestRegisterChecksDevice(t *testing.T) {
-	needCUDA(t)
-	g, err := newGPU(1 << 20)
+func TestRegisterChecksDevice(t *testing.T) { forVendors(t, testRegisterChecksDevice) }
+
+func testRegisterChecksDevice(t *testing.T, v gputest.Vendor) {
+	g, err := newGPU(v, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -387,11 +403,11 @@ func TestRegisterChecksDevice(t *testing.T) {
 	defer e.Close()
 	host := mem.MustAlloc(1 << 16)
 	defer mem.Free(host)
-	n, _ := g.l.DeviceCount()
+	n, _ := v.Driver(t).DeviceCount()
 	for _, c := range []struct {
 		addr uint64
 		loc  string
-	}{{mem.Addr(host), "cuda:0"}, {g.addr, fmt.Sprintf("cuda:%d", n)}} {
+	}{{mem.Addr(host), v.Location(0)}, {g.addr, v.Location(n)}} {
 		if err := e.RegisterMemory(c.addr, 4096, c.loc, true); !errors.Is(err, errs.ErrInvalidArgument) {
 			t.Errorf("register %#x as %s = %v, want InvalidArgument", c.addr, c.loc, err)
 		}
@@ -402,11 +418,12 @@ func TestRegisterChecksDevice(t *testing.T) {
 }
 
 // TestSameEngineGPU: GPU memory inside one engine goes over cudaipc (plain
-// cuMemcpy; a process cannot open its own handles), host memory stays on
-// the local transport.
-func TestSameEngineGPU(t *testing.T) {
-	needCUDA(t)
-	g, err := newGPU(1 << 20)
+// copies; a process cannot open its own handles), host memory stays on the
+// local transport.
+func TestSameEngineGPU(t *testing.T) { forVendors(t, testSameEngineGPU) }
+
+func testSameEngineGPU(t *testing.T, v gputest.Vendor) {
+	g, err := newGPU(v, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -460,11 +477,12 @@ func TestSameEngineGPU(t *testing.T) {
 // then a batch in flight when the engine closes. Every task ends (canceled
 // ones only before their copy was enqueued), and once the batch or Close
 // reported that, a change of the source no longer reaches the owner.
-func TestGPUCancelAndClose(t *testing.T) {
-	needCUDA(t)
+func TestGPUCancelAndClose(t *testing.T) { forVendors(t, testGPUCancelAndClose) }
+
+func testGPUCancelAndClose(t *testing.T, v gputest.Vendor) {
 	const per, bs = 512, 16 << 10
 	n := uint64(per * bs)
-	g, err := newGPU(n)
+	g, err := newGPU(v, n)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -474,7 +492,7 @@ func TestGPUCancelAndClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	if err := e.RegisterMemory(g.addr, n, "cuda:0", true); err != nil {
+	if err := e.RegisterMemory(g.addr, n, v.Location(0), true); err != nil {
 		t.Fatal(err)
 	}
 	c := startChild(t)

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/tecache/te/engine"
+	"github.com/tecache/te/internal/sys/gpu/gputest"
 	"github.com/tecache/te/internal/sys/mem"
 )
 
@@ -16,9 +17,12 @@ import (
 // is a data race (-race) or a nil Priv, and a panic in a transport
 // goroutine ends the whole serving process.
 func TestCancelResetReuse(t *testing.T) {
-	needCUDA(t)
+	forVendors(t, func(t *testing.T, v gputest.Vendor) { testCancelResetReuse(t, v) })
+}
+
+func testCancelResetReuse(t *testing.T, v gputest.Vendor) {
 	const per, bs = 16, 4096
-	g, err := newGPU(per * bs)
+	g, err := newGPU(v, per*bs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,7 +35,7 @@ func TestCancelResetReuse(t *testing.T) {
 	host := mem.MustAlloc(per * bs)
 	defer mem.Free(host)
 	if err := e.RegisterMemoryBatch([]engine.MemoryRegion{
-		{Addr: g.addr, Length: per * bs, Location: "cuda:0", Remote: true},
+		{Addr: g.addr, Length: per * bs, Location: v.Location(0), Remote: true},
 		{Addr: mem.Addr(host), Length: per * bs, Location: "cpu"},
 	}); err != nil {
 		t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/fileio"
 	"github.com/tecache/te/internal/sys/cufile"
+	"github.com/tecache/te/internal/sys/gpu"
 )
 
 // Name is the transport's name.
@@ -65,7 +66,8 @@ func New() *Transport { return &Transport{} }
 func (t *Transport) Name() string { return Name }
 
 // Caps declares the transport's reach: storage regions of engines in this
-// process, from host memory (and GPU memory, staged, when CUDA loads).
+// process, from host memory (and GPU memory, staged, when a GPU runtime
+// loads).
 func (t *Transport) Caps() transport.Caps {
 	return transport.Caps{SameProcess: true, HostMemory: true, GPUMemory: t.gpu.available(), FileMemory: true, StorageOnly: true,
 		Windows: true, Rank: 5}
@@ -337,7 +339,7 @@ func (t *Transport) prepare(r *transport.Request) (*fileio.Op, error) {
 		base = p.Addr
 	}
 	off := r.Remote - base
-	if r.Region.Location.Kind == "cuda" {
+	if gpu.IsDevice(r.Region.Location.Kind) {
 		if err := t.startGPU(r, st, off, region); err != nil {
 			region.Release()
 			return nil, err

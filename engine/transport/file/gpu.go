@@ -1,12 +1,12 @@
 package file
 
 import (
+	"sync"
 	"sync/atomic"
 
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
 	"github.com/tecache/te/internal/errs"
-	"github.com/tecache/te/internal/sys/cuda"
 	"github.com/tecache/te/internal/sys/gpu"
 	"github.com/tecache/te/internal/sys/mem"
 )
@@ -16,10 +16,24 @@ import (
 // two pinned host chunks (gpu.Stager, over the runtime's interface): for a write, chunk k+1 is copied off
 // the device while chunk k is being written to the file; for a read, chunk
 // k+1 is read from the file while chunk k is copied up. Pinned chunks are
-// page-aligned, so their file I/O goes O_DIRECT.
+// page-aligned, so their file I/O goes O_DIRECT. The runtime is the one the
+// region's location names ("cuda:0", "hip:0"), through gpu.Driver.
 
-// cudaLoad is cuda.Load, replaceable in tests.
-var cudaLoad = cuda.Load
+// gpuLoad is gpu.Load, replaceable in tests.
+var gpuLoad = gpu.Load
+
+// driverFor loads the runtime of device memory of kind (NotSupported
+// without it).
+func driverFor(kind string) (gpu.Driver, error) {
+	d, known, err := gpuLoad(kind)
+	if !known {
+		return nil, errs.New(errs.NotSupported, "file", "no %s runtime is built in", kind)
+	}
+	if err != nil {
+		return nil, errs.Wrap(errs.NotSupported, "file", err, "%s memory needs the %s runtime", kind, kind)
+	}
+	return d, nil
+}
 
 // stagerDepth is the chunks per ring: two overlap a copy with an I/O.
 const stagerDepth = 2
@@ -27,35 +41,73 @@ const stagerDepth = 2
 // gpuJob is a GPU request's staging goroutine, for Cancel.
 type gpuJob struct{ canceled atomic.Bool }
 
-// gpuPool keeps the rings between requests, by device.
-type gpuPool struct{ rings gpu.StagerPool }
-
-func (g *gpuPool) available() bool {
-	_, err := cudaLoad()
-	return err == nil
+// gpuPool keeps the rings between requests, by runtime and device.
+type gpuPool struct {
+	mu    sync.Mutex
+	rings map[string]*gpu.StagerPool
 }
 
-func (g *gpuPool) take(l *cuda.Lib, dev int, chunk uint64) (*gpu.Stager, error) {
-	return g.rings.Take(dev, func() (*gpu.Stager, error) { return gpu.NewStager(cuda.Driver{L: l}, dev, chunk, stagerDepth) })
+// available reports whether any GPU runtime loads.
+func (g *gpuPool) available() bool {
+	for _, k := range gpu.Kinds() {
+		if _, _, err := gpuLoad(k); err == nil {
+			return true
+		}
+	}
+	return false
+}
+
+func (g *gpuPool) pool(kind string) *gpu.StagerPool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.rings == nil {
+		g.rings = map[string]*gpu.StagerPool{}
+	}
+	p := g.rings[kind]
+	if p == nil {
+		p = &gpu.StagerPool{}
+		g.rings[kind] = p
+	}
+	return p
+}
+
+func (g *gpuPool) take(d gpu.Driver, dev int, chunk uint64) (*gpu.Stager, error) {
+	return g.pool(d.Kind()).Take(dev, func() (*gpu.Stager, error) { return gpu.NewStager(d, dev, chunk, stagerDepth) })
 }
 
 // put keeps a ring whose copies all ended; a failed one is freed.
-func (g *gpuPool) put(dev int, s *gpu.Stager, ok bool) { g.rings.Put(dev, s, ok) }
+func (g *gpuPool) put(d gpu.Driver, dev int, s *gpu.Stager, ok bool) {
+	g.pool(d.Kind()).Put(dev, s, ok)
+}
 
-func (g *gpuPool) close() { g.rings.Close() }
+func (g *gpuPool) close() {
+	g.mu.Lock()
+	pools := g.rings
+	g.mu.Unlock()
+	for _, p := range pools {
+		p.Close()
+	}
+}
 
 // DeviceMemory reports that GPU memory moves to and from this process's
-// storage regions when CUDA loads (transport.DeviceMover).
+// storage regions when its runtime loads (transport.DeviceMover).
 func (t *Transport) DeviceMemory(d *segment.Desc, buf *segment.BufferDesc, local *segment.Region) bool {
-	return buf.Name == "file" && (local.Location.Kind != "cuda" || t.gpu.available())
+	if buf.Name != "file" {
+		return false
+	}
+	if !gpu.IsDevice(local.Location.Kind) {
+		return true
+	}
+	_, err := driverFor(local.Location.Kind)
+	return err == nil
 }
 
 // startGPU runs a request on device memory in its own goroutine; region (the
 // target, acquired) is released when it ends.
 func (t *Transport) startGPU(r *transport.Request, st *Storage, off uint64, region *segment.Region) error {
-	l, err := cudaLoad()
+	l, err := driverFor(r.Region.Location.Kind)
 	if err != nil {
-		return errs.Wrap(errs.NotSupported, "file", err, "GPU memory needs CUDA")
+		return err
 	}
 	job := &gpuJob{}
 	r.Priv = job
@@ -80,7 +132,7 @@ func (t *Transport) startGPU(r *transport.Request, st *Storage, off uint64, regi
 
 // runGPU moves r chunk by chunk; it returns only once no copy and no I/O of
 // r is running, so the task's end is a fence for both memories.
-func (t *Transport) runGPU(job *gpuJob, l *cuda.Lib, r *transport.Request, st *Storage, off uint64) error {
+func (t *Transport) runGPU(job *gpuJob, l gpu.Driver, r *transport.Request, st *Storage, off uint64) error {
 	dev := r.Region.Location.Index
 	s, err := t.gpu.take(l, dev, st.StageSize())
 	if err != nil {
@@ -162,6 +214,6 @@ func (t *Transport) runGPU(job *gpuJob, l *cuda.Lib, r *transport.Request, st *S
 			ok = false
 		}
 	}
-	t.gpu.put(dev, s, ok)
+	t.gpu.put(l, dev, s, ok)
 	return first
 }

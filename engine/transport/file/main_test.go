@@ -8,7 +8,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/tecache/te/internal/sys/cuda/cudatest"
+	"github.com/tecache/te/internal/sys/gpu/gputest"
 )
 
 func TestMain(m *testing.M) {
@@ -16,7 +16,8 @@ func TestMain(m *testing.M) {
 		// A storage node for a test in the parent process.
 		os.Exit(m.Run())
 	}
-	// The real driver where TE_CUDA_REAL=1, else the fake one.
-	_, gpuSetupErr = cudatest.Setup()
+	// The real runtimes where TE_CUDA_REAL=1 or TE_HIP_REAL=1, else the
+	// fakes.
+	gpuSetupErr = gputest.Setup()
 	goleak.VerifyTestMain(m)
 }

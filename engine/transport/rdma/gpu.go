@@ -5,55 +5,44 @@ import (
 
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/internal/errs"
-	"github.com/tecache/te/internal/sys/cuda"
+	"github.com/tecache/te/internal/sys/gpu"
 )
 
 // GPU memory over RDMA (GPUDirect): the NIC reads and writes device memory
 // itself, so a GPU buffer moves like host memory once every NIC holds a
-// memory region of it. Registration asks the CUDA driver for a dma-buf of
-// the allocation (cuMemGetHandleForAddressRange) and registers that
-// (ibv_reg_dmabuf_mr); where either side lacks dma-buf, it registers the
-// device address (ibv_reg_mr), which works when nvidia-peermem is loaded.
-// A buffer the NICs refuse stays registered without keys: the refusal is
-// logged and counted (gpu_refused), and requests on it go to a transport
-// that stages (tcp).
+// memory region of it. Registration asks the buffer's runtime (gpu.Driver
+// of its location's kind: CUDA's cuMemGetHandleForAddressRange, HIP's
+// hsa_amd_portable_export_dmabuf) for a dma-buf of the allocation and
+// registers that (ibv_reg_dmabuf_mr); where either side lacks dma-buf, it
+// registers the device address (ibv_reg_mr), which works when a peer-memory
+// module (nvidia-peermem, amdgpu's) is loaded. A buffer the NICs refuse
+// stays registered without keys: the refusal is logged and counted
+// (gpu_refused), and requests on it go to a transport that stages (tcp).
 
-// dmabufOf exports the allocation holding [addr, addr+length) as a dma-buf:
-// from the allocation's base, page aligned as the driver requires, with
-// the region's offset in it.
-func dmabufOf(addr, length uint64, dev int) (int, uint64, error) {
-	l, err := cuda.Load()
+// dmabufOf exports the allocation holding [addr, addr+length) of device dev
+// of runtime kind as a dma-buf: from the allocation's base, page aligned
+// as the runtimes require, with the region's offset in it.
+func dmabufOf(kind string, addr, length uint64, dev int) (int, uint64, error) {
+	d, known, err := gpu.Load(kind)
+	if !known {
+		return -1, 0, errs.New(errs.NotSupported, "rdma", "no %s runtime is built in", kind)
+	}
 	if err != nil {
 		return -1, 0, err
 	}
-	d, err := l.DeviceGet(dev)
+	base, size, err := d.AllocRange(dev, addr)
 	if err != nil {
 		return -1, 0, err
 	}
-	ctx, err := l.PrimaryCtxRetain(d)
+	page := uint64(unix.Getpagesize())
+	if base%page != 0 || addr+length > base+size {
+		return -1, 0, errs.New(errs.NotSupported, "rdma", "allocation [%#x,+%d) is not page aligned", base, size)
+	}
+	fd, err := d.DmabufFD(dev, base, (size+page-1)/page*page)
 	if err != nil {
 		return -1, 0, err
 	}
-	defer l.PrimaryCtxRelease(d)
-	fd := -1
-	var off uint64
-	err = l.With(ctx, func() error {
-		base, size, err := l.MemGetAddressRange(addr)
-		if err != nil {
-			return err
-		}
-		page := uint64(unix.Getpagesize())
-		if base%page != 0 || addr+length > base+size {
-			return errs.New(errs.NotSupported, "rdma", "allocation [%#x,+%d) is not page aligned", base, size)
-		}
-		fd, err = l.DmabufFD(base, (size+page-1)/page*page)
-		off = addr - base
-		return err
-	})
-	if err != nil {
-		return -1, 0, err
-	}
-	return fd, off, nil
+	return fd, addr - base, nil
 }
 
 // DeviceMemory says whether rdma can serve a request from the local region

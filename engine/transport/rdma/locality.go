@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/tecache/te/engine/segment"
+	"github.com/tecache/te/internal/sys/gpu"
 	"github.com/tecache/te/internal/sys/topo"
 )
 
@@ -22,12 +23,12 @@ type localTiers struct {
 }
 
 // locality answers which local NICs are near a memory location, from the
-// sysfs tree (package topo) and, for GPUs, their PCI addresses from the
-// CUDA driver, asked the first time a GPU location comes up.
+// sysfs tree (package topo) and, for GPUs, their PCI addresses from their
+// runtime (gpu.Driver), asked the first time a GPU location comes up.
 type locality struct {
 	root  string
-	names []string // the transport's NICs, in index order
-	gpus  func() []string
+	names []string                   // the transport's NICs, in index order
+	gpus  func() map[string][]string // PCI addresses by runtime and ordinal
 
 	mu      sync.Mutex
 	machine *topo.Machine // GPUs placed once asked for
@@ -35,7 +36,7 @@ type locality struct {
 	cache   sync.Map // segment.Location -> *localTiers
 }
 
-func newLocality(root string, names []string, gpus func() []string) *locality {
+func newLocality(root string, names []string, gpus func() map[string][]string) *locality {
 	return &locality{root: root, names: names, gpus: gpus}
 }
 
@@ -46,7 +47,7 @@ func (l *locality) machineLocked(gpus bool) *topo.Machine {
 	}
 	o := topo.Options{Root: l.root, NICs: l.names}
 	if gpus && l.gpus != nil {
-		o.GPUs = l.gpus()
+		o.GPUsByKind = l.gpus()
 		l.withGPU = true
 	}
 	m, err := topo.Discover(o)
@@ -67,7 +68,7 @@ func (l *locality) tiers(loc segment.Location) *localTiers {
 		return v.(*localTiers)
 	}
 	l.mu.Lock()
-	m := l.machineLocked(loc.Kind == "cuda")
+	m := l.machineLocked(gpu.IsDevice(loc.Kind))
 	l.mu.Unlock()
 	t := m.Near(loc.String())
 	idx := make(map[string]int, len(l.names))

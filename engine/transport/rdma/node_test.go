@@ -18,6 +18,8 @@ import (
 	"github.com/tecache/te/engine"
 	"github.com/tecache/te/internal/sys/cuda"
 	"github.com/tecache/te/internal/sys/cuda/cudatest"
+	"github.com/tecache/te/internal/sys/hip"
+	"github.com/tecache/te/internal/sys/hip/hiptest"
 	"github.com/tecache/te/internal/sys/ibv/ibvtest"
 	"github.com/tecache/te/internal/sys/mem"
 	"github.com/tecache/te/internal/sys/topo"
@@ -41,6 +43,7 @@ const (
 type fabricSetup struct {
 	t                  testing.TB
 	verbs, cuda, sysfs string
+	hip                string // the fake HIP runtime ("" where it does not build)
 	dir                string
 	pids               []int // of the nodes started
 }
@@ -52,6 +55,7 @@ func newFabricSetup(t testing.TB, tree string) *fabricSetup {
 	if f.cuda, err = cudatest.BuildFake(); err != nil {
 		t.Skipf("the fake CUDA driver does not build here: %v", err)
 	}
+	f.hip, _ = hiptest.BuildFake() // tests that need it skip without
 	if tree != "" {
 		f.sysfs = topotest.Tree(t, tree)
 	}
@@ -74,6 +78,9 @@ func (f *fabricSetup) env() []string {
 		return nil // the real libraries
 	}
 	e := []string{"TE_IBV_LIBRARY=" + f.verbs, cuda.EnvLibrary + "=" + f.cuda, ibvtest.EnvFabric + "=" + f.dir}
+	if f.hip != "" {
+		e = append(e, hip.EnvLibrary+"="+f.hip)
+	}
 	if f.sysfs != "" {
 		e = append(e, topo.EnvSysfsRoot+"="+f.sysfs)
 	}
@@ -242,6 +249,7 @@ func (n *node) stream(seg string, local, remote, block uint64, k int, d time.Dur
 type nodeAlloc struct {
 	addr, size uint64
 	dev        int // -1: host
+	kind       string
 	host       []byte
 }
 
@@ -268,6 +276,7 @@ func runNode() int {
 	segs := map[string]*engine.Segment{}
 	batches := map[string]*engine.Batch{}
 	var lib *cuda.Lib
+	var hl *hip.Lib
 	ctxs := map[int]cuda.Context{}
 	find := func(addr, n uint64) (*nodeAlloc, error) {
 		for _, a := range allocs {
@@ -300,9 +309,12 @@ func runNode() int {
 	defer func() {
 		e.Close()
 		for _, a := range allocs {
-			if a.dev < 0 {
+			switch {
+			case a.dev < 0:
 				mem.Free(a.host)
-			} else {
+			case a.kind == "hip":
+				hl.Free(a.addr)
+			default:
 				onDev(a.dev, func() error { return lib.MemFree(a.addr) })
 			}
 		}
@@ -320,14 +332,20 @@ func runNode() int {
 			out = e.Name()
 		case "pid":
 			out = strconv.Itoa(os.Getpid())
-		case "alloc": // alloc cpu SIZE | alloc cuda DEV SIZE
-			a := &nodeAlloc{dev: -1}
-			if f[1] == "cpu" {
+		case "alloc": // alloc cpu SIZE | alloc cuda|hip DEV SIZE
+			a := &nodeAlloc{dev: -1, kind: f[1]}
+			switch f[1] {
+			case "cpu":
 				a.size = u(f[2])
 				if a.host, err = mem.Alloc(int(a.size)); err == nil {
 					a.addr = mem.Addr(a.host)
 				}
-			} else {
+			case "hip":
+				a.dev, a.size = int(u(f[2])), u(f[3])
+				if hl, err = hip.Load(); err == nil {
+					a.addr, err = hl.Malloc(a.dev, a.size)
+				}
+			default:
 				a.dev, a.size = int(u(f[2])), u(f[3])
 				err = onDev(a.dev, func() (err error) { a.addr, err = lib.MemAlloc(a.size); return err })
 			}
@@ -353,12 +371,18 @@ func runNode() int {
 			}
 			if f[0] == "fill" {
 				rand.New(rand.NewSource(int64(u(f[3])))).Read(b)
-				if a.dev >= 0 {
+				switch {
+				case a.kind == "hip":
+					err = hl.Memcpy(addr, mem.Addr(b), n)
+				case a.dev >= 0:
 					err = onDev(a.dev, func() error { return lib.CopyHtoD(addr, mem.Addr(b), n) })
 				}
 				break
 			}
-			if a.dev >= 0 {
+			switch {
+			case a.kind == "hip":
+				err = hl.Memcpy(mem.Addr(b), addr, n)
+			case a.dev >= 0:
 				err = onDev(a.dev, func() error { return lib.CopyDtoH(mem.Addr(b), addr, n) })
 			}
 			out = strconv.FormatUint(uint64(crc32.ChecksumIEEE(b)), 10)

@@ -13,6 +13,7 @@ import (
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
 	"github.com/tecache/te/internal/errs"
+	"github.com/tecache/te/internal/sys/gpu"
 	"github.com/tecache/te/internal/sys/ibv"
 	"github.com/tecache/te/internal/sys/topo"
 	"github.com/tecache/te/internal/wire"
@@ -88,9 +89,8 @@ type Transport struct {
 	wg     sync.WaitGroup // connecting endpoints
 	rr     atomic.Uint64  // breaks ties between rails
 
-	// dmabuf exports GPU memory for registration (the CUDA driver; tests
-	// replace it).
-	dmabuf dmabufSource
+	// dmabuf exports GPU memory of a runtime for registration (dmabufOf).
+	dmabuf func(kind string, addr, length uint64, dev int) (int, uint64, error)
 
 	closing atomic.Bool
 	mu      sync.Mutex
@@ -210,7 +210,7 @@ func (t *Transport) start(nics []*nic) {
 	}
 	t.health = t.opt.health()
 	if t.loc == nil {
-		t.loc = newLocality(topo.Root(), names, func() []string { return topo.ProbeGPUs() })
+		t.loc = newLocality(topo.Root(), names, func() map[string][]string { return topo.ProbeGPUsByKind() })
 	}
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	for _, n := range t.nics {
@@ -259,8 +259,11 @@ func (t *Transport) Register(r *segment.Region) error {
 	if t.closing.Load() {
 		return errs.New(errs.Closed, "rdma", "transport closed")
 	}
-	if r.Location.Kind == "cuda" {
-		how, err := t.keys.registerDevice(r, t.registrars(), t.dmabuf)
+	if gpu.IsDevice(r.Location.Kind) {
+		kind := r.Location.Kind
+		how, err := t.keys.registerDevice(r, t.registrars(), func(addr, length uint64, dev int) (int, uint64, error) {
+			return t.dmabuf(kind, addr, length, dev)
+		})
 		switch {
 		case err != nil:
 			t.keys.refuse(r, err)

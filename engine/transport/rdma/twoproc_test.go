@@ -50,18 +50,33 @@ func transfer(t *testing.T, n, peer *node, op string, local, remote, size uint64
 // GPU to GPU, GPU to host and host to GPU between two processes on the
 // recorded HGX node: every request goes over rdma, through the NIC behind
 // each GPU's PCIe switch (or the local socket's NICs for host memory), and
-// every byte arrives.
+// every byte arrives. It runs on each runtime: on hip, the fake HIP runtime
+// takes the tree's GPUs as its own (FAKEHIP_PCI_VENDOR), so locality comes
+// from hipDeviceGetPCIBusId and the dma-buf from the HSA export.
 func TestTwoProcessGPU(t *testing.T) {
+	for _, kind := range []string{"cuda", "hip"} {
+		t.Run(kind, func(t *testing.T) { testTwoProcessGPU(t, kind) })
+	}
+}
+
+func testTwoProcessGPU(t *testing.T, kind string) {
 	f := newFabricSetup(t, "hgx8")
-	a, b := f.startNode(), f.startNode()
+	var extra []string
+	if kind == "hip" {
+		if f.hip == "" {
+			t.Skip("the fake HIP runtime does not build here")
+		}
+		extra = append(extra, "FAKEHIP_PCI_VENDOR=0x10de")
+	}
+	a, b := f.startNode(extra...), f.startNode(extra...)
 	const size = 8 << 20
-	ag := a.addr("alloc cuda 3 %d", size)
+	ag := a.addr("alloc %s 3 %d", kind, size)
 	ah := a.addr("alloc cpu %d", size)
-	bg := b.addr("alloc cuda 5 %d", size)
+	bg := b.addr("alloc %s 5 %d", kind, size)
 	bh := b.addr("alloc cpu %d", size)
-	a.do("reg %d %d cuda:3", ag, size)
+	a.do("reg %d %d %s:3", ag, size, kind)
 	a.do("reg %d %d cpu:1", ah, size)
-	b.do("reg %d %d cuda:5", bg, size)
+	b.do("reg %d %d %s:5", bg, size, kind)
 	b.do("reg %d %d cpu:0", bh, size)
 	a.do("fill %d %d 1", ag, size)
 	a.do("fill %d %d 2", ah, size)

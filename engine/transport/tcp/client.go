@@ -24,8 +24,8 @@ type op struct {
 	p                  *pipe.Peer[item]
 	inst               string // the instance the request's descriptor names (te's framing)
 	write              bool
-	window             bool // key is a window's, not the buffer's
-	gpu                int  // local memory: 0 host, else device ordinal+1 (staged, gpu.go)
+	window             bool   // key is a window's, not the buffer's
+	gpu                devLoc // local memory: zero for host, else its device (staged, gpu.go)
 	remaining          atomic.Int32
 	err                atomic.Pointer[errBox]
 	canceled           atomic.Bool
@@ -134,11 +134,11 @@ func (t *Transport) Submit(reqs []transport.Request) {
 				r.Complete(errs.New(errs.NotSupported, "tcp", "local %#x is GPU memory: not moved to a Mooncake peer over tcp", r.Local))
 				continue
 			}
-			if _, err := cudaLoad(); err != nil {
+			if _, err := driverFor(r.Region.Location.Kind); err != nil {
 				r.Complete(errs.Wrap(errs.NotSupported, "tcp", err, "local %#x is GPU memory", r.Local))
 				continue
 			}
-			o.gpu = r.Region.Location.Index + 1
+			o.gpu = devOf(r.Region)
 		}
 		r.Priv = o
 		n := (r.Length + t.opt.Slice - 1) / t.opt.Slice

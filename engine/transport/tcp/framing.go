@@ -146,7 +146,7 @@ func (w *frameWriter) frame(i int, payload []byte) int64 {
 
 // deviceFrame adds frame i, whose payload is n bytes of device dev's memory
 // at addr, staged through host memory as it is sent.
-func (w *frameWriter) deviceFrame(i, dev int, addr, n uint64) int64 {
+func (w *frameWriter) deviceFrame(i int, dev devLoc, addr, n uint64) int64 {
 	if w.encrypting() {
 		w.frames = append(w.frames, sealedFrame{from: len(w.bufs), to: len(w.bufs), dev: len(w.devs)})
 		w.devs = append(w.devs, devPiece{dev: dev, addr: addr, n: n})
@@ -535,8 +535,8 @@ func (e *requests) Encode(nc net.Conn, out []pipe.Out[item]) (int64, error) {
 		switch {
 		case !it.op.write:
 			out[i].End = e.w.frame(i, nil)
-		case it.op.gpu > 0:
-			out[i].End = e.w.deviceFrame(i, it.op.gpu-1, local, it.n)
+		case it.op.gpu.device():
+			out[i].End = e.w.deviceFrame(i, it.op.gpu, local, it.n)
 		default:
 			out[i].End = e.w.frame(i, mem.Bytes(local, it.n))
 		}
@@ -616,8 +616,8 @@ func (d *teCompletions) Decode(r *pipe.Reader[item]) error {
 		r.Done(s, errs.New(comp.Status, "tcp", "%s refused %v of [%#x,+%d)", r.Addr(), o.opcode(), o.remote+it.off, it.n))
 		return nil
 	}
-	if want > 0 && o.gpu > 0 {
-		copyErr, ioErr := d.st.recv(r.Buf(), r.Conn(), d.op, o.gpu-1, o.local+it.off, want)
+	if want > 0 && o.gpu.device() {
+		copyErr, ioErr := d.st.recv(r.Buf(), r.Conn(), d.op, o.gpu, o.local+it.off, want)
 		r.Moved()
 		if ioErr != nil {
 			return d.fail(r, ioErr)
@@ -655,7 +655,7 @@ func (w *frameWriter) writeCompletions(nc net.Conn, st *stage, batch []response,
 		case g == nil:
 			w.frame(i, nil)
 		case isDevice(g):
-			w.deviceFrame(i, g.Location.Index, batch[i].addr, batch[i].comp.Length)
+			w.deviceFrame(i, devOf(g), batch[i].addr, batch[i].comp.Length)
 		default:
 			w.frame(i, mem.Bytes(batch[i].addr, batch[i].comp.Length))
 		}

@@ -4,11 +4,11 @@ import (
 	"bufio"
 	"io"
 	"net"
+	"sync"
 
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/session"
-	"github.com/tecache/te/internal/sys/cuda"
 	"github.com/tecache/te/internal/sys/gpu"
 )
 
@@ -24,10 +24,35 @@ import (
 // Each goroutine that moves device memory (a connection's writer or reader,
 // on either side) holds one ring per device, taken lazily from the
 // transport's pool on its first device payload and returned when it exits,
-// so a reconnect reuses the rings; Close frees them.
+// so a reconnect reuses the rings; Close frees them. The runtime is the
+// one the region's location names ("cuda:0", "hip:0"), through gpu.Driver.
 
-// cudaLoad is cuda.Load, replaceable in tests.
-var cudaLoad = cuda.Load
+// gpuLoad is gpu.Load, replaceable in tests.
+var gpuLoad = gpu.Load
+
+// devLoc is a device of a runtime; the zero value is host memory.
+type devLoc struct {
+	kind string
+	dev  int
+}
+
+func (d devLoc) device() bool { return d.kind != "" }
+
+// devOf is the device of a device region.
+func devOf(r *segment.Region) devLoc { return devLoc{r.Location.Kind, r.Location.Index} }
+
+// driverFor loads the runtime of device memory of kind; without it the
+// memory cannot be moved (NotSupported).
+func driverFor(kind string) (gpu.Driver, error) {
+	d, known, err := gpuLoad(kind)
+	if !known {
+		return nil, errs.New(errs.NotSupported, "tcp", "no %s runtime is built in", kind)
+	}
+	if err != nil {
+		return nil, errs.Wrap(errs.NotSupported, "tcp", err, "%s memory needs the %s runtime", kind, kind)
+	}
+	return d, nil
+}
 
 // Limits and default of tcp.gpu_staging: pinned host memory per connection,
 // half for its sending and half for its receiving goroutine.
@@ -42,7 +67,23 @@ const (
 type gpuPool struct {
 	chunk uint64
 	depth int
-	rings gpu.StagerPool
+	mu    sync.Mutex
+	rings map[string]*gpu.StagerPool // by runtime
+}
+
+// pool returns the rings of runtime kind.
+func (g *gpuPool) pool(kind string) *gpu.StagerPool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.rings == nil {
+		g.rings = map[string]*gpu.StagerPool{}
+	}
+	p := g.rings[kind]
+	if p == nil {
+		p = &gpu.StagerPool{}
+		g.rings[kind] = p
+	}
+	return p
 }
 
 // setGeometry derives the rings from the options: chunks of at most a
@@ -56,56 +97,65 @@ func (g *gpuPool) setGeometry(o Options) {
 	g.depth = int(max(2, min(ring/chunk, maxStageDepth)))
 }
 
-func (t *Transport) takeStager(dev int) (*gpu.Stager, error) {
+func (t *Transport) takeStager(d devLoc) (*gpu.Stager, error) {
 	g := &t.gpu
-	return g.rings.Take(dev, func() (*gpu.Stager, error) {
-		l, err := cudaLoad()
+	return g.pool(d.kind).Take(d.dev, func() (*gpu.Stager, error) {
+		drv, err := driverFor(d.kind)
 		if err != nil {
-			return nil, errs.Wrap(errs.NotSupported, "tcp", err, "GPU memory needs CUDA")
+			return nil, err
 		}
-		return gpu.NewStager(cuda.Driver{L: l}, dev, g.chunk, g.depth)
+		return gpu.NewStager(drv, d.dev, g.chunk, g.depth)
 	})
 }
 
 // putStager returns a ring to the pool once its copies have ended; a ring
 // whose copies failed, or one returned after Close, is freed.
-func (t *Transport) putStager(dev int, s *gpu.Stager) {
+func (t *Transport) putStager(d devLoc, s *gpu.Stager) {
 	ok := true
 	for i := 0; i < s.Depth(); i++ {
 		if s.Wait(i) != nil {
 			ok = false
 		}
 	}
-	t.gpu.rings.Put(dev, s, ok)
+	t.gpu.pool(d.kind).Put(d.dev, s, ok)
 }
 
 // closeGPU frees the pooled rings; called by Close once every goroutine has
 // returned its own.
-func (t *Transport) closeGPU() { t.gpu.rings.Close() }
+func (t *Transport) closeGPU() {
+	g := &t.gpu
+	g.mu.Lock()
+	pools := g.rings
+	g.mu.Unlock()
+	for _, p := range pools {
+		p.Close()
+	}
+}
 
 // DeviceMemory implements transport.DeviceMover: tcp moves GPU memory for
 // every peer it reaches, staging its own side through host memory; local
-// device memory needs CUDA here. A target without CUDA cannot hold device
-// buffers (registration refuses them), and refuses them if asked.
+// device memory needs its runtime here. A target without the runtime cannot
+// hold device buffers (registration refuses them), and refuses them if
+// asked.
 func (t *Transport) DeviceMemory(d *segment.Desc, buf *segment.BufferDesc, local *segment.Region) bool {
 	if t.Reachable(d) != nil {
 		return false
 	}
-	if local.Location.Kind == "cuda" {
-		_, err := cudaLoad()
+	if isDevice(local) {
+		_, err := driverFor(local.Location.Kind)
 		return err == nil
 	}
 	return true
 }
 
 // isDevice reports whether a region is device memory.
-func isDevice(r *segment.Region) bool { return r != nil && r.Location.Kind == "cuda" }
+func isDevice(r *segment.Region) bool { return r != nil && gpu.IsDevice(r.Location.Kind) }
 
 // devPiece is a device payload in a writev list: it goes right before
 // bufs[at].
 type devPiece struct {
 	at      int
-	dev     int
+	dev     devLoc
 	addr, n uint64
 }
 
@@ -119,7 +169,7 @@ type stageChunk struct {
 // stage is the rings of one goroutine, by device ordinal.
 type stage struct {
 	t       *Transport
-	rings   map[int]*gpu.Stager
+	rings   map[devLoc]*gpu.Stager
 	chunks  []stageChunk
 	out     net.Buffers
 	scratch []byte
@@ -127,7 +177,7 @@ type stage struct {
 
 func (t *Transport) newStage() *stage { return &stage{t: t} }
 
-func (st *stage) get(dev int) (*gpu.Stager, error) {
+func (st *stage) get(dev devLoc) (*gpu.Stager, error) {
 	if s := st.rings[dev]; s != nil {
 		return s, nil
 	}
@@ -136,7 +186,7 @@ func (st *stage) get(dev int) (*gpu.Stager, error) {
 		return nil, err
 	}
 	if st.rings == nil {
-		st.rings = map[int]*gpu.Stager{}
+		st.rings = map[devLoc]*gpu.Stager{}
 	}
 	st.rings[dev] = s
 	return s, nil
@@ -232,7 +282,7 @@ func (st *stage) write(w io.Writer, bufs net.Buffers, devs []devPiece) (sent int
 // to the device. A failed copy (or no ring) does not break the stream: the
 // rest of the payload is read and dropped and copyErr says why. ioErr means
 // the connection is lost. recv returns after every copy it started ended.
-func (st *stage) recv(br *bufio.Reader, nc net.Conn, op *session.Opener, dev int, dst, n uint64) (copyErr, ioErr error) {
+func (st *stage) recv(br *bufio.Reader, nc net.Conn, op *session.Opener, dev devLoc, dst, n uint64) (copyErr, ioErr error) {
 	s, err := st.get(dev)
 	if err != nil {
 		if st.scratch == nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/peerauth"
 	"github.com/tecache/te/internal/sys/cuda"
+	"github.com/tecache/te/internal/sys/gpu"
 	"github.com/tecache/te/internal/sys/mem"
 	"github.com/tecache/te/internal/wire"
 )
@@ -28,8 +29,8 @@ func (h noCUDAHost) Registry() *segment.Registry     { return h.reg }
 func (h noCUDAHost) Control() transport.Control      { return nil }
 func (h noCUDAHost) Logf(string, ...any)             {}
 func (h noCUDAHost) Param(key string) (string, bool) { return "", false }
-func noCUDA() (*cuda.Lib, error) {
-	return nil, errs.New(errs.NotSupported, "cuda", "no driver in this test")
+func noCUDA(kind string) (gpu.Driver, bool, error) {
+	return nil, true, errs.New(errs.NotSupported, kind, "no driver in this test")
 }
 
 func mustMmap(t *testing.T, n, prot int) []byte {
@@ -49,9 +50,9 @@ func mustMmap(t *testing.T, n, prot int) []byte {
 // crash the test. The initiator side refuses a local cuda region the same
 // way, and does not offer to move GPU memory.
 func TestGPURegionWithoutCUDA(t *testing.T) {
-	saved := cudaLoad
-	cudaLoad = noCUDA
-	defer func() { cudaLoad = saved }()
+	saved := gpuLoad
+	gpuLoad = noCUDA
+	defer func() { gpuLoad = saved }()
 
 	const n = 1 << 20
 	dev := mustMmap(t, n, unix.PROT_NONE) // as the fake driver maps device memory

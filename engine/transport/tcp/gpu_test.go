@@ -14,15 +14,16 @@ import (
 	"github.com/tecache/te/engine"
 	"github.com/tecache/te/engine/transport/tcp"
 	"github.com/tecache/te/internal/errs"
-	"github.com/tecache/te/internal/sys/cuda"
 	"github.com/tecache/te/internal/sys/cuda/cudatest"
+	"github.com/tecache/te/internal/sys/gpu/gputest"
 	"github.com/tecache/te/internal/sys/mem"
 )
 
 // GPU memory over tcp, end to end: this process and a child, each with a
-// GPU buffer and a host buffer, forced over tcp. With the fake driver
-// (cudatest) device memory faults on any CPU access, so a passing run proves
-// every device byte went through the pinned staging rings.
+// GPU buffer and a host buffer, forced over tcp, once per GPU runtime
+// (cuda, hip). With the fake runtimes (cudatest, hiptest) device memory
+// faults on any CPU access, so a passing run proves every device byte went
+// through the pinned staging rings.
 
 const envGPUChild = "TE_TCP_GPU_CHILD"
 
@@ -30,16 +31,21 @@ const envGPUChild = "TE_TCP_GPU_CHILD"
 // unaligned offsets.
 const gpuSize = 16<<20 + 64<<10
 
-// gpuSetupErr says why no driver (real or fake) could be set up.
+// gpuSetupErr says why no runtime (real or fake) could be set up.
 var gpuSetupErr error
 
-func needGPU(t *testing.T) {
-	t.Helper()
-	if gpuSetupErr != nil {
-		t.Skipf("no CUDA driver and no fake driver (needs gcc): %v", gpuSetupErr)
-	}
-	if err := cuda.Available(); err != nil {
-		t.Skipf("CUDA not available: %v", err)
+// forVendors runs f once per GPU runtime, in a subtest named by its kind,
+// with the child processes it starts allocating that runtime's memory.
+func forVendors(t *testing.T, f func(t *testing.T, v gputest.Vendor)) {
+	for _, v := range gputest.Vendors() {
+		t.Run(v.Kind, func(t *testing.T) {
+			if gpuSetupErr != nil {
+				t.Skipf("no GPU runtime and no fake (needs gcc): %v", gpuSetupErr)
+			}
+			v.Driver(t)
+			t.Setenv(gputest.EnvKind, v.Kind)
+			f(t, v)
+		})
 	}
 }
 
@@ -51,15 +57,15 @@ func pattern(b []byte, seed byte) {
 	}
 }
 
-// gpuBuf is the shared device buffer of package cudatest, filled with this
+// gpuBuf is the shared device buffer of package gputest, filled with this
 // file's pattern.
 type gpuBuf struct {
-	*cudatest.Buffer
+	*gputest.Buffer
 	addr uint64
 }
 
-func newGPUBuf(n int) (*gpuBuf, error) {
-	b, err := cudatest.NewBuffer(uint64(n))
+func newGPUBuf(v gputest.Vendor, n int) (*gpuBuf, error) {
+	b, err := v.NewBuffer(uint64(n))
 	if err != nil {
 		return nil, err
 	}
@@ -81,7 +87,7 @@ func (g *gpuBuf) free() { g.Free() }
 // "fill gpu|host SEED" and "crc gpu|host" (of the whole buffer).
 func runGPUChild() int {
 	fail := func(err error) int { fmt.Println("ERR", err); return 1 }
-	g, err := newGPUBuf(gpuSize)
+	g, err := newGPUBuf(gputest.FromEnv(), gpuSize)
 	if err != nil {
 		return fail(err)
 	}
@@ -152,8 +158,6 @@ func startGPUChild(t testing.TB) *gpuChild {
 	return c
 }
 
-func isFake() bool { return strings.HasSuffix(os.Getenv(cuda.EnvLibrary), "libfakecuda.so") }
-
 // TestGPUStaged moves GPU memory over tcp between two processes: GPU to GPU,
 // GPU to host and host to GPU, READ and WRITE, sizes from 1 byte to 16 MiB
 // at unaligned offsets. Both sides keep a model of all four buffers; after
@@ -161,9 +165,10 @@ func isFake() bool { return strings.HasSuffix(os.Getenv(cuda.EnvLibrary), "libfa
 // so a stray byte anywhere fails the test. This side stages through small
 // rings (many chunks per slice, wrapping often), the child through the
 // default ones.
-func TestGPUStaged(t *testing.T) {
-	needGPU(t)
-	lg, err := newGPUBuf(gpuSize)
+func TestGPUStaged(t *testing.T) { forVendors(t, testGPUStaged) }
+
+func testGPUStaged(t *testing.T, v gputest.Vendor) {
+	lg, err := newGPUBuf(v, gpuSize)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,15 +188,15 @@ func TestGPUStaged(t *testing.T) {
 			e.Close()
 		}
 	}()
-	if err := e.RegisterMemory(lg.addr, gpuSize, "cuda:0", false); err != nil {
+	if err := e.RegisterMemory(lg.addr, gpuSize, v.Location(0), false); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.RegisterMemory(mem.Addr(lh), gpuSize, "cpu", false); err != nil {
 		t.Fatal(err)
 	}
 	c := startGPUChild(t)
-	if c.loc != "cuda:0" {
-		t.Fatalf("child published its GPU buffer as %q, want cuda:0", c.loc)
+	if c.loc != v.Location(0) {
+		t.Fatalf("child published its GPU buffer as %q, want %s", c.loc, v.Location(0))
 	}
 	seg, err := e.OpenSegment(c.name)
 	if err != nil {
@@ -290,16 +295,16 @@ func TestGPUStaged(t *testing.T) {
 			}
 		}
 	}
-	if isFake() {
-		if cudatest.Counter(t, "fakecuda_streams") == 0 {
+	if v.Fake() {
+		if v.Counter(t, "streams") == 0 {
 			t.Fatal("no staging stream exists after GPU transfers over tcp")
 		}
 		if err := e.Close(); err != nil {
 			t.Fatal(err)
 		}
 		closed = true
-		// Close freed every ring: each has a stream and one event per chunk.
-		if n, m := cudatest.Counter(t, "fakecuda_streams"), cudatest.Counter(t, "fakecuda_events"); n != 0 || m != 0 {
+		// Close freed every ring: each has a stream per chunk.
+		if n, m := v.Counter(t, "streams"), v.Counter(t, "events"); n != 0 || m != 0 {
 			t.Fatalf("after Close %d streams and %d events remain", n, m)
 		}
 	}
@@ -308,9 +313,10 @@ func TestGPUStaged(t *testing.T) {
 // TestGPUBatchMixed submits one batch mixing GPU and host memory, READs and
 // WRITEs, many requests per connection, so the writers stage device
 // payloads of several requests in one pipeline.
-func TestGPUBatchMixed(t *testing.T) {
-	needGPU(t)
-	lg, err := newGPUBuf(gpuSize)
+func TestGPUBatchMixed(t *testing.T) { forVendors(t, testGPUBatchMixed) }
+
+func testGPUBatchMixed(t *testing.T, v gputest.Vendor) {
+	lg, err := newGPUBuf(v, gpuSize)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -403,13 +409,18 @@ func TestGPUStagingParam(t *testing.T) {
 // buffer over tcp (staged on both sides) and reports it against the same
 // write between the two host buffers in the same run: the ratio is what
 // staging costs (with the fake driver the copies are memmoves; on a GPU
-// machine, TE_CUDA_REAL=1, they are the real thing).
+// machine, TE_CUDA_REAL=1, they are the real thing). TE_TEST_GPU_KIND=hip
+// runs it on HIP.
 func BenchmarkGPUStagedWrite(b *testing.B) {
-	if gpuSetupErr != nil || cuda.Available() != nil {
-		b.Skipf("CUDA not available: %v %v", gpuSetupErr, cuda.Available())
+	v, ok := gputest.Of(os.Getenv(gputest.EnvKind))
+	if !ok {
+		v = gputest.Vendors()[0]
+	}
+	if err := v.Available(); gpuSetupErr != nil || err != nil {
+		b.Skipf("%s not available: %v %v", v.Kind, gpuSetupErr, err)
 	}
 	const n = 16 << 20
-	lg, err := newGPUBuf(gpuSize)
+	lg, err := newGPUBuf(v, gpuSize)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -424,7 +435,7 @@ func BenchmarkGPUStagedWrite(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer e.Close()
-	if err := e.RegisterMemory(lg.addr, gpuSize, "cuda:0", false); err != nil {
+	if err := e.RegisterMemory(lg.addr, gpuSize, v.Location(0), false); err != nil {
 		b.Fatal(err)
 	}
 	if err := e.RegisterMemory(mem.Addr(lh), gpuSize, "cpu", false); err != nil {

@@ -9,16 +9,16 @@ import (
 	"github.com/tecache/te/engine"
 
 	"github.com/tecache/te/engine/transport/transporttest"
-	"github.com/tecache/te/internal/sys/cuda/cudatest"
+	"github.com/tecache/te/internal/sys/gpu/gputest"
 )
 
 func TestMain(m *testing.M) {
 	if os.Getenv(envGPUChild) == "1" {
 		os.Exit(runGPUChild())
 	}
-	// The real driver where TE_CUDA_REAL=1, else the fake one (gpu_test.go);
-	// child processes inherit the choice.
-	_, gpuSetupErr = cudatest.Setup()
+	// The real runtimes where TE_CUDA_REAL=1 or TE_HIP_REAL=1, else the
+	// fakes (gpu_test.go); child processes inherit the choice.
+	gpuSetupErr = gputest.Setup()
 	transporttest.Main(m)
 }
 
@@ -67,4 +67,17 @@ func TestConformanceEncrypted(t *testing.T) {
 		c.AuthSecret, c.Encrypt = sessionSecret, true
 		c.Params = map[string]string{"tcp.conns": "2", "tcp.slice": "64KiB"}
 	}})
+}
+
+// TestConformanceGPU runs the suite with the target's buffer in GPU memory
+// of each runtime (cuda, hip), in a child process: transfers of up to 64
+// MiB between two processes, staged through pinned rings on the target's
+// side.
+func TestConformanceGPU(t *testing.T) {
+	if testing.Short() {
+		t.Skip("short")
+	}
+	forVendors(t, func(t *testing.T, v gputest.Vendor) {
+		transporttest.Run(t, transporttest.Setup{Transport: "tcp", Process: true, GPU: true, GPUKind: v.Kind})
+	})
 }

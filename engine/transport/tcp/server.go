@@ -384,9 +384,9 @@ func (s *serverConn) serveTe(sv *server, first []byte) {
 			region, err = s.t.reg.Acquire(req.Addr, req.Length, req.Key, true, by)
 			status = errs.CodeOf(err)
 			if isDevice(region) {
-				// The CPU never touches device memory: without CUDA
-				// there is no way to move it.
-				if _, err := cudaLoad(); err != nil {
+				// The CPU never touches device memory: without its
+				// runtime there is no way to move it.
+				if _, err := driverFor(region.Location.Kind); err != nil {
 					region.Release()
 					region, status = nil, errs.NotSupported
 				}
@@ -411,7 +411,7 @@ func (s *serverConn) serveTe(sv *server, first []byte) {
 				}
 			} else if isDevice(region) {
 				s.cur.Store(region)
-				copyErr, ioErr := st.recv(br, nc, op, region.Location.Index, req.Addr, req.Length)
+				copyErr, ioErr := st.recv(br, nc, op, devOf(region), req.Addr, req.Length)
 				s.cur.Store(nil)
 				region.Release()
 				if ioErr != nil {

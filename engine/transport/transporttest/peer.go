@@ -19,7 +19,7 @@ import (
 
 	"github.com/tecache/te/engine"
 	"github.com/tecache/te/internal/errs"
-	"github.com/tecache/te/internal/sys/cuda/cudatest"
+	"github.com/tecache/te/internal/sys/gpu/gputest"
 	"github.com/tecache/te/internal/sys/mem"
 	"github.com/tecache/te/internal/sys/proc"
 	"github.com/tecache/te/internal/testexec"
@@ -31,8 +31,9 @@ const envPeer = "TE_TRANSPORTTEST_PEER"
 // envSize is the size of the peer's registered buffer.
 const envSize = "TE_TRANSPORTTEST_SIZE"
 
-// envGPU, set to 1, puts the peer's buffer in GPU memory (GPU 0 of the
-// driver cudatest.Setup chose: the fake one where there is no GPU).
+// envGPU, set to a runtime's location kind ("cuda", "hip"; 1 means cuda),
+// puts the peer's buffer in that runtime's GPU memory (GPU 0 of the
+// runtime gputest.Setup chose: the fake one where there is no GPU).
 const envGPU = "TE_TRANSPORTTEST_GPU"
 
 // envShared, set to 1, puts the peer's buffer at the start of the engine's
@@ -117,7 +118,7 @@ func (m hostMem) protect(off, n uint64, none bool) error {
 	return unix.Mprotect(m[off:off+n], prot)
 }
 
-type gpuMem struct{ b *cudatest.Buffer }
+type gpuMem struct{ b *gputest.Buffer }
 
 func (m gpuMem) addr() uint64     { return m.b.Addr }
 func (m gpuMem) length() uint64   { return m.b.N }
@@ -144,15 +145,15 @@ type inproc struct {
 // NewInProcessPeer starts a peer engine in this process.
 func NewInProcessPeer(t testing.TB, size int, cfg engine.Config) Peer {
 	t.Helper()
-	p, err := newInproc(size, cfg, false)
+	p, err := newInproc(size, cfg, "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	return p
 }
 
-func newInproc(size int, cfg engine.Config, gpu bool) (*inproc, error) {
-	return newInprocMem(size, cfg, gpu, false)
+func newInproc(size int, cfg engine.Config, gpuKind string) (*inproc, error) {
+	return newInprocMem(size, cfg, gpuKind, false)
 }
 
 // sharedMem is a buffer in the engine's shared mapping: the engine unmaps
@@ -161,7 +162,9 @@ type sharedMem struct{ hostMem }
 
 func (sharedMem) free() {}
 
-func newInprocMem(size int, cfg engine.Config, gpu, shared bool) (*inproc, error) {
+// newInprocMem starts a peer whose buffer is host memory, GPU memory of
+// runtime gpuKind (not ""), or the engine's shared mapping.
+func newInprocMem(size int, cfg engine.Config, gpuKind string, shared bool) (*inproc, error) {
 	if cfg.ListenAddr == "" {
 		cfg.ListenAddr = "127.0.0.1:0"
 	}
@@ -180,8 +183,13 @@ func newInprocMem(size int, cfg engine.Config, gpu, shared bool) (*inproc, error
 			return nil, err
 		}
 		buf = sharedMem{hostMem(mem.Bytes(addr, uint64(size)))}
-	} else if gpu {
-		b, err := cudatest.NewBuffer(uint64(size))
+	} else if gpuKind != "" {
+		v, ok := gputest.Of(gpuKind)
+		if !ok {
+			e.Close()
+			return nil, fmt.Errorf("no GPU runtime %q", gpuKind)
+		}
+		b, err := v.NewBuffer(uint64(size))
 		if err != nil {
 			e.Close()
 			return nil, err
@@ -430,7 +438,11 @@ func runPeer() int {
 	if d, err := time.ParseDuration(os.Getenv(envGrace)); err == nil {
 		cfg.UnregisterGrace = d
 	}
-	p, err := newInprocMem(size, cfg, os.Getenv(envGPU) == "1", os.Getenv(envShared) == "1")
+	kind := os.Getenv(envGPU)
+	if kind == "1" {
+		kind = "cuda"
+	}
+	p, err := newInprocMem(size, cfg, kind, os.Getenv(envShared) == "1")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "peer:", err)
 		return 1

@@ -34,11 +34,13 @@ type Setup struct {
 	Process bool
 	// Config adjusts the engines' configuration (both sides in process).
 	Config func(*engine.Config)
-	// GPU puts the target's buffer in GPU memory (GPU 0 of the driver
-	// cudatest.Setup chose; the package's TestMain calls it): the GPU leg
+	// GPU puts the target's buffer in GPU memory (GPU 0 of the runtime
+	// gputest.Setup chose; the package's TestMain calls it): the GPU leg
 	// of a transport that moves device memory. Local memory stays host
 	// memory, so the suite's checks of it hold as they are.
 	GPU bool
+	// GPUKind is the runtime of that memory ("cuda" when empty, "hip").
+	GPUKind string
 	// Mooncake makes the target an in-process engine that accepts
 	// Mooncake peers (Config.AcceptMooncakePeers; no cluster secret on
 	// either side: Mooncake peers cannot authenticate), and opens its
@@ -80,6 +82,17 @@ func (s Setup) config() engine.Config {
 	return c
 }
 
+// gpuKind is the runtime of the target's buffer, "" for host memory.
+func (s Setup) gpuKind() string {
+	switch {
+	case !s.GPU:
+		return ""
+	case s.GPUKind == "":
+		return "cuda"
+	}
+	return s.GPUKind
+}
+
 func (s Setup) start(t *testing.T) *env { return s.startWith(t, nil) }
 
 // startWith starts the suite's engines, adjusting the initiator's config.
@@ -89,14 +102,14 @@ func (s Setup) startWith(t *testing.T, adjust func(*engine.Config)) *env {
 	if s.Process {
 		var env []string
 		if s.GPU {
-			env = append(env, envGPU+"=1")
+			env = append(env, envGPU+"="+s.gpuKind())
 		}
 		if s.Shared {
 			env = append(env, envShared+"=1")
 		}
 		p = NewChildPeer(t, peerSize, env...)
 	} else {
-		ip, err := newInprocMem(peerSize, s.config(), s.GPU, s.Shared)
+		ip, err := newInprocMem(peerSize, s.config(), s.gpuKind(), s.Shared)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -295,7 +295,7 @@ func (x *torture) start() {
 		cfg := s.config()
 		cfg.UnregisterGrace = tGrace
 		cfg.AcceptMooncakePeers, cfg.AuthSecret, cfg.Encrypt = true, "", false
-		p, err := newInproc(tPeerSize, cfg, false)
+		p, err := newInproc(tPeerSize, cfg, "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -304,7 +304,7 @@ func (x *torture) start() {
 	} else if s.Process {
 		env := []string{envGrace + "=" + tGrace.String()}
 		if s.GPU {
-			env = append(env, envGPU+"=1")
+			env = append(env, envGPU+"="+s.gpuKind())
 		}
 		if s.Shared {
 			env = append(env, envShared+"=1")
@@ -313,7 +313,7 @@ func (x *torture) start() {
 	} else {
 		cfg := s.config()
 		cfg.UnregisterGrace = tGrace
-		p, err := newInprocMem(tPeerSize, cfg, s.GPU, s.Shared)
+		p, err := newInprocMem(tPeerSize, cfg, s.gpuKind(), s.Shared)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"encoding/hex"
 	"sync"
 
 	"github.com/tecache/te/internal/sys/gpu"
@@ -136,19 +137,59 @@ func (d Driver) StreamSync(s gpu.Stream) error {
 	return d.onStream(s, func() error { return d.L.StreamSynchronize(Stream(s)) })
 }
 
-// IPCExport is cuIpcGetMemHandle.
-func (d Driver) IPCExport(ptr uint64) (gpu.IPCHandle, error) {
-	h, err := d.L.IPCGetMemHandle(ptr)
-	return gpu.IPCHandle(h.Reserved), err
+// AllocRange is cuMemGetAddressRange in dev's primary context.
+func (d Driver) AllocRange(dev int, ptr uint64) (base, size uint64, err error) {
+	err = d.onDevice(dev, func() (err error) {
+		base, size, err = d.L.MemGetAddressRange(ptr)
+		return err
+	})
+	return base, size, err
 }
 
-// IPCImport is cuIpcOpenMemHandle (lazy peer access).
-func (d Driver) IPCImport(h gpu.IPCHandle) (uint64, error) {
-	return d.L.IPCOpenMemHandle(IPCMemHandle{Reserved: h}, IPCLazyEnablePeerAccess)
+// DeviceUUID is cuDeviceGetUuid, in hex.
+func (d Driver) DeviceUUID(dev int) (string, error) {
+	dv, err := d.L.DeviceGet(dev)
+	if err != nil {
+		return "", err
+	}
+	u, err := d.L.DeviceUUID(dv)
+	if err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(u.Bytes[:]), nil
 }
 
-// IPCClose is cuIpcCloseMemHandle.
-func (d Driver) IPCClose(ptr uint64) error { return d.L.IPCCloseMemHandle(ptr) }
+// IPCExport is cuIpcGetMemHandle in dev's primary context.
+func (d Driver) IPCExport(dev int, ptr uint64) (h gpu.IPCHandle, err error) {
+	err = d.onDevice(dev, func() error {
+		x, err := d.L.IPCGetMemHandle(ptr)
+		h = gpu.IPCHandle(x.Reserved)
+		return err
+	})
+	return h, err
+}
 
-// DmabufFD is cuMemGetHandleForAddressRange.
-func (d Driver) DmabufFD(ptr, size uint64) (int, error) { return d.L.DmabufFD(ptr, size) }
+// IPCImport is cuIpcOpenMemHandle (lazy peer access) in dev's primary
+// context.
+func (d Driver) IPCImport(dev int, h gpu.IPCHandle) (p uint64, err error) {
+	err = d.onDevice(dev, func() (err error) {
+		p, err = d.L.IPCOpenMemHandle(IPCMemHandle{Reserved: h}, IPCLazyEnablePeerAccess)
+		return err
+	})
+	return p, err
+}
+
+// IPCClose is cuIpcCloseMemHandle in dev's primary context.
+func (d Driver) IPCClose(dev int, ptr uint64) error {
+	return d.onDevice(dev, func() error { return d.L.IPCCloseMemHandle(ptr) })
+}
+
+// DmabufFD is cuMemGetHandleForAddressRange in dev's primary context.
+func (d Driver) DmabufFD(dev int, ptr, size uint64) (fd int, err error) {
+	fd = -1
+	err = d.onDevice(dev, func() (err error) {
+		fd, err = d.L.DmabufFD(ptr, size)
+		return err
+	})
+	return fd, err
+}

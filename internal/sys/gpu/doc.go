@@ -4,4 +4,8 @@
 // vendor package (internal/sys/cuda, internal/sys/hip) implements Driver
 // and registers itself under the memory location kind it serves ("cuda",
 // "hip"), so callers name a location, never a vendor.
+//
+// Package runtimes links every vendor package in; package gputest runs one
+// test body over every runtime (on the fakes of cudatest and hiptest where
+// there is no GPU).
 package gpu

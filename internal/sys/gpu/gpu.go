@@ -48,14 +48,23 @@ type Driver interface {
 	// waits for s.
 	CopyAsync(dst, src, n uint64, dir Dir, s Stream) error
 	StreamSync(s Stream) error
-	// IPCExport exports the allocation holding ptr for another process;
-	// IPCImport maps a peer's export here and IPCClose unmaps it.
-	IPCExport(ptr uint64) (IPCHandle, error)
-	IPCImport(h IPCHandle) (uint64, error)
-	IPCClose(ptr uint64) error
-	// DmabufFD exports [ptr, ptr+size) as a dma-buf (for NIC
+	// AllocRange returns the allocation holding device memory at ptr on
+	// device dev: IPC exports and dma-bufs are of whole allocations.
+	AllocRange(dev int, ptr uint64) (base, size uint64, err error)
+	// DeviceUUID returns device dev's UUID in hex (32 digits), the same in
+	// every process whatever the visible-devices numbering; "" with an
+	// error where the runtime cannot tell.
+	DeviceUUID(dev int) (string, error)
+	// IPCExport exports the allocation whose base is ptr, on device dev,
+	// for another process; IPCImport maps a peer's export on device dev
+	// here and IPCClose unmaps it.
+	IPCExport(dev int, ptr uint64) (IPCHandle, error)
+	IPCImport(dev int, h IPCHandle) (uint64, error)
+	IPCClose(dev int, ptr uint64) error
+	// DmabufFD exports [ptr, ptr+size) of device dev, ptr the base of an
+	// allocation and size page aligned, as a dma-buf (for NIC
 	// registration); NotSupported where the runtime cannot.
-	DmabufFD(ptr, size uint64) (int, error)
+	DmabufFD(dev int, ptr, size uint64) (int, error)
 }
 
 var (
@@ -117,4 +126,16 @@ func Find(ptr uint64) (d Driver, dev int, ok bool) {
 		}
 	}
 	return nil, -1, false
+}
+
+// IsDevice reports whether a location kind is device memory of a GPU
+// runtime: anything but host memory ("cpu"), detection ("*") and storage
+// ("file"). The runtime need not be built in: "hip:0" is device memory
+// whether or not this process can reach it.
+func IsDevice(kind string) bool {
+	switch kind {
+	case "", "cpu", "*", "file":
+		return false
+	}
+	return true
 }

@@ -17,6 +17,12 @@
 // 10000000) picks the numbering and the flags. IPC handles are 64 bytes in
 // both.
 //
+// Besides the calls behind the gpu.Driver methods it binds
+// hipMemGetAddressRange (IPC exports and dma-bufs are of whole
+// allocations) and hipDeviceGetUuid (peers match devices by UUID), both in
+// ROCm 5 and 6. Package hiptest has a fake runtime for tests without an AMD
+// GPU.
+//
 // dma-buf export goes through hsa_amd_portable_export_dmabuf (ROCm 5.6 and
 // later, in libhsa-runtime64, which libamdhip64 loads), looked up where
 // present; without it DmabufFD is NotSupported.

@@ -1,6 +1,7 @@
 package hip
 
 import (
+	"encoding/hex"
 	"fmt"
 	"os"
 	"runtime"
@@ -105,6 +106,8 @@ type Lib struct {
 	hipIpcOpenMemHandle      func(out uintptr, h IPCMemHandle, flags uint32) Error
 	hipIpcCloseMemHandle     func(ptr uint64) Error
 	hipGetErrorName          func(e Error) string
+	hipMemGetAddressRange    func(base, size uintptr, ptr uint64) Error
+	hipDeviceGetUuid         func(out uintptr, dev int32) Error
 	// hsa_amd_portable_export_dmabuf(ptr, size, int *fd, uint64 *offset);
 	// optional.
 	hsaExportDmabuf func(ptr uint64, size uintptr, fd, off uintptr) int32
@@ -139,6 +142,8 @@ func (l *Lib) symbols() []symbol {
 		{"hipIpcOpenMemHandle", &l.hipIpcOpenMemHandle, false},
 		{"hipIpcCloseMemHandle", &l.hipIpcCloseMemHandle, false},
 		{"hipGetErrorName", &l.hipGetErrorName, false},
+		{"hipMemGetAddressRange", &l.hipMemGetAddressRange, false},
+		{"hipDeviceGetUuid", &l.hipDeviceGetUuid, false},
 		{"hsa_amd_portable_export_dmabuf", &l.hsaExportDmabuf, true},
 	}
 }
@@ -465,28 +470,56 @@ func (d Driver) StreamSync(s gpu.Stream) error {
 	return nil
 }
 
-// IPCExport is hipIpcGetMemHandle.
-func (d Driver) IPCExport(p uint64) (gpu.IPCHandle, error) {
+// AllocRange is hipMemGetAddressRange.
+func (d Driver) AllocRange(dev int, p uint64) (base, size uint64, err error) {
 	o := d.L.out()
 	defer d.L.done()
-	if r := d.L.hipIpcGetMemHandle(o, p); r != Success {
-		return gpu.IPCHandle{}, d.L.err(r, "hipIpcGetMemHandle", "%#x", p)
+	if r := d.L.hipMemGetAddressRange(o, o+8, p); r != Success {
+		return 0, 0, d.L.err(r, "hipMemGetAddressRange", "%#x", p)
 	}
-	return *(*gpu.IPCHandle)(ptr(o)), nil
+	return *(*uint64)(ptr(o)), *(*uint64)(ptr(o + 8)), nil
 }
 
-// IPCImport is hipIpcOpenMemHandle (lazy peer access).
-func (d Driver) IPCImport(h gpu.IPCHandle) (uint64, error) {
+// DeviceUUID is hipDeviceGetUuid, in hex.
+func (d Driver) DeviceUUID(dev int) (string, error) {
 	o := d.L.out()
 	defer d.L.done()
-	if r := d.L.hipIpcOpenMemHandle(o, IPCMemHandle{Reserved: h}, ipcLazyEnablePeerAccess(d.L.Major())); r != Success {
-		return 0, d.L.err(r, "hipIpcOpenMemHandle", "import")
+	if r := d.L.hipDeviceGetUuid(o, int32(dev)); r != Success {
+		return "", d.L.err(r, "hipDeviceGetUuid", "device %d", dev)
 	}
-	return *(*uint64)(ptr(o)), nil
+	return hex.EncodeToString(mem.Bytes(uint64(o), 16)), nil
+}
+
+// IPCExport is hipIpcGetMemHandle.
+func (d Driver) IPCExport(dev int, p uint64) (h gpu.IPCHandle, err error) {
+	err = d.L.onDevice(dev, func() error {
+		o := d.L.out()
+		defer d.L.done()
+		if r := d.L.hipIpcGetMemHandle(o, p); r != Success {
+			return d.L.err(r, "hipIpcGetMemHandle", "%#x", p)
+		}
+		h = *(*gpu.IPCHandle)(ptr(o))
+		return nil
+	})
+	return h, err
+}
+
+// IPCImport is hipIpcOpenMemHandle (lazy peer access) with dev current.
+func (d Driver) IPCImport(dev int, h gpu.IPCHandle) (p uint64, err error) {
+	err = d.L.onDevice(dev, func() error {
+		o := d.L.out()
+		defer d.L.done()
+		if r := d.L.hipIpcOpenMemHandle(o, IPCMemHandle{Reserved: h}, ipcLazyEnablePeerAccess(d.L.Major())); r != Success {
+			return d.L.err(r, "hipIpcOpenMemHandle", "import")
+		}
+		p = *(*uint64)(ptr(o))
+		return nil
+	})
+	return p, err
 }
 
 // IPCClose is hipIpcCloseMemHandle.
-func (d Driver) IPCClose(p uint64) error {
+func (d Driver) IPCClose(dev int, p uint64) error {
 	if r := d.L.hipIpcCloseMemHandle(p); r != Success {
 		return d.L.err(r, "hipIpcCloseMemHandle", "%#x", p)
 	}
@@ -497,7 +530,7 @@ func (d Driver) IPCClose(p uint64) error {
 // export starts at the allocation holding ptr; an offset other than 0
 // (ptr inside an allocation) is refused, as NICs register from the fd's
 // start.
-func (d Driver) DmabufFD(p, size uint64) (int, error) {
+func (d Driver) DmabufFD(dev int, p, size uint64) (int, error) {
 	if d.L.hsaExportDmabuf == nil {
 		return -1, errs.New(errs.NotSupported, "hip", "%s has no hsa_amd_portable_export_dmabuf (ROCm 5.6 or later)", d.L.Path)
 	}

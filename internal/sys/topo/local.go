@@ -1,7 +1,9 @@
 package topo
 
 import (
-	"github.com/tecache/te/internal/sys/cuda"
+	"github.com/tecache/te/internal/sys/gpu"
+	// Links the GPU runtimes, so their devices are placed.
+	_ "github.com/tecache/te/internal/sys/gpu/runtimes"
 	"github.com/tecache/te/internal/sys/ibv"
 )
 
@@ -20,28 +22,41 @@ var (
 	// ProbeGPUs lists the PCI addresses of the CUDA devices by ordinal
 	// (none without a driver; "" for a device whose address the driver
 	// does not give).
-	ProbeGPUs = func() []string {
-		l, err := cuda.Load()
-		if err != nil {
-			return nil
-		}
-		n, err := l.DeviceCount()
-		if err != nil {
-			return nil
-		}
-		out := make([]string, n)
-		for i := range out {
-			if d, err := l.DeviceGet(i); err == nil {
-				out[i], _ = l.DevicePCIBusID(d)
+	ProbeGPUs = func() []string { return probeKind("cuda") }
+	// ProbeGPUsByKind lists them for every runtime that loads, by
+	// location kind.
+	ProbeGPUsByKind = func() map[string][]string {
+		out := map[string][]string{}
+		for _, k := range gpu.Kinds() {
+			if ids := probeKind(k); len(ids) > 0 {
+				out[k] = ids
 			}
 		}
 		return out
 	}
 )
 
+// probeKind asks runtime kind for its devices' PCI addresses.
+func probeKind(kind string) []string {
+	d, _, err := gpu.Load(kind)
+	if err != nil || d == nil {
+		return nil
+	}
+	n, err := d.DeviceCount()
+	if err != nil {
+		return nil
+	}
+	out := make([]string, n)
+	for i := range out {
+		out[i], _ = d.PCIBusID(i)
+	}
+	return out
+}
+
 // Local describes this machine as te sees it: the NICs libibverbs lists
-// (those in allow, when it is not empty) and the GPUs the CUDA driver
-// reports, placed in the sysfs tree at Root().
+// (those in allow, when it is not empty) and the GPUs every runtime
+// reports, placed in the sysfs tree at Root() (ProbeGPUs answers for CUDA,
+// so a test that replaces it describes the machine's CUDA devices).
 func Local(allow []string) (*Machine, error) {
-	return Discover(Options{NICs: ProbeNICs(), Allow: allow, GPUs: ProbeGPUs()})
+	return Discover(Options{NICs: ProbeNICs(), Allow: allow, GPUs: ProbeGPUs(), GPUsByKind: ProbeGPUsByKind()})
 }

@@ -2,6 +2,7 @@ package topo
 
 import (
 	"encoding/json"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -42,9 +43,11 @@ type NIC struct {
 	Device
 }
 
-// GPU is a CUDA device: Ordinal is its CUDA ordinal in this process.
+// GPU is a device of a GPU runtime: Kind is the runtime's location kind
+// ("cuda", "hip") and Ordinal its ordinal in this process.
 type GPU struct {
-	Ordinal int `json:"ordinal"`
+	Kind    string `json:"kind"`
+	Ordinal int    `json:"ordinal"`
 	Device
 }
 
@@ -69,6 +72,10 @@ type Options struct {
 	// driver: cuDeviceGetPCIBusId). An empty address is a GPU whose place
 	// is unknown.
 	GPUs []string
+	// GPUsByKind are the PCI addresses of the devices of other runtimes,
+	// by location kind ("hip") and ordinal, as GPUs are for CUDA (a "cuda"
+	// entry is used when GPUs is empty).
+	GPUsByKind map[string][]string
 }
 
 // Discover reads the sysfs tree. A NIC or GPU that sysfs does not place is
@@ -98,12 +105,22 @@ func Discover(o Options) (*Machine, error) {
 		}
 		m.NICs = append(m.NICs, NIC{Name: n, Device: place(root, filepath.Join(root, "class", "infiniband", n, "device"))})
 	}
-	for i, bus := range o.GPUs {
-		g := GPU{Ordinal: i, Device: Device{NUMA: -1}}
-		if bus != "" {
-			g.Device = place(root, filepath.Join(root, "bus", "pci", "devices", bus))
+	byKind := map[string][]string{}
+	for k, v := range o.GPUsByKind {
+		byKind[k] = v
+	}
+	if len(o.GPUs) > 0 {
+		byKind["cuda"] = o.GPUs
+	}
+	kinds := slices.Sorted(maps.Keys(byKind))
+	for _, kind := range kinds {
+		for i, bus := range byKind[kind] {
+			g := GPU{Kind: kind, Ordinal: i, Device: Device{NUMA: -1}}
+			if bus != "" {
+				g.Device = place(root, filepath.Join(root, "bus", "pci", "devices", bus))
+			}
+			m.GPUs = append(m.GPUs, g)
 		}
-		m.GPUs = append(m.GPUs, g)
 	}
 	ents, _ := os.ReadDir(filepath.Join(root, "devices", "system", "node"))
 	for _, e := range ents {
@@ -196,8 +213,8 @@ type Tiers struct {
 	Others    []string `json:"others"`
 }
 
-// Near returns the tiers of a location, "cpu:N" or "cuda:N". Other
-// locations (and "cpu" without a node) prefer every NIC.
+// Near returns the tiers of a location, "cpu:N" or a GPU's KIND:N ("cuda:N",
+// "hip:N"). Other locations (and "cpu" without a node) prefer every NIC.
 func (m *Machine) Near(loc string) Tiers {
 	kind, idx, ok := strings.Cut(loc, ":")
 	n, err := strconv.Atoi(idx)
@@ -208,11 +225,12 @@ func (m *Machine) Near(loc string) Tiers {
 	case "cpu":
 		single := len(m.Nodes) <= 1
 		return m.split(func(c NIC) bool { return c.NUMA == n || (c.NUMA < 0 && single) })
-	case "cuda":
-		if n >= len(m.GPUs) {
+	default:
+		i := slices.IndexFunc(m.GPUs, func(g GPU) bool { return g.Kind == kind && g.Ordinal == n })
+		if i < 0 {
 			return m.split(func(NIC) bool { return true })
 		}
-		g := m.GPUs[n].Device
+		g := m.GPUs[i].Device
 		for _, near := range []func(NIC) bool{
 			func(c NIC) bool { return sameSwitch(g, c.Device) },
 			func(c NIC) bool { return g.NUMA >= 0 && c.NUMA == g.NUMA },
@@ -243,7 +261,7 @@ func (m *Machine) split(near func(NIC) bool) Tiers {
 }
 
 // Locations lists the memory locations of the machine: "cpu:N" per NUMA
-// node ("cpu:0" when sysfs lists none), then "cuda:N" per GPU.
+// node ("cpu:0" when sysfs lists none), then KIND:N per GPU.
 func (m *Machine) Locations() []string {
 	var out []string
 	for _, n := range m.Nodes {
@@ -253,7 +271,7 @@ func (m *Machine) Locations() []string {
 		out = append(out, "cpu:0")
 	}
 	for _, g := range m.GPUs {
-		out = append(out, "cuda:"+strconv.Itoa(g.Ordinal))
+		out = append(out, g.Kind+":"+strconv.Itoa(g.Ordinal))
 	}
 	return out
 }

@@ -34,7 +34,7 @@ func TestRegisterCUDAWithoutDriver(t *testing.T) {
 		{Addr: a, Length: 4096, Location: "cpu", Remote: true},
 		{Addr: a + 8192, Length: 4096, Location: "cuda:0", Remote: true},
 	})
-	if !errors.Is(err, errs.ErrNotSupported) || !strings.Contains(err.Error(), "cuda:0") || !strings.Contains(err.Error(), "CUDA is not available") {
+	if !errors.Is(err, errs.ErrNotSupported) || !strings.Contains(err.Error(), "cuda:0") || !strings.Contains(err.Error(), "cuda runtime is not available") {
 		t.Fatalf("register cuda:0 without CUDA = %v, want NotSupported naming the location and the reason", err)
 	}
 	if d := e.Descriptor(); len(d.Buffers) != 0 {
