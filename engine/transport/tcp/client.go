@@ -225,7 +225,10 @@ func (t *Transport) Warmup(ctx context.Context, d *segment.Desc) error {
 // e.g. "Mooncake peer "): Closed once the transport closes, PeerUnreachable
 // otherwise.
 func (t *Transport) dial(ctx context.Context, addr, what string) (net.Conn, error) {
-	d := net.Dialer{Timeout: t.opt.DialTimeout}
+	// A connect that hangs with requests waiting is a silent peer: the
+	// silence bound (the progress timeout) applies where it is the shorter,
+	// so a rail whose NIC died gives its slices back within it.
+	d := net.Dialer{Timeout: min(t.opt.DialTimeout, t.opt.Timeout)}
 	remote, local := splitVia(addr)
 	if local != "" {
 		// A rail's connection leaves from its NIC's address, so the
