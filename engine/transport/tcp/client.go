@@ -229,7 +229,7 @@ func (t *Transport) dial(ctx context.Context, addr, what string) (net.Conn, erro
 	// silence bound (the progress timeout) applies where it is the shorter,
 	// so a rail whose NIC died gives its slices back within it.
 	d := net.Dialer{Timeout: min(t.opt.DialTimeout, t.opt.Timeout)}
-	remote, local := splitVia(addr)
+	remote, local, rail := splitVia(addr)
 	if local != "" {
 		// A rail's connection leaves from its NIC's address, so the
 		// route (and the NIC) is the rail's, not the default one.
@@ -244,5 +244,12 @@ func (t *Transport) dial(ctx context.Context, addr, what string) (net.Conn, erro
 		return nil, errs.Wrap(errs.PeerUnreachable, "tcp", err, "connect to %s%s", what, addr)
 	}
 	tune(nc)
+	if tc, ok := nc.(*net.TCPConn); ok && rail {
+		// A rail's slices go to another rail when its connection is cut:
+		// closing then drops what the kernel still holds to send (a
+		// reset, not a FIN after it), so no byte of a slice sent again
+		// elsewhere reaches the target late, when the link comes back.
+		tc.SetLinger(0)
+	}
 	return nc, nil
 }

@@ -71,7 +71,8 @@ func (t *Transport) closeExtra() {
 }
 
 // via is how a rail's pool address names the local address it dials from:
-// "10.0.1.2:4000 via 10.0.1.1" (the pool shows it in errors as it is).
+// "10.0.1.2:4000 via 10.0.1.1", or "via any" (the pool shows it in errors
+// as it is).
 const via = " via "
 
 // tcpRail is one local NIC to one peer endpoint.
@@ -122,12 +123,11 @@ func (t *Transport) railsOf(d *segment.Desc) *railSet {
 	rs := &railSet{t: t}
 	rs.used.Store(now)
 	for _, sp := range pairRails(t.devs, eps) {
-		r := &tcpRail{addr: sp.remote}
-		l := "any"
-		if sp.local != "" {
-			r.addr += via + sp.local
-			l = sp.local
+		l := sp.local
+		if l == "" {
+			l = anyLocal
 		}
+		r := &tcpRail{addr: sp.remote + via + l}
 		h, _, _ := net.SplitHostPort(sp.remote)
 		r.name = l + "-" + h
 		rs.rails = append(rs.rails, r)
@@ -361,9 +361,15 @@ func (rs *railSet) warm(ctx context.Context) error {
 	return first
 }
 
-// splitVia parses a pool address: the peer's endpoint and the local
-// address to dial from ("" for none).
-func splitVia(addr string) (remote, local string) {
-	remote, local, _ = strings.Cut(addr, via)
-	return remote, local
+// anyLocal is a rail's local address when the kernel chooses it.
+const anyLocal = "any"
+
+// splitVia parses a pool address: the peer's endpoint, the local address to
+// dial from ("" for none), and whether it is a rail's.
+func splitVia(addr string) (remote, local string, rail bool) {
+	remote, local, rail = strings.Cut(addr, via)
+	if local == anyLocal {
+		local = ""
+	}
+	return remote, local, rail
 }
