@@ -171,6 +171,18 @@ func defaultDevices() []device {
 	return out
 }
 
+// hostIPs lists every address of this host's interfaces that are up.
+func hostIPs() []net.IP {
+	nics, _ := nicAddrs()
+	var out []net.IP
+	for _, n := range nics {
+		for _, a := range n.nets {
+			out = append(out, a.IP)
+		}
+	}
+	return out
+}
+
 // railSpec is one rail to a peer: the local address it dials from ("" for
 // the kernel's choice) and the peer's endpoint.
 type railSpec struct {

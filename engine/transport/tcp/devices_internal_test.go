@@ -105,3 +105,19 @@ func TestRailDialBindsLocal(t *testing.T) {
 		nc.Close()
 	}
 }
+
+// TestReachableEndpoints: a peer on another host that publishes an address
+// this host has too (a container bridge's) does not get a rail to it:
+// dialing it would reach this host. A peer on this host keeps all.
+func TestReachableEndpoints(t *testing.T) {
+	tr := New()
+	tr.localIPs = []net.IP{net.ParseIP("10.0.0.5"), net.ParseIP("172.17.0.1")}
+	got := tr.reachable([]string{"10.0.0.9:1", "172.17.0.1:2", "10.0.1.9:3"})
+	if strings.Join(got, ",") != "10.0.0.9:1,10.0.1.9:3" {
+		t.Fatalf("remote peer: %q", got)
+	}
+	got = tr.reachable([]string{"10.0.0.5:1", "172.17.0.1:2"})
+	if strings.Join(got, ",") != "10.0.0.5:1,172.17.0.1:2" {
+		t.Fatalf("peer on this host: %q", got)
+	}
+}

@@ -2,6 +2,7 @@ package tcp
 
 import (
 	"context"
+	"errors"
 	"net"
 	"strconv"
 	"strings"
@@ -20,6 +21,12 @@ import (
 // primary (Endpoints["tcp"]) first. Peers that do not know it read the
 // primary alone, as before.
 const EndpointsKey = "tcp.rails"
+
+// errWrongEngine is the cause of a request refused before it was sent
+// because the endpoint answered as another engine than the descriptor's.
+// On a rail it is the rail's fault (an endpoint at an address that is not
+// the peer's from here), and its slices go to another rail.
+var errWrongEngine = errors.New("the endpoint answered as another engine")
 
 // Rail cooldown: a rail whose connection failed or stalled rests this long
 // (doubling while it keeps failing) before one slice probes it again.
@@ -43,6 +50,7 @@ func (t *Transport) listenDevices(lc net.ListenConfig, primary *net.TCPAddr) err
 		devs = defaultDevices()
 	}
 	t.devs = devs
+	t.localIPs = hostIPs()
 	port := strconv.Itoa(primary.Port)
 	for _, d := range devs {
 		if wild || d.ip.Equal(primary.IP) {
@@ -106,7 +114,7 @@ func (t *Transport) railsOf(d *segment.Desc) *railSet {
 		return nil
 	}
 	primary := d.Endpoints[Name]
-	eps := parseEndpoints(primary, list)
+	eps := t.reachable(parseEndpoints(primary, list))
 	if len(eps) < 2 {
 		return nil
 	}
@@ -137,6 +145,36 @@ func (t *Transport) railsOf(d *segment.Desc) *railSet {
 	}
 	s.m[key] = rs
 	return rs
+}
+
+// reachable drops the endpoints of a peer on another host that carry an
+// address of this host (a container bridge's, the same on every host, say):
+// dialing one reaches this host, not the peer. A peer whose primary
+// endpoint is one of this host's addresses is on this host, and keeps all.
+func (t *Transport) reachable(eps []string) []string {
+	ours := func(ep string) bool {
+		h, _, _ := net.SplitHostPort(ep)
+		ip := net.ParseIP(h)
+		if ip == nil {
+			return false
+		}
+		for _, a := range t.localIPs {
+			if a.Equal(ip) {
+				return true
+			}
+		}
+		return false
+	}
+	if ours(eps[0]) {
+		return eps
+	}
+	out := eps[:1]
+	for _, ep := range eps[1:] {
+		if !ours(ep) {
+			out = append(out, ep)
+		}
+	}
+	return out
 }
 
 // prune drops the sets unused for idle (at least a minute): a restarted
@@ -288,7 +326,7 @@ func (rs *railSet) settle(it item, err error) bool {
 		return false
 	}
 	r.Left(it.n)
-	if errs.CodeOf(err) != errs.PeerUnreachable || it.op.canceled.Load() {
+	if (errs.CodeOf(err) != errs.PeerUnreachable && !errors.Is(err, errWrongEngine)) || it.op.canceled.Load() {
 		return false
 	}
 	if r.Failed(railCooldown, now) && rs.t.logf != nil {

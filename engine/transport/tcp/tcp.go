@@ -198,9 +198,10 @@ type Transport struct {
 	// listeners on those the data listener does not cover (it is bound
 	// to another address), served by the goroutine path; devEps the
 	// endpoints published for them beside the primary one.
-	devs   []device
-	extra  []net.Listener
-	devEps []string
+	devs     []device
+	localIPs []net.IP // every address of this host, when it started
+	extra    []net.Listener
+	devEps   []string
 	// railSets are the rails to peers that publish several endpoints
 	// (rails.go).
 	railSets railSets
