@@ -31,10 +31,10 @@ func mbit(n uint64, r batchResult) float64 {
 
 // TestRailsTwoLinks: two hosts with two links of 1 Gbit/s each (tbf). A
 // large write batch between peers that publish an endpoint per link runs
-// over both: it must beat 1.3x what peers with one endpoint reach over one
-// link in the same lab (the ideal is 2x; on a two-core machine the CPU,
-// not the links, may bound it, hence the lenient bound). TE_LAB_RAILS_RATIO
-// raises the bound, e.g. 1.8 on a machine with cores to spare.
+// over both: it must beat 1.5x what peers with one endpoint reach over one
+// link in the same lab (the ideal is 2x, and a quiet two-core machine
+// measures 1.96x to 2.0x; the bound leaves room for a loaded one).
+// TE_LAB_RAILS_RATIO sets another bound, e.g. 1.9.
 func TestRailsTwoLinks(t *testing.T) {
 	const rate = 1000
 	const n, bs = 128 * mib, 4 * mib
@@ -54,13 +54,14 @@ func TestRailsTwoLinks(t *testing.T) {
 	rail := func(p *peer, r int) uint64 {
 		return p.stats()["rail."+l.Hosts[0].Addr(r)+"-"+l.Hosts[1].Addr(r)+".bytes"]
 	}
+	t.Logf("two-link rails moved %d MiB and %d MiB", rail(a2, 0)/mib, rail(a2, 1)/mib)
 	if rail(a2, 0) == 0 || rail(a2, 1) == 0 || a1.stats()["rail_bytes"] != 0 {
 		t.Fatalf("striping: two-link peers' rails moved %d and %d bytes, one-link peers' %d",
 			rail(a2, 0), rail(a2, 1), a1.stats()["rail_bytes"])
 	}
 	t.Logf("%d MiB writes: one link %.0f Mbit/s (%.2f of %d), two links %.0f Mbit/s (%.2f of %d), %.2fx",
 		n/mib, one, one/rate, rate, two, two/(2*rate), 2*rate, two/one)
-	want := 1.3
+	want := 1.5
 	if v, err := strconv.ParseFloat(os.Getenv("TE_LAB_RAILS_RATIO"), 64); err == nil && v > 0 {
 		want = v
 	}

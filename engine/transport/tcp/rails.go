@@ -210,6 +210,7 @@ func (s *railSets) stats(out map[string]uint64) {
 	for _, rs := range s.m {
 		for _, r := range rs.rails {
 			tot[r.name] = addCounters(tot[r.name], r.Counters())
+			out["rail."+r.name+".rate"] = uint64(r.Rate()) // a gauge: the estimate now
 		}
 	}
 	s.mu.Unlock()
@@ -325,7 +326,7 @@ func (rs *railSet) settle(it item, err error) bool {
 		r.Completed(it.n, now)
 		return false
 	}
-	r.Left(it.n)
+	r.Left(it.n, now)
 	if (errs.CodeOf(err) != errs.PeerUnreachable && !errors.Is(err, errWrongEngine)) || it.op.canceled.Load() {
 		return false
 	}

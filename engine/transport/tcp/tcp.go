@@ -263,7 +263,8 @@ type headersOnlyHoster interface{ HeadersOnly() bool }
 // address L, "any" when unbound, to peer address R) the payload bytes the
 // peer acknowledged, failures, slices sent again on another rail and
 // cooldowns, and their sums (rail_bytes, rail_errors, rail_retries,
-// rail_cooldowns).
+// rail_cooldowns); "rail.L-R.rate" is a gauge, the rail's measured
+// throughput in bytes per second (0 until measured).
 func (t *Transport) Stats() map[string]uint64 {
 	st := t.limiter.Stats()
 	out := map[string]uint64{

@@ -23,12 +23,22 @@ var epoch = time.Now().Add(-time.Second)
 func Now() int64 { return int64(time.Since(epoch)) }
 
 // Measurement window and smoothing of the throughput estimate: a sample
-// covers at least minWindow of busy time and minBytes, or longWindow.
+// covers at least minWindow of busy time and minBytes, or longWindow, and
+// moves the estimate by its share of tau. Completions come in bursts (tcp
+// settles the WRITE slices of one writev together once it returned, often
+// several MiB), so a sample is only as good as its window is long next to
+// a burst: short windows read several times the real rate on the burst and
+// next to nothing between, and a rail would get most (or next to none) of
+// the next requests for one unlucky sample. Until a rail is measured it
+// counts as fast as the others, and the backlog alone balances the rails;
+// the rate is the slow signal (a NIC's capacity), the backlog the quick
+// one. Busy time and bytes carry over idle spells, so small transfers add
+// up to a window too.
 const (
-	minWindow  = 2 * time.Millisecond
-	minBytes   = 256 << 10
-	longWindow = 20 * time.Millisecond
-	ewma       = 0.25
+	minWindow  = 500 * time.Millisecond
+	minBytes   = 16 << 20
+	longWindow = 2 * time.Second
+	tau        = 2 * time.Second
 )
 
 // Cooldown bounds: a rail that failed rests Cool, doubling with each
@@ -86,20 +96,27 @@ func (r *Rail) Backlog() int64 { return r.backlog.Load() }
 func (r *Rail) Probing() bool { return r.probing.Load() }
 
 // Routed accounts for n bytes handed to the rail; a rail that was idle
-// starts a measurement window now.
+// starts a measurement window now. (The backlog moves under mu wherever it
+// decides whether the rail is busy, so two settlements at once never leave
+// an idle rail's window running, nor a busy one's stopped.)
 func (r *Rail) Routed(n uint64, now int64) {
-	if r.backlog.Add(int64(n)) == int64(n) {
-		r.mu.Lock()
-		if r.winStart == 0 {
-			r.winStart = now
-		}
-		r.mu.Unlock()
+	r.mu.Lock()
+	if r.backlog.Add(int64(n)) == int64(n) && r.winStart == 0 {
+		r.winStart = now
 	}
+	r.mu.Unlock()
 }
 
 // Left accounts for n bytes that ended on the rail without completing
-// (failed, canceled, sent elsewhere).
-func (r *Rail) Left(n uint64) { r.backlog.Add(-int64(n)) }
+// (failed, canceled, sent elsewhere); a rail left idle stops its window.
+func (r *Rail) Left(n uint64, now int64) {
+	r.mu.Lock()
+	if r.backlog.Add(-int64(n)) <= 0 && r.winStart != 0 {
+		r.winBusy += now - r.winStart
+		r.winStart = 0
+	}
+	r.mu.Unlock()
+}
 
 // Retried counts a slice that failed here and went to another rail.
 func (r *Rail) Retried() { r.retries.Add(1) }
@@ -108,8 +125,8 @@ func (r *Rail) Retried() { r.retries.Add(1) }
 // count toward its throughput over the time it was busy, and end a probe.
 func (r *Rail) Completed(n uint64, now int64) {
 	r.bytes.Add(n)
-	busy := r.backlog.Add(-int64(n)) > 0
 	r.mu.Lock()
+	busy := r.backlog.Add(-int64(n)) > 0
 	if r.winStart == 0 {
 		r.winStart = now
 	}
@@ -118,7 +135,7 @@ func (r *Rail) Completed(n uint64, now int64) {
 	if (d >= int64(minWindow) && r.winBytes >= minBytes) || d >= int64(longWindow) {
 		sample := float64(r.winBytes) * 1e9 / float64(max(d, 1))
 		if old := r.Rate(); old > 0 {
-			sample = old + ewma*(sample-old)
+			sample = old + min(1, float64(d)/float64(tau))*(sample-old)
 		}
 		r.setRate(sample)
 		r.winBytes, r.winBusy, d = 0, 0, 0
