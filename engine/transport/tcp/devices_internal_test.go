@@ -121,3 +121,30 @@ func TestReachableEndpoints(t *testing.T) {
 		t.Fatalf("peer on this host: %q", got)
 	}
 }
+
+// TestDefaultDevices: every interface that is up with an address, loopback
+// left out when there are others; an interface with only a link-local IPv6
+// address has none to publish.
+func TestDefaultDevices(t *testing.T) {
+	saved := nicAddrs
+	defer func() { nicAddrs = saved }()
+	lo := nicInfo{name: "lo", loopback: true, nets: []*net.IPNet{ipnet(t, "127.0.0.1/8"), ipnet(t, "::1/128")}}
+	eth0 := nicInfo{name: "eth0", nets: []*net.IPNet{ipnet(t, "fe80::1/64"), ipnet(t, "10.0.0.5/24")}}
+	eth1 := nicInfo{name: "eth1", nets: []*net.IPNet{ipnet(t, "fd00::5/64")}}
+	ll := nicInfo{name: "eth2", nets: []*net.IPNet{ipnet(t, "fe80::2/64")}}
+	names := func() string {
+		var out []string
+		for _, d := range defaultDevices() {
+			out = append(out, d.name+"="+d.ip.String())
+		}
+		return strings.Join(out, ",")
+	}
+	nicAddrs = func() ([]nicInfo, error) { return []nicInfo{lo}, nil }
+	if got := names(); got != "lo=127.0.0.1" {
+		t.Errorf("loopback only: %s", got)
+	}
+	nicAddrs = func() ([]nicInfo, error) { return []nicInfo{lo, eth0, eth1, ll}, nil }
+	if got := names(); got != "eth0=10.0.0.5,eth1=fd00::5" {
+		t.Errorf("with NICs: %s", got)
+	}
+}

@@ -2,6 +2,7 @@ package tcp_test
 
 import (
 	"bytes"
+	"context"
 	"strings"
 	"sync"
 	"testing"
@@ -110,9 +111,19 @@ func (rp *railPair) run(t *testing.T, n, block int, cut func() bool) bool {
 // address), and the bytes each rail reports add up to what moved.
 func TestRailsStripeOverTwoNICs(t *testing.T) {
 	const n, block = 16 << 20, 1 << 20
-	rp := newRailPair(t, n, map[string]string{"tcp.slice": "64KiB"})
+	rp := newRailPair(t, n, map[string]string{"tcp.slice": "64KiB", "tcp.conns": "2"})
+	// Warmup opens every rail's connections, so the transfer dials none.
+	if err := rp.init.Warmup(context.Background(), rp.tgt.Descriptor().Name); err != nil {
+		t.Fatal(err)
+	}
+	if d := rp.init.TransportStats()["tcp"]["peer_conns_dialed"]; d != 4 {
+		t.Fatalf("warmup dialed %d connections, want 2 rails x 2", d)
+	}
 	rp.run(t, n, block, nil)
 	st := rp.init.TransportStats()["tcp"]
+	if st["peer_conns_dialed"] != 4 {
+		t.Fatalf("the transfer dialed %d more connections after warmup", st["peer_conns_dialed"]-4)
+	}
 	a, b := st["rail.127.0.0.1-127.0.0.1.bytes"], st["rail.127.0.0.2-127.0.0.2.bytes"]
 	t.Logf("rail 127.0.0.1: %d bytes, rail 127.0.0.2: %d bytes", a, b)
 	if a == 0 || b == 0 {
