@@ -339,7 +339,13 @@ func (rs *railSet) settle(it item, err error) bool {
 	r.Retried()
 	it.tries++
 	// Not from here: Done may run on the connection's own goroutines.
-	go rs.resend(it, err)
+	// Close waits for it (after the pools closed, a slice settles with
+	// Closed, which is never sent again, so none starts after that).
+	rs.t.resends.Add(1)
+	go func() {
+		defer rs.t.resends.Done()
+		rs.resend(it, err)
+	}()
 	return true
 }
 

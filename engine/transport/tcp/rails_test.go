@@ -3,6 +3,7 @@ package tcp_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/tecache/te/engine"
 	"github.com/tecache/te/engine/transport/tcp"
+	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/mem"
 )
 
@@ -182,4 +184,46 @@ func TestRailsNICKilledMidTransfer(t *testing.T) {
 	if got := rp.init.TransportStats()["tcp"]["rail.127.0.0.1-127.0.0.1.bytes"] - before; got < 8<<20-64<<10 {
 		t.Fatalf("the live rail moved %d bytes of the next %d", got, 8<<20)
 	}
+}
+
+// TestRailsAllNICsGone: the target goes away (every rail's connections cut,
+// every listener closed) while a batch is in flight. Slices bounce to the
+// other rail and find it gone too: every task ends, none COMPLETED for
+// bytes that did not arrive, the failed ones with the usual
+// PeerUnreachable, and within seconds.
+func TestRailsAllNICsGone(t *testing.T) {
+	const n, block = 32 << 20, 256 << 10
+	rp := newRailPair(t, n, map[string]string{"tcp.slice": "64KiB"})
+	rp.run(t, 1<<20, block, nil)
+	b, err := rp.init.AllocateBatch(n / block)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reqs []engine.Request
+	for off := 0; off < n; off += block {
+		reqs = append(reqs, engine.Request{Op: engine.Write, Local: mem.Addr(rp.local) + uint64(off), Segment: rp.seg, Remote: mem.Addr(rp.rem) + uint64(off), Length: block})
+	}
+	if err := b.Submit(reqs...); err != nil {
+		t.Fatal(err)
+	}
+	rp.tgt.Close()
+	t0 := time.Now()
+	st, err := b.Wait(10 * time.Second)
+	if err != nil {
+		t.Fatalf("batch still pending %v after the target closed: %+v", time.Since(t0), st)
+	}
+	t.Logf("batch ended %v after the target closed: %d completed, %d failed", time.Since(t0), st.Completed, st.Failed)
+	if st.Failed == 0 {
+		t.Fatalf("every task completed: the target closed after the batch (%+v)", st)
+	}
+	for i := 0; i < n/block; i++ {
+		ts, _ := b.TaskStatus(i)
+		if ts.State == engine.Failed && !errors.Is(ts.Err, errs.ErrPeerUnreachable) {
+			t.Errorf("task %d: %v, want peer unreachable", i, ts.Err)
+		}
+		if ts.State == engine.Completed && !bytes.Equal(rp.rem[i*block:(i+1)*block], rp.local[i*block:(i+1)*block]) {
+			t.Errorf("task %d COMPLETED but its bytes are not at the target", i)
+		}
+	}
+	b.Free()
 }

@@ -205,6 +205,7 @@ type Transport struct {
 	// railSets are the rails to peers that publish several endpoints
 	// (rails.go).
 	railSets railSets
+	resends  sync.WaitGroup // slices on their way to another rail
 	// loop accepts and serves Mooncake initiators when the engine accepts
 	// them (mcloop.go).
 	loop *mcLoop
@@ -517,6 +518,7 @@ func (t *Transport) Close() error {
 	closed := errs.New(errs.Closed, "tcp", "transport closed")
 	t.tef.pool.Close(closed)
 	t.mcf.pool.Close(closed)
+	t.resends.Wait()
 	t.wg.Wait()
 	t.closeGPU()
 	return nil
