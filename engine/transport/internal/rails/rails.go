@@ -4,9 +4,13 @@
 // after a failure; Split spreads a request's slices over usable rails so
 // they finish together; Pick chooses one rail for a slice sent again.
 //
-// The tcp transport uses it for its NIC pairs. The rules are those of the
-// rdma transport's rails (engine/transport/rdma/rail.go, split.go), which
-// still carries its own copy tied to its queue pairs and plans.
+// The tcp transport uses all of it for its NIC pairs. The rdma transport
+// splits and picks with Fill and PickLoad over its own rails' Loads: its
+// rail state (rdma/rail.go) keeps a stricter health policy (a number of
+// errors within a window before a cooldown, suspect rails between) and a
+// rate estimate over short windows, which suit per-work-request
+// completions; tcp's completions come in bursts of a writev, hence Rail's
+// long windows.
 package rails
 
 import (
@@ -200,12 +204,29 @@ func (r *Rail) Cooling(now int64) bool {
 	return u != 0 && now < u
 }
 
-// rates fills v with the measured throughput of each rail: one not yet
-// measured counts as the mean of those that are (all alike when none is).
-func rates(rs []*Rail, v []float64) {
+// Load is what the split knows of one rail: its measured rate in bytes per
+// second (0: not measured yet), the bytes it holds, and whether it is a
+// probe. Transports with rails of their own (rdma) fill it from them.
+type Load struct {
+	Rate    float64
+	Backlog int64
+	Probing bool
+}
+
+// Load returns the rail's state for Fill and PickLoad.
+func (r *Rail) Load() Load {
+	return Load{Rate: r.Rate(), Backlog: r.backlog.Load(), Probing: r.probing.Load()}
+}
+
+// maxStack is how many rails the split handles without allocating.
+const maxStack = 32
+
+// rates fills v with each rail's rate: one not yet measured counts as the
+// mean of those that are (all alike when none is).
+func rates(ls []Load, v []float64) {
 	sum, known := 0.0, 0
-	for i, r := range rs {
-		v[i] = r.Rate()
+	for i, l := range ls {
+		v[i] = l.Rate
 		if v[i] > 0 {
 			sum += v[i]
 			known++
@@ -215,30 +236,52 @@ func rates(rs []*Rail, v []float64) {
 	if known > 0 {
 		mean = sum / float64(known)
 	}
-	for i := range rs {
+	for i := range ls {
 		if v[i] <= 0 {
 			v[i] = mean
 		}
 	}
 }
 
+func floats(buf *[maxStack]float64, n int) []float64 {
+	if n <= maxStack {
+		return buf[:n]
+	}
+	return make([]float64, n)
+}
+
 // Pick returns the index in rs of the rail that would finish n more bytes
-// first, given what it holds and how fast it moves; a probing rail that
-// holds a slice already is passed over; ties go round from rot.
+// first (PickLoad).
 func Pick(rs []*Rail, n uint64, rot uint64) int {
-	if len(rs) == 1 {
+	var buf [maxStack]Load
+	ls := buf[:0]
+	if len(rs) > maxStack {
+		ls = make([]Load, 0, len(rs))
+	}
+	for _, r := range rs {
+		ls = append(ls, r.Load())
+	}
+	return PickLoad(ls, n, rot)
+}
+
+// PickLoad returns the index of the rail that would finish n more bytes
+// first, given what it holds and how fast it moves; a probe that holds a
+// slice already is passed over; ties go round from rot.
+func PickLoad(ls []Load, n uint64, rot uint64) int {
+	if len(ls) == 1 {
 		return 0
 	}
-	v := make([]float64, len(rs))
-	rates(rs, v)
+	var vbuf [maxStack]float64
+	v := floats(&vbuf, len(ls))
+	rates(ls, v)
 	best, bestT := 0, -1.0
-	for k := range rs {
-		i := (int(rot%uint64(len(rs))) + k) % len(rs)
-		r := rs[i]
-		if r.probing.Load() && r.backlog.Load() > 0 {
+	for k := range ls {
+		i := (int(rot%uint64(len(ls))) + k) % len(ls)
+		l := ls[i]
+		if l.Probing && l.Backlog > 0 {
 			continue
 		}
-		t := (float64(max(r.backlog.Load(), 0)) + float64(n)) / v[i]
+		t := (float64(max(l.Backlog, 0)) + float64(n)) / v[i]
 		if bestT < 0 || t < bestT {
 			best, bestT = i, t
 		}
@@ -246,24 +289,41 @@ func Pick(rs []*Rail, n uint64, rot uint64) int {
 	return best
 }
 
-// Split spreads n slices of size bytes (length in all) over rs so that
-// they all finish at about the same time: each rail gets bytes in
-// proportion to its measured throughput, less what it already holds
-// (water-filling), so a slow or busy rail gets less and an idle one more; a
-// probing rail gets one slice at most, and only once its last one is done.
-// It writes into counts (len(rs)) how many slices each rail takes.
+// Split spreads n slices over rs (Fill).
 func Split(rs []*Rail, n int, size, length uint64, counts []int) {
-	m := len(rs)
-	v := make([]float64, m)
-	b := make([]float64, m)
-	ord := make([]int, m)
-	rates(rs, v)
-	for i, r := range rs {
-		b[i] = float64(max(r.backlog.Load(), 0))
-		if r.probing.Load() {
+	var buf [maxStack]Load
+	ls := buf[:0]
+	if len(rs) > maxStack {
+		ls = make([]Load, 0, len(rs))
+	}
+	for _, r := range rs {
+		ls = append(ls, r.Load())
+	}
+	Fill(ls, n, size, length, counts)
+}
+
+// Fill spreads n slices of size bytes (length in all) over rails in state
+// ls so that they all finish at about the same time: each rail gets bytes
+// in proportion to its rate, less what it already holds (water-filling), so
+// a slow or busy rail gets less and an idle one more; a probe gets one
+// slice at most, and only once its last one is done. It writes into counts
+// (len(ls)) how many slices each rail takes.
+func Fill(ls []Load, n int, size, length uint64, counts []int) {
+	m := len(ls)
+	var vbuf, bbuf [maxStack]float64
+	var obuf [maxStack]int
+	v, b := floats(&vbuf, m), floats(&bbuf, m)
+	ord := obuf[:0]
+	if m > maxStack {
+		ord = make([]int, 0, m)
+	}
+	rates(ls, v)
+	for i, l := range ls {
+		b[i] = float64(max(l.Backlog, 0))
+		if l.Probing {
 			v[i] = min(v[i], 1) // next to nothing: one slice below
 		}
-		ord[i] = i
+		ord = append(ord, i)
 	}
 	// Order by when each rail is free: backlog / rate.
 	for i := 1; i < m; i++ {
@@ -311,17 +371,17 @@ func Split(rs []*Rail, n int, size, length uint64, counts []int) {
 	}
 	// A probe whose last slice is done takes one slice (else none); the
 	// difference goes to or comes from the rail with the most.
-	for i, r := range rs {
-		if !r.probing.Load() {
+	for i, l := range ls {
+		if !l.Probing {
 			continue
 		}
 		want := 0
-		if r.backlog.Load() <= 0 {
+		if l.Backlog <= 0 {
 			want = 1
 		}
 		most := -1
-		for j := range rs {
-			if j != i && !rs[j].probing.Load() && (most < 0 || counts[j] > counts[most]) {
+		for j := range ls {
+			if j != i && !ls[j].Probing && (most < 0 || counts[j] > counts[most]) {
 				most = j
 			}
 		}
