@@ -40,15 +40,15 @@ const (
 // Options are the transport's parameters, read from the engine's Params in
 // Start.
 type Options struct {
-	Conns  int    // connections per peer
-	Slice  uint64 // largest request on the wire; larger ones are cut
-	Listen string // data listener address; "" for the RPC listener's IP
+	Conns       int           // connections per peer
+	Slice       uint64        // largest request on the wire; larger ones are cut
+	Listen      string        // data listener address; "" for the RPC listener's IP
+	DialTimeout time.Duration // connect timeout (at most Timeout)
 	// Devices lists the NICs (interface names or addresses) the transport
 	// listens on, publishes an endpoint for, and stripes slices from
 	// (tcp.devices). "": every interface that is up when the data
 	// listener is on the wildcard address, else the listener's alone.
-	Devices     string
-	DialTimeout time.Duration // connect timeout
+	Devices string
 	// Timeout fails a connection (and the requests on it) when requests
 	// are in flight and no byte arrived for this long: a peer that hangs
 	// without closing its socket does not hold requests, and the memory
