@@ -51,6 +51,9 @@ const (
 	EnvPeerIdleTimeout         = "TE_PEER_IDLE_TIMEOUT"
 	// EnvTCPListen pins the tcp data listener (the tcp.listen parameter).
 	EnvTCPListen = "TE_TCP_LISTEN"
+	// EnvTCPDevices names the NICs the tcp transport publishes an
+	// endpoint for and stripes over (the tcp.devices parameter).
+	EnvTCPDevices = "TE_TCP_DEVICES"
 	// EnvParamPrefix starts a transport parameter: TE_PARAM_tcp_conns=4 is
 	// Params["tcp.conns"] = "4". The name after the prefix is the
 	// parameter's with its first "." written "_"; upper case is accepted
@@ -283,6 +286,11 @@ func (c *Config) applyEnv(getenv func(string) string, environ []string) (envPara
 			return nil, nil, err
 		}
 	}
+	if v := getenv(EnvTCPDevices); v != "" {
+		if err := set(EnvTCPDevices, "tcp.devices", v); err != nil {
+			return nil, nil, err
+		}
+	}
 	names := []string{}
 	for _, kv := range environ {
 		name, _, _ := strings.Cut(kv, "=")
@@ -299,6 +307,9 @@ func (c *Config) applyEnv(getenv func(string) string, environ []string) (envPara
 		}
 		if key == "tcp.listen" && envParams[key] != "" {
 			return nil, nil, errs.New(errs.InvalidArgument, "new", "%s and %s both set tcp.listen", EnvTCPListen, name)
+		}
+		if key == "tcp.devices" && envParams[key] != "" {
+			return nil, nil, errs.New(errs.InvalidArgument, "new", "%s and %s both set tcp.devices", EnvTCPDevices, name)
 		}
 		if err := set(name, key, getenv(name)); err != nil {
 			return nil, nil, err

@@ -28,6 +28,7 @@ func TestApplyEnvEveryField(t *testing.T) {
 		EnvIdleTimeout: "1m", EnvHandshakeTimeout: "3s", EnvProgressTimeout: "4s", EnvMaxFrame: "64KiB",
 		EnvMaxCallsPerConn: "5", EnvMaxCalls: "50", EnvNotifyBytes: "1MiB", EnvNotifyBytesPerSender: "65536",
 		EnvPeerIdleTimeout: "never", EnvTCPListen: "127.0.0.1:0", "TE_PARAM_TCP_CONNS": "4",
+		EnvTCPDevices:            "127.0.0.1,127.0.0.2",
 		"TE_PARAM_shm_job_bytes": "1MiB", EnvIntegrity: "Headers",
 	})
 	var c Config
@@ -51,6 +52,8 @@ func TestApplyEnvEveryField(t *testing.T) {
 		t.Fatalf("limits: %+v", l)
 	case c.Params["tcp.conns"] != "4", c.Params["tcp.listen"] != "127.0.0.1:0", c.Params["shm.job_bytes"] != "1MiB":
 		t.Fatalf("params: %v", c.Params)
+	case c.Params["tcp.devices"] != "127.0.0.1,127.0.0.2", params["tcp.devices"] != EnvTCPDevices:
+		t.Fatalf("tcp.devices: %v from %v", c.Params, params)
 	case params["tcp.conns"] != "TE_PARAM_TCP_CONNS", params["tcp.listen"] != EnvTCPListen:
 		t.Fatalf("param sources: %v", params)
 	}

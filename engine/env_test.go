@@ -21,6 +21,7 @@ func TestEnvRefusedAtNew(t *testing.T) {
 		"TE_PARAM_tcp_conn":           "4",      // no such tcp parameter
 		"TE_PARAM_tcp_conns":          "banana", // tcp refuses the value
 		engine.EnvTCPListen:           "nowhere",
+		engine.EnvTCPDevices:          "no-such-nic0",
 		engine.EnvMetricsAddr:         "no port",
 		engine.EnvIntegrity:           "none",
 	} {

@@ -67,6 +67,7 @@ type batchResult struct {
 //	pattern SEED            fill the buffer with a pattern
 //	fill B                  set every byte to B
 //	crc OFF N               CRC-32 of [OFF, OFF+N)
+//	stats                   the tcp transport's Stats, one JSON line
 //	write SEG RADDR N BS    write [0, N) to SEG at RADDR in one batch of
 //	                        N/BS tasks: answers "submitted", then a
 //	                        batchResult once every task ended; through the
@@ -133,6 +134,8 @@ func runPeer(addr string) int {
 				continue
 			}
 			fmt.Println(crc32.ChecksumIEEE(buf[off : off+n]))
+		case "stats":
+			out.Encode(e.TransportStats()["tcp"])
 		case "write":
 			if len(f) != 5 {
 				fmt.Println("error usage: write SEG RADDR N BS")
@@ -319,6 +322,16 @@ func (p *peer) startWrite(dst *peer, n, bs uint64) {
 	if s := p.line(60 * time.Second); s != "submitted" {
 		p.t.Fatalf("peer %s: %q", p.host.NS, s)
 	}
+}
+
+// stats returns the peer's tcp transport counters.
+func (p *peer) stats() map[string]uint64 {
+	p.t.Helper()
+	var m map[string]uint64
+	if s := p.do("stats"); json.Unmarshal([]byte(s), &m) != nil {
+		p.t.Fatalf("peer %s: stats %q", p.host.NS, s)
+	}
+	return m
 }
 
 func (p *peer) result(timeout time.Duration) batchResult {

@@ -1,6 +1,10 @@
 package rdma
 
-import "time"
+import (
+	"time"
+
+	"github.com/tecache/te/engine/transport/internal/rails"
+)
 
 // epoch makes nanotime monotonic and never 0 (0 means "none" in rails).
 var epoch = time.Now().Add(-time.Second)
@@ -58,51 +62,25 @@ func (pi *peerInfo) active(t *Transport, p *plan, now int64, buf []int32) []int3
 	return append(buf, p.tier0...)
 }
 
-// rates fills v with the measured throughput of each rail of act: a rail
-// not yet measured counts as the mean of those that are (all alike when
-// none is).
-func (pi *peerInfo) rates(act []int32, v []float64) {
-	sum, known := 0.0, 0
-	for i, x := range act {
-		v[i] = pi.rails[x].rateOf()
-		if v[i] > 0 {
-			sum += v[i]
-			known++
-		}
+// loads returns the split's view of the rails of act (at most maxSplit).
+func (pi *peerInfo) loads(act []int32, buf *[maxSplit]rails.Load) []rails.Load {
+	m := min(len(act), maxSplit)
+	for i, x := range act[:m] {
+		r := pi.rails[x]
+		buf[i] = rails.Load{Rate: r.rateOf(), Backlog: r.backlog.Load(), Probing: r.probing.Load()}
 	}
-	mean := 1.0
-	if known > 0 {
-		mean = sum / float64(known)
-	}
-	for i := range act {
-		if v[i] <= 0 {
-			v[i] = mean
-		}
-	}
+	return buf[:m]
 }
 
 // pick returns the rail of act that would finish n more bytes first, given
-// what it holds and how fast it moves; ties go round from rot.
+// what it holds and how fast it moves; ties go round from rot
+// (rails.PickLoad).
 func (pi *peerInfo) pick(act []int32, n uint64, rot uint64) int32 {
 	if len(act) == 1 {
 		return act[0]
 	}
-	var vs [maxSplit]float64
-	m := min(len(act), maxSplit)
-	pi.rates(act[:m], vs[:m])
-	best, bestT := act[0], -1.0
-	for k := 0; k < m; k++ {
-		i := (int(rot%uint64(m)) + k) % m
-		r := pi.rails[act[i]]
-		t := (float64(max(r.backlog.Load(), 0)) + float64(n)) / vs[i]
-		if r.probing.Load() && r.backlog.Load() > 0 {
-			continue // a probe carries one slice at a time
-		}
-		if bestT < 0 || t < bestT {
-			best, bestT = act[i], t
-		}
-	}
-	return best
+	var buf [maxSplit]rails.Load
+	return act[rails.PickLoad(pi.loads(act, &buf), n, rot)]
 }
 
 // share is a run of a request's slices for one rail.
@@ -112,103 +90,18 @@ type share struct {
 }
 
 // split spreads n slices of size bytes (length in all) over the rails of
-// act so that they all finish at about the same time: each rail gets bytes
-// in proportion to its measured throughput, less what it already holds
-// (water-filling), so a slow or busy rail gets less and an idle one more. A
-// probing rail gets one slice at most. It writes the shares, in act's
-// order, and returns how many.
+// act so that they all finish at about the same time (rails.Fill: in
+// proportion to measured throughput less backlog; a probe gets one slice
+// at most). It writes the shares, in act's order, and returns how many.
 func (pi *peerInfo) split(act []int32, n int32, size, length uint64, out *[maxSplit]share) int {
-	m := min(len(act), maxSplit)
-	var v, b, x [maxSplit]float64
-	var ord [maxSplit]int
-	pi.rates(act[:m], v[:m])
-	for i := 0; i < m; i++ {
-		r := pi.rails[act[i]]
-		b[i] = float64(max(r.backlog.Load(), 0))
-		if r.probing.Load() {
-			v[i] = min(v[i], 1) // next to nothing: one slice below
-		}
-		ord[i] = i
-	}
-	// Order by when each rail is free: backlog / rate.
-	for i := 1; i < m; i++ {
-		for j := i; j > 0 && b[ord[j]]/v[ord[j]] < b[ord[j-1]]/v[ord[j-1]]; j-- {
-			ord[j], ord[j-1] = ord[j-1], ord[j]
-		}
-	}
-	// The finish time T that the first k rails reach with all bytes: the
-	// largest k whose last rail is free before T.
-	L := float64(length)
-	sumB, sumV, T := 0.0, 0.0, 0.0
-	for k := 0; k < m; k++ {
-		i := ord[k]
-		sumB += b[i]
-		sumV += v[i]
-		t := (L + sumB) / sumV
-		if k > 0 && t < b[i]/v[i] {
-			break
-		}
-		T = t
-	}
-	for i := 0; i < m; i++ {
-		x[i] = max(0, T*v[i]-b[i])
-	}
-	// Whole slices, the remainder to the largest fractions.
-	var c [maxSplit]int32
-	total := int32(0)
-	for i := 0; i < m; i++ {
-		c[i] = min(int32(x[i]/float64(size)), n)
-		total += c[i]
-	}
-	for total > n { // cannot happen (the shares sum to length); be safe
-		for i := 0; i < m && total > n; i++ {
-			if c[i] > 0 {
-				c[i]--
-				total--
-			}
-		}
-	}
-	// The slices left over from rounding down go, one at a time, where
-	// they finish first: a slow rail is not handed a slice it would
-	// finish last.
-	for total < n {
-		best, bestT := -1, 0.0
-		for i := 0; i < m; i++ {
-			t := (b[i] + float64(c[i]+1)*float64(size)) / v[i]
-			if best < 0 || t < bestT {
-				best, bestT = i, t
-			}
-		}
-		c[best]++
-		total++
-	}
-	// A probe whose last slice is done takes one slice (else none); the
-	// difference goes to or comes from the rail with the most.
-	for i := 0; i < m; i++ {
-		r := pi.rails[act[i]]
-		if !r.probing.Load() {
-			continue
-		}
-		want := int32(0)
-		if r.backlog.Load() <= 0 {
-			want = 1
-		}
-		most := -1
-		for j := 0; j < m; j++ {
-			if j != i && !pi.rails[act[j]].probing.Load() && (most < 0 || c[j] > c[most]) {
-				most = j
-			}
-		}
-		if most < 0 || c[most]+c[i]-want < 0 {
-			continue
-		}
-		c[most] += c[i] - want
-		c[i] = want
-	}
+	var buf [maxSplit]rails.Load
+	ls := pi.loads(act, &buf)
+	var c [maxSplit]int
+	rails.Fill(ls, int(n), size, length, c[:len(ls)])
 	k := 0
-	for i := 0; i < m; i++ {
+	for i := range ls {
 		if c[i] > 0 {
-			out[k] = share{rail: act[i], n: c[i]}
+			out[k] = share{rail: act[i], n: int32(c[i])}
 			k++
 		}
 	}

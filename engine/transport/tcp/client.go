@@ -21,8 +21,9 @@ type op struct {
 	// (transport.Request); the op completes through tk.
 	local, remote, key uint64
 	tk                 transport.Ticket
-	p                  *pipe.Peer[item]
-	inst               string // the instance the request's descriptor names (te's framing)
+	p                  *pipe.Peer[item] // nil when the slices go over rails
+	rs                 *railSet         // the peer's rails, when it has several (rails.go)
+	inst               string           // the instance the request's descriptor names (te's framing)
 	write              bool
 	window             bool   // key is a window's, not the buffer's
 	gpu                devLoc // local memory: zero for host, else its device (staged, gpu.go)
@@ -45,6 +46,8 @@ type errBox struct{ err error }
 type item struct {
 	op     *op
 	off, n uint64
+	rail   *tcpRail // the rail it is on, when its op goes over rails
+	tries  uint8    // rails it failed on
 }
 
 func (it item) Canceled() bool { return it.op.canceled.Load() }
@@ -56,6 +59,9 @@ func (it item) Holds() bool { return it.op.write }
 // slice failed.
 func (it item) Done(err error) {
 	o := it.op
+	if it.rail != nil && o.rs.settle(it, err) {
+		return // sent again on another rail
+	}
 	if err != nil {
 		o.err.CompareAndSwap(nil, &errBox{err})
 	}
@@ -97,29 +103,32 @@ func (t *Transport) route(d *segment.Desc) (*framing, string, error) {
 // Submit cuts each request into slices, stripes them over the peer's
 // connections and queues them; it does not block on the network.
 func (t *Transport) Submit(reqs []transport.Request) {
-	type key struct {
-		p *pipe.Peer[item]
-		i int
-	}
-	var groups map[key][]item
+	var groups map[slot][]item
 	var lastD *segment.Desc
 	var last *pipe.Peer[item]
 	var lastF *framing
+	var lastRS *railSet
 	ops := make([]op, len(reqs)) // one allocation per submit
 	for i := range reqs {
 		r := &reqs[i]
-		p, f := last, lastF
-		if r.Peer != lastD || p == nil {
+		p, f, rs := last, lastF, lastRS
+		if r.Peer != lastD || (p == nil && rs == nil) {
 			var addr string
 			var err error
+			p, rs = nil, nil
 			if f, addr, err = t.route(r.Peer); err == nil {
-				p, err = f.pool.Peer(addr)
+				if f == &t.tef {
+					rs = t.railsOf(r.Peer)
+				}
+				if rs == nil {
+					p, err = f.pool.Peer(addr)
+				}
 			}
 			if err != nil {
 				r.Complete(err)
 				continue
 			}
-			lastD, last, lastF = r.Peer, p, f
+			lastD, last, lastF, lastRS = r.Peer, p, f, rs
 		}
 		if r.Length == 0 {
 			r.Complete(errs.New(errs.InvalidArgument, "tcp", "zero length"))
@@ -140,16 +149,24 @@ func (t *Transport) Submit(reqs []transport.Request) {
 			}
 			o.gpu = devOf(r.Region)
 		}
+		if groups == nil {
+			groups = make(map[slot][]item, 8)
+		}
+		if rs != nil {
+			if err := rs.spread(o, r.Length, t.opt.Slice, groups); err != nil {
+				r.Complete(err)
+				continue
+			}
+			r.Priv = o
+			continue
+		}
 		r.Priv = o
 		n := (r.Length + t.opt.Slice - 1) / t.opt.Slice
 		o.remaining.Store(int32(n))
 		start, conns := p.Stripe(), p.Conns()
-		if groups == nil {
-			groups = make(map[key][]item, conns)
-		}
 		for s := uint64(0); s < n; s++ {
 			off := s * t.opt.Slice
-			k := key{p, (start + int(s)) % conns}
+			k := slot{p, (start + int(s)) % conns}
 			groups[k] = append(groups[k], item{op: o, off: off, n: min(t.opt.Slice, r.Length-off)})
 		}
 	}
@@ -172,7 +189,11 @@ func (t *Transport) Cancel(reqs []*transport.Request) {
 			continue
 		}
 		o.canceled.Store(true)
-		peers[o.p] = true
+		if o.rs != nil {
+			o.rs.cancel(peers)
+		} else {
+			peers[o.p] = true
+		}
 	}
 	for p := range peers {
 		p.Cancel()
@@ -188,6 +209,11 @@ func (t *Transport) Warmup(ctx context.Context, d *segment.Desc) error {
 	if err != nil {
 		return err
 	}
+	if f == &t.tef {
+		if rs := t.railsOf(d); rs != nil {
+			return rs.warm(ctx)
+		}
+	}
 	p, err := f.pool.Peer(addr)
 	if err != nil {
 		return err
@@ -199,9 +225,18 @@ func (t *Transport) Warmup(ctx context.Context, d *segment.Desc) error {
 // e.g. "Mooncake peer "): Closed once the transport closes, PeerUnreachable
 // otherwise.
 func (t *Transport) dial(ctx context.Context, addr, what string) (net.Conn, error) {
-	d := net.Dialer{Timeout: t.opt.DialTimeout}
+	// A connect that hangs with requests waiting is a silent peer: the
+	// silence bound (the progress timeout) applies where it is the shorter,
+	// so a rail whose NIC died gives its slices back within it.
+	d := net.Dialer{Timeout: min(t.opt.DialTimeout, t.opt.Timeout)}
+	remote, local, rail := splitVia(addr)
+	if local != "" {
+		// A rail's connection leaves from its NIC's address, so the
+		// route (and the NIC) is the rail's, not the default one.
+		d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(local)}
+	}
 	t.dialed.Add(1)
-	nc, err := d.DialContext(ctx, "tcp", addr)
+	nc, err := d.DialContext(ctx, "tcp", remote)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, errs.New(errs.Closed, "tcp", "transport closed")
@@ -209,5 +244,12 @@ func (t *Transport) dial(ctx context.Context, addr, what string) (net.Conn, erro
 		return nil, errs.Wrap(errs.PeerUnreachable, "tcp", err, "connect to %s%s", what, addr)
 	}
 	tune(nc)
+	if tc, ok := nc.(*net.TCPConn); ok && rail {
+		// A rail's slices go to another rail when its connection is cut:
+		// closing then drops what the kernel still holds to send (a
+		// reset, not a FIN after it), so no byte of a slice sent again
+		// elsewhere reaches the target late, when the link comes back.
+		tc.SetLinger(0)
+	}
 	return nc, nil
 }

@@ -84,12 +84,33 @@
 // bytes read so far. Connection limits, timeouts, unregister fences and
 // Close hold there as on the goroutine path.
 //
+// Several NICs (rails.go, devices.go). An engine whose tcp.devices names
+// several NICs publishes an endpoint on each under te_endpoints["tcp.rails"]
+// (primary first; te_endpoints["tcp"] stays the primary, so a peer that
+// knows one endpoint reads it as before). A data listener bound to one
+// address gets a listener of its own on each other NIC, on the same port
+// where it is free; one on the wildcard address covers them all. An
+// initiator makes one rail per endpoint of such a peer, dialing from its
+// own NIC with that address or on that subnet (bound to it, so the route
+// is that NIC's), and spreads each request's slices over the rails by
+// measured rate and backlog (engine/transport/internal/rails). A slice
+// lost with its connection (reset, refused, or silent for tcp.timeout)
+// cools its rail down (1s, doubling to 30s while it keeps failing; then one
+// slice probes it) and goes to another rail; it counts only once the
+// target acknowledged it, and fails with the usual error when no rail is
+// left.
+//
 // Parameters (engine.Config.Params):
 //
 //	tcp.conns         connections per peer (default: core count, at least 2)
 //	tcp.slice         slice size, e.g. 512KiB (default: from the L2 cache size)
 //	tcp.listen        data listener address (default: the RPC listener's IP, port 0)
-//	tcp.dial_timeout  connect timeout (default 5s)
+//	tcp.devices       NICs (interface names or addresses) to publish a data
+//	                  endpoint for and stripe over (default: every interface
+//	                  that is up, loopback left out when there are others,
+//	                  when the data listener is on the wildcard address; else
+//	                  the listener's address alone)
+//	tcp.dial_timeout  connect timeout (default 5s, at most tcp.timeout)
 //	tcp.timeout       fail a connection whose peer sent nothing for this long
 //	                  while requests are in flight (default: the engine's
 //	                  ProgressTimeout, TE_PROGRESS_TIMEOUT, 10s)

@@ -492,7 +492,7 @@ func (d teDialect) Open(nc net.Conn, addr string) (pipe.Encoder[item], pipe.Deco
 		// the descriptor was rewritten): a request built for the old
 		// one is refused.
 		if it.op.inst != "" && it.op.inst != inst {
-			return errs.New(errs.StaleDescriptor, "tcp", "%s is now engine %s, not %s", addr, inst, it.op.inst)
+			return errs.Wrap(errs.StaleDescriptor, "tcp", errWrongEngine, "%s is now engine %s, not %s", addr, inst, it.op.inst)
 		}
 		return nil
 	}

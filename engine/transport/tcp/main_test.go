@@ -41,6 +41,20 @@ func TestConformanceInProcess(t *testing.T) {
 	}})
 }
 
+// TestConformanceRails runs it with both engines publishing an endpoint on
+// each of two loopback addresses, small slices: large transfers stripe over
+// both rails, and cancellation, fences, windows and refusals hold there as
+// on one connection pool.
+func TestConformanceRails(t *testing.T) {
+	if testing.Short() {
+		t.Skip("short")
+	}
+	transporttest.Run(t, transporttest.Setup{Transport: "tcp", Config: func(c *engine.Config) {
+		c.Transports = []string{"tcp"}
+		c.Params = map[string]string{"tcp.conns": "2", "tcp.slice": "64KiB", "tcp.devices": twoNICs}
+	}})
+}
+
 // sessionSecret is the cluster secret of the session setups.
 const sessionSecret = "conformance-cluster-secret-0123456789"
 

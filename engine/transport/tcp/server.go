@@ -38,10 +38,10 @@ const (
 	drainChunk = 64 << 10
 )
 
-func (t *Transport) acceptLoop() {
+func (t *Transport) acceptLoop(ln net.Listener) {
 	defer t.wg.Done()
 	for {
-		nc, err := t.ln.Accept()
+		nc, err := ln.Accept()
 		if err != nil {
 			t.mu.Lock()
 			closed := t.closed

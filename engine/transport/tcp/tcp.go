@@ -43,7 +43,12 @@ type Options struct {
 	Conns       int           // connections per peer
 	Slice       uint64        // largest request on the wire; larger ones are cut
 	Listen      string        // data listener address; "" for the RPC listener's IP
-	DialTimeout time.Duration // connect timeout
+	DialTimeout time.Duration // connect timeout (at most Timeout)
+	// Devices lists the NICs (interface names or addresses) the transport
+	// listens on, publishes an endpoint for, and stripes slices from
+	// (tcp.devices). "": every interface that is up when the data
+	// listener is on the wildcard address, else the listener's alone.
+	Devices string
 	// Timeout fails a connection (and the requests on it) when requests
 	// are in flight and no byte arrived for this long: a peer that hangs
 	// without closing its socket does not hold requests, and the memory
@@ -117,6 +122,12 @@ func parseOptions(h transport.Host) (Options, error) {
 		}
 		o.Listen = v
 	}
+	if v, ok := h.Param("tcp.devices"); ok {
+		if strings.TrimSpace(v) == "" {
+			return o, bad("tcp.devices", v, "want interface names or addresses, separated by commas")
+		}
+		o.Devices = v
+	}
 	if v, ok := h.Param("tcp.dial_timeout"); ok {
 		d, err := time.ParseDuration(v)
 		if err != nil || d <= 0 {
@@ -183,6 +194,18 @@ type Transport struct {
 	logf func(string, ...any)
 	ln   net.Listener // nil when loop serves the listener
 	addr net.Addr     // the data listener's
+	// devs are the local NICs (tcp.devices) rails dial from; extra the
+	// listeners on those the data listener does not cover (it is bound
+	// to another address), served by the goroutine path; devEps the
+	// endpoints published for them beside the primary one.
+	devs     []device
+	localIPs []net.IP // every address of this host, when it started
+	extra    []net.Listener
+	devEps   []string
+	// railSets are the rails to peers that publish several endpoints
+	// (rails.go).
+	railSets railSets
+	resends  sync.WaitGroup // slices on their way to another rail
 	// loop accepts and serves Mooncake initiators when the engine accepts
 	// them (mcloop.go).
 	loop *mcLoop
@@ -236,10 +259,16 @@ type headersOnlyHoster interface{ HeadersOnly() bool }
 // refusing us), connections cut by a deadline (a stalled or trickling
 // payload, a silent or idle peer), idle peer connections pruned, Mooncake
 // initiators' requests served (MooncakeServed), data connections dialed to
-// peers (peer_conns_dialed: a warmed-up peer's first request adds none).
+// peers (peer_conns_dialed: a warmed-up peer's first request adds none);
+// with peers that publish several endpoints, per rail ("rail.L-R.*", local
+// address L, "any" when unbound, to peer address R) the payload bytes the
+// peer acknowledged, failures, slices sent again on another rail and
+// cooldowns, and their sums (rail_bytes, rail_errors, rail_retries,
+// rail_cooldowns); "rail.L-R.rate" is a gauge, the rail's measured
+// throughput in bytes per second (0 until measured).
 func (t *Transport) Stats() map[string]uint64 {
 	st := t.limiter.Stats()
-	return map[string]uint64{
+	out := map[string]uint64{
 		"conns_open":             uint64(st.Open),
 		"conns_peak":             uint64(st.Peak),
 		"conns_refused":          st.RefusedTotal,
@@ -252,6 +281,8 @@ func (t *Transport) Stats() map[string]uint64 {
 		"mooncake_served":        t.mc.served.Load(),
 		"peer_conns_dialed":      t.dialed.Load(),
 	}
+	t.railSets.stats(out)
+	return out
 }
 
 // Live reports the peers the initiator side holds (te's framing and
@@ -300,6 +331,9 @@ func (t *Transport) Caps() transport.Caps {
 // Options returns the options in effect (after Start).
 func (t *Transport) Options() Options { return t.opt }
 
+// testStarted, set by tests only, sees every transport that started.
+var testStarted func(*Transport)
+
 // bindHoster is implemented by engine hosts that can say which IP their RPC
 // listener is bound to; the data listener binds the same one.
 type bindHoster interface{ BindIP() string }
@@ -344,10 +378,15 @@ func (t *Transport) Start(h transport.Host) error {
 		return errs.Wrap(errs.TransportUnavailable, "tcp", err, "data listener on %s", addr)
 	}
 	t.addr = ln.Addr()
+	if err := t.listenDevices(lc, ln.Addr().(*net.TCPAddr)); err != nil {
+		ln.Close()
+		return err
+	}
 	if o.AcceptMooncake {
 		l, err := t.startLoop(ln)
 		ln.Close() // the loop holds its own descriptor of the socket
 		if err != nil {
+			t.closeExtra()
 			return errs.Wrap(errs.TransportUnavailable, "tcp", err, "data listener on %s", addr)
 		}
 		t.loop = l
@@ -366,7 +405,14 @@ func (t *Transport) Start(h transport.Host) error {
 	if t.loop != nil {
 		go t.loop.run()
 	} else {
-		go t.acceptLoop()
+		go t.acceptLoop(t.ln)
+	}
+	for _, x := range t.extra {
+		t.wg.Add(1)
+		go t.acceptLoop(x)
+	}
+	if testStarted != nil {
+		testStarted(t)
 	}
 	return nil
 }
@@ -391,7 +437,13 @@ func (t *Transport) Describe(d *segment.Desc) {
 	if d.Endpoints == nil {
 		d.Endpoints = map[string]string{}
 	}
-	d.Endpoints[Name] = net.JoinHostPort(host, strconv.Itoa(port))
+	primary := net.JoinHostPort(host, strconv.Itoa(port))
+	d.Endpoints[Name] = primary
+	// Every NIC's endpoint, the primary first, under a key of its own:
+	// peers that know one endpoint only read Endpoints["tcp"] as before.
+	if eps := parseEndpoints(primary, strings.Join(t.devEps, ",")); len(eps) > 1 {
+		d.Endpoints[EndpointsKey] = strings.Join(eps, ",")
+	}
 	d.TCPDataPort = port
 	// A Mooncake initiator that reads this descriptor speaks acknowledged
 	// framing, so a request te refuses fails there instead of "completing".
@@ -457,6 +509,7 @@ func (t *Transport) Close() error {
 	} else {
 		t.ln.Close()
 	}
+	t.closeExtra()
 	close(t.quit)
 	for s := range t.served {
 		s.nc.Close()
@@ -465,6 +518,7 @@ func (t *Transport) Close() error {
 	closed := errs.New(errs.Closed, "tcp", "transport closed")
 	t.tef.pool.Close(closed)
 	t.mcf.pool.Close(closed)
+	t.resends.Wait()
 	t.wg.Wait()
 	t.closeGPU()
 	return nil
