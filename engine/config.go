@@ -157,7 +157,10 @@ type Limits struct {
 	HandshakeTimeout time.Duration
 	// ProgressTimeout cuts a connection whose payload (a control frame
 	// body, a WRITE payload, a READ payload being sent) makes no progress
-	// for this long, ending the accesses it held. Default 10s.
+	// for this long, ending the accesses it held, and a dialled control
+	// connection whose peer says nothing for this long while calls are in
+	// flight (calls that may go again are sent on a fresh one). Default
+	// 10s.
 	ProgressTimeout time.Duration
 	// MaxFrame bounds the descriptor a Describe reply may carry. Frames
 	// of other kinds are bounded by 64 KiB (notifications and shm control

@@ -162,7 +162,14 @@ func New(ln net.Listener, opt Options) *Plane {
 		calls: make(chan struct{}, max(l.MaxCalls, 1)), jobs: make(chan func()), workerGone: make(chan struct{}, 1),
 		conns: map[*srvConn]struct{}{},
 	}
-	c.pool = pipe.New[*call](callDialect{c}, pipe.Options{Conns: 1, PeerIdle: l.PeerIdleTimeout, ReadBuffer: 16 << 10, Component: "rpc"})
+	// Silence: a dialled connection with calls in flight whose peer sends
+	// nothing for the progress timeout is cut, and calls that may be sent
+	// again go on a fresh one. Without it a connection whose stream stalled
+	// (a path that dropped it, TCP retransmissions backed off for seconds
+	// after a partition healed) kept every later call waiting behind it
+	// until each timed out.
+	c.pool = pipe.New[*call](callDialect{c}, pipe.Options{Conns: 1, PeerIdle: l.PeerIdleTimeout, ReadBuffer: 16 << 10,
+		Component: "rpc", Silence: l.ProgressTimeout})
 	return c
 }
 
