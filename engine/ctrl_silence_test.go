@@ -1,108 +1,11 @@
 package engine_test
 
 import (
-	"net"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/tecache/te/engine"
 )
-
-// stallRelay forwards control connections to a target; stall freezes the
-// connections open at the time (nothing more is forwarded either way, the
-// sockets stay open: a path that silently stopped carrying them), while
-// connections made later are forwarded.
-type stallRelay struct {
-	ln    net.Listener
-	to    string
-	mu    sync.Mutex
-	gates []chan struct{} // closed: that connection is stalled
-	conns []net.Conn
-	done  chan struct{} // closed at Cleanup: stalled pumps return
-	wg    sync.WaitGroup
-}
-
-func newStallRelay(t *testing.T, to string) *stallRelay {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &stallRelay{ln: ln, to: to, done: make(chan struct{})}
-	r.wg.Add(1)
-	go r.accept()
-	t.Cleanup(func() {
-		ln.Close()
-		close(r.done)
-		r.mu.Lock()
-		for _, c := range r.conns {
-			c.Close()
-		}
-		r.mu.Unlock()
-		r.wg.Wait()
-	})
-	return r
-}
-
-func (r *stallRelay) accept() {
-	defer r.wg.Done()
-	for {
-		c, err := r.ln.Accept()
-		if err != nil {
-			return
-		}
-		s, err := net.Dial("tcp", r.to)
-		if err != nil {
-			c.Close()
-			continue
-		}
-		gate := make(chan struct{})
-		r.mu.Lock()
-		r.conns = append(r.conns, c, s)
-		r.gates = append(r.gates, gate)
-		r.mu.Unlock()
-		pump := func(dst, src net.Conn) {
-			defer r.wg.Done()
-			buf := make([]byte, 64<<10)
-			for {
-				n, err := src.Read(buf)
-				select {
-				case <-gate:
-					<-r.done // stalled: drop the bytes, forward nothing more
-					return
-				default:
-				}
-				if n > 0 {
-					if _, err := dst.Write(buf[:n]); err != nil {
-						return
-					}
-				}
-				if err != nil {
-					return
-				}
-			}
-		}
-		r.wg.Add(2)
-		go pump(s, c)
-		go pump(c, s)
-	}
-}
-
-// stall freezes every connection open now.
-func (r *stallRelay) stall() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, g := range r.gates {
-		select {
-		case <-g:
-		default:
-			close(g)
-		}
-	}
-}
-
-func (r *stallRelay) addr() string { return r.ln.Addr().String() }
 
 // TestControlConnSilenceRedials: a dialled control connection whose stream
 // stalls with a call in flight is cut after the progress timeout and the
@@ -112,7 +15,7 @@ func (r *stallRelay) addr() string { return r.ln.Addr().String() }
 func TestControlConnSilenceRedials(t *testing.T) {
 	const progress = 500 * time.Millisecond
 	tg := newEngine(t)
-	r := newStallRelay(t, tg.RPCAddr())
+	r := newCutRelay(t, tg.RPCAddr())
 	a := newEngine(t, func(c *engine.Config) {
 		c.RPCTimeout = 10 * time.Second
 		c.Limits.ProgressTimeout = progress

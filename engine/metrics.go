@@ -531,18 +531,7 @@ func (e *Engine) writeHistograms(m *metricsWriter) {
 			break
 		}
 		for p := range numPeerClasses {
-			h := &e.metrics.hist[i][p]
-			var cum uint64
-			for j := range h.counts {
-				cum += h.counts[j].Load()
-				le := "+Inf"
-				if j < len(latencyBuckets) {
-					le = strconv.FormatFloat(latencyBuckets[j], 'g', -1, 64)
-				}
-				m.sample(name+"_bucket", float64(cum), "transport", t.Name(), "peer", peerClassNames[p], "le", le)
-			}
-			m.sample(name+"_sum", float64(h.sumNS.Load())/1e9, "transport", t.Name(), "peer", peerClassNames[p])
-			m.sample(name+"_count", float64(cum), "transport", t.Name(), "peer", peerClassNames[p])
+			m.histogram(name, &e.metrics.hist[i][p], "transport", t.Name(), "peer", peerClassNames[p])
 		}
 	}
 }
@@ -557,20 +546,25 @@ func (e *Engine) writeStageHistograms(m *metricsWriter) {
 			break
 		}
 		for s := range numStages {
-			h := &e.metrics.stages[i][s]
-			var cum uint64
-			for j := range h.counts {
-				cum += h.counts[j].Load()
-				le := "+Inf"
-				if j < len(latencyBuckets) {
-					le = strconv.FormatFloat(latencyBuckets[j], 'g', -1, 64)
-				}
-				m.sample(name+"_bucket", float64(cum), "transport", t.Name(), "stage", stageNames[s], "le", le)
-			}
-			m.sample(name+"_sum", float64(h.sumNS.Load())/1e9, "transport", t.Name(), "stage", stageNames[s])
-			m.sample(name+"_count", float64(cum), "transport", t.Name(), "stage", stageNames[s])
+			m.histogram(name, &e.metrics.stages[i][s], "transport", t.Name(), "stage", stageNames[s])
 		}
 	}
+}
+
+// histogram writes h's cumulative buckets, sum (seconds) and count under
+// the labels (name, value pairs).
+func (m *metricsWriter) histogram(name string, h *histogram, labels ...string) {
+	var cum uint64
+	for j := range h.counts {
+		cum += h.counts[j].Load()
+		le := "+Inf"
+		if j < len(latencyBuckets) {
+			le = strconv.FormatFloat(latencyBuckets[j], 'g', -1, 64)
+		}
+		m.sample(name+"_bucket", float64(cum), append(labels, "le", le)...)
+	}
+	m.sample(name+"_sum", float64(h.sumNS.Load())/1e9, labels...)
+	m.sample(name+"_count", float64(cum), labels...)
 }
 
 // metricsListenAddr applies the binding rule of MetricsAddr: an empty host

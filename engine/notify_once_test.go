@@ -29,6 +29,9 @@ import (
 // cutRelay forwards control connections to a target. Armed, it cuts the
 // connection at the first bytes the target sends back, forwarding none of
 // them: the reply of a call the target served is lost with its connection.
+// stall freezes the connections open at the time instead (nothing more is
+// forwarded either way and the sockets stay open: a path that silently
+// stopped carrying them), while connections made later are forwarded.
 type cutRelay struct {
 	ln    net.Listener
 	to    string
@@ -36,6 +39,8 @@ type cutRelay struct {
 	cuts  atomic.Int32
 	mu    sync.Mutex
 	conns []net.Conn
+	gates []chan struct{} // closed: that connection is stalled
+	done  chan struct{}   // closed at cleanup: stalled pumps return
 	wg    sync.WaitGroup
 }
 
@@ -45,11 +50,12 @@ func newCutRelay(t *testing.T, to string) *cutRelay {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &cutRelay{ln: ln, to: to}
+	r := &cutRelay{ln: ln, to: to, done: make(chan struct{})}
 	r.wg.Add(1)
 	go r.accept()
 	t.Cleanup(func() {
 		ln.Close()
+		close(r.done)
 		r.mu.Lock()
 		for _, c := range r.conns {
 			c.Close()
@@ -72,28 +78,32 @@ func (r *cutRelay) accept() {
 			c.Close()
 			continue
 		}
+		gate := make(chan struct{})
 		r.mu.Lock()
 		r.conns = append(r.conns, c, s)
+		r.gates = append(r.gates, gate)
 		r.mu.Unlock()
-		r.wg.Add(2)
-		go func() {
+		// pump forwards src to dst until either ends; cut marks the
+		// target's side, which an armed relay cuts at its first bytes.
+		pump := func(dst, src net.Conn, cut bool) {
 			defer r.wg.Done()
-			io.Copy(s, c)
-			s.Close()
-		}()
-		go func() {
-			defer r.wg.Done()
-			defer c.Close()
-			defer s.Close()
+			defer dst.Close()
+			defer src.Close()
 			buf := make([]byte, 64<<10)
 			for {
-				n, err := s.Read(buf)
+				n, err := src.Read(buf)
+				select {
+				case <-gate:
+					<-r.done // stalled: drop the bytes, forward nothing more
+					return
+				default:
+				}
 				if n > 0 {
-					if r.armed.CompareAndSwap(true, false) {
+					if cut && r.armed.CompareAndSwap(true, false) {
 						r.cuts.Add(1)
 						return
 					}
-					if _, err := c.Write(buf[:n]); err != nil {
+					if _, err := dst.Write(buf[:n]); err != nil {
 						return
 					}
 				}
@@ -101,7 +111,23 @@ func (r *cutRelay) accept() {
 					return
 				}
 			}
-		}()
+		}
+		r.wg.Add(2)
+		go pump(s, c, false)
+		go pump(c, s, true)
+	}
+}
+
+// stall freezes every connection open now.
+func (r *cutRelay) stall() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, g := range r.gates {
+		select {
+		case <-g:
+		default:
+			close(g)
+		}
 	}
 }
 
