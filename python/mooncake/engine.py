@@ -52,7 +52,8 @@ Differences a caller may notice:
   log the variable, rather than be ignored.
 * Every te engine setting has an environment variable (README.md,
   "Environment"): TE_ALLOW_MOONCAKE_WITH_SECRET=1, TE_TCP_LISTEN=host:port
-  (pins the tcp data port), TE_PARAM_tcp_conns=8, TE_MAX_CONNS, TE_LOG_LEVEL
+  (pins the tcp data port), TE_TCP_DEVICES=eth0,eth1 (a tcp data endpoint per
+  NIC, striped over; docs/tcp-multi-nic.md), TE_PARAM_tcp_conns=8, TE_MAX_CONNS, TE_LOG_LEVEL
   (also the level of this module's Python logger), TE_METRICS_ADDR, ...
   initialize refuses (TE_ERR_INVALID_ARGUMENT, logged) a value that does
   not parse, naming the variable. local_hostname's port, when given, pins
