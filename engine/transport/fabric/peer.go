@@ -154,7 +154,7 @@ func (pe *peerEP) connect() {
 	close(pe.up)
 	if err != nil {
 		for _, o := range ops {
-			pe.t.opDone(o, err)
+			pe.t.settle(o, err)
 		}
 		return
 	}
@@ -292,7 +292,7 @@ func (pe *peerEP) failPending(err error) {
 	pe.pending = nil
 	pe.mu.Unlock()
 	for _, o := range ops {
-		pe.t.opDone(o, err)
+		pe.t.settle(o, err)
 	}
 }
 
