@@ -38,7 +38,11 @@ type request struct {
 	canceled atomic.Bool
 	d        *segment.Desc
 	nd       []nicDesc
-	r        *transport.Request // Local, Remote, Region, Buffer: read-only once submitted
+	// What later slices need of the transport.Request, copied in Submit:
+	// the engine reuses the Request's memory once it completed.
+	local, remote, length uint64
+	buf                   *segment.BufferDesc
+	region                *segment.Region // held by the engine until the request completes
 
 	mu  sync.Mutex
 	pes []*peerEP // the endpoints its operations went to (for Cancel)
@@ -100,18 +104,17 @@ func (t *Transport) Submit(reqs []transport.Request) {
 // routeFor prepares NIC pair p for q: its endpoint (connected in the
 // background), rail, key and descriptor.
 func (t *Transport) routeFor(q *request, p nicPair) (route, error) {
-	r := q.r
-	key, err := bufferKey(r.Buffer, p.ri)
+	key, err := bufferKey(q.buf, p.ri)
 	if err != nil {
-		return route{}, errs.Wrap(errs.StaleDescriptor, "fabric", err, "segment %q", r.Peer.Name)
+		return route{}, errs.Wrap(errs.StaleDescriptor, "fabric", err, "segment %q", q.d.Name)
 	}
-	desc, ok := t.localDesc(r.Region, p.li)
+	desc, ok := t.localDesc(q.region, p.li)
 	if !ok {
-		return route{}, errs.New(errs.AddressNotRegistered, "fabric", "local memory [%#x,+%d) is not registered with %s", r.Local, r.Length, t.nics[p.li].name)
+		return route{}, errs.New(errs.AddressNotRegistered, "fabric", "local memory [%#x,+%d) is not registered with %s", q.local, q.length, t.nics[p.li].name)
 	}
-	remote := r.Remote
+	remote := q.remote
 	if !q.nd[p.ri].Virt {
-		remote -= r.Buffer.Addr
+		remote -= q.buf.Addr
 	}
 	pe, err := t.endpointFor(q.d, p.li, p.ri, q.nd[p.ri].Name)
 	if err != nil {
@@ -132,7 +135,7 @@ func (t *Transport) submit(r *transport.Request) error {
 	if err != nil {
 		return err
 	}
-	q := &request{tk: r.Ticket(), d: r.Peer, nd: nd, r: r}
+	q := &request{tk: r.Ticket(), d: r.Peer, nd: nd, local: r.Local, remote: r.Remote, length: r.Length, buf: r.Buffer, region: r.Region}
 	// The pairs that may take slices now: not cooling down after a
 	// failure (all of them when every one is).
 	now := rails.Now()
@@ -216,7 +219,7 @@ func (t *Transport) submit(r *transport.Request) error {
 // on points the operation at a route.
 func (o *op) on(rt route) {
 	o.pe, o.rail = rt.pe, rt.rail
-	o.local = o.q.r.Local + o.off
+	o.local = o.q.local + o.off
 	o.remote = rt.remote + o.off
 	o.key, o.desc = rt.key, rt.desc
 }
