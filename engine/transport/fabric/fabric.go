@@ -496,6 +496,16 @@ func (t *Transport) railOf(k epKey) *rails.Rail {
 	defer t.mu.Unlock()
 	r := t.rails[k]
 	if r == nil {
+		if len(t.rails) >= maxPeers*len(t.nics) {
+			// Peers come and go (a restart is a new instance): forget
+			// the pairs of those with no endpoint open. Operations
+			// in flight keep their rail.
+			for k := range t.rails {
+				if _, ok := t.eps[k]; !ok {
+					delete(t.rails, k)
+				}
+			}
+		}
 		r = &rails.Rail{}
 		t.rails[k] = r
 	}
