@@ -516,8 +516,11 @@ func (t *Transport) railOf(k epKey) *rails.Rail {
 // (-FI_EAGAIN), bytes moved, endpoints torn down to flush canceled
 // operations or (stalls) ended by the stall watchdog after asking the owner
 // (stall_checks: how often it asked), operations retried on
-// a new endpoint, error completions and
-// device regions left to staging; per NIC its posts and bytes.
+// a new endpoint (failovers: of those, the ones moved to another NIC
+// pair), error completions and device regions left to staging; per NIC
+// its posts and bytes; per NIC pair (rail.<local NIC>-<peer NIC index>,
+// summed over peers) the bytes it completed, the failures that cooled it
+// down and the operations moved off it.
 func (t *Transport) Stats() map[string]uint64 {
 	out := map[string]uint64{
 		"posts": t.st.posts.Load(), "eagain": t.st.eagain.Load(), "bytes": t.st.bytes.Load(),
