@@ -21,12 +21,16 @@ import (
 )
 
 // The test binary, started again inside a host with envPeer set, is a te
-// peer: an engine listening on the host's address (tcp only) with one
-// registered buffer, driven by one-line commands on stdin.
+// peer: an engine listening on the host's address (tcp, or the transport
+// envTransport names) with one registered buffer, driven by one-line
+// commands on stdin.
 const (
 	envPeer = "TE_LAB_PEER"      // the host address to listen on
 	envSize = "TE_LAB_PEER_SIZE" // the buffer's size in bytes
 	envPort = "TE_LAB_PEER_PORT" // the port to listen on (default: any)
+	// envTransport is the one transport the peer uses (default tcp);
+	// its parameters come as TE_PARAM_* variables.
+	envTransport = "TE_LAB_PEER_TRANSPORT"
 )
 
 func TestMain(m *testing.M) {
@@ -67,7 +71,7 @@ type batchResult struct {
 //	pattern SEED            fill the buffer with a pattern
 //	fill B                  set every byte to B
 //	crc OFF N               CRC-32 of [OFF, OFF+N)
-//	stats                   the tcp transport's Stats, one JSON line
+//	stats                   the transport's Stats, one JSON line
 //	write SEG RADDR N BS    write [0, N) to SEG at RADDR in one batch of
 //	                        N/BS tasks: answers "submitted", then a
 //	                        batchResult once every task ended; through the
@@ -84,7 +88,11 @@ func runPeer(addr string) int {
 	if port == "" {
 		port = "0"
 	}
-	e, err := engine.New(engine.Config{ListenAddr: addr + ":" + port, Hostname: addr, ForceTransport: "tcp"})
+	tr := os.Getenv(envTransport)
+	if tr == "" {
+		tr = "tcp"
+	}
+	e, err := engine.New(engine.Config{ListenAddr: addr + ":" + port, Hostname: addr, ForceTransport: tr})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "peer:", err)
 		return 1
@@ -135,7 +143,7 @@ func runPeer(addr string) int {
 			}
 			fmt.Println(crc32.ChecksumIEEE(buf[off : off+n]))
 		case "stats":
-			out.Encode(e.TransportStats()["tcp"])
+			out.Encode(e.TransportStats()[tr])
 		case "write":
 			if len(f) != 5 {
 				fmt.Println("error usage: write SEG RADDR N BS")
@@ -324,7 +332,7 @@ func (p *peer) startWrite(dst *peer, n, bs uint64) {
 	}
 }
 
-// stats returns the peer's tcp transport counters.
+// stats returns the peer's transport counters.
 func (p *peer) stats() map[string]uint64 {
 	p.t.Helper()
 	var m map[string]uint64

@@ -14,6 +14,17 @@
 // descriptor publishes each NIC's name, provider and addressing, and each
 // buffer's keys, one per NIC (BufferDesc.Extra "fabric.keys").
 //
+// With more than one NIC (fabric.addr listing an address per NIC), NIC k
+// is paired with the peer's NIC k (the shorter list wrapping around), and
+// a request larger than a slice is split over the pairs by their load
+// (internal/rails: measured rate and bytes outstanding). A pair whose
+// operations fail (an error completion, or the stall watchdog below while
+// the owner still holds the keys) is cooled down, and its operations, once
+// their completion was read or their endpoint closed (the flush), go again
+// over the healthy pair that would finish them first; a request fails only
+// when no pair is left. The stall watchdog runs by default then
+// (RailStall): a pair that went silent reports nothing else.
+//
 // Memory-registration modes: FI_MR_LOCAL (local descriptors from the
 // local region's registration), FI_MR_VIRT_ADDR or offsets from the
 // buffer's start, FI_MR_PROV_KEY or random keys te draws, FI_MR_ALLOCATED

@@ -10,6 +10,7 @@ import (
 
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
+	"github.com/tecache/te/engine/transport/internal/rails"
 	"github.com/tecache/te/internal/errs"
 	fab "github.com/tecache/te/internal/sys/fabric"
 	"github.com/tecache/te/internal/wire"
@@ -49,17 +50,18 @@ type Transport struct {
 	mu      sync.Mutex
 	eps     map[epKey]*peerEP
 	regs    map[*segment.Region][]*fab.MR
-	accepts map[string]struct{} // peer endpoint addresses accepted, per NIC and address
+	accepts map[string]struct{}   // peer endpoint addresses accepted, per NIC and address
+	rails   map[epKey]*rails.Rail // per NIC pair to a peer: its load and health
 
 	st struct {
-		posts, eagain, teardowns, stalls, stallChecks, retries, errors, gpuRefused atomic.Uint64
-		bytes                                                                      atomic.Uint64
+		posts, eagain, teardowns, stalls, stallChecks, retries, failovers, errors, gpuRefused atomic.Uint64
+		bytes                                                                                 atomic.Uint64
 	}
 }
 
 // New returns an unstarted transport.
 func New() *Transport {
-	return &Transport{eps: map[epKey]*peerEP{}, regs: map[*segment.Region][]*fab.MR{}, accepts: map[string]struct{}{}}
+	return &Transport{eps: map[epKey]*peerEP{}, regs: map[*segment.Region][]*fab.MR{}, accepts: map[string]struct{}{}, rails: map[epKey]*rails.Rail{}}
 }
 
 // Name returns "fabric".
@@ -117,14 +119,17 @@ func loadLib(o Options) (*fab.Lib, error) {
 // any for o.Addr, refusing by name those whose modes te cannot meet. The
 // offers are valid until free is called.
 func choose(lib *fab.Lib, o Options) (_ []*fab.Offer, _ func(), _ string, err error) {
-	q := fab.Query{Node: o.Addr, Caps: rmaCaps, MRMode: fab.MRHandled, OpFlags: fab.FlagDeliveryComp}
-	list, err := lib.GetInfo(q)
-	if err != nil {
-		return nil, nil, "", err
+	// fabric.addr may list one address per NIC: each names its domain.
+	addrs := splitList(o.Addr)
+	if len(addrs) == 0 {
+		addrs = []string{""}
 	}
+	var lists []*fab.Offers
 	var anyAddr *fab.Offers
 	free := func() {
-		list.Free()
+		for _, l := range lists {
+			l.Free()
+		}
 		if anyAddr != nil {
 			anyAddr.Free()
 		}
@@ -134,6 +139,13 @@ func choose(lib *fab.Lib, o Options) (_ []*fab.Offer, _ func(), _ string, err er
 			free()
 		}
 	}()
+	for _, a := range addrs {
+		l, err := lib.GetInfo(fab.Query{Node: a, Caps: rmaCaps, MRMode: fab.MRHandled, OpFlags: fab.FlagDeliveryComp})
+		if err != nil {
+			return nil, nil, "", err
+		}
+		lists = append(lists, l)
+	}
 	var why []string
 	for _, p := range o.Providers {
 		var got []*fab.Offer
@@ -153,7 +165,9 @@ func choose(lib *fab.Lib, o Options) (_ []*fab.Offer, _ func(), _ string, err er
 				got = append(got, of)
 			}
 		}
-		pick(list)
+		for _, l := range lists {
+			pick(l)
+		}
 		if len(got) == 0 && strings.EqualFold(p, "shm") {
 			// shm has no network address: its one domain serves the host.
 			if anyAddr == nil {
@@ -236,6 +250,14 @@ func (t *Transport) Start(h transport.Host) error {
 	}
 	if len(t.nics) == 0 {
 		return errs.New(errs.NotSupported, "fabric", "no %s domain could be opened for %s", prov, orAny(o.Addr))
+	}
+	if o.StallTimeout < 0 && len(t.nics) > 1 {
+		// A NIC pair that went silent (a pulled cable) completes nothing
+		// and reports nothing: only the watchdog moves its operations to
+		// another pair.
+		for _, n := range t.nics {
+			n.stall = max(n.stall, RailStall)
+		}
 	}
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	for _, n := range t.nics {
@@ -428,22 +450,98 @@ func (t *Transport) pair(d *segment.Desc, nd []nicDesc) (int, int, error) {
 	return 0, 0, errs.New(errs.TransportUnavailable, "fabric", "segment %q shares no provider with this engine's %s", d.Name, t.nics[0].prov)
 }
 
+// nicPair is a local NIC and a peer NIC, by index.
+type nicPair struct{ li, ri int }
+
+// pairs returns the NIC pairs to the peer: each local NIC with the peer
+// NIC of the same rank among those of its provider (NIC k to NIC k: rails
+// are wired alike on both ends), the shorter list wrapping around, so that
+// every NIC of both ends carries a share.
+func (t *Transport) pairs(d *segment.Desc, nd []nicDesc) ([]nicPair, error) {
+	var local, remote []int
+	for i, n := range t.nics {
+		if n.hostOnly && (d.Host == nil || d.Host.BootID != t.self.BootID) {
+			continue
+		}
+		local = append(local, i)
+	}
+	if len(local) > 0 {
+		for j, p := range nd {
+			if p.Provider == t.nics[local[0]].prov {
+				remote = append(remote, j)
+			}
+		}
+	}
+	if len(local) == 0 || len(remote) == 0 {
+		li, ri, err := t.pair(d, nd)
+		if err != nil {
+			return nil, err
+		}
+		return []nicPair{{li, ri}}, nil
+	}
+	out := make([]nicPair, max(len(local), len(remote)))
+	for k := range out {
+		out[k] = nicPair{local[k%len(local)], remote[k%len(remote)]}
+	}
+	return out, nil
+}
+
+func (t *Transport) keyOf(d *segment.Desc, p nicPair) epKey {
+	return epKey{instance: d.Instance, local: p.li, remote: p.ri}
+}
+
+// railOf returns the rail of a NIC pair to a peer, made at first use.
+func (t *Transport) railOf(k epKey) *rails.Rail {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r := t.rails[k]
+	if r == nil {
+		if len(t.rails) >= maxPeers*len(t.nics) {
+			// Peers come and go (a restart is a new instance): forget
+			// the pairs of those with no endpoint open. Operations
+			// in flight keep their rail.
+			for k := range t.rails {
+				if _, ok := t.eps[k]; !ok {
+					delete(t.rails, k)
+				}
+			}
+		}
+		r = &rails.Rail{}
+		t.rails[k] = r
+	}
+	return r
+}
+
 // Stats counts operations posted, posts the provider pushed back
 // (-FI_EAGAIN), bytes moved, endpoints torn down to flush canceled
 // operations or (stalls) ended by the stall watchdog after asking the owner
 // (stall_checks: how often it asked), operations retried on
-// a new endpoint, error completions and
-// device regions left to staging; per NIC its posts and bytes.
+// a new endpoint (failovers: of those, the ones moved to another NIC
+// pair), error completions and device regions left to staging; per NIC
+// its posts and bytes; per NIC pair (rail.<local NIC>-<peer NIC index>,
+// summed over peers) the bytes it completed, the failures that cooled it
+// down and the operations moved off it.
 func (t *Transport) Stats() map[string]uint64 {
 	out := map[string]uint64{
 		"posts": t.st.posts.Load(), "eagain": t.st.eagain.Load(), "bytes": t.st.bytes.Load(),
 		"teardowns": t.st.teardowns.Load(), "stalls": t.st.stalls.Load(), "stall_checks": t.st.stallChecks.Load(), "retries": t.st.retries.Load(), "errors": t.st.errors.Load(),
 		"gpu_staged": t.st.gpuRefused.Load(),
 	}
+	out["failovers"] = t.st.failovers.Load()
 	for _, n := range t.nics {
 		out["nic."+n.name+".posts"] = n.posts.Load()
 		out["nic."+n.name+".bytes"] = n.bytes.Load()
 	}
+	// Per NIC pair, summed over peers: bytes, failures, slices moved off.
+	t.mu.Lock()
+	for k, r := range t.rails {
+		c := r.Counters()
+		name := "rail." + t.nics[k.local].name + "-" + strconv.Itoa(k.remote)
+		out[name+".bytes"] += c.Bytes
+		out[name+".errors"] += c.Errors
+		out[name+".retries"] += c.Retries
+	}
+	t.mu.Unlock()
 	return out
 }
 

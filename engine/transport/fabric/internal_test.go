@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -98,5 +99,46 @@ func TestKeyCheck(t *testing.T) {
 	body, _ = json.Marshal(hello{Instance: "a-1", To: "b-1", Check: make([]uint64, maxCheck+1)})
 	if _, err := tr.handleHandshake(context.Background(), body); errs.CodeOf(err) != errs.Protocol {
 		t.Fatalf("an oversized check: %v", err)
+	}
+}
+
+// Requests stripe over NIC k to the peer's NIC k, the shorter list
+// wrapping around, and only over NICs of the peer that share the provider.
+func TestNICPairs(t *testing.T) {
+	nics := func(n int) []*nic {
+		var out []*nic
+		for i := range n {
+			out = append(out, &nic{idx: i, prov: "tcp;ofi_rxm"})
+		}
+		return out
+	}
+	peer := func(provs ...string) []nicDesc {
+		var out []nicDesc
+		for _, p := range provs {
+			out = append(out, nicDesc{Provider: p})
+		}
+		return out
+	}
+	const tcp = "tcp;ofi_rxm"
+	for _, c := range []struct {
+		local int
+		nd    []nicDesc
+		want  []nicPair
+	}{
+		{1, peer(tcp), []nicPair{{0, 0}}},
+		{2, peer(tcp, tcp), []nicPair{{0, 0}, {1, 1}}},
+		{2, peer(tcp), []nicPair{{0, 0}, {1, 0}}},
+		{1, peer(tcp, tcp, tcp), []nicPair{{0, 0}, {0, 1}, {0, 2}}},
+		{2, peer("efa", tcp, tcp), []nicPair{{0, 1}, {1, 2}}},
+	} {
+		tr := &Transport{nics: nics(c.local)}
+		got, err := tr.pairs(&segment.Desc{Name: "b"}, c.nd)
+		if err != nil || !slices.Equal(got, c.want) {
+			t.Errorf("%d NICs to %v: %v, %v; want %v", c.local, c.nd, got, err, c.want)
+		}
+	}
+	tr := &Transport{nics: nics(2)}
+	if _, err := tr.pairs(&segment.Desc{Name: "b"}, peer("efa")); errs.CodeOf(err) != errs.TransportUnavailable {
+		t.Errorf("no shared provider: %v, want TransportUnavailable", err)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tecache/te/engine/transport/internal/rails"
 	"github.com/tecache/te/internal/errs"
 	fab "github.com/tecache/te/internal/sys/fabric"
 	"github.com/tecache/te/internal/sys/mem"
@@ -284,13 +285,13 @@ func (n *nic) post() bool {
 	for ; i < len(n.backlog); i++ {
 		o := n.backlog[i]
 		if o.q.canceled.Load() {
-			n.t.opDone(o, errCanceled)
+			n.t.settle(o, errCanceled)
 			did = true
 			continue
 		}
 		if o.pe.dead.Load() {
 			if e := o.pe.fail.Load(); e != nil {
-				n.t.opDone(o, *e)
+				n.t.settle(o, *e)
 			} else {
 				n.t.retry(o, errTornDown)
 			}
@@ -319,7 +320,7 @@ func (n *nic) post() bool {
 		did = true
 		if err != nil {
 			n.t.st.errors.Add(1)
-			n.t.opDone(o, err)
+			n.t.settle(o, err)
 			continue
 		}
 		n.free = n.free[1:]
@@ -370,6 +371,7 @@ func (n *nic) reapCQ(cq *fab.CQ, ctx []uintptr) int {
 			if o := n.take(c); o != nil {
 				n.bytes.Add(o.n)
 				n.t.st.bytes.Add(o.n)
+				o.rail.Completed(o.n, rails.Now())
 				n.t.opDone(o, nil)
 			}
 		}
@@ -382,7 +384,16 @@ func (n *nic) reapCQ(cq *fab.CQ, ctx []uintptr) int {
 				total++
 				n.t.st.errors.Add(1)
 				if o := n.take(e.Context); o != nil {
-					n.t.opDone(o, remoteError(o, e.Err))
+					// Its completion is read: the provider is done with
+					// its memory (the fence), so it may go again on
+					// another NIC pair when this one failed and another
+					// is there; a refused key fails on every pair.
+					err := remoteError(o, e.Err)
+					if errs.CodeOf(err) != errs.StaleDescriptor && n.t.railFailed(o.pe) {
+						n.t.retry(o, err)
+					} else {
+						n.t.settle(o, err)
+					}
 					broken = append(broken, o.pe)
 				}
 			}
@@ -512,9 +523,9 @@ func (n *nic) close(pe *peerEP, fail error) {
 			pe.outBytes -= o.n
 			switch {
 			case o.q.canceled.Load():
-				n.t.opDone(o, errCanceled)
+				n.t.settle(o, errCanceled)
 			case fail != nil:
-				n.t.opDone(o, fail)
+				n.t.settle(o, fail)
 			default:
 				n.t.retry(o, errTornDown)
 			}
@@ -546,6 +557,19 @@ func (n *nic) stalls() {
 		pe := v.pe
 		pe.checking = false
 		if pe.closed {
+			continue
+		}
+		stale := errs.CodeOf(v.err) == errs.StaleDescriptor
+		if !stale && n.t.otherPair(pe) {
+			n.t.railFailed(pe)
+			// The owner holds the keys (or does not answer on the
+			// control plane) yet this NIC pair completed nothing: the
+			// pair is cooled down, and its operations, once the close
+			// flushed them, go over another one.
+			n.t.st.stalls.Add(1)
+			n.t.h.Logf("te: fabric: %s -> %s@%s: %d operations posted, none completed in %v: moving them to another NIC pair",
+				n.name, pe.peerName, pe.rnic, pe.out, n.stall)
+			n.close(pe, nil)
 			continue
 		}
 		if v.err == nil {

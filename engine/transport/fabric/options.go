@@ -23,8 +23,9 @@ type Options struct {
 	// Providers in order of preference (fabric.provider, else FI_PROVIDER,
 	// else DefaultProviders): the first that offers a domain is used.
 	Providers []string
-	// Addr is the address whose domain is opened (fabric.addr, else the
-	// engine's advertised host): 127.0.0.1 opens the tcp provider's lo.
+	// Addr is the address whose domain is opened, or a comma-separated
+	// list of them, one domain each (fabric.addr, else the engine's
+	// advertised host): 127.0.0.1 opens the tcp provider's lo.
 	Addr string
 	// NICs bounds the domains opened (fabric.nics; 0: every one offered).
 	NICs int
@@ -48,7 +49,10 @@ type Options struct {
 	// engine fetches the peer's descriptor again. -1 (the default) leaves
 	// it to the provider: DefaultStall for those that drop an access
 	// under a refused key without completing it (shm), off for the
-	// others, which complete it with an error; 0 turns it off.
+	// others, which complete it with an error, and at least RailStall
+	// with more than one NIC; 0 turns it off. With another NIC pair to
+	// the peer, a pair that stalls with its keys still held is cooled
+	// down and its flushed operations go over another.
 	StallTimeout time.Duration
 }
 
@@ -57,6 +61,11 @@ type Options struct {
 // moment on one host, where a slice moves in milliseconds. A slow peer
 // costs only the owner's answer that its keys still hold.
 const DefaultStall = 250 * time.Millisecond
+
+// RailStall is the stall timeout of an engine with more than one NIC,
+// unless fabric.stall_timeout says otherwise: how long a NIC pair may
+// complete nothing before its operations go over another.
+const RailStall = time.Second
 
 // silentRefusal reports whether a provider drops an access under a refused
 // key without completing it.

@@ -153,8 +153,15 @@ func (pe *peerEP) connect() {
 	pe.err = err
 	close(pe.up)
 	if err != nil {
+		// Never posted: they may go over another pair, if one is left.
+		if len(ops) > 0 && pe.t.railFailed(pe) {
+			for _, o := range ops {
+				pe.t.retry(o, err)
+			}
+			return
+		}
 		for _, o := range ops {
-			pe.t.opDone(o, err)
+			pe.t.settle(o, err)
 		}
 		return
 	}
@@ -292,11 +299,11 @@ func (pe *peerEP) failPending(err error) {
 	pe.pending = nil
 	pe.mu.Unlock()
 	for _, o := range ops {
-		pe.t.opDone(o, err)
+		pe.t.settle(o, err)
 	}
 }
 
-// Warmup opens the endpoint to the peer NIC its requests would use and
+// Warmup opens the endpoints to the peer NICs its requests would use and
 // exchanges addresses, returning once that is done or failed
 // (transport.Warmer); an endpoint already up costs nothing. The provider's
 // own connection (rxm over tcp forms it at the first operation) is not
@@ -309,24 +316,38 @@ func (t *Transport) Warmup(ctx context.Context, d *segment.Desc) error {
 	if err != nil {
 		return err
 	}
-	li, ri, err := t.pair(d, nd)
+	pairs, err := t.pairs(d, nd)
 	if err != nil {
 		return err
 	}
-	pe, err := t.endpointFor(d, li, ri, nd[ri].Name)
-	if err != nil {
-		return err
-	}
-	select {
-	case <-pe.up:
-		return pe.err
-	case <-ctx.Done():
-		code := errs.Canceled
-		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			code = errs.Timeout
+	// Every NIC pair requests stripe over; it fails only when none came
+	// up (requests avoid a pair that fails).
+	var first error
+	up := false
+	for _, p := range pairs {
+		pe, err := t.endpointFor(d, p.li, p.ri, nd[p.ri].Name)
+		if err == nil {
+			select {
+			case <-pe.up:
+				err = pe.err
+			case <-ctx.Done():
+				code := errs.Canceled
+				if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+					code = errs.Timeout
+				}
+				return errs.Wrap(code, "fabric", ctx.Err(), "endpoint to %s", d.Name)
+			}
 		}
-		return errs.Wrap(code, "fabric", ctx.Err(), "endpoint to %s", d.Name)
+		if err == nil {
+			up = true
+		} else if first == nil {
+			first = err
+		}
 	}
+	if up {
+		return nil
+	}
+	return first
 }
 
 // maxCheck bounds the keys one stall check asks about (an endpoint's
