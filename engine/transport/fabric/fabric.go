@@ -383,19 +383,12 @@ func (t *Transport) Unregister(r *segment.Region) error {
 	delete(t.regs, r)
 	t.mu.Unlock()
 	var first error
-	for i, m := range mrs {
-		// Exclusive of the NIC's progress (nic.prog): once this returns,
-		// no copy a provider checked against the region is still running.
-		var n *nic
-		if i < len(t.nics) {
-			n = t.nics[i]
-			n.prog.Lock()
-		}
+	for _, m := range mrs {
+		// fi_close runs alone among the process's provider calls (package
+		// fabric's progress lock): once it returns, no copy a provider
+		// checked against the region is still running.
 		if err := m.Close(); err != nil && first == nil {
 			first = err
-		}
-		if n != nil {
-			n.prog.Unlock()
 		}
 	}
 	return first
@@ -435,7 +428,14 @@ func (t *Transport) Reachable(d *segment.Desc) error {
 }
 
 // pair returns the first local NIC and peer NIC that share a provider.
+// A host-only provider (shm) never pairs with an engine of this process:
+// libfabric's shm provider maps a peer of its own process through that
+// peer's region rather than a mapping of its own, so when that engine
+// closes, this one's progress reads unmapped memory (a SIGSEGV in
+// fi_cq_read). Engines of one process reach each other through the
+// local transport.
 func (t *Transport) pair(d *segment.Desc, nd []nicDesc) (int, int, error) {
+	sameProcess := false
 	for i, n := range t.nics {
 		for j, p := range nd {
 			if p.Provider != n.prov {
@@ -444,8 +444,17 @@ func (t *Transport) pair(d *segment.Desc, nd []nicDesc) (int, int, error) {
 			if n.hostOnly && (d.Host == nil || d.Host.BootID != t.self.BootID) {
 				continue
 			}
+			if n.hostOnly && d.Host.Pid == t.self.Pid && d.Host.PidNS == t.self.PidNS {
+				sameProcess = true
+				continue
+			}
 			return i, j, nil
 		}
+	}
+	if sameProcess {
+		return 0, 0, errs.New(errs.TransportUnavailable, "fabric",
+			"segment %q is an engine of this process, which the %s provider cannot reach safely (it maps a same-process peer through that peer's own region)",
+			d.Name, t.nics[0].prov).WithHint("use the local transport between engines of one process")
 	}
 	return 0, 0, errs.New(errs.TransportUnavailable, "fabric", "segment %q shares no provider with this engine's %s", d.Name, t.nics[0].prov)
 }

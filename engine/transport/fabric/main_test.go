@@ -1,13 +1,16 @@
 package fabric_test
 
 import (
+	"strings"
 	"testing"
+	"time"
 
 	_ "github.com/tecache/te/engine/std" // the engines these tests build install every standard transport
 
 	"github.com/tecache/te/engine"
 	"github.com/tecache/te/engine/transport/fabric"
 	"github.com/tecache/te/engine/transport/transporttest"
+	"github.com/tecache/te/internal/sys/mem"
 )
 
 func TestMain(m *testing.M) { transporttest.Main(m) }
@@ -67,13 +70,59 @@ func TestConformanceSHM(t *testing.T) {
 	runSHM(t, processSetup(t, "shm"))
 }
 
-// TestConformanceSHMInProcess runs it over shm with both engines here.
-func TestConformanceSHMInProcess(t *testing.T) {
-	if testing.Short() {
-		t.Skip("short")
-	}
+// TestSHMRefusesSameProcessPeer: two engines of one process never pair
+// over the shm provider (it would map the peer through the peer's own
+// region, which dangles once that engine closes; this crashed fi_cq_read
+// under the conformance suite): a request forced onto fabric is refused
+// by name, and without forcing the engine takes the local transport.
+func TestSHMRefusesSameProcessPeer(t *testing.T) {
 	p := requireProvider(t, "shm")
-	runSHM(t, transporttest.Setup{Transport: fabric.Name, Config: func(c *engine.Config) { c.Params = p }})
+	conf := func(force string) engine.Config {
+		return engine.Config{ListenAddr: "127.0.0.1:0", Hostname: "127.0.0.1", Params: p, ForceTransport: force}
+	}
+	target, err := engine.New(conf(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer target.Close()
+	buf := mem.MustAlloc(1 << 20)
+	defer mem.Free(buf)
+	if err := target.RegisterMemory(mem.Addr(buf), 1<<20, "cpu:0", true); err != nil {
+		t.Fatal(err)
+	}
+	for _, force := range []string{fabric.Name, ""} {
+		a, err := engine.New(conf(force))
+		if err != nil {
+			t.Fatal(err)
+		}
+		src := mem.MustAlloc(4096)
+		if err := a.RegisterMemory(mem.Addr(src), 4096, "cpu:0", false); err != nil {
+			t.Fatal(err)
+		}
+		seg, err := a.OpenSegment(target.Name())
+		if err == nil {
+			var b *engine.Batch
+			if b, err = a.AllocateBatch(1); err == nil {
+				err = b.Submit(engine.Request{Op: engine.Write, Local: mem.Addr(src), Segment: seg, Remote: mem.Addr(buf), Length: 4096})
+				if err == nil {
+					var st engine.BatchStatus
+					st, err = b.Wait(10 * time.Second)
+					if err == nil && st.State != engine.Completed {
+						err = st.Err
+					}
+				}
+				b.Free()
+			}
+		}
+		switch {
+		case force != "" && (err == nil || !strings.Contains(err.Error(), "engine of this process")):
+			t.Errorf("forced onto fabric: %v, want a refusal naming the same process", err)
+		case force == "" && err != nil:
+			t.Errorf("not forced: %v, want the transfer over another transport", err)
+		}
+		a.Close()
+		mem.Free(src)
+	}
 }
 
 // TestConformanceTCPSession runs it between two processes that hold a
@@ -88,17 +137,16 @@ func TestConformanceTCPSession(t *testing.T) {
 	transporttest.Run(t, s)
 }
 
-// TestConformanceSHMEncrypted runs it over shm in one process with a
-// secret and an encrypted control plane.
+// TestConformanceSHMEncrypted runs it over shm between two processes with
+// a secret and an encrypted control plane.
 func TestConformanceSHMEncrypted(t *testing.T) {
 	if testing.Short() {
 		t.Skip("short")
 	}
-	p := requireProvider(t, "shm")
-	runSHM(t, transporttest.Setup{Transport: fabric.Name, Config: func(c *engine.Config) {
-		c.AuthSecret, c.Encrypt = sessionSecret, true
-		c.Params = p
-	}})
+	s := processSetup(t, "shm")
+	t.Setenv("TE_AUTH_SECRET", sessionSecret)
+	t.Setenv("TE_ENCRYPT", "1")
+	runSHM(t, s)
 }
 
 // TestConformanceTCPEncrypted runs it over tcp between two processes with

@@ -46,14 +46,6 @@ type nic struct {
 	avMu   sync.Mutex
 	avAddr map[string]uint64 // fi_addr of each address inserted
 
-	// prog is held shared around every provider call that can progress
-	// (posts, CQ reads), and exclusively while a region is closed. A
-	// software provider copies peers' RMA into this engine's memory inside
-	// those calls, after checking the key; fi_close of a region does not
-	// wait for a copy in progress on another thread, so without this an
-	// unregistered (and freed) buffer could still be written.
-	prog sync.RWMutex
-
 	mu      sync.Mutex
 	queue   []*op
 	cancels []cancelReq
@@ -304,13 +296,11 @@ func (n *nic) post() bool {
 		slot := n.free[0]
 		ep := o.pe.endpoint()
 		var err error
-		n.prog.RLock()
 		if o.write {
 			err = ep.Write(o.local, o.n, o.desc, o.pe.dest, o.remote, o.key, n.ctxAddr(slot))
 		} else {
 			err = ep.Read(o.local, o.n, o.desc, o.pe.dest, o.remote, o.key, n.ctxAddr(slot))
 		}
-		n.prog.RUnlock()
 		if errors.Is(err, fab.ErrAgain) {
 			// The provider's queue is full: progress it (reap) and try
 			// again on the next round, never spinning here.
@@ -364,9 +354,7 @@ func (n *nic) reapCQ(cq *fab.CQ, ctx []uintptr) int {
 	total := 0
 	var broken []*peerEP
 	for round := 0; round < 16; round++ {
-		n.prog.RLock()
 		k, err := cq.Read(ctx)
-		n.prog.RUnlock()
 		for _, c := range ctx[:k] {
 			if o := n.take(c); o != nil {
 				n.bytes.Add(o.n)
@@ -377,9 +365,7 @@ func (n *nic) reapCQ(cq *fab.CQ, ctx []uintptr) int {
 		}
 		total += k
 		if errors.Is(err, fab.ErrAvail) {
-			n.prog.RLock()
 			e, ok := cq.ReadErr()
-			n.prog.RUnlock()
 			if ok {
 				total++
 				n.t.st.errors.Add(1)
@@ -668,12 +654,10 @@ func (n *nic) passive() {
 			}
 			continue
 		}
-		n.prog.RLock()
 		k, err := n.cq.SRead(ctx, 20)
 		if errors.Is(err, fab.ErrAvail) {
 			n.cq.ReadErr()
 		}
-		n.prog.RUnlock()
 		if err != nil && k == 0 && !errors.Is(err, fab.ErrAvail) {
 			time.Sleep(time.Millisecond)
 		}

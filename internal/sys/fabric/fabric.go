@@ -215,12 +215,26 @@ func (o *Offer) OpenDomain() (*Domain, error) {
 	return d, nil
 }
 
+// progress orders the provider calls of every domain in the process:
+// calls that can progress a provider (posts, completion reads) hold it
+// shared, fi_close holds it alone. A software provider (shm, tcp) copies a
+// peer's RMA into this process's memory, and walks its endpoints and
+// regions, inside those calls on whichever thread makes them, and the shm
+// provider shares that state between the domains of one process; fi_close
+// on another thread does not wait for a call in progress, so a region or
+// endpoint closed (and its memory freed) under one crashed it in
+// fi_cq_read. Once a Close returns, no call that could still touch what it
+// closed is running.
+var progress sync.RWMutex
+
 // closeFid is fi_close.
 func closeFid(l *Lib, what string, fid uintptr) error {
 	if fid == 0 {
 		return nil
 	}
 	ops := at[FiOps](at[Fid](fid).Ops)
+	progress.Lock()
+	defer progress.Unlock()
 	if rc := call(ops.Close, fid); rc != 0 {
 		return l.fail("fi_close("+what+")", rc)
 	}
@@ -342,7 +356,9 @@ var ErrAvail = errs.New(errs.IO, "fabric", "an error completion is queued")
 // provider with manual progress.
 func (c *CQ) Read(ctx []uintptr) (int, error) {
 	n := min(len(ctx), cqEntryBatch)
+	progress.RLock()
 	rc := callSize(c.ops.Read, c.fid, c.buf.addr(0), uintptr(n))
+	progress.RUnlock()
 	return c.took(ctx, rc)
 }
 
@@ -353,7 +369,9 @@ func (c *CQ) SRead(ctx []uintptr, timeoutMS int) (int, error) {
 		return c.Read(ctx)
 	}
 	n := min(len(ctx), cqEntryBatch)
+	progress.RLock() // a Close waits out the timeout at most
 	rc := callSize(c.ops.SRead, c.fid, c.buf.addr(0), uintptr(n), 0, uintptr(int64(timeoutMS)))
+	progress.RUnlock()
 	return c.took(ctx, rc)
 }
 
@@ -383,7 +401,9 @@ func (c *CQ) ReadErr() (CQError, bool) {
 	off := uintptr(cqEntryBatch * cqContextEntrySz)
 	c.buf.clear(off + unsafe.Sizeof(CQErrEntry{}))
 	e := at[CQErrEntry](c.buf.addr(off))
+	progress.RLock()
 	rc := callSize(c.ops.ReadErr, c.fid, c.buf.addr(off), 0)
+	progress.RUnlock()
 	if rc != 1 {
 		return CQError{}, false
 	}
@@ -464,13 +484,17 @@ var ErrAgain = errs.New(errs.ResourceExhausted, "fabric", "transmit queue full (
 // when the domain does not need one) to raddr under key at peer dest;
 // ctx comes back in the completion.
 func (e *Endpoint) Write(buf uint64, n uint64, desc uintptr, dest, raddr, key uint64, ctx uintptr) error {
+	progress.RLock()
 	rc := callSize(e.rma.Write, e.fid, uintptr(buf), uintptr(n), desc, uintptr(dest), uintptr(raddr), uintptr(key), ctx)
+	progress.RUnlock()
 	return e.posted("fi_write", rc)
 }
 
 // Read posts fi_read into [buf, buf+n) from raddr under key at peer dest.
 func (e *Endpoint) Read(buf uint64, n uint64, desc uintptr, dest, raddr, key uint64, ctx uintptr) error {
+	progress.RLock()
 	rc := callSize(e.rma.Read, e.fid, uintptr(buf), uintptr(n), desc, uintptr(dest), uintptr(raddr), uintptr(key), ctx)
+	progress.RUnlock()
 	return e.posted("fi_read", rc)
 }
 
