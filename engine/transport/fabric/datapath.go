@@ -264,8 +264,8 @@ func (t *Transport) settle(o *op, err error) {
 // retry sends an operation whose endpoint died under it (flushed: closed,
 // or its completion read) again: on a new endpoint of the same NIC pair
 // when the pair is healthy, else on the pair that would finish it first
-// among those not cooling down. It ends with why when no pair is left or
-// after a bounded number of tries; a canceled request's operation ends
+// among those not cooling down (its own again when none is). It ends with
+// why after a bounded number of tries; a canceled request's operation ends
 // canceled. Operations are idempotent (the same bytes to the same place),
 // so one that ran before the flush may run again.
 func (t *Transport) retry(o *op, why error) {
@@ -281,23 +281,28 @@ func (t *Transport) retry(o *op, why error) {
 	t.st.retries.Add(1)
 	now := rails.Now()
 	if !o.rail.Cooling(now) {
-		pe, err := t.endpointFor(o.q.d, o.pe.key.local, o.pe.key.remote, o.pe.rnic)
-		if err != nil {
-			t.settle(o, err)
-			return
-		}
-		o.pe = pe
-		o.q.used(pe)
-		if !pe.send([]*op{o}) {
-			t.settle(o, why)
-		}
+		t.resend(o, why)
 		return
 	}
 	t.failover(o, why, now)
 }
 
+// resend sends o again on a new endpoint of its own NIC pair.
+func (t *Transport) resend(o *op, why error) {
+	pe, err := t.endpointFor(o.q.d, o.pe.key.local, o.pe.key.remote, o.pe.rnic)
+	if err != nil {
+		t.settle(o, err)
+		return
+	}
+	o.pe = pe
+	o.q.used(pe)
+	if !pe.send([]*op{o}) {
+		t.settle(o, why)
+	}
+}
+
 // failover moves an operation off its failed NIC pair to the healthy one
-// that would finish it first; with none left it ends with why.
+// that would finish it first; with none left it goes again on its own.
 func (t *Transport) failover(o *op, why error, now int64) {
 	pairs, err := t.pairs(o.q.d, o.q.nd)
 	if err != nil {
@@ -318,7 +323,10 @@ func (t *Transport) failover(o *op, why error, now int64) {
 		rs = append(rs, rt.rail)
 	}
 	if len(routes) == 0 {
-		t.settle(o, why)
+		// No other pair takes it: the cooling one is all there is (one
+		// NIC each side), so it goes again there, within maxTries, as
+		// before there were rails.
+		t.resend(o, why)
 		return
 	}
 	rt := routes[rails.Pick(rs, o.n, uint64(o.off))]
