@@ -92,6 +92,73 @@ type BufferDesc struct {
 	// protocol ("cxl" for such a buffer).
 	Offset   uint64 `json:"offset,omitempty"`
 	Protocol string `json:"protocol,omitempty"`
+	// MRStep and MRSpan describe a buffer longer than a NIC's
+	// max_mr_size, registered as several memory regions on every NIC:
+	// region k covers [Addr+k*MRStep, +MRSpan), the last one ends at End().
+	// Neighbours overlap by MRSpan-MRStep bytes, so every access of at
+	// most that many bytes lies inside one region and no slice is cut at
+	// a region's edge. Lkey/Rkey are region 0's keys (all that a peer
+	// unaware of the split reads: it reaches the first MRSpan bytes);
+	// MoreLkey/MoreRkey hold regions 1 and up, one key per NIC each. Both
+	// steps are zero for a buffer of one region per NIC.
+	MRStep   uint64     `json:"te_mr_step,omitempty"`
+	MRSpan   uint64     `json:"te_mr_span,omitempty"`
+	MoreRkey [][]uint32 `json:"te_rkeys,omitempty"`
+	MoreLkey [][]uint32 `json:"te_lkeys,omitempty"`
+}
+
+// MaxMRs bounds the memory regions per NIC one split buffer may have.
+const MaxMRs = 1 << 16
+
+// MRCount returns how many memory regions per NIC cover a buffer of
+// length bytes cut with step and span (1 when step is 0).
+func MRCount(length, step, span uint64) int {
+	if step == 0 || length <= span {
+		return 1
+	}
+	return 1 + int((length-span+step-1)/step)
+}
+
+// MRIndex returns the memory region of b that serves an access starting
+// off bytes into b (and holding at most MRSpan-MRStep bytes).
+func (b *BufferDesc) MRIndex(off uint64) int {
+	if b.MRStep == 0 {
+		return 0
+	}
+	return min(int(off/b.MRStep), len(b.MoreRkey))
+}
+
+// Keys returns the lkey and rkey vectors of memory region k of b.
+func (b *BufferDesc) Keys(k int) (lkey, rkey []uint32) {
+	if k == 0 {
+		return b.Lkey, b.Rkey
+	}
+	if k-1 < len(b.MoreLkey) {
+		lkey = b.MoreLkey[k-1]
+	}
+	return lkey, b.MoreRkey[k-1]
+}
+
+// checkSplit checks a split buffer's layout: steps that cut it into at
+// most MaxMRs regions, and as many key vectors as regions, each as long as
+// Rkey.
+func (b *BufferDesc) checkSplit() bool {
+	if b.MRStep == 0 && b.MRSpan == 0 && len(b.MoreRkey) == 0 && len(b.MoreLkey) == 0 {
+		return true
+	}
+	if b.MRStep == 0 || b.MRSpan <= b.MRStep || b.MRSpan >= b.Length || b.Length/b.MRStep >= MaxMRs {
+		return false
+	}
+	n := MRCount(b.Length, b.MRStep, b.MRSpan)
+	if len(b.MoreRkey) != n-1 || (len(b.MoreLkey) != 0 && len(b.MoreLkey) != n-1) {
+		return false
+	}
+	for i, r := range b.MoreRkey {
+		if len(r) != len(b.Rkey) || (len(b.MoreLkey) != 0 && len(b.MoreLkey[i]) != len(b.Rkey)) {
+			return false
+		}
+	}
+	return true
 }
 
 // End returns Addr+Length.
@@ -191,6 +258,9 @@ func (d *Desc) Validate() error {
 		if b.Length == 0 || b.Addr+b.Length < b.Addr {
 			return errs.New(errs.Metadata, "segment", "buffer %d of %q has an invalid range", i, d.Name)
 		}
+		if !b.checkSplit() {
+			return errs.New(errs.Metadata, "segment", "buffer %d of %q has an invalid memory region layout", i, d.Name)
+		}
 		if i > 0 && d.Buffers[i-1].End() > b.Addr {
 			return errs.New(errs.Metadata, "segment", "buffers of %q overlap at %#x", d.Name, b.Addr)
 		}
@@ -206,6 +276,8 @@ func (d *Desc) Clone() *Desc {
 	for i, b := range d.Buffers {
 		b.Rkey = append([]uint32(nil), b.Rkey...)
 		b.Lkey = append([]uint32(nil), b.Lkey...)
+		b.MoreRkey = cloneKeys(b.MoreRkey)
+		b.MoreLkey = cloneKeys(b.MoreLkey)
 		if b.Extra != nil {
 			m := make(map[string]string, len(b.Extra))
 			for k, v := range b.Extra {
@@ -227,4 +299,15 @@ func (d *Desc) Clone() *Desc {
 		c.Host = &h
 	}
 	return &c
+}
+
+func cloneKeys(v [][]uint32) [][]uint32 {
+	if v == nil {
+		return nil
+	}
+	out := make([][]uint32, len(v))
+	for i, k := range v {
+		out[i] = append([]uint32(nil), k...)
+	}
+	return out
 }

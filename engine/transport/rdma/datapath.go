@@ -23,6 +23,7 @@ type request struct {
 	rkeys    []uint32
 	size     uint64 // slice size
 	n        int32  // slices
+	split    bool   // a buffer has several memory regions per NIC: keys per slice (keysAt)
 	left     atomic.Int64
 	err      atomic.Pointer[error]
 	canceled atomic.Bool
@@ -282,10 +283,6 @@ func (t *Transport) prepare(r *transport.Request, q *request, pi *peerInfo, m *m
 	if r.Length == 0 {
 		return errs.New(errs.InvalidArgument, "rdma", "zero length")
 	}
-	n := sliceCount(r.Length, t.opt.Slice)
-	if n <= 0 || n > 1<<30 {
-		return errs.New(errs.InvalidArgument, "rdma", "%d bytes are too many slices of %d", r.Length, t.opt.Slice)
-	}
 	if pi.err != nil {
 		return pi.err
 	}
@@ -303,10 +300,38 @@ func (t *Transport) prepare(r *transport.Request, q *request, pi *peerInfo, m *m
 	if len(r.Region.Desc.Lkey) != len(t.nics) {
 		return errs.New(errs.AddressNotRegistered, "rdma", "local [%#x,+%d) has no memory region on every NIC", r.Local, r.Length)
 	}
-	q.r, q.pi, q.lkeys, q.rkeys, q.size, q.n = r, pi, r.Region.Desc.Lkey, r.Buffer.Rkey, t.opt.Slice, int32(n)
+	size, split := t.opt.Slice, false
+	if b, l := r.Buffer, &r.Region.Desc; b.MRStep != 0 || l.MRStep != 0 {
+		// A buffer split into overlapping memory regions: slices no longer
+		// than the overlaps fit inside one region on each side.
+		for _, d := range [2]*segment.BufferDesc{b, l} {
+			if d.MRStep != 0 {
+				size = min(size, d.MRSpan-d.MRStep)
+			}
+		}
+		if len(l.MoreLkey) != len(l.MoreRkey) {
+			return errs.New(errs.AddressNotRegistered, "rdma", "local [%#x,+%d) has no memory region on every NIC", r.Local, r.Length)
+		}
+		split = true
+	}
+	n := sliceCount(r.Length, size)
+	if n <= 0 || n > 1<<30 {
+		return errs.New(errs.InvalidArgument, "rdma", "%d bytes are too many slices of %d", r.Length, size)
+	}
+	q.r, q.pi, q.lkeys, q.rkeys, q.size, q.n, q.split = r, pi, r.Region.Desc.Lkey, r.Buffer.Rkey, size, int32(n), split
 	q.pl = m.plan(t, q)
 	q.left.Store(int64(n))
 	return nil
+}
+
+// keysAt returns the keys of a split request's slice at local and remote
+// on rail x: those of the memory regions holding it on each side.
+func (q *request) keysAt(local, remote uint64, x int32) (lkey, rkey uint32) {
+	rl := q.pi.rails[x]
+	l := &q.r.Region.Desc
+	lk, _ := l.Keys(l.MRIndex(local - l.Addr))
+	_, rk := q.r.Buffer.Keys(q.r.Buffer.MRIndex(remote - q.r.Buffer.Addr))
+	return lk[rl.local], rk[q.pi.remoteIndex(x)]
 }
 
 // route returns the endpoint of the span's rail, lock-free when it is up,

@@ -89,12 +89,18 @@
 // rkey reaches the whole window at the NIC: te still refuses any request
 // outside a registered buffer, but after Unregister of one region the
 // window's keys keep working until the last region of it is gone, which
-// is why it is opt-in. A region longer than max_mr_size is refused (the
-// descriptor carries one key per NIC). GPU regions exported as a dma-buf
+// is why it is opt-in. A region longer than max_mr_size is registered on
+// its own, split as below. GPU regions exported as a dma-buf
 // share a window of their whole allocation (its size is the dma-buf's),
 // registered on every NIC through the one fd; by address (peer memory),
 // or when the allocation is longer than max_mr_size, each region is
 // registered on its own.
+//
+// A region longer than the NICs' max_mr_size is registered as overlapping
+// memory regions of at most max_mr_size on every NIC (the overlap is half
+// a region, at most 64 MiB), and the descriptor carries every region's
+// keys; an initiator cuts slices no longer than the overlaps, so each lies
+// inside one region on each side, and takes its keys from those regions.
 //
 // Without libibverbs or without an RDMA device, Start returns a NotSupported
 // error saying which, and the engine installs its other transports; Probe

@@ -303,6 +303,10 @@ func (ep *endpoint) flushLocked(out *outcome) {
 				continue
 			}
 			local, remote, n := s.req.slice(s.idx)
+			lkey, rkey := s.lkey, s.rkey
+			if s.req.split {
+				lkey, rkey = s.req.keysAt(local, remote, s.rail)
+			}
 			qs.unsig++
 			qs.ubyte += uint64(n)
 			sig := qs.unsig >= qs.every || qs.ubyte >= signalBytes
@@ -311,7 +315,7 @@ func (ep *endpoint) flushLocked(out *outcome) {
 			}
 			id := qs.push(wrEntry{req: s.req, idx: s.idx, attempt: s.attempt, rail: s.rail}, sig)
 			ep.wrs = append(ep.wrs, workRequest{id: id, read: s.req.r.Op == transport.Read, signaled: sig,
-				local: local, n: n, lkey: s.lkey, remote: remote, rkey: s.rkey})
+				local: local, n: n, lkey: lkey, remote: remote, rkey: rkey})
 			ep.pn--
 			if s.idx += s.step; s.idx >= s.end {
 				*s = span{}

@@ -93,6 +93,33 @@ func (k *keyTable) registerDevice(r *segment.Region, nics []registrar, src dmabu
 			return how, nil
 		}
 	}
+	if limit := maxMRSize(nics); r.Length > limit {
+		// Longer than a NIC registers at once: several regions, through
+		// the dma-buf (at their offsets in it) or by address.
+		mrs, err := regSplit(r, nics, limit, func(n registrar, o, length uint64) (memReg, error) {
+			if how == viaDmabuf {
+				return n.RegDmabuf(off+o, length, r.Addr+o, fd, access)
+			}
+			return n.RegMR(r.Addr+o, length, access)
+		})
+		if err != nil && how == viaDmabuf && errs.CodeOf(err) == errs.NotSupported {
+			how, dmabufWhy = viaPeermem, err
+			mrs, err = regSplit(r, nics, limit, func(n registrar, o, length uint64) (memReg, error) {
+				return n.RegMR(r.Addr+o, length, access)
+			})
+		}
+		if err != nil {
+			if dmabufWhy != nil {
+				return "", errs.Wrap(errs.CodeOf(err), "rdma", err, "GPU memory [%#x,+%d) by address (dma-buf: %v)",
+					r.Addr, r.Length, dmabufWhy).WithHint("load nvidia-peermem, or use a driver and rdma-core with dma-buf (CUDA 11.7, driver 515, rdma-core 34, Linux 5.12)")
+			}
+			return "", err
+		}
+		k.mu.Lock()
+		k.regs[r] = mrs
+		k.mu.Unlock()
+		return how, nil
+	}
 	mrs := make([]memReg, 0, len(nics))
 	rollback := func() {
 		for _, m := range mrs {
@@ -184,6 +211,18 @@ func (k *keyTable) register(r *segment.Region, nics []registrar, parallelMin uin
 	if plan.preTouch {
 		preTouch(r.Addr, r.Length)
 	}
+	if limit := maxMRSize(nics); r.Length > limit {
+		mrs, err := regSplit(r, nics, limit, func(n registrar, off, length uint64) (memReg, error) {
+			return n.RegMR(r.Addr+off, length, access)
+		})
+		if err != nil {
+			return err
+		}
+		k.mu.Lock()
+		k.regs[r] = mrs
+		k.mu.Unlock()
+		return nil
+	}
 	mrs := make([]memReg, len(nics))
 	errv := make([]error, len(nics))
 	reg := func(i int) { mrs[i], errv[i] = nics[i].RegMR(r.Addr, r.Length, access) }
@@ -220,6 +259,70 @@ func (k *keyTable) register(r *segment.Region, nics []registrar, parallelMin uin
 	k.regs[r] = mrs
 	k.mu.Unlock()
 	return nil
+}
+
+// maxMROverlap bounds how much neighbouring memory regions of a split
+// buffer overlap: enough for any slice up to the largest default, little
+// next to a max_mr_size of gigabytes (the overlap is pinned twice).
+const maxMROverlap = 64 << 20
+
+// mrLayout cuts a buffer of n bytes into memory regions of at most limit
+// bytes (segment.BufferDesc's MRStep and MRSpan): region k starts at
+// k*step and is span long (the last one shorter), neighbours overlap by
+// min(span/2, maxMROverlap) so a slice never has to be cut at an edge.
+func mrLayout(n, limit uint64) (step, span uint64, err error) {
+	page := uint64(unix.Getpagesize())
+	span = limit &^ (page - 1)
+	overlap := min(span/2, maxMROverlap) &^ (page - 1)
+	if overlap < page {
+		return 0, 0, errs.New(errs.InvalidArgument, "rdma", "region of %d bytes is longer than the NICs' max_mr_size (%d), too small to split", n, limit)
+	}
+	step = span - overlap
+	if n/step >= segment.MaxMRs {
+		return 0, 0, errs.New(errs.InvalidArgument, "rdma", "region of %d bytes needs more than %d memory regions of the NICs' max_mr_size (%d)",
+			n, segment.MaxMRs, limit).WithHint("register it as several regions")
+	}
+	return step, span, nil
+}
+
+// regSplit registers r, longer than limit, as overlapping memory regions
+// of at most limit bytes on every NIC (reg registers length bytes at
+// offset off of r on one NIC) and fills r.Desc's keys and layout. The
+// memory regions come back region-major: region k's on NIC i at
+// k*len(nics)+i. On failure nothing stays registered.
+func regSplit(r *segment.Region, nics []registrar, limit uint64, reg func(n registrar, off, length uint64) (memReg, error)) ([]memReg, error) {
+	step, span, err := mrLayout(r.Length, limit)
+	if err != nil {
+		return nil, err
+	}
+	count := segment.MRCount(r.Length, step, span)
+	all := make([]memReg, 0, count*len(nics))
+	for k := range count {
+		off := uint64(k) * step
+		length := min(span, r.Length-off)
+		mrs, err := regEach(nics, r.Addr+off, length, func(n registrar) (memReg, error) { return reg(n, off, length) })
+		if err != nil {
+			for _, m := range all {
+				_ = m.Dereg()
+			}
+			return nil, err
+		}
+		all = append(all, mrs...)
+	}
+	keys := func(k int) (l, rk []uint32) {
+		l, rk = make([]uint32, len(nics)), make([]uint32, len(nics))
+		for i, m := range all[k*len(nics) : (k+1)*len(nics)] {
+			l[i], rk[i] = m.Keys()
+		}
+		return l, rk
+	}
+	r.Desc.Lkey, r.Desc.Rkey = keys(0)
+	r.Desc.MoreLkey, r.Desc.MoreRkey = make([][]uint32, count-1), make([][]uint32, count-1)
+	for k := 1; k < count; k++ {
+		r.Desc.MoreLkey[k-1], r.Desc.MoreRkey[k-1] = keys(k)
+	}
+	r.Desc.MRStep, r.Desc.MRSpan = step, span
+	return all, nil
 }
 
 // unregister deregisters r's regions on every NIC; their keys stop working

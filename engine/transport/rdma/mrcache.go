@@ -247,8 +247,9 @@ func (c *mrCache) acquire(addr, n uint64, access int, nics []registrar, parallel
 	}
 	limit := maxMRSize(nics)
 	if n > limit {
-		return nil, errs.New(errs.InvalidArgument, "rdma", "region [%#x,+%d) is longer than the NICs' max_mr_size (%d): one memory region per NIC cannot cover it",
-			addr, n, limit).WithHint("register it as several regions of at most max_mr_size bytes")
+		// No window can hold it: the caller splits it into memory regions
+		// of its own.
+		return nil, nil
 	}
 	lo, hi := v.start, v.end
 	if hi-lo > limit {

@@ -265,3 +265,93 @@ func TestMRCachePreTouch(t *testing.T) {
 		unix.Munmap(b)
 	}
 }
+
+// dmabufLog is a NIC with a max_mr_size that records where each dma-buf
+// registration lies in the fd, and fails its failAt-th registration.
+type dmabufLog struct {
+	limitedNIC
+	mu     sync.Mutex
+	calls  [][2]uint64 // offset, length
+	n      int
+	failAt int
+}
+
+func (d *dmabufLog) RegDmabuf(offset, length, iova uint64, fd int, access int) (memReg, error) {
+	d.mu.Lock()
+	d.n++
+	fail := d.n == d.failAt
+	d.calls = append(d.calls, [2]uint64{offset, length})
+	d.mu.Unlock()
+	if fail || length > d.max {
+		return nil, errs.New(errs.InvalidArgument, "fake", "dma-buf registration refused")
+	}
+	return d.limitedNIC.RegDmabuf(offset, length, iova, fd, access)
+}
+
+// GPU memory longer than max_mr_size is registered through its dma-buf as
+// overlapping memory regions at their offsets in the fd, the descriptor
+// says how; a NIC refusing one of them leaves nothing registered.
+func TestSplitDevice(t *testing.T) {
+	const (
+		limit = 1 << 20
+		size  = 3*limit + 8192
+		off   = 1 << 16 // the region's offset in its allocation's dma-buf
+	)
+	base := uint64(0x7000_0000_0000)
+	export := func(addr, _ uint64, _ int) (int, uint64, error) {
+		fd, err := unix.MemfdCreate("te-dmabuf", unix.MFD_CLOEXEC)
+		if err == nil {
+			err = unix.Ftruncate(fd, size+off)
+		}
+		return fd, off, err
+	}
+	for _, cache := range []bool{false, true} {
+		fs, _ := fakes(2)
+		logs := []*dmabufLog{{limitedNIC: limitedNIC{fs[0], limit}}, {limitedNIC: limitedNIC{fs[1], limit}}}
+		nics := []registrar{logs[0], logs[1]}
+		k := newKeyTable()
+		if cache {
+			k.cache = &mrCache{}
+		}
+		r := &segment.Region{Addr: base, Length: size, Remote: true, Location: segment.Location{Kind: "cuda", Index: 0}}
+		how, err := k.registerDevice(r, nics, export)
+		if err != nil || how != viaDmabuf {
+			t.Fatalf("cache=%v: %q %v", cache, how, err)
+		}
+		count := segment.MRCount(size, limit/2, limit)
+		if r.Desc.MRStep != limit/2 || r.Desc.MRSpan != limit || len(r.Desc.MoreRkey) != count-1 || len(r.Desc.MoreLkey) != count-1 {
+			t.Fatalf("cache=%v: layout step %d span %d, %d more keys, want %d, %d, %d", cache, r.Desc.MRStep, r.Desc.MRSpan, len(r.Desc.MoreRkey), limit/2, limit, count-1)
+		}
+		for _, l := range logs {
+			if len(l.calls) != count {
+				t.Fatalf("cache=%v: %d dma-buf registrations, want %d", cache, len(l.calls), count)
+			}
+			for i, c := range l.calls {
+				wantLen := min(uint64(limit), size-uint64(i)*limit/2)
+				if c[0] != off+uint64(i)*limit/2 || c[1] != wantLen {
+					t.Fatalf("cache=%v: registration %d at [%d,+%d) of the dma-buf, want [%d,+%d)", cache, i, c[0], c[1], off+uint64(i)*limit/2, wantLen)
+				}
+			}
+		}
+		d := segment.Desc{Name: "x", Buffers: []segment.BufferDesc{r.Desc}}
+		d.Buffers[0].Addr, d.Buffers[0].Length = r.Addr, r.Length
+		if err := d.Validate(); err != nil {
+			t.Fatalf("cache=%v: the descriptor of a split region does not validate: %v", cache, err)
+		}
+		if err := k.unregister(r); err != nil {
+			t.Fatal(err)
+		}
+		if fs[0].registered()+fs[1].registered() != 0 {
+			t.Fatalf("cache=%v: memory regions left after unregister", cache)
+		}
+		// A NIC refusing the third region: nothing stays registered.
+		logs[1].failAt = logs[1].n + 3
+		r2 := &segment.Region{Addr: base, Length: size, Remote: true, Location: segment.Location{Kind: "cuda", Index: 0}}
+		if _, err := k.registerDevice(r2, nics, export); err == nil {
+			t.Fatalf("cache=%v: a refused region registered", cache)
+		}
+		if fs[0].registered()+fs[1].registered() != 0 {
+			t.Fatalf("cache=%v: %d memory regions left after a refused split", cache, fs[0].registered()+fs[1].registered())
+		}
+	}
+}

@@ -3,15 +3,14 @@ package rdma_test
 import (
 	"bytes"
 	"errors"
-	"strings"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/tecache/te/engine"
+	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport/rdma"
-	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/ibv/ibvtest"
 	"github.com/tecache/te/internal/sys/mem"
 )
@@ -205,9 +204,7 @@ func TestMRCacheFakeVerbs(t *testing.T) {
 	}
 }
 
-// A region longer than the NICs' max_mr_size is refused with a clear error
-// (the descriptor carries one key per NIC), with the cache and without;
-// regions of one mapping longer than max_mr_size split into windows that
+// Regions of one mapping longer than max_mr_size split into windows that
 // each take their own memory region and all move bytes.
 func TestMRCacheMaxMRSizeFakeVerbs(t *testing.T) {
 	const limit = 1 << 20
@@ -218,21 +215,6 @@ func TestMRCacheMaxMRSizeFakeVerbs(t *testing.T) {
 	kv := memfdMap(t, 4*limit, 0)
 	t.Cleanup(func() { unmap(t, kv) })
 	base := mem.Addr(kv)
-	for _, cache := range []string{"on", "off"} {
-		_, target := cachePair(t, lib, map[string]string{"rdma.mr_cache": cache})
-		err := target.RegisterMemory(base, limit+4096, "cpu:0", true)
-		if err == nil {
-			t.Fatalf("mr_cache=%s: a region above max_mr_size registered", cache)
-		}
-		if cache == "on" && (!errors.Is(err, errs.ErrInvalidArgument) || !bytes.Contains([]byte(err.Error()), []byte("max_mr_size"))) {
-			t.Fatalf("mr_cache=on: %v, want InvalidArgument naming max_mr_size", err)
-		}
-		target.Close()
-	}
-	if n := fake.Stat(ibvtest.StatMRs); n != 0 {
-		t.Fatalf("%d memory regions left after refused registrations", n)
-	}
-
 	init, target := cachePair(t, lib, map[string]string{"rdma.mr_cache": "on"})
 	regs0 := fake.Stat(ibvtest.StatRegs)
 	// Four regions of 768 KiB: each window of 1 MiB holds one.
@@ -333,27 +315,45 @@ func TestMRCacheRemapFakeVerbs(t *testing.T) {
 }
 
 // FAKEVERBS_MAX_MR_SIZE in a process's environment is the NICs'
-// max_mr_size there: a longer region is refused by the provider without
-// the cache and by te, naming max_mr_size, with it; regions up to it
-// register, with the cache one window per region when each fills one.
+// max_mr_size there: regions up to it register, with the cache one window
+// per region when each fills one; a region of host or GPU memory longer
+// than it is split into memory regions of at most that (with the cache and
+// without), and another process whose NICs have the same limit moves every
+// byte of it each way, in one request and in blocks across the regions'
+// edges.
 func TestTwoProcessMaxMRSize(t *testing.T) {
 	f := newFabricSetup(t, "hgx8")
-	const limit = 1 << 20
+	const (
+		limit = 1 << 20
+		size  = 3*limit + 4096
+	)
 	for _, cache := range []string{"off", "on"} {
-		n := f.startNode("FAKEVERBS_MAX_MR_SIZE=1048576", "TE_RDMA_TEST_TRANSPORTS=rdma", "TE_RDMA_TEST_PARAMS=rdma.mr_cache="+cache)
+		env := []string{"FAKEVERBS_MAX_MR_SIZE=1048576", "TE_RDMA_TEST_TRANSPORTS=rdma", "TE_RDMA_TEST_PARAMS=rdma.mr_cache=" + cache}
+		n, m := f.startNode(env...), f.startNode(env...)
 		a := n.addr("alloc cpu %d", 4*limit)
-		_, err := n.try("reg %d %d cpu:0", a, 2*limit)
-		if err == nil {
-			t.Fatalf("mr_cache=%s: a region of twice max_mr_size registered", cache)
-		}
-		if cache == "on" && !strings.Contains(err.Error(), "max_mr_size") {
-			t.Fatalf("mr_cache=on: %v, want an error naming max_mr_size", err)
-		}
 		for i := 0; i < 4; i++ {
 			n.do("reg %d %d cpu:0", a+uint64(i*limit), limit)
 		}
 		if s := n.stats(); cache == "on" && (s["mr_cache_windows"] != 4 || s["mr_cache_hits"] != 0) {
 			t.Fatalf("mr_cache=on: %v, want 4 windows", s)
+		}
+		b := m.addr("alloc cpu %d", 2*size)
+		m.do("reg %d %d cpu:0", b, 2*size)
+		m.do("fill %d %d 7", b, 2*size)
+		// Both registered before the peer reads the descriptor.
+		bigs := []uint64{n.addr("alloc cpu %d", size), n.addr("alloc cuda 3 %d", size)}
+		n.do("reg %d %d cpu:0", bigs[0], size)
+		n.do("reg %d %d cuda:3", bigs[1], size)
+		m.do("open %s", n.name)
+		for _, big := range bigs {
+			transfer(t, m, n, "write", b, big, size, 1, "rdma")
+			transfer(t, m, n, "read", b+size, big, size, 1, "rdma")
+			transfer(t, m, n, "write", b+4096, big+limit-8192, 64<<10, 4, "rdma")
+			transfer(t, m, n, "read", b+size, big+size-(96<<10), 96<<10, 3, "rdma")
+			n.do("unreg %d", big)
+		}
+		if s := n.stats(); s["gpu_dmabuf"] != 1 {
+			t.Fatalf("mr_cache=%s: the GPU region did not go through its dma-buf: %v", cache, s)
 		}
 	}
 }
@@ -388,4 +388,104 @@ func TestTwoProcessGPUMRCache(t *testing.T) {
 		a.do("unreg %d", ag+i*part)
 	}
 	a.do("unreg %d", ag2)
+}
+
+// A region longer than the NICs' max_mr_size is registered as overlapping
+// memory regions of at most max_mr_size on every NIC, with the cache and
+// without, on both sides: one request over the whole of it, requests
+// straddling the regions' edges and slices longer than the overlap move
+// the right bytes each way (the fake NIC refuses a key outside its
+// region), and unregistering frees every memory region.
+func TestSplitAboveMaxMRSizeFakeVerbs(t *testing.T) {
+	const (
+		limit = 1 << 20
+		size  = 5*limit + 4096
+		nics  = 2
+	)
+	lib := ibvtest.Build(t)
+	fake := ibvtest.Open(t, lib)
+	fake.Set(ibvtest.SetMaxMRSize, limit)
+	t.Cleanup(func() { fake.Set(ibvtest.SetMaxMRSize, 0) })
+	// Half of max_mr_size overlaps, so a region starts every 512 KiB.
+	want := nics * segment.MRCount(size, limit/2, limit)
+	for _, cache := range []string{"off", "on"} {
+		t.Run("mr_cache="+cache, func(t *testing.T) {
+			live0 := fake.Stat(ibvtest.StatMRs)
+			// The initiator's slices (1 MiB) are longer than the overlaps.
+			init, target := cachePair(t, lib, map[string]string{"rdma.mr_cache": cache, "rdma.slice": "1MiB"})
+			kv := memfdMap(t, size, 0)
+			t.Cleanup(func() { unmap(t, kv) })
+			src := mem.MustAlloc(2 * size)
+			t.Cleanup(func() { mem.Free(src) })
+			regs0 := fake.Stat(ibvtest.StatRegs)
+			if err := target.RegisterMemory(mem.Addr(kv), size, "cpu:0", true); err != nil {
+				t.Fatalf("registering %d bytes over a max_mr_size of %d: %v", size, limit, err)
+			}
+			if got := fake.Stat(ibvtest.StatRegs) - regs0; got != int64(want) {
+				t.Fatalf("%d ibv_reg_mr for %d bytes, want %d", got, size, want)
+			}
+			if err := init.RegisterMemory(mem.Addr(src), 2*size, "cpu:0", true); err != nil {
+				t.Fatal(err)
+			}
+			seg, err := init.OpenSegment(target.Name())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer init.CloseSegment(seg)
+			base, local := mem.Addr(kv), mem.Addr(src)
+			fill := func(b []byte, k int) {
+				for j := range b {
+					b[j] = byte(j*31 + j>>12 + k)
+				}
+			}
+			// The whole region at once, from an offset of the initiator's
+			// region that puts its edges elsewhere than the target's.
+			const skew = 3 * 4096
+			fill(src[skew:skew+size], 1)
+			if err := move(init, engine.Write, local+skew, seg, base, size); err != nil {
+				t.Fatalf("WRITE of the whole region: %v", err)
+			}
+			if !bytes.Equal(kv, src[skew:skew+size]) {
+				t.Fatal("the region does not hold what was written")
+			}
+			clear(src[size:])
+			if err := move(init, engine.Read, local+size, seg, base, size); err != nil {
+				t.Fatalf("READ of the whole region: %v", err)
+			}
+			if !bytes.Equal(src[size:], kv) {
+				t.Fatal("READ of the whole region brought other bytes")
+			}
+			// Across every edge of the target's regions (region 0 ends at
+			// 1 MiB, region k at k*512 KiB + 1 MiB) and its last byte.
+			for k, off := range []uint64{limit - 100, limit/2 - 1, 3*limit/2 - 4096, 2*limit + 7, size - 8192} {
+				n := min(uint64(8192), size-off)
+				fill(src[:n], k+7)
+				if err := move(init, engine.Write, local, seg, base+off, n); err != nil {
+					t.Fatalf("WRITE of %d bytes at %d: %v", n, off, err)
+				}
+				if !bytes.Equal(kv[off:off+n], src[:n]) {
+					t.Fatalf("WRITE at %d: wrong bytes", off)
+				}
+				if err := move(init, engine.Read, local+size+off, seg, base+off, n); err != nil {
+					t.Fatalf("READ of %d bytes at %d: %v", n, off, err)
+				}
+				if !bytes.Equal(src[size+off:size+off+n], kv[off:off+n]) {
+					t.Fatalf("READ at %d: wrong bytes", off)
+				}
+			}
+			if err := move(init, engine.Write, local, seg, base+size-4096, 8192); err == nil {
+				t.Fatal("WRITE running off the region succeeded")
+			}
+			init.CloseSegment(seg)
+			if err := target.UnregisterMemory(mem.Addr(kv)); err != nil {
+				t.Fatal(err)
+			}
+			if err := init.UnregisterMemory(local); err != nil {
+				t.Fatal(err)
+			}
+			if got := fake.Stat(ibvtest.StatMRs) - live0; got != 0 {
+				t.Fatalf("%d memory regions left after unregistering", got)
+			}
+		})
+	}
 }
