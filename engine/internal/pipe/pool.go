@@ -289,6 +289,9 @@ func (pe *Peer[T]) get(i int) *conn[T] {
 	return c
 }
 
+// Addr is the address the peer's connections dial.
+func (pe *Peer[T]) Addr() string { return pe.addr }
+
 // Warm makes every connection of the peer (dial and opening exchange) that
 // is not up yet, and returns once each is open: nil, or the error of the
 // first that failed, or ctx's end. Connections already open cost nothing,

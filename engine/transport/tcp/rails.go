@@ -386,13 +386,16 @@ func (rs *railSet) cancel(peers map[*pipe.Peer[item]]bool) {
 }
 
 // warm opens every rail's connections; it fails only when no rail opens.
-func (rs *railSet) warm(ctx context.Context) error {
+func (rs *railSet) warm(ctx context.Context, inst string) error {
 	var first error
 	ok := false
 	for _, r := range rs.rails {
 		p, err := rs.peerOf(r)
 		if err == nil {
 			err = p.Warm(ctx)
+		}
+		if err == nil {
+			err = rs.t.ping(ctx, p, inst)
 		}
 		if err == nil {
 			ok = true

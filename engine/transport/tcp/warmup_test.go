@@ -2,12 +2,15 @@ package tcp_test
 
 import (
 	"context"
+	"io"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/internal/errs"
+	"github.com/tecache/te/internal/wire"
 )
 
 // Warmup dials and opens every striped connection, and says why it cannot:
@@ -20,10 +23,28 @@ func TestWarmup(t *testing.T) {
 	}
 	ctx := context.Background()
 
+	// A target that answers every request InvalidArgument, as te's does a
+	// READ of no bytes, and counts them.
+	var pings atomic.Int32
 	ok := fakeServer(t, func(nc net.Conn) {
-		if fakeHandshake(nc) {
-			var b [1]byte
-			nc.Read(b[:]) // hold it open until the test ends
+		if !fakeHandshake(nc) {
+			return
+		}
+		var h [wire.ReqHeaderSize]byte
+		for {
+			if _, err := io.ReadFull(nc, h[:]); err != nil {
+				return
+			}
+			req, err := wire.DecodeDataRequest(h[:])
+			if err != nil || req.Kind != wire.DataRead || req.Length != 0 {
+				return
+			}
+			pings.Add(1)
+			var c [wire.CompHeaderSize]byte
+			wire.PutCompletion(c[:], wire.Completion{Status: errs.InvalidArgument, ID: req.ID})
+			if _, err := nc.Write(c[:]); err != nil {
+				return
+			}
 		}
 	})
 	if err := tr.Warmup(ctx, desc(ok)); err != nil {
@@ -32,6 +53,10 @@ func TestWarmup(t *testing.T) {
 	if n := tr.Stats()["peer_conns_dialed"]; n != 3 {
 		t.Fatalf("dialed %d, want 3", n)
 	}
+	// Each connection carried one round trip through the data path.
+	if n := pings.Load(); n != 3 {
+		t.Fatalf("%d empty READs reached the target, want one per connection (3)", n)
+	}
 	if err := tr.Warmup(ctx, desc(ok)); err != nil || tr.Stats()["peer_conns_dialed"] != 3 {
 		t.Fatalf("second warmup: %v, dialed %d", err, tr.Stats()["peer_conns_dialed"])
 	}
@@ -39,6 +64,20 @@ func TestWarmup(t *testing.T) {
 	err := tr.Warmup(ctx, desc("127.0.0.1:"+freePort(t)))
 	if errs.CodeOf(err) != errs.PeerUnreachable {
 		t.Fatalf("nobody listening: %v", err)
+	}
+
+	// A target that opens the session and then never answers: Warmup ends
+	// with the caller's context.
+	deaf := fakeServer(t, func(nc net.Conn) {
+		if fakeHandshake(nc) {
+			var b [1]byte
+			nc.Read(b[:])
+		}
+	})
+	short0, cancel0 := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel0()
+	if err := tr.Warmup(short0, desc(deaf)); errs.CodeOf(err) != errs.Timeout {
+		t.Fatalf("a target that never answers: %v, want Timeout", err)
 	}
 
 	mute := fakeServer(t, func(nc net.Conn) {
