@@ -545,38 +545,48 @@ func (b *Batch) complete(i int, gen uint64, err error) {
 	t := &b.tasks[i]
 	// Win the task first, then record: a completion of another generation
 	// (late, duplicated: a transport bug) finds another word and changes
-	// nothing, not even the error of the task that reuses the slot.
-	if !t.word.CompareAndSwap(gen<<stateBits|uint64(Pending), gen<<stateBits|completing) {
+	// nothing, not even the error of the task that reuses the slot. A
+	// success has nothing to record first, so it publishes its state in the
+	// same compare-and-swap.
+	pending := gen<<stateBits | uint64(Pending)
+	if err == nil {
+		if !t.word.CompareAndSwap(pending, gen<<stateBits|uint64(Completed)) {
+			b.e.stats.strayCompletions.Add(1)
+			return
+		}
+		region := b.reqs[i].Region
+		b.nDone.Add(1)
+		b.bytes.Add(t.length)
+		if b.pending.Add(-1) == 0 {
+			b.settle()
+		}
+		region.Release()
+		return
+	}
+	if !t.word.CompareAndSwap(pending, gen<<stateBits|completing) {
 		b.e.stats.strayCompletions.Add(1)
 		return
 	}
-	state := Completed
-	if err != nil {
-		switch t.why.Load() {
-		case whyTimeout:
-			state = Timeout
-			if errs.CodeOf(err) == errs.Canceled {
-				err = errs.Wrap(errs.Timeout, "transfer", err, "not finished within %v", b.e.cfg.TransferTimeout)
-			}
-		case whyCanceled:
-			state = Canceled
-		default:
-			state = Failed
+	var state TaskState
+	switch t.why.Load() {
+	case whyTimeout:
+		state = Timeout
+		if errs.CodeOf(err) == errs.Canceled {
+			err = errs.Wrap(errs.Timeout, "transfer", err, "not finished within %v", b.e.cfg.TransferTimeout)
 		}
-		t.err = err
+	case whyCanceled:
+		state = Canceled
+	default:
+		state = Failed
 	}
+	t.err = err
 	t.word.Store(gen<<stateBits | uint64(state))
 	// The hold on the local region goes last, once the task is counted:
 	// UnregisterMemory returns when its regions are idle and promises the
 	// tasks on them have ended, so a caller must not find one pending then.
 	// (A settled batch may be reset at once, so the region is read first.)
 	region := b.reqs[i].Region
-	if err != nil {
-		b.failed(t, state, err)
-	} else {
-		b.nDone.Add(1)
-		b.bytes.Add(t.length)
-	}
+	b.failed(t, state, err)
 	if b.pending.Add(-1) == 0 {
 		b.settle()
 	}
