@@ -33,6 +33,15 @@
 # host<->GPU, which also reports dma-buf or peer-memory registration), the C
 # program and Python over rdma.
 #
+# On an AMD machine (/dev/kfd, the ROCm runtime libamdhip64.so; TE_HIP_LIBRARY
+# names another) it runs the same Go checks on hip:N memory with the real
+# runtime (TE_HIP_REAL=1, each test's hip case): the runtime's bindings and
+# ABI generation, registration, HIP IPC GPU<->GPU between two processes, the
+# same over tcp staging, tcp's staging cases, fences under cancel and close,
+# the KV handoff, and rdma with NICs. The C and Python steps allocate with
+# CUDA's driver API and run on NVIDIA only. GPU_VENDOR=cuda|hip|both picks
+# (default: whatever the machine has).
+#
 # Written without access to a GPU: it has not been run on one yet.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -47,7 +56,7 @@ if [ "$mode" = build ]; then
 	# Without cgo (purego loads libcuda and libibverbs itself) the test
 	# binaries need no particular glibc on the GPU machine; stripped and
 	# packed, everything travels in about 40 MB.
-	for p in cuda:./internal/sys/cuda cudaipc:./engine/transport/cudaipc tcp:./engine/transport/tcp rdma:./engine/transport/rdma; do
+	for p in cuda:./internal/sys/cuda hip:./internal/sys/hip cudaipc:./engine/transport/cudaipc tcp:./engine/transport/tcp rdma:./engine/transport/rdma; do
 		CGO_ENABLED=0 go test -c -trimpath -ldflags='-s -w' -o "$stage/${p%%:*}.test" "${p#*:}"
 	done
 	# libte.so needs cgo: it is linked against this machine's glibc.
@@ -74,7 +83,28 @@ if [ -z "$BIN" ]; then
 	tar xzf "$bundle" -C "$BIN" || { echo "te gpu check: no bundle at $bundle (run check.sh build first)"; exit 1; }
 fi
 BIN=$(cd "$BIN" && pwd)
-export TE_CUDA_REAL=1
+# Which runtimes are real here: NVIDIA's where nvidia-smi answers, AMD's
+# where the kernel has /dev/kfd.
+vendor=${GPU_VENDOR:-}
+if [ -z "$vendor" ]; then
+	nv=0 amd=0
+	nvidia-smi -L >/dev/null 2>&1 && nv=1
+	[ -e /dev/kfd ] && amd=1
+	case $nv$amd in
+	11) vendor=both ;;
+	01) vendor=hip ;;
+	*) vendor=cuda ;;
+	esac
+fi
+case $vendor in
+cuda) export TE_CUDA_REAL=1 ;;
+hip) export TE_HIP_REAL=1 ;;
+both) export TE_CUDA_REAL=1 TE_HIP_REAL=1 ;;
+*)
+	echo "te gpu check: GPU_VENDOR=$vendor: want cuda, hip or both"
+	exit 2
+	;;
+esac
 export TE_CUDAIPC_SIZE=${TE_CUDAIPC_SIZE:-1073741824}
 RESULTS=${RESULTS:-${OUT:-/tmp}/te-gpu-check.txt}
 BUDGET=${BUDGET:-460} # seconds for everything: under 8 minutes with the summary
@@ -83,6 +113,27 @@ BUDGET=${BUDGET:-460} # seconds for everything: under 8 minutes with the summary
 T0=$SECONDS
 passed=0 failed=0 skipped=0
 names_failed=""
+
+# leaf_results says "skip" when a Go test log has skipped tests and no
+# passed one, counting only leaves: a test whose subtests all skipped is
+# reported PASS by go test, and must not count as a pass here.
+leaf_results() {
+	awk '
+		match($0, /--- (PASS|FAIL|SKIP): [^ ]+/) {
+			split(substr($0, RSTART + 4, RLENGTH - 4), f, ": ")
+			verdict[f[2]] = f[1]
+		}
+		END {
+			for (n in verdict) {
+				leaf = 1
+				for (m in verdict) if (index(m, n "/") == 1) { leaf = 0; break }
+				if (!leaf) continue
+				if (verdict[n] == "PASS") pass++
+				if (verdict[n] == "SKIP") skip++
+			}
+			print (pass == 0 && skip > 0) ? "skip" : "other"
+		}' "$1"
+}
 
 step() { # name, timeout seconds, command...
 	local name=$1 to=$2
@@ -104,7 +155,7 @@ step() { # name, timeout seconds, command...
 		verdict=SKIP
 	elif [ $rc -ne 0 ]; then
 		verdict=FAIL
-	elif grep -q -- '--- SKIP' "$log" && ! grep -q -- '--- PASS' "$log"; then
+	elif [ "$(leaf_results "$log")" = skip ]; then
 		verdict=SKIP
 	elif grep -q -- 'OK (skipped=' "$log" && ! grep -q -- '\.\.\. ok$' "$log"; then
 		verdict=SKIP
@@ -127,10 +178,37 @@ step() { # name, timeout seconds, command...
 }
 
 gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)
+if [ -z "$gpu" ] && [ "$vendor" = hip ]; then
+	gpu=$(rocm-smi --showproductname 2>/dev/null | sed -n 's/.*Card [Ss]eries: *//p' | head -1)
+	gpu="AMD ${gpu:-GPU (no rocm-smi)}"
+fi
 gpu=${gpu:-unknown (no nvidia-smi)}
 nics=$(ls "${TE_SYSFS_ROOT:-/sys}/class/infiniband" 2>/dev/null | tr '\n' ' ')
 nics=${nics% }
 echo "GPU: $gpu; RDMA NICs: ${nics:-none}" | tee -a "$RESULTS"
+
+# The AMD checks: every GPU case of the Go tests, on its hip subtest, with
+# the real runtime.
+if [ "$vendor" != cuda ]; then
+	echo "HIP runtime: ${TE_HIP_LIBRARY:-libamdhip64.so}" | tee -a "$RESULTS"
+	step "HIP runtime: ABI generation, pointer types, IPC flags" 30 bash -c 'cd internal/sys/hip && exec "$0" -test.v -test.count=1 -test.run "^(TestPointerTypeNumbering|TestIPCFlagsFollowTheRuntime)$"' "$BIN/hip.test"
+	step "registration of GPU memory (hip:N, *)" 30 "$BIN/cudaipc.test" -test.v -test.count=1 -test.run '^(TestRegisterChecksDevice|TestSameEngineGPU)$/^hip$'
+	step "hip: GPU<->GPU over HIP IPC, 2 processes x 1 GiB" 90 "$BIN/cudaipc.test" -test.v -test.count=1 -test.run '^TestGPUToGPU$/^hip$'
+	step "hip: GPU<->GPU over tcp (staged)" 60 env TE_GPU_TRANSPORT=tcp "$BIN/cudaipc.test" -test.v -test.count=1 -test.run '^TestGPUToGPU$/^hip$'
+	step "hip: tcp staging, GPU/host mixes" 60 "$BIN/tcp.test" -test.v -test.count=1 -test.run '^TestGPU(Staged|BatchMixed)$/^hip$'
+	step "hip: fences under cancel and close" 45 "$BIN/cudaipc.test" -test.v -test.count=1 -test.run '^TestGPUCancelAndClose$/^hip$'
+	step "hip: vLLM-shaped KV handoff GPU->GPU" 45 "$BIN/cudaipc.test" -test.v -test.count=1 -test.run '^TestKVHandoff$/^hip$'
+	if [ -n "$nics" ]; then
+		step "hip: GPU<->GPU, GPU<->host, host<->GPU over rdma (2 processes)" 90 env TE_TEST_GPU_KIND=hip "$BIN/rdma.test" -test.v -test.count=1 -test.run '^TestGPUOverRDMAReal$'
+	fi
+fi
+if [ "$vendor" = hip ]; then
+	summary="te gpu check (hip): $passed passed, $failed failed, $skipped skipped in $((SECONDS - T0))s (GPU: ${gpu:-?}; NICs: ${nics:-none})${names_failed:+; failed:$names_failed}"
+	echo "$summary" | tee -a "$RESULTS"
+	echo "results: $RESULTS (full logs: $RESULTS.full)"
+	[ "$failed" -eq 0 ]
+	exit
+fi
 
 # 1-6: the Go checks. The binding test reads testdata/ relative to its package.
 step "driver bindings" 60 bash -c 'cd internal/sys/cuda && exec "$0" -test.v -test.count=1' "$BIN/cuda.test"

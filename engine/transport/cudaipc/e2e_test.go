@@ -44,8 +44,8 @@ func TestMain(m *testing.M) {
 func forVendors(t *testing.T, f func(t *testing.T, v gputest.Vendor)) {
 	for _, v := range gputest.Vendors() {
 		t.Run(v.Kind, func(t *testing.T) {
-			if setupErr != nil {
-				t.Skipf("no GPU runtime and no fake: %v", setupErr)
+			if err := v.Ready(); err != nil {
+				t.Skipf("no %s runtime and no fake: %v", v.Kind, err)
 			}
 			v.Driver(t)
 			t.Setenv(gputest.EnvKind, v.Kind)

@@ -10,9 +10,6 @@ import (
 	"github.com/tecache/te/internal/sys/gpu/gputest"
 )
 
-// gpuSetupErr says why no GPU runtime, real or fake, could be set up.
-var gpuSetupErr error
-
 // TestGPUMemoryToFileAndBack moves device memory into a registered file and
 // back into other device memory through the pinned staging rings, once per
 // GPU runtime (cuda, hip). On the fake runtimes device memory faults on any
@@ -21,8 +18,8 @@ var gpuSetupErr error
 func TestGPUMemoryToFileAndBack(t *testing.T) {
 	for _, v := range gputest.Vendors() {
 		t.Run(v.Kind, func(t *testing.T) {
-			if gpuSetupErr != nil {
-				t.Skipf("no GPU runtime and no fake one (needs gcc): %v", gpuSetupErr)
+			if err := v.Ready(); err != nil {
+				t.Skipf("no %s runtime and no fake one (needs gcc): %v", v.Kind, err)
 			}
 			v.Driver(t)
 			testGPUFile(t, v)

@@ -64,10 +64,14 @@ func newFabricSetup(t testing.TB, tree string) *fabricSetup {
 
 // newRealSetup is a setup for a machine with a GPU and an RDMA NIC: the
 // nodes load the real libibverbs and CUDA driver (bench/gpu/check.sh).
-func newRealSetup(t testing.TB) *fabricSetup {
+func newRealSetup(t testing.TB, kind string) *fabricSetup {
 	t.Helper()
-	if os.Getenv(cudatest.EnvReal) != "1" {
-		t.Skipf("a GPU check: %s=1 on a machine with a GPU and an RDMA NIC", cudatest.EnvReal)
+	env := cudatest.EnvReal
+	if kind == "hip" {
+		env = hiptest.EnvReal
+	}
+	if os.Getenv(env) != "1" {
+		t.Skipf("a GPU check: %s=1 on a machine with a GPU and an RDMA NIC", env)
 	}
 	return &fabricSetup{t: t}
 }

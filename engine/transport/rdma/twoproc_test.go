@@ -2,6 +2,7 @@ package rdma_test
 
 import (
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/tecache/te/engine"
 	"github.com/tecache/te/engine/transport/rdma"
 	"github.com/tecache/te/engine/transport/transporttest"
+	"github.com/tecache/te/internal/sys/gpu/gputest"
 	"github.com/tecache/te/internal/sys/ibv/ibvtest"
 	"github.com/tecache/te/internal/sys/topo/topotest"
 )
@@ -325,21 +327,26 @@ func TestConformanceFakeFabric(t *testing.T) {
 }
 
 // TestGPUOverRDMAReal is the GPU check's rdma step (bench/gpu/check.sh, on a
-// machine with a GPU and an RDMA NIC, TE_CUDA_REAL=1): two processes, GPU
-// memory on device 0 in each, GPU to GPU, GPU to host and host to GPU over
-// rdma, every byte checked. A NIC that refuses GPU memory (no dma-buf and
-// no nvidia-peermem) is reported and skips the test, saying why.
+// machine with a GPU and an RDMA NIC, TE_CUDA_REAL=1; on AMD TE_HIP_REAL=1
+// and TE_TEST_GPU_KIND=hip): two processes, GPU memory on device 0 in
+// each, GPU to GPU, GPU to host and host to GPU over rdma, every byte
+// checked. A NIC that refuses GPU memory (no dma-buf and no peer memory
+// module) is reported and skips the test, saying why.
 func TestGPUOverRDMAReal(t *testing.T) {
-	f := newRealSetup(t)
+	kind := "cuda"
+	if os.Getenv(gputest.EnvKind) == "hip" {
+		kind = "hip"
+	}
+	f := newRealSetup(t, kind)
 	if _, err := rdma.Probe(); err != nil {
 		t.Skipf("no RDMA NIC here: %v", err)
 	}
 	a, b := f.startNode(), f.startNode()
 	size := uint64(64 << 20)
-	ag, bg := a.addr("alloc cuda 0 %d", size), b.addr("alloc cuda 0 %d", size)
+	ag, bg := a.addr("alloc %s 0 %d", kind, size), b.addr("alloc %s 0 %d", kind, size)
 	ah, bh := a.addr("alloc cpu %d", size), b.addr("alloc cpu %d", size)
-	a.do("reg %d %d cuda:0", ag, size)
-	b.do("reg %d %d cuda:0", bg, size)
+	a.do("reg %d %d %s:0", ag, size, kind)
+	b.do("reg %d %d %s:0", bg, size, kind)
 	a.do("reg %d %d cpu", ah, size)
 	b.do("reg %d %d cpu", bh, size)
 	sa, sb := a.stats(), b.stats()

@@ -31,16 +31,13 @@ const envGPUChild = "TE_TCP_GPU_CHILD"
 // unaligned offsets.
 const gpuSize = 16<<20 + 64<<10
 
-// gpuSetupErr says why no runtime (real or fake) could be set up.
-var gpuSetupErr error
-
 // forVendors runs f once per GPU runtime, in a subtest named by its kind,
 // with the child processes it starts allocating that runtime's memory.
 func forVendors(t *testing.T, f func(t *testing.T, v gputest.Vendor)) {
 	for _, v := range gputest.Vendors() {
 		t.Run(v.Kind, func(t *testing.T) {
-			if gpuSetupErr != nil {
-				t.Skipf("no GPU runtime and no fake (needs gcc): %v", gpuSetupErr)
+			if err := v.Ready(); err != nil {
+				t.Skipf("no %s runtime and no fake (needs gcc): %v", v.Kind, err)
 			}
 			v.Driver(t)
 			t.Setenv(gputest.EnvKind, v.Kind)
@@ -416,8 +413,8 @@ func BenchmarkGPUStagedWrite(b *testing.B) {
 	if !ok {
 		v = gputest.Vendors()[0]
 	}
-	if err := v.Available(); gpuSetupErr != nil || err != nil {
-		b.Skipf("%s not available: %v %v", v.Kind, gpuSetupErr, err)
+	if err := v.Available(); v.Ready() != nil || err != nil {
+		b.Skipf("%s not available: %v %v", v.Kind, v.Ready(), err)
 	}
 	const n = 16 << 20
 	lg, err := newGPUBuf(v, gpuSize)

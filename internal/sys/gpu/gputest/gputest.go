@@ -106,18 +106,29 @@ func FromEnv() Vendor {
 	return vendors[0]
 }
 
+// setupErrs holds each vendor's Setup error, by kind (written by Setup
+// before any test runs, read by tests).
+var setupErrs = map[string]error{}
+
 // Setup chooses every runtime for this test process (see cudatest.Setup and
 // hiptest.Setup) before anything loads one; the error says which fakes
-// could not be built. Child processes inherit the choice.
+// could not be built. Child processes inherit the choice. One vendor's
+// failure does not keep the others from their tests (Ready): on a GPU
+// machine without a C compiler the other vendor's fake cannot be built.
 func Setup() error {
 	var all []error
 	for _, v := range vendors {
 		if _, err := v.setup(); err != nil {
+			setupErrs[v.Kind] = err
 			all = append(all, err)
 		}
 	}
 	return errors.Join(all...)
 }
+
+// Ready says why Setup could not set up the vendor's runtime (real or
+// fake) for tests; nil if it did.
+func (v Vendor) Ready() error { return setupErrs[v.Kind] }
 
 // Driver loads the vendor's runtime, or skips the test saying why.
 func (v Vendor) Driver(t testing.TB) gpu.Driver {
