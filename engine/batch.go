@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -862,7 +863,14 @@ func (b *Batch) Wait(timeout time.Duration) (BatchStatus, error) {
 		return s, nil
 	}
 	done := b.doneLocked()
+	var hs [2]transport.Harvester
+	harvest := b.harvestersLocked(hs[:0])
 	b.mu.Unlock()
+	for _, h := range harvest {
+		// Completions collected here end the wait without the poller
+		// handing them over; whatever is left, the channel gets.
+		h.Harvest(done)
+	}
 	if timeout < 0 {
 		<-done
 		b.observeWakeup()
@@ -877,6 +885,30 @@ func (b *Batch) Wait(timeout time.Duration) (BatchStatus, error) {
 	case <-t.C:
 		return b.Status(), errs.New(errs.Timeout, "wait", "batch not finished within %v", timeout)
 	}
+}
+
+// harvestMax is the largest batch whose waiter collects completions itself
+// (transport.Harvester): a large batch keeps the transport's pollers busy
+// for long, and a waiter spinning beside them only takes their CPU.
+const harvestMax = 32
+
+// harvestersLocked appends the harvesting transports of a small batch's
+// tasks to hs (each once). Called with mu held.
+func (b *Batch) harvestersLocked(hs []transport.Harvester) []transport.Harvester {
+	if b.n > harvestMax {
+		return hs
+	}
+	for i := range b.tasks[:b.n] {
+		h, ok := b.tasks[i].t.(transport.Harvester)
+		if !ok || slices.Contains(hs, h) {
+			continue
+		}
+		if len(hs) == cap(hs) {
+			break
+		}
+		hs = append(hs, h)
+	}
+	return hs
 }
 
 // Reset empties a finished batch so its slots can take new requests; it is

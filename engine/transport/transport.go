@@ -297,6 +297,16 @@ type Warmer interface {
 	Warmup(ctx context.Context, peer *segment.Desc) error
 }
 
+// Harvester is implemented by transports whose completions a waiter may
+// collect on its own goroutine (rdma: polling the NICs' completion queues),
+// which spares the hand-off from the transport's poller to the waiter when
+// completions come fast. Harvest collects what completes until done is
+// closed or its own budget ends, without blocking on anything else; the
+// engine calls it from Batch.Wait for small batches, before it blocks.
+type Harvester interface {
+	Harvest(done <-chan struct{})
+}
+
 // WindowRevoker is implemented by transports whose peers reach memory without
 // the owner checking each access (shm): RevokeWindow makes every peer stop
 // using the window r belongs to, and returns once none can.

@@ -90,6 +90,10 @@ type Options struct {
 	// PollBusy never sleeps while work is outstanding, for hosts that
 	// give the engine a core.
 	Poll string
+	// Harvest (rdma.harvest) is how long a waiter of a small batch polls
+	// the NICs' completion queues itself before it sleeps (Batch.Wait,
+	// transport.Harvester); 0 leaves every completion to the pollers.
+	Harvest time.Duration
 }
 
 // Completion polling modes (Options.Poll).
@@ -205,6 +209,13 @@ func ParseOptions(param func(string) (string, bool), getenv func(string) string)
 		default:
 			return o, bad("rdma.poll", v, "want adaptive or busy")
 		}
+	}
+	if v, ok := param("rdma.harvest"); ok {
+		d, err := time.ParseDuration(strings.TrimSpace(v))
+		if err != nil || d < 0 || d > time.Second {
+			return o, bad("rdma.harvest", v, "want 0 (off) or a duration up to 1s (e.g. 20us)")
+		}
+		o.Harvest = d
 	}
 	if v, ok := param("rdma.parallel_reg_min"); ok {
 		n, err := transport.ParseSize(v)

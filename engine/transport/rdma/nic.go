@@ -45,8 +45,9 @@ type nic struct {
 	starved map[*endpoint]struct{} // endpoints waiting for CQ room
 	nStarve atomic.Int32
 
-	posts atomic.Uint64 // ibv_post_send calls
-	parks atomic.Uint64 // times the poller slept on the completion channel
+	posts  atomic.Uint64 // ibv_post_send calls
+	parks  atomic.Uint64 // times the poller slept on the completion channel
+	reaped atomic.Uint64 // completions a waiter harvested (Transport.Harvest)
 
 	// What the stall watchdog asks of the NIC (see endpoint.checkStall):
 	// when it last completed work for any endpoint, whether the poller is

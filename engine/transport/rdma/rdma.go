@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -286,6 +287,44 @@ func (t *Transport) Register(r *segment.Region) error {
 		r.Desc.Extra[ExtraNear] = near
 	}
 	return nil
+}
+
+// harvester is a NIC whose completions a waiter may poll for itself.
+type harvester interface {
+	harvest(t *Transport, n *nic) int
+}
+
+// Harvest polls, on the waiter's goroutine, the completion queues of the
+// NICs with work outstanding until done is closed or rdma.harvest has
+// passed (transport.Harvester): completions that come within it reach the
+// waiter without a poller waking up and handing them over. A NIC whose
+// poller is polling at that moment is left to it.
+func (t *Transport) Harvest(done <-chan struct{}) {
+	if t.opt.Harvest <= 0 || t.closing.Load() {
+		return
+	}
+	end := nanotime() + int64(t.opt.Harvest)
+	for i := 0; ; i++ {
+		for _, n := range t.nics {
+			if h, ok := n.hw.(harvester); ok && n.outstanding() > 0 {
+				if k := h.harvest(t, n); k > 0 {
+					n.reaped.Add(uint64(k))
+				}
+			}
+		}
+		select {
+		case <-done:
+			return
+		default:
+		}
+		if i%16 == 15 {
+			if nanotime() > end {
+				return
+			}
+			// The NIC's and the peer's threads may need this core.
+			runtime.Gosched()
+		}
+	}
 }
 
 // Unregister deregisters r's memory regions.
@@ -652,6 +691,7 @@ func (t *Transport) Stats() map[string]uint64 {
 		p := n.posts.Load()
 		out["nic."+n.name+".doorbells"] = p
 		out["nic."+n.name+".parks"] = n.parks.Load()
+		out["nic."+n.name+".harvested"] = n.reaped.Load()
 		out["doorbells"] += p
 	}
 	out["gpu_dmabuf"] = t.st.gpuDmabuf.Load()

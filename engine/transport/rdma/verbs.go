@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"runtime"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -28,6 +29,9 @@ type verbsNIC struct {
 	stop    chan struct{}
 	stopped bool
 	done    chan struct{}
+	// pollMu makes one goroutine at a time poll the CQ and use wcs and the
+	// NIC's scratch: the poller, or a waiter harvesting (Transport.Harvest).
+	pollMu sync.Mutex
 }
 
 // openNIC opens device i of list as NIC number idx: the first active port,
@@ -378,6 +382,22 @@ func (s *spinner) budget() time.Duration {
 
 // drain handles the completions the CQ holds and returns how many.
 func (v *verbsNIC) drain(t *Transport, n *nic) int {
+	v.pollMu.Lock()
+	defer v.pollMu.Unlock()
+	return v.drainLocked(t, n)
+}
+
+// harvest drains the CQ on the calling goroutine unless another goroutine
+// is polling it (then that one delivers): it never waits.
+func (v *verbsNIC) harvest(t *Transport, n *nic) int {
+	if !v.pollMu.TryLock() {
+		return 0
+	}
+	defer v.pollMu.Unlock()
+	return v.drainLocked(t, n)
+}
+
+func (v *verbsNIC) drainLocked(t *Transport, n *nic) int {
 	total := 0
 	for {
 		got, err := v.cq.Poll(v.wcs)
