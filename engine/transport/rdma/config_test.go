@@ -26,7 +26,7 @@ func TestParseOptions(t *testing.T) {
 		"rdma.retries": "0", "rdma.gid_index": "3", "rdma.parallel_reg_min": "1M", "rdma.library": "/opt/libibverbs.so.1",
 		"rdma.error_limit": "5", "rdma.error_window": "1s", "rdma.cooldown": "200ms", "rdma.cooldown_max": "100ms",
 		"rdma.stall_timeout": "50ms", "rdma.mr_cache": "on", "limits.peer_idle_timeout": "90s",
-		"rdma.poll": "Busy",
+		"rdma.poll": "Busy", "rdma.harvest": "20us",
 	}), env(map[string]string{"TE_RDMA_DEVICES": "ignored", "MC_TE_FILTERS": "ignored"}))
 	if err != nil {
 		t.Fatal(err)
@@ -35,7 +35,7 @@ func TestParseOptions(t *testing.T) {
 	want := Options{Devices: []string{"mlx5_0", "mlx5_1"}, Library: "/opt/libibverbs.so.1", Slice: 256 << 10, QPs: 4,
 		Depth: 64, Retries: 0, GIDIndex: 3, ParallelRegMin: 1 << 20,
 		ErrorLimit: 5, ErrorWindow: time.Second, Cooldown: 200 * time.Millisecond, CooldownMax: 200 * time.Millisecond,
-		StallTimeout: 50 * time.Millisecond, PeerIdle: 90 * time.Second, MRCache: true, Poll: PollBusy}
+		StallTimeout: 50 * time.Millisecond, PeerIdle: 90 * time.Second, MRCache: true, Poll: PollBusy, Harvest: 20 * time.Microsecond}
 	if !reflect.DeepEqual(o, want) {
 		t.Fatalf("got %+v\nwant %+v", o, want)
 	}
@@ -76,7 +76,7 @@ func TestParseOptionsInvalid(t *testing.T) {
 		"rdma.slice": "1K", "rdma.qps": "0", "rdma.depth": "x", "rdma.retries": "-1",
 		"rdma.gid_index": "-2", "rdma.parallel_reg_min": "0", "rdma.error_limit": "0", "rdma.cooldown": "30",
 		"rdma.error_window": "-1s", "rdma.cooldown_max": "48h", "rdma.stall_timeout": "-5ms",
-		"rdma.mr_cache": "sometimes", "rdma.poll": "spin",
+		"rdma.mr_cache": "sometimes", "rdma.poll": "spin", "rdma.harvest": "2s",
 	} {
 		_, err := ParseOptions(params(map[string]string{k: v}), env(nil))
 		if !errors.Is(err, errs.ErrInvalidArgument) || !strings.Contains(err.Error(), k) {
