@@ -163,47 +163,18 @@ func BenchmarkRegisterTensors(b *testing.B) {
 // the ibv_reg_mr calls and te's time per GiB.
 func BenchmarkRegisterSplit(b *testing.B) {
 	const size = 8 << 30
-	lib := ibvtest.Build(b)
-	fake := ibvtest.Open(b, lib)
-	fake.Set(ibvtest.SetMaxMRSize, 1<<30)
-	b.Cleanup(func() { fake.Set(ibvtest.SetMaxMRSize, 0) })
-	conf := cfg()
-	conf.Transports = []string{rdma.Name}
-	conf.Params = map[string]string{"rdma.library": lib, "rdma.parallel_reg_min": "64GiB"}
-	e, err := engine.New(conf)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer e.Close()
+	e, fake := regEngine(b, "off", 1<<30)
 	kv := memfdMap(b, size, 0)
 	defer unmap(b, kv)
-	regs0 := fake.Stat(ibvtest.StatRegs)
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		if err := e.RegisterMemory(mem.Addr(kv), size, "cpu:0", true); err != nil {
-			b.Fatal(err)
-		}
-		b.StopTimer()
-		if err := e.UnregisterMemory(mem.Addr(kv)); err != nil {
-			b.Fatal(err)
-		}
-		if n := fake.Stat(ibvtest.StatMRs); n != 0 {
-			b.Fatalf("%d memory regions left after unregistering", n)
-		}
-		b.StartTimer()
-	}
-	b.StopTimer()
-	ns := float64(b.Elapsed().Nanoseconds()) / float64(b.N)
-	b.ReportMetric(float64(fake.Stat(ibvtest.StatRegs)-regs0)/float64(b.N), "reg_mr/op")
+	ns := timeRegs(b, fake,
+		func() error { return e.RegisterMemory(mem.Addr(kv), size, "cpu:0", true) },
+		func() error { return e.UnregisterMemory(mem.Addr(kv)) })
 	b.ReportMetric(ns/8/1e6, "ms/GiB")
 }
 
-func benchRegister(b *testing.B, cache string, maxMR int64) {
-	const (
-		nt    = 1265
-		alloc = 8 << 30
-		sz    = alloc / nt &^ 4095
-	)
+// regEngine is an engine over the software provider's two NICs, whose
+// max_mr_size is maxMR (0: unbounded), with rdma.mr_cache=cache.
+func regEngine(b *testing.B, cache string, maxMR int64) (*engine.Engine, *ibvtest.Lib) {
 	lib := ibvtest.Build(b)
 	fake := ibvtest.Open(b, lib)
 	fake.Set(ibvtest.SetMaxMRSize, maxMR)
@@ -215,23 +186,22 @@ func benchRegister(b *testing.B, cache string, maxMR int64) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer e.Close()
-	kv := memfdMap(b, alloc, 0)
-	defer unmap(b, kv)
-	rs := make([]engine.MemoryRegion, nt)
-	addrs := make([]uint64, nt)
-	for i := range rs {
-		addrs[i] = mem.Addr(kv) + uint64(i*sz)
-		rs[i] = engine.MemoryRegion{Addr: addrs[i], Length: sz, Location: "cpu:0", Remote: true}
-	}
+	b.Cleanup(func() { e.Close() })
+	return e, fake
+}
+
+// timeRegs times reg b.N times, each followed by unreg (not timed) and a
+// check that no memory region is left, reports the ibv_reg_mr calls per
+// registration and returns its nanoseconds.
+func timeRegs(b *testing.B, fake *ibvtest.Lib, reg, unreg func() error) float64 {
 	regs0 := fake.Stat(ibvtest.StatRegs)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if err := e.RegisterMemoryBatch(rs); err != nil {
+		if err := reg(); err != nil {
 			b.Fatal(err)
 		}
 		b.StopTimer()
-		if err := e.UnregisterMemoryBatch(addrs); err != nil {
+		if err := unreg(); err != nil {
 			b.Fatal(err)
 		}
 		if n := fake.Stat(ibvtest.StatMRs); n != 0 {
@@ -240,8 +210,28 @@ func benchRegister(b *testing.B, cache string, maxMR int64) {
 		b.StartTimer()
 	}
 	b.StopTimer()
-	ns := float64(b.Elapsed().Nanoseconds()) / float64(b.N)
 	b.ReportMetric(float64(fake.Stat(ibvtest.StatRegs)-regs0)/float64(b.N), "reg_mr/op")
+	return float64(b.Elapsed().Nanoseconds()) / float64(b.N)
+}
+
+func benchRegister(b *testing.B, cache string, maxMR int64) {
+	const (
+		nt    = 1265
+		alloc = 8 << 30
+		sz    = alloc / nt &^ 4095
+	)
+	e, fake := regEngine(b, cache, maxMR)
+	kv := memfdMap(b, alloc, 0)
+	defer unmap(b, kv)
+	rs := make([]engine.MemoryRegion, nt)
+	addrs := make([]uint64, nt)
+	for i := range rs {
+		addrs[i] = mem.Addr(kv) + uint64(i*sz)
+		rs[i] = engine.MemoryRegion{Addr: addrs[i], Length: sz, Location: "cpu:0", Remote: true}
+	}
+	ns := timeRegs(b, fake,
+		func() error { return e.RegisterMemoryBatch(rs) },
+		func() error { return e.UnregisterMemoryBatch(addrs) })
 	b.ReportMetric(ns/nt/1e3, "us/tensor")
 	b.ReportMetric(ns/(float64(nt*sz)/(1<<30))/1e6, "ms/GiB")
 }
