@@ -1,6 +1,7 @@
 package rdma
 
 import (
+	"github.com/tecache/te/engine/transport/internal/rails"
 	"os"
 	"strconv"
 	"strings"
@@ -102,8 +103,8 @@ const (
 	PollBusy     = "busy"
 )
 
-func (o Options) health() health {
-	return health{limit: o.ErrorLimit, window: o.ErrorWindow, cool: o.Cooldown, coolMax: o.CooldownMax}
+func (o Options) health() rails.Health {
+	return rails.Health{Limit: o.ErrorLimit, Window: o.ErrorWindow, Cooldown: rails.Cooldown{Cool: o.Cooldown, CoolMax: o.CooldownMax}}
 }
 
 // DefaultOptions returns the defaults.

@@ -136,29 +136,30 @@ func (t *Transport) finish(ep *endpoint, out *outcome) {
 			b += e.req.sliceLen(e.idx)
 		}
 		now := nanotime()
-		rl.completed(b, now)
+		rl.Completed(b, now)
 		ep.peerH.ok(now)
 		for _, e := range out.ok {
 			e.req.sliceDone(nil)
 		}
 	}
+	now := nanotime()
 	for i := range out.canceled {
-		rl.left(out.canceled[i].bytes())
+		rl.Left(out.canceled[i].bytes(), now)
 		out.canceled[i].req.slicesDone(out.canceled[i].count(), errCanceled)
 	}
 	for _, e := range out.failed {
-		rl.left(e.req.sliceLen(e.idx))
+		rl.Left(e.req.sliceLen(e.idx), now)
 		t.retry(e, out.failErr)
 	}
 	if len(out.retry) > 0 || len(out.spans) > 0 {
 		err := ep.error()
 		for _, e := range out.retry {
-			rl.left(e.req.sliceLen(e.idx))
+			rl.Left(e.req.sliceLen(e.idx), now)
 			t.retry(e, err)
 		}
 		for i := range out.spans {
 			s := &out.spans[i]
-			rl.left(s.bytes())
+			rl.Left(s.bytes(), now)
 			for ; s.idx < s.end; s.idx += s.step {
 				t.retry(wrEntry{req: s.req, idx: s.idx, attempt: s.attempt, rail: s.rail}, err)
 			}
@@ -347,7 +348,7 @@ func (t *Transport) route(pi *peerInfo, s *span, now int64) (*endpoint, error) {
 		}
 		pi.eps[s.rail].Store(ep)
 	}
-	rl.routed(s.bytes(), now)
+	rl.Routed(s.bytes(), now)
 	return ep, nil
 }
 
@@ -429,14 +430,14 @@ func (t *Transport) retry(e wrEntry, err error) {
 		t.dispatch(e, e.rail)
 	case isStall(err):
 		q := e.req
-		q.pi.rails[e.rail].retries.Add(1)
+		q.pi.rails[e.rail].Retried()
 		t.dispatch(e, q.pi.retryRail(q.pl, e.rail, q.sliceLen(e.idx), nanotime(), t.rr.Add(1)))
 	case int(e.attempt) >= t.opt.Retries || !retryable(err):
 		e.req.sliceDone(err)
 	default:
 		e.attempt++
 		q := e.req
-		q.pi.rails[e.rail].retries.Add(1)
+		q.pi.rails[e.rail].Retried()
 		t.dispatch(e, q.pi.retryRail(q.pl, e.rail, q.sliceLen(e.idx), nanotime(), t.rr.Add(1)))
 	}
 }

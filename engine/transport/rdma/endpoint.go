@@ -484,7 +484,7 @@ func (ep *endpoint) stallLimitLocked() int64 {
 			}
 		}
 	}
-	rate := ep.rail.rateOf()
+	rate := ep.rail.Rate()
 	if rate <= 0 {
 		return math.MaxInt64
 	}

@@ -154,7 +154,7 @@ func (t *Transport) buildRails(pi *peerInfo) {
 			key := epKey{instance: inst, local: i, remote: r.name}
 			rl := t.rails[key]
 			if rl == nil {
-				rl = &rail{key: key, local: i, lname: l.name, rname: r.name}
+				rl = newRail(key, i, l.name, r.name)
 				t.rails[key] = rl
 			}
 			pi.at[i][j] = int32(len(pi.rails))

@@ -3,6 +3,7 @@ package rdma
 import (
 	"errors"
 	"fmt"
+	"github.com/tecache/te/engine/transport/internal/rails"
 	"reflect"
 	"testing"
 	"time"
@@ -133,30 +134,30 @@ func TestSplitWeighted(t *testing.T) {
 		if i == 2 {
 			v = 1e9
 		}
-		pi.rails[x].setRate(v)
+		pi.rails[x].SetLoad(rails.Load{Rate: v})
 	}
 	m := share(310)
 	if m[act[2]] < 8 || m[act[2]] > 12 || m[act[0]] < 95 {
 		t.Fatalf("slow rail share %v", m)
 	}
 	// A busy rail gets less: it already holds what the others are given.
-	pi.rails[act[2]].setRate(10e9)
-	pi.rails[act[0]].backlog.Store(64 << 20)
+	pi.rails[act[2]].SetLoad(rails.Load{Rate: 10e9})
+	pi.rails[act[0]].SetLoad(rails.Load{Rate: 10e9, Backlog: 64 << 20})
 	m = share(64)
 	if m[act[0]] != 0 || m[act[1]] < 20 {
 		t.Fatalf("busy rail share %v", m)
 	}
-	pi.rails[act[0]].backlog.Store(0)
+	pi.rails[act[0]].SetLoad(rails.Load{Rate: 10e9})
 	// A probing rail gets one slice.
-	pi.rails[act[1]].probing.Store(true)
+	pi.rails[act[1]].SetLoad(rails.Load{Rate: 10e9, Probing: true})
 	if m := share(40); m[act[1]] != 1 {
 		t.Fatalf("probe share %v", m)
 	}
 	// One slice: the rail free first.
-	pi.rails[act[1]].probing.Store(false)
-	pi.rails[act[3]].backlog.Store(1 << 20)
-	pi.rails[act[0]].backlog.Store(1 << 20)
-	pi.rails[act[2]].backlog.Store(1 << 20)
+	pi.rails[act[1]].SetLoad(rails.Load{Rate: 10e9})
+	for _, i := range []int{3, 0, 2} {
+		pi.rails[act[i]].SetLoad(rails.Load{Rate: 10e9, Backlog: 1 << 20})
+	}
 	if x := pi.pick(act, 4096, 7); x != act[1] {
 		t.Fatalf("picked %v", railNames(pi, []int32{x}))
 	}
@@ -167,7 +168,7 @@ func TestSplitWeighted(t *testing.T) {
 func TestActiveAndRetry(t *testing.T) {
 	tr, pi := testPeer(t, 3, 3)
 	tr.health = DefaultOptions().health()
-	tr.health.limit = 1
+	tr.health.Limit = 1
 	p := pi.buildPlan(&localTiers{pref: []int{0, 1}, other: []int{2}}, []int{0, 1})
 	now := nanotime()
 	var buf [maxSplit]int32
@@ -178,7 +179,7 @@ func TestActiveAndRetry(t *testing.T) {
 	if r := pi.rails[x]; r.lname != "l1" || r.rname != "r1" {
 		t.Fatalf("retry of l0>r0 went to %v", railNames(pi, []int32{x}))
 	}
-	if _, cool := pi.rails[p.tier0[1]].failed(tr.health, now); !cool {
+	if _, cool := pi.rails[p.tier0[1]].Fail(tr.health, now); !cool {
 		t.Fatal("no cooldown at the limit")
 	}
 	if got := railNames(pi, pi.active(nil, p, now, buf[:0])); !reflect.DeepEqual(got, []string{"l0>r0"}) {
@@ -189,43 +190,43 @@ func TestActiveAndRetry(t *testing.T) {
 	if r := pi.rails[x]; r.lname == "l0" || r.rname == "r0" || (r.lname == "l1" && r.rname == "r1") {
 		t.Fatalf("retry went to %v", railNames(pi, []int32{x}))
 	}
-	pi.rails[p.tier0[0]].failed(tr.health, now)
+	pi.rails[p.tier0[0]].Fail(tr.health, now)
 	got := pi.active(nil, p, now, buf[:0])
-	if len(got) != 2 || pi.rails[got[0]].cooling(now) || pi.rails[got[1]].cooling(now) {
+	if len(got) != 2 || pi.rails[got[0]].Cooling(now) || pi.rails[got[1]].Cooling(now) {
 		t.Fatalf("tier 1 stand-ins %v", railNames(pi, got))
 	}
 	// After the cooldown, a probe; a failed probe cools twice as long.
-	later := now + int64(tr.health.cool) + 1
-	if !pi.rails[p.tier0[0]].usable(later) || !pi.rails[p.tier0[0]].probing.Load() {
+	later := now + int64(tr.health.Cool) + 1
+	if !pi.rails[p.tier0[0]].Usable(later) || !pi.rails[p.tier0[0]].Probing() {
 		t.Fatal("no probe after the cooldown")
 	}
-	if d, cool := pi.rails[p.tier0[0]].failed(tr.health, later); !cool || d != 2*tr.health.cool {
+	if d, cool := pi.rails[p.tier0[0]].Fail(tr.health, later); !cool || d != 2*tr.health.Cool {
 		t.Fatalf("failed probe: cool %v for %v", cool, d)
 	}
 	// A probe that moves bytes makes the rail healthy.
 	r := pi.rails[p.tier0[1]]
-	r.usable(later)
-	r.routed(4096, later)
-	r.completed(4096, later+1000)
-	if r.probing.Load() || r.cooling(later) {
+	r.Usable(later)
+	r.Routed(4096, later)
+	r.Completed(4096, later+1000)
+	if r.Probing() || r.Cooling(later) {
 		t.Fatal("probe succeeded, rail still suspect")
 	}
 }
 
 // Throughput is measured over the time a rail is busy.
 func TestRailRate(t *testing.T) {
-	r := &rail{}
+	r := newRail(epKey{}, 0, "l0", "r0")
 	t0 := int64(1e9)
-	r.routed(8<<20, t0)
-	r.completed(4<<20, t0+int64(time.Millisecond))
-	r.completed(4<<20, t0+int64(4*time.Millisecond))
-	if v := r.rateOf(); v < 1.9e9 || v > 2.2e9 {
+	r.Routed(8<<20, t0)
+	r.Completed(4<<20, t0+int64(time.Millisecond))
+	r.Completed(4<<20, t0+int64(4*time.Millisecond))
+	if v := r.Rate(); v < 1.9e9 || v > 2.2e9 {
 		t.Fatalf("rate %.3g, want about 2.1e9 (8 MiB in 4 ms)", v)
 	}
 	// Idle time does not count.
-	r.routed(8<<20, t0+int64(time.Second))
-	r.completed(8<<20, t0+int64(time.Second+4*time.Millisecond))
-	if v := r.rateOf(); v < 1.9e9 || v > 2.2e9 {
+	r.Routed(8<<20, t0+int64(time.Second))
+	r.Completed(8<<20, t0+int64(time.Second+4*time.Millisecond))
+	if v := r.Rate(); v < 1.9e9 || v > 2.2e9 {
 		t.Fatalf("rate after idle %.3g", v)
 	}
 }

@@ -3,6 +3,7 @@ package rdma
 import (
 	"context"
 	"errors"
+	"github.com/tecache/te/engine/transport/internal/rails"
 	"math/rand/v2"
 	"os"
 	"runtime"
@@ -84,7 +85,7 @@ type Transport struct {
 	local  []nicInfo
 	keys   *keyTable
 	loc    *locality
-	health health
+	health rails.Health
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // connecting endpoints
@@ -402,10 +403,10 @@ func (t *Transport) railError(ep *endpoint, err error) {
 		return
 	}
 	now := nanotime()
-	if d, cool := ep.rail.failed(t.health, now); cool {
+	if d, cool := ep.rail.Fail(t.health, now); cool {
 		t.st.cooldowns.Add(1)
 		t.h.Logf("te: rdma: rail %s -> %s@%s cools down for %v after %d errors within %v: %v",
-			ep.nic.name, ep.peer.name, ep.peer.nic, d, t.health.limit, t.health.window, err)
+			ep.nic.name, ep.peer.name, ep.peer.nic, d, t.health.Limit, t.health.Window, err)
 	}
 	// A stalled endpoint's peer is reachable: other rails to it just
 	// moved bytes (see watch).

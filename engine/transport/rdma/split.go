@@ -27,10 +27,10 @@ func (pi *peerInfo) active(t *Transport, p *plan, now int64, buf []int32) []int3
 	buf = buf[:0]
 	ok := func(x int32) bool {
 		r := pi.rails[x]
-		if !r.usable(now) {
+		if !r.Usable(now) {
 			return false
 		}
-		if t == nil || !r.probing.Load() {
+		if t == nil || !r.Probing() {
 			return true
 		}
 		ep := pi.eps[x].Load()
@@ -67,7 +67,7 @@ func (pi *peerInfo) loads(act []int32, buf *[maxSplit]rails.Load) []rails.Load {
 	m := min(len(act), maxSplit)
 	for i, x := range act[:m] {
 		r := pi.rails[x]
-		buf[i] = rails.Load{Rate: r.rateOf(), Backlog: r.backlog.Load(), Probing: r.probing.Load()}
+		buf[i] = r.Load()
 	}
 	return buf[:m]
 }
@@ -119,7 +119,7 @@ func (pi *peerInfo) retryRail(p *plan, failed int32, n uint64, now int64, rot ui
 	var buf [maxSplit]int32
 	// A suspect rail still reconnecting is a last resort.
 	ready := func(x int32) bool {
-		if !pi.rails[x].probing.Load() {
+		if !pi.rails[x].Probing() {
 			return true
 		}
 		ep := pi.eps[x].Load()
@@ -131,7 +131,7 @@ func (pi *peerInfo) retryRail(p *plan, failed int32, n uint64, now int64, rot ui
 				c := buf[:0]
 				for _, x := range tier {
 					r := pi.rails[x]
-					if x == failed || !r.usable(now) || len(c) == maxSplit || (strict && !ready(x)) {
+					if x == failed || !r.Usable(now) || len(c) == maxSplit || (strict && !ready(x)) {
 						continue
 					}
 					if (r.local != f.local && r.rname != f.rname) == disjoint {

@@ -4,13 +4,13 @@
 // after a failure; Split spreads a request's slices over usable rails so
 // they finish together; Pick chooses one rail for a slice sent again.
 //
-// The tcp transport uses all of it for its NIC pairs. The rdma transport
-// splits and picks with Fill and PickLoad over its own rails' Loads: its
-// rail state (rdma/rail.go) keeps a stricter health policy (a number of
-// errors within a window before a cooldown, suspect rails between) and a
-// rate estimate over short windows, which suit per-work-request
-// completions; tcp's completions come in bursts of a writev, hence Rail's
-// long windows.
+// Every multi-rail transport keeps its rails here: tcp and fabric, whose
+// completions come in bursts, measure them over long windows (Bursty) and
+// cool a rail down at its first failure; rdma, whose NICs complete work
+// requests one by one, measures over short windows (Steady) and cools a
+// rail only after a number of failures within a window, a suspect rail
+// taking one slice at a time in between (Health). A fix to the rate
+// estimate, the split or the cooldowns lands in all of them.
 package rails
 
 import (
@@ -26,29 +26,47 @@ var epoch = time.Now().Add(-time.Second)
 // Now is a monotonic clock in nanoseconds, never 0.
 func Now() int64 { return int64(time.Since(epoch)) }
 
-// Measurement window and smoothing of the throughput estimate: a sample
-// covers at least minWindow of busy time and minBytes, or longWindow, and
-// moves the estimate by its share of tau. Completions come in bursts (tcp
-// settles the WRITE slices of one writev together once it returned, often
-// several MiB), so a sample is only as good as its window is long next to
-// a burst: short windows read several times the real rate on the burst and
-// next to nothing between, and a rail would get most (or next to none) of
-// the next requests for one unlucky sample. Until a rail is measured it
-// counts as fast as the others, and the backlog alone balances the rails;
-// the rate is the slow signal (a NIC's capacity), the backlog the quick
-// one. Busy time and bytes carry over idle spells, so small transfers add
-// up to a window too.
-const (
-	minWindow  = 500 * time.Millisecond
-	minBytes   = 16 << 20
-	longWindow = 2 * time.Second
-	tau        = 2 * time.Second
-)
+// Window is how a rail measures its throughput: a sample covers at least
+// Min of busy time and MinBytes, or Long; it moves the estimate by Alpha
+// when Alpha is set, else by its share of Tau. Busy time and bytes carry
+// over idle spells, so small transfers add up to a window too.
+type Window struct {
+	Min, Long time.Duration
+	MinBytes  uint64
+	Alpha     float64
+	Tau       time.Duration
+}
+
+// Bursty is the window of transports whose completions come in bursts
+// (tcp settles the WRITE slices of one writev together once it returned,
+// often several MiB; libfabric's tcp provider alike), and the default: a
+// sample is only as good as its window is long next to a burst, since
+// short windows read several times the real rate on the burst and next to
+// nothing between, and a rail would get most (or next to none) of the next
+// requests for one unlucky sample. Until a rail is measured it counts as
+// fast as the others, and the backlog alone balances the rails; the rate
+// is the slow signal (a NIC's capacity), the backlog the quick one.
+var Bursty = Window{Min: 500 * time.Millisecond, Long: 2 * time.Second, MinBytes: 16 << 20, Tau: 2 * time.Second}
+
+// Steady is the window of transports whose NICs complete work requests
+// one by one (rdma): a few milliseconds of busy time make a good sample,
+// and a quarter of each moves the estimate.
+var Steady = Window{Min: 2 * time.Millisecond, Long: 20 * time.Millisecond, MinBytes: 256 << 10, Alpha: 0.25}
 
 // Cooldown bounds: a rail that failed rests Cool, doubling with each
 // failure in a row up to CoolMax; after it, it is probed with one slice.
 type Cooldown struct {
 	Cool, CoolMax time.Duration
+}
+
+// Health is when failures cool a rail down: Limit failures within Window
+// (Limit 1 or less: every failure). Fewer make the rail a suspect, probed
+// with one slice at a time until it moves bytes again, so a dead rail
+// costs a request one slice's detour, not a share.
+type Health struct {
+	Limit  int
+	Window time.Duration
+	Cooldown
 }
 
 // Rail is one path to a peer. Its zero value is a healthy, unmeasured rail.
@@ -66,13 +84,29 @@ type Rail struct {
 	// gets one slice at a time.
 	probing atomic.Bool
 
+	win *Window // nil: Bursty
+
 	mu       sync.Mutex
 	winStart int64 // when the rail last became busy; 0: idle
 	winBusy  int64 // busy time of the window before winStart
 	winBytes uint64
 	coolFor  time.Duration
+	errs     []int64 // times of recent failures (Health.Limit > 1)
+	revived  bool    // probing after a cooldown: success resets the cooldowns
 
 	bytes, errors, retries, cooldowns atomic.Uint64
+}
+
+// Measure sets how the rail measures its throughput (Bursty by default);
+// call it before the rail is used.
+func (r *Rail) Measure(w *Window) { r.win = w }
+
+// SetLoad sets what the split sees of the rail, for tests of a transport's
+// routing.
+func (r *Rail) SetLoad(l Load) {
+	r.setRate(l.Rate)
+	r.backlog.Store(l.Backlog)
+	r.probing.Store(l.Probing)
 }
 
 // Counters are a rail's totals since it was made.
@@ -135,11 +169,19 @@ func (r *Rail) Completed(n uint64, now int64) {
 		r.winStart = now
 	}
 	r.winBytes += n
+	w := r.win
+	if w == nil {
+		w = &Bursty
+	}
 	d := r.winBusy + now - r.winStart
-	if (d >= int64(minWindow) && r.winBytes >= minBytes) || d >= int64(longWindow) {
+	if (d >= int64(w.Min) && r.winBytes >= w.MinBytes) || d >= int64(w.Long) {
 		sample := float64(r.winBytes) * 1e9 / float64(max(d, 1))
 		if old := r.Rate(); old > 0 {
-			sample = old + min(1, float64(d)/float64(tau))*(sample-old)
+			k := w.Alpha
+			if k <= 0 {
+				k = min(1, float64(d)/float64(w.Tau))
+			}
+			sample = old + k*(sample-old)
 		}
 		r.setRate(sample)
 		r.winBytes, r.winBusy, d = 0, 0, 0
@@ -151,8 +193,14 @@ func (r *Rail) Completed(n uint64, now int64) {
 		r.winBusy, r.winStart = d, 0
 	}
 	if r.probing.Load() {
+		// The probe went through: healthy again.
 		r.probing.Store(false)
-		r.coolFor = 0 // healthy again: the next cooldown starts short
+		if r.revived {
+			// Back from a cooldown: the next one starts short.
+			r.revived = false
+			r.coolFor = 0
+			r.errs = r.errs[:0]
+		}
 	}
 	r.mu.Unlock()
 }
@@ -162,24 +210,51 @@ func (r *Rail) Completed(n uint64, now int64) {
 // other slices of the connection that failed). It reports whether this
 // call started a cooldown.
 func (r *Rail) Failed(c Cooldown, now int64) bool {
+	_, cool := r.Fail(Health{Limit: 1, Cooldown: c}, now)
+	return cool
+}
+
+// Fail records a failure event on the rail under policy h: while the rail
+// cools down it is one of the failures that started the cooldown and
+// counts for nothing; otherwise the rail's rate is halved (it gets less
+// until it proves itself), and it cools down once h.Limit failures came
+// within h.Window, or at once if it was being probed after a cooldown, for
+// twice as long as the last time; below the limit it becomes a suspect. It
+// reports how long a cooldown it started, if it did.
+func (r *Rail) Fail(h Health, now int64) (time.Duration, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if u := r.coolUntil.Load(); u != 0 && now < u {
-		return false
+		return 0, false
 	}
 	r.errors.Add(1)
 	if v := r.Rate(); v > 0 {
-		r.setRate(v / 2) // it gets less until it proves itself again
+		r.setRate(v / 2)
+	}
+	if h.Limit > 1 {
+		keep := r.errs[:0]
+		for _, t := range r.errs {
+			if now-t < int64(h.Window) {
+				keep = append(keep, t)
+			}
+		}
+		r.errs = append(keep, now)
+		if !r.revived && len(r.errs) < h.Limit {
+			r.probing.Store(true)
+			return 0, false
+		}
 	}
 	if r.coolFor == 0 {
-		r.coolFor = c.Cool
+		r.coolFor = h.Cool
 	} else {
-		r.coolFor = min(2*r.coolFor, c.CoolMax)
+		r.coolFor = min(2*r.coolFor, h.CoolMax)
 	}
 	r.coolUntil.Store(now + int64(r.coolFor))
 	r.probing.Store(false)
+	r.revived = false
+	r.errs = r.errs[:0]
 	r.cooldowns.Add(1)
-	return true
+	return r.coolFor, true
 }
 
 // Usable says whether the rail may take slices now; a cooldown that ended
@@ -193,6 +268,9 @@ func (r *Rail) Usable(now int64) bool {
 		return false
 	}
 	if r.coolUntil.CompareAndSwap(u, 0) {
+		r.mu.Lock()
+		r.revived = true
+		r.mu.Unlock()
 		r.probing.Store(true)
 	}
 	return true
