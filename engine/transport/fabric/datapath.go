@@ -29,6 +29,12 @@ const maxTries = 3
 // new slices (doubling with each failure in a row).
 var railCooldown = rails.Cooldown{Cool: time.Second, CoolMax: 30 * time.Second}
 
+// peerHealth is when failing NIC pairs make a whole peer unreachable over
+// fabric, so that the engine takes another transport (tcp) for it: three
+// failures within 10 s with no bytes moved between them, for 30 s (doubling
+// while nothing moves, up to 5 min), as rdma's defaults.
+var peerHealth = rails.Health{Limit: 3, Window: 10 * time.Second, Cooldown: rails.Cooldown{Cool: 30 * time.Second, CoolMax: 5 * time.Minute}}
+
 // request is a transport.Request in flight: its slices are operations,
 // spread over the NIC pairs to the peer.
 type request struct {
@@ -350,6 +356,16 @@ func (t *Transport) railFailed(pe *peerEP) bool {
 	rl := t.railOf(pe.key)
 	if rl.Failed(railCooldown, now) {
 		t.h.Logf("te: fabric: NIC pair %s -> %s@%s failed: cooling down", pe.n.name, pe.peerName, pe.rnic)
+	}
+	if pe.health != nil && pe.health.Failed(peerHealth, now, nil, "fabric") {
+		for u := pe.health.CoolUntil(); ; {
+			c := t.coolingUntil.Load()
+			if c >= u || t.coolingUntil.CompareAndSwap(c, u) {
+				break
+			}
+		}
+		t.h.Logf("te: fabric: %s unreachable over fabric for %v: its NIC pairs keep failing; other transports take it",
+			pe.peerName, time.Duration(pe.health.CoolUntil()-now))
 	}
 	return t.otherPair(pe)
 }

@@ -23,7 +23,11 @@
 // their completion was read or their endpoint closed (the flush), go again
 // over the healthy pair that would finish them first; a request fails only
 // when no pair is left. The stall watchdog runs by default then
-// (RailStall): a pair that went silent reports nothing else.
+// (RailStall): a pair that went silent reports nothing else. Pairs to a
+// peer that keep failing with no bytes moved between them (three failures
+// within 10 s) make the peer unreachable over fabric for a cooldown
+// (internal/rails.Peer, as rdma does): the engine takes another transport
+// for it meanwhile.
 //
 // Memory-registration modes: FI_MR_LOCAL (local descriptors from the
 // local region's registration), FI_MR_VIRT_ADDR or offsets from the

@@ -50,8 +50,12 @@ type Transport struct {
 	mu      sync.Mutex
 	eps     map[epKey]*peerEP
 	regs    map[*segment.Region][]*fab.MR
-	accepts map[string]struct{}   // peer endpoint addresses accepted, per NIC and address
-	rails   map[epKey]*rails.Rail // per NIC pair to a peer: its load and health
+	accepts map[string]struct{}    // peer endpoint addresses accepted, per NIC and address
+	rails   map[epKey]*rails.Rail  // per NIC pair to a peer: its load and health
+	peers   map[string]*rails.Peer // per peer instance: its health as a whole
+	// coolingUntil is when the last peer cooldown started so far ends
+	// (0: none).
+	coolingUntil atomic.Int64
 
 	st struct {
 		posts, eagain, teardowns, stalls, stallChecks, retries, failovers, errors, gpuRefused atomic.Uint64
@@ -61,7 +65,8 @@ type Transport struct {
 
 // New returns an unstarted transport.
 func New() *Transport {
-	return &Transport{eps: map[epKey]*peerEP{}, regs: map[*segment.Region][]*fab.MR{}, accepts: map[string]struct{}{}, rails: map[epKey]*rails.Rail{}}
+	return &Transport{eps: map[epKey]*peerEP{}, regs: map[*segment.Region][]*fab.MR{}, accepts: map[string]struct{}{}, rails: map[epKey]*rails.Rail{},
+		peers: map[string]*rails.Peer{}}
 }
 
 // Name returns "fabric".
@@ -423,6 +428,27 @@ func (t *Transport) Reachable(d *segment.Desc) error {
 	}
 	if _, _, err := t.pair(d, nd); err != nil {
 		return err
+	}
+	return t.cooling(d.Instance)
+}
+
+// cooling returns why peer instance inst is unreachable over fabric for
+// now, or nil. The engine asks per request: no lock and no clock read
+// unless some peer cools down.
+func (t *Transport) cooling(inst string) error {
+	u := t.coolingUntil.Load()
+	if u == 0 {
+		return nil
+	}
+	if now := rails.Now(); now >= u {
+		t.coolingUntil.CompareAndSwap(u, 0)
+		return nil
+	}
+	t.mu.Lock()
+	p := t.peers[inst]
+	t.mu.Unlock()
+	if p != nil {
+		return p.Unreachable(rails.Now(), "fabric")
 	}
 	return nil
 }

@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/tecache/te/engine/segment"
 	"github.com/tecache/te/engine/transport"
+	"github.com/tecache/te/engine/transport/internal/rails"
 	"github.com/tecache/te/internal/errs"
 	fab "github.com/tecache/te/internal/sys/fabric"
 )
@@ -18,6 +20,8 @@ import (
 type stubHost struct{ transport.Host }
 
 func (stubHost) Instance() string { return "b-1" }
+
+func (stubHost) Logf(string, ...any) {}
 
 // With a secret, the endpoint exchange must name the segment and instance
 // its session proved: another engine holding the secret cannot be counted
@@ -140,5 +144,48 @@ func TestNICPairs(t *testing.T) {
 	tr := &Transport{nics: nics(2)}
 	if _, err := tr.pairs(&segment.Desc{Name: "b"}, peer("efa")); errs.CodeOf(err) != errs.TransportUnavailable {
 		t.Errorf("no shared provider: %v, want TransportUnavailable", err)
+	}
+}
+
+// NIC pairs to a peer that keep failing with no bytes moved between them
+// make the whole peer unreachable over fabric (PeerUnreachable, so the
+// engine takes tcp for it), and only that peer; bytes moved reset the
+// count.
+func TestPeerCooldown(t *testing.T) {
+	tr := New()
+	tr.h = stubHost{}
+	tr.nics = []*nic{{name: "n0"}, {name: "n1"}}
+	ep := func(inst string, li int) *peerEP {
+		tr.mu.Lock()
+		defer tr.mu.Unlock()
+		return &peerEP{t: tr, n: tr.nics[li], key: epKey{instance: inst, local: li, remote: li}, peerName: inst,
+			health: tr.peerLocked(inst)}
+	}
+	a0, a1 := ep("a-1", 0), ep("a-1", 1)
+	ep("b-1", 0)
+	if err := tr.cooling("a-1"); err != nil {
+		t.Fatal(err)
+	}
+	tr.railFailed(a0)
+	tr.railFailed(a1)
+	// Bytes moved to a: the failures before them no longer count.
+	a0.health.OK(rails.Now())
+	tr.railFailed(a0)
+	tr.railFailed(a1)
+	if err := tr.cooling("a-1"); err != nil {
+		t.Fatalf("two failures since bytes moved: %v", err)
+	}
+	tr.railFailed(a0)
+	err := tr.cooling("a-1")
+	if !errors.Is(err, errs.ErrPeerUnreachable) || !strings.Contains(err.Error(), "fabric") {
+		t.Fatalf("three failures with nothing moved: %v, want PeerUnreachable naming fabric", err)
+	}
+	if err := tr.cooling("b-1"); err != nil {
+		t.Fatalf("another peer: %v", err)
+	}
+	// Once the cooldown is over, the peer is reachable again.
+	tr.coolingUntil.Store(rails.Now() - 1)
+	if err := tr.cooling("a-1"); err != nil {
+		t.Fatalf("after the cooldown: %v", err)
 	}
 }

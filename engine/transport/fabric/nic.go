@@ -359,7 +359,11 @@ func (n *nic) reapCQ(cq *fab.CQ, ctx []uintptr) int {
 			if o := n.take(c); o != nil {
 				n.bytes.Add(o.n)
 				n.t.st.bytes.Add(o.n)
-				o.rail.Completed(o.n, rails.Now())
+				now := rails.Now()
+				o.rail.Completed(o.n, now)
+				if h := o.pe.health; h != nil {
+					h.OK(now)
+				}
 				n.t.opDone(o, nil)
 			}
 		}

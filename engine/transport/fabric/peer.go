@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/tecache/te/engine/transport/internal/rails"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,6 +33,8 @@ type peerEP struct {
 	peerName string
 	rpc      string
 	rnic     string // the peer NIC's name
+	// health is the peer's as a whole, shared by its endpoints.
+	health *rails.Peer
 
 	ep *fab.Endpoint // nil until connected; the NIC's own when shared
 	cq *fab.CQ       // its own completion queue (nil when shared)
@@ -76,6 +79,30 @@ func (pe *peerEP) kill() {
 	pe.t.mu.Unlock()
 }
 
+// peerLocked returns the health of peer instance inst, made at first use.
+// Called with mu held.
+func (t *Transport) peerLocked(inst string) *rails.Peer {
+	p := t.peers[inst]
+	if p == nil {
+		if len(t.peers) >= maxPeers {
+			// Peers come and go (a restart is a new instance): forget
+			// those with no endpoint open.
+			live := map[string]bool{}
+			for k := range t.eps {
+				live[k.instance] = true
+			}
+			for i := range t.peers {
+				if !live[i] {
+					delete(t.peers, i)
+				}
+			}
+		}
+		p = &rails.Peer{}
+		t.peers[inst] = p
+	}
+	return p
+}
+
 // endpointFor returns the endpoint to the peer's NIC pair, starting one
 // (connected in the background) when there is none or the last one died.
 func (t *Transport) endpointFor(d *segment.Desc, li, ri int, rnic string) (*peerEP, error) {
@@ -91,7 +118,8 @@ func (t *Transport) endpointFor(d *segment.Desc, li, ri int, rnic string) (*peer
 	if len(t.eps) >= maxPeers*len(t.nics) {
 		return nil, errs.New(errs.ResourceExhausted, "fabric", "%d peer endpoints open already", len(t.eps))
 	}
-	pe := &peerEP{t: t, n: t.nics[li], key: key, peerName: d.Name, rpc: d.RPC, rnic: rnic, up: make(chan struct{})}
+	pe := &peerEP{t: t, n: t.nics[li], key: key, peerName: d.Name, rpc: d.RPC, rnic: rnic, up: make(chan struct{}),
+		health: t.peerLocked(d.Instance)}
 	t.eps[key] = pe
 	t.wg.Add(1)
 	go pe.connect()

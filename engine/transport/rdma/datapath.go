@@ -137,7 +137,7 @@ func (t *Transport) finish(ep *endpoint, out *outcome) {
 		}
 		now := nanotime()
 		rl.Completed(b, now)
-		ep.peerH.ok(now)
+		ep.peerH.OK(now)
 		for _, e := range out.ok {
 			e.req.sliceDone(nil)
 		}

@@ -2,6 +2,7 @@ package rdma
 
 import (
 	"context"
+	"github.com/tecache/te/engine/transport/internal/rails"
 	"math"
 	"math/rand/v2"
 	"sync"
@@ -36,7 +37,7 @@ type endpoint struct {
 	key   epKey
 	nic   *nic
 	rail  *rail
-	peerH *peerHealth
+	peerH *rails.Peer
 	peer  peerRef
 	state atomic.Int32
 	// busy is when the work requests outstanding on the endpoint last made
@@ -610,7 +611,7 @@ func (t *Transport) watchOnce() bool {
 			continue
 		}
 		busy = true
-		if b < oldest && e.peerH != nil && e.peerH.lastOK.Load() > b && e.state.Load() == epReady {
+		if b < oldest && e.peerH != nil && e.peerH.LastOK() > b && e.state.Load() == epReady {
 			worst, oldest = e, b
 		}
 	}

@@ -1,6 +1,7 @@
 package rdma
 
 import (
+	"github.com/tecache/te/engine/transport/internal/rails"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -20,7 +21,7 @@ type peerInfo struct {
 	rails  []*rail   // every (local NIC, peer NIC) pair of one link layer
 	rix    []int     // rix[x]: rails[x]'s NIC index in nics
 	at     [][]int32 // at[local][peer NIC]: index in rails, or -1
-	health *peerHealth
+	health *rails.Peer
 	err    error // why the descriptor is unusable
 	// eps caches the endpoint of each rail; the map in Transport under mu
 	// stays the authority and is consulted only when this one is empty or
@@ -140,7 +141,7 @@ func (t *Transport) buildRails(pi *peerInfo) {
 	defer t.mu.Unlock()
 	pi.health = t.peerH[inst]
 	if pi.health == nil {
-		pi.health = &peerHealth{}
+		pi.health = &rails.Peer{}
 		t.peerH[inst] = pi.health
 	}
 	pi.at = make([][]int32, len(t.local))

@@ -101,7 +101,7 @@ type Transport struct {
 	all     map[*endpoint]struct{} // every endpoint whose queue pairs are not destroyed
 	passive map[epKey]*passiveEP
 	rails   map[epKey]*rail        // by peer instance and NIC pair
-	peerH   map[string]*peerHealth // by peer instance
+	peerH   map[string]*rails.Peer // by peer instance
 	retired railTotals             // counters of rails of restarted peers
 	// gone holds the peer instances that restarted (their successor's
 	// descriptor was seen), goneOrder the same oldest first (maxGone).
@@ -140,7 +140,7 @@ const MaxPassive = 4096
 // New returns an unstarted transport.
 func New() *Transport {
 	return &Transport{keys: newKeyTable(), eps: map[epKey]*endpoint{}, all: map[*endpoint]struct{}{}, passive: map[epKey]*passiveEP{},
-		rails: map[epKey]*rail{}, peerH: map[string]*peerHealth{}, gone: map[string]struct{}{}, dmabuf: dmabufOf}
+		rails: map[epKey]*rail{}, peerH: map[string]*rails.Peer{}, gone: map[string]struct{}{}, dmabuf: dmabufOf}
 }
 
 // Name returns "rdma".
@@ -344,10 +344,10 @@ func (t *Transport) Reachable(d *segment.Desc) error {
 	if pi.err != nil {
 		return pi.err
 	}
-	if pi.health.coolUntil.Load() == 0 {
+	if pi.health.CoolUntil() == 0 {
 		return nil // the engine asks per request: no clock read when healthy
 	}
-	if err := pi.health.unreachable(nanotime()); err != nil {
+	if err := pi.health.Unreachable(nanotime(), "rdma"); err != nil {
 		return errs.Wrap(errs.PeerUnreachable, "rdma", err, "segment %q", d.Name)
 	}
 	return nil
@@ -410,13 +410,13 @@ func (t *Transport) railError(ep *endpoint, err error) {
 	}
 	// A stalled endpoint's peer is reachable: other rails to it just
 	// moved bytes (see watch).
-	if ep.peerH != nil && !ep.stalled && ep.peerH.failed(t.health, now, err) {
+	if ep.peerH != nil && !ep.stalled && ep.peerH.Failed(t.health, now, err, "rdma") {
 		t.st.unreachable.Add(1)
 		if rn, ok := t.h.(transport.ReachNotifier); ok {
 			rn.ReachChanged() // the engine's cached choice of rdma for it goes
 		}
 		t.h.Logf("te: rdma: peer %s is unreachable over rdma for %v (other transports take it): %v",
-			ep.peer.name, time.Duration(ep.peerH.coolUntil.Load()-now), err)
+			ep.peer.name, time.Duration(ep.peerH.CoolUntil()-now), err)
 	}
 }
 
