@@ -173,8 +173,11 @@ func choose(lib *fab.Lib, o Options) (_ []*fab.Offer, _ func(), _ string, err er
 		for _, l := range lists {
 			pick(l)
 		}
-		if len(got) == 0 && strings.EqualFold(p, "shm") {
-			// shm has no network address: its one domain serves the host.
+		if len(got) == 0 && addressless(p) {
+			// Not addressed by IP: shm's one domain serves the host, and
+			// EFA's and Slingshot's domains (one per NIC) answer no
+			// query for the engine's IP address; every one is used
+			// (fabric.nics bounds them).
 			if anyAddr == nil {
 				if anyAddr, err = lib.GetInfo(fab.Query{Caps: rmaCaps, MRMode: fab.MRHandled, OpFlags: fab.FlagDeliveryComp}); err != nil {
 					return nil, nil, "", err
@@ -193,6 +196,17 @@ func choose(lib *fab.Lib, o Options) (_ []*fab.Offer, _ func(), _ string, err er
 	major, minor := lib.Version()
 	return nil, nil, "", errs.New(errs.NotSupported, "fabric", "no usable libfabric provider (%s %d.%d): %s", lib.Path, major, minor, strings.Join(why, "; ")).
 		WithHint("set fabric.provider (efa, cxi, tcp, shm, sockets) or FI_PROVIDER, and fabric.addr to an address of the NIC")
+}
+
+// addressless reports whether provider p's endpoints are not reached by an
+// IP address of the host: shm (this host only), efa (EFA device GIDs), cxi
+// (Slingshot NIC addresses). Their domains are found without one.
+func addressless(p string) bool {
+	switch strings.ToLower(p) {
+	case "shm", "efa", "cxi":
+		return true
+	}
+	return false
 }
 
 func orAny(a string) string {

@@ -189,3 +189,14 @@ func TestPeerCooldown(t *testing.T) {
 		t.Fatalf("after the cooldown: %v", err)
 	}
 }
+
+// Providers whose endpoints are not reached by an IP address (shm, EFA,
+// Slingshot) are looked up without the engine's address: an EFA host's
+// engine runs on its IP, which no EFA domain answers to.
+func TestAddresslessProviders(t *testing.T) {
+	for p, want := range map[string]bool{"efa": true, "EFA": true, "cxi": true, "shm": true, "tcp": false, "sockets": false, "verbs": false} {
+		if addressless(p) != want {
+			t.Errorf("addressless(%q) = %v, want %v", p, !want, want)
+		}
+	}
+}

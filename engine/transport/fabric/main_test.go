@@ -1,6 +1,7 @@
 package fabric_test
 
 import (
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -56,6 +57,17 @@ func processSetup(t *testing.T, prov string) transporttest.Setup {
 func TestConformanceTCP(t *testing.T) {
 	s := processSetup(t, "tcp")
 	transporttest.Run(t, s)
+}
+
+// TestConformanceProvider runs the suite between two processes over the
+// provider TE_FABRIC_TEST_PROVIDER names (skipped when unset): the EFA
+// device check (bench/efa/check.sh) runs it with efa.
+func TestConformanceProvider(t *testing.T) {
+	prov := os.Getenv("TE_FABRIC_TEST_PROVIDER")
+	if prov == "" {
+		t.Skip("TE_FABRIC_TEST_PROVIDER names no provider")
+	}
+	transporttest.Run(t, processSetup(t, prov))
 }
 
 // runSHM runs the suite over shm. libfabric 1.17's shm drops an access

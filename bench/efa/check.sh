@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# EFA device check: what te's fabric transport does on AWS Elastic Fabric
+# Adapter NICs, in one go, one summary line.
+#
+#   bench/efa/check.sh build   # here: builds everything into build/efa
+#                              # (bundle.tgz and this script)
+#   bench/efa/check.sh run     # there (carry build/efa, in the repository
+#                              # root): runs it all in under 8 minutes
+#
+# "run" on a host with EFA NICs (fi_info -p efa lists their domains):
+#   1. libfabric and the EFA domains it offers (version, one per NIC);
+#   2. the transport conformance suite over efa between two processes
+#      (TestConformanceProvider), every byte checked;
+#   3. GB/s of one NIC and of all of them striped (te-bench loopback over
+#      fabric, 1 MiB and 64 KiB, against te's tcp on the same host in the
+#      same run). Both processes are on this host: EFA's own shm path for
+#      peers of one host is turned off (FI_EFA_ENABLE_SHM_TRANSFER=0) so the
+#      bytes go through the NICs;
+#   4. GPU memory: te registers none with FI_HMEM yet; the step says which
+#      path a GPU region takes (staged over tcp) where a GPU is present.
+# Failover between NICs is proven on the lab's veths (tests/lab,
+# TestFabricRailsLinkDown); pulling a NIC is not something this script can
+# do on a cloud host.
+#
+# EFA_CHECK_PROVIDER=tcp runs the same steps over libfabric's tcp provider
+# on loopback (a dry run of the script where there is no EFA NIC).
+#
+# Written without access to an EFA host: it has not been run on one yet.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+EFA_BUILD=${EFA_BUILD:-build/efa}
+mode=${1:-run}
+
+if [ "$mode" = build ]; then
+	set -e
+	stage=$(mktemp -d)
+	trap 'rm -rf "$stage"' EXIT
+	mkdir -p "$EFA_BUILD"
+	# purego loads libfabric at run time: no cgo, no glibc dependency.
+	CGO_ENABLED=0 go test -c -trimpath -ldflags='-s -w' -o "$stage/fabric.test" ./engine/transport/fabric
+	CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$stage/te-bench" ./bench/te-bench
+	tar czf "$EFA_BUILD/bundle.tgz" -C "$stage" .
+	cp bench/efa/check.sh "$EFA_BUILD/"
+	echo "built $EFA_BUILD ($(du -sh "$EFA_BUILD" | cut -f1)); carry it and run: $EFA_BUILD/check.sh run"
+	exit 0
+fi
+
+BIN=${BIN:-}
+if [ -z "$BIN" ]; then
+	bundle=$EFA_BUILD/bundle.tgz
+	[ -f "$bundle" ] || bundle=$(dirname "$0")/bundle.tgz
+	BIN=$(mktemp -d)
+	trap 'rm -rf "$BIN"' EXIT
+	tar xzf "$bundle" -C "$BIN" || { echo "te efa check: no bundle at $bundle (run check.sh build first)"; exit 1; }
+fi
+BIN=$(cd "$BIN" && pwd)
+PROV=${EFA_CHECK_PROVIDER:-efa}
+RESULTS=${RESULTS:-${OUT:-/tmp}/te-efa-check.txt}
+BUDGET=${BUDGET:-460}
+: >"$RESULTS"
+: >"$RESULTS.full"
+T0=$SECONDS
+passed=0 failed=0 skipped=0
+names_failed=""
+export FI_EFA_ENABLE_SHM_TRANSFER=0
+
+step() { # name, timeout seconds, command...
+	local name=$1 to=$2
+	shift 2
+	local left=$((BUDGET - (SECONDS - T0)))
+	if [ "$left" -lt 10 ]; then
+		echo "== $name: SKIP (out of time)" | tee -a "$RESULTS"
+		skipped=$((skipped + 1))
+		return
+	fi
+	[ "$to" -gt "$left" ] && to=$left
+	local log rc t=$SECONDS
+	log=$(mktemp)
+	timeout "$to" "$@" >"$log" 2>&1
+	rc=$?
+	local verdict=PASS
+	if [ $rc -eq 77 ]; then
+		verdict=SKIP
+	elif [ $rc -ne 0 ]; then
+		verdict=FAIL
+	elif grep -q -- '--- SKIP' "$log" && ! grep -q -- '--- PASS' "$log"; then
+		verdict=SKIP
+	fi
+	case $verdict in
+	PASS) passed=$((passed + 1)) ;;
+	SKIP) skipped=$((skipped + 1)) ;;
+	FAIL)
+		failed=$((failed + 1))
+		names_failed="$names_failed [$name]"
+		;;
+	esac
+	echo "== $name: $verdict (rc $rc, $((SECONDS - t))s)" | tee -a "$RESULTS"
+	grep -E '_test.go:|SKIP|FAIL|panic|GB/s|error' "$log" | head -20 | tee -a "$RESULTS"
+	{
+		echo "===== $name"
+		cat "$log"
+	} >>"$RESULTS.full"
+	rm -f "$log"
+}
+
+# 1. What libfabric offers.
+if ! command -v fi_info >/dev/null; then
+	echo "te efa check: fi_info not found (libfabric's utilities: the EFA installer puts them in /opt/amazon/efa/bin)" | tee -a "$RESULTS"
+fi
+doms=$(fi_info -p "$PROV" -t FI_EP_RDM 2>/dev/null | sed -n 's/^ *domain: *//p' | sort -u | tr '\n' ' ')
+doms=${doms% }
+nnic=$(echo "$doms" | wc -w)
+echo "libfabric: $(fi_info --version 2>/dev/null | tr '\n' ' '); provider $PROV: ${nnic} domain(s): ${doms:-none}" | tee -a "$RESULTS"
+if [ "$nnic" -eq 0 ]; then
+	echo "te efa check: no $PROV domain here; nothing to check" | tee -a "$RESULTS"
+	exit 1
+fi
+
+# 2. The conformance suite, two processes.
+step "conformance suite over $PROV, 2 processes" 240 env TE_FABRIC_TEST_PROVIDER="$PROV" "$BIN/fabric.test" -test.v -test.count=1 -test.run '^TestConformanceProvider$'
+
+# 3. Throughput: one NIC, then all of them; tcp in the same run.
+bench() { # name, env..., then te-bench flags after --
+	local name=$1
+	shift
+	step "$name" 60 env "$@"
+}
+flags=(loopback --op write,read --block 64KiB,1MiB --batch 64 --duration 3s)
+bench "GB/s: te tcp on this host (reference)" "$BIN/te-bench" "${flags[@]}" --transport tcp
+bench "GB/s: fabric over $PROV, one NIC" TE_PARAM_fabric_nics=1 "$BIN/te-bench" "${flags[@]}" --transport fabric --provider "$PROV"
+if [ "$nnic" -gt 1 ]; then
+	bench "GB/s: fabric over $PROV, $nnic NICs striped" "$BIN/te-bench" "${flags[@]}" --transport fabric --provider "$PROV"
+fi
+
+# 4. GPU memory.
+if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+	echo "== GPU memory: fabric registers no GPU memory with FI_HMEM yet; GPU regions are staged over tcp (bench/gpu/check.sh checks that path)" | tee -a "$RESULTS"
+else
+	echo "== GPU memory: no GPU here" | tee -a "$RESULTS"
+fi
+skipped=$((skipped + 1))
+
+summary="te efa check ($PROV): $passed passed, $failed failed, $skipped skipped in $((SECONDS - T0))s (${nnic} domain(s))${names_failed:+; failed:$names_failed}"
+echo "$summary" | tee -a "$RESULTS"
+echo "results: $RESULTS (full logs: $RESULTS.full)"
+[ "$failed" -eq 0 ]
