@@ -15,7 +15,7 @@ import (
 // RegisterFile returned + the offset in the range.
 
 // LocationFile is the location of storage buffers in descriptors.
-const LocationFile = "file"
+const LocationFile = segment.KindFile
 
 // FileOptions tune RegisterFile.
 type FileOptions struct {
@@ -101,6 +101,14 @@ func (e *Engine) registerFile(spec transport.FileSpec, remote bool) (uint64, err
 		memAlign, offAlign := a.Align()
 		r.Desc.Extra = map[string]string{"te_file_align": strconv.FormatUint(offAlign, 10),
 			"te_file_mem_align": strconv.FormatUint(memAlign, 10)}
+	}
+	if c := st.StageSize(); c > 0 {
+		// The size of the owner's file I/O: an initiator slices requests
+		// to the file no smaller, so each reaches the disk whole.
+		if r.Desc.Extra == nil {
+			r.Desc.Extra = map[string]string{}
+		}
+		r.Desc.Extra[segment.ExtraFileChunk] = strconv.FormatUint(c, 10)
 	}
 	var done []transport.Transport
 	for _, t := range e.transports {

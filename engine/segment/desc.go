@@ -161,6 +161,14 @@ func (b *BufferDesc) checkSplit() bool {
 	return true
 }
 
+// KindFile is the location kind of a registered file (a storage region),
+// and the Name of its buffers in descriptors.
+const KindFile = "file"
+
+// ExtraFileChunk is the BufferDesc.Extra key of a registered file's I/O
+// size at its owner (bytes, decimal).
+const ExtraFileChunk = "te_file_chunk"
+
 // End returns Addr+Length.
 func (b *BufferDesc) End() uint64 { return b.Addr + b.Length }
 

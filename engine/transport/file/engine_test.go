@@ -137,6 +137,10 @@ func TestLocalFileSegment(t *testing.T) {
 					if a := fb.Extra["te_file_align"]; a == "" || wantAlign != "" && a != wantAlign {
 						t.Fatalf("published alignment %q", a)
 					}
+					// The owner's file I/O size, which initiators slice by.
+					if c := fb.Extra[segment.ExtraFileChunk]; c != "1048576" {
+						t.Fatalf("published I/O size %q, want the default 1 MiB", c)
+					}
 					seg, err := e.OpenSegment(e.Name())
 					if err != nil {
 						t.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strconv"
 	"sync/atomic"
 
 	"github.com/tecache/te/engine/internal/pipe"
@@ -153,8 +154,9 @@ func (t *Transport) Submit(reqs []transport.Request) {
 		if groups == nil {
 			groups = make(map[slot][]item, 8)
 		}
+		slice := t.sliceFor(r.Buffer)
 		if rs != nil {
-			if err := rs.spread(o, r.Length, t.opt.Slice, groups); err != nil {
+			if err := rs.spread(o, r.Length, slice, groups); err != nil {
 				r.Complete(err)
 				continue
 			}
@@ -162,19 +164,38 @@ func (t *Transport) Submit(reqs []transport.Request) {
 			continue
 		}
 		r.Priv = o
-		n := (r.Length + t.opt.Slice - 1) / t.opt.Slice
+		n := (r.Length + slice - 1) / slice
 		o.remaining.Store(int32(n))
 		start, conns := p.Stripe(), p.Conns()
 		for s := uint64(0); s < n; s++ {
-			off := s * t.opt.Slice
+			off := s * slice
 			k := slot{p, (start + int(s)) % conns}
-			groups[k] = append(groups[k], item{op: o, off: off, n: min(t.opt.Slice, r.Length-off)})
+			groups[k] = append(groups[k], item{op: o, off: off, n: min(slice, r.Length-off)})
 		}
 	}
 	for k, items := range groups {
 		k.p.Send(k.i, items...)
 	}
 }
+
+// sliceFor is the slice size of requests to buffer b: tcp.slice, or for a
+// peer's registered file the size of the owner's file I/O where that is
+// larger (at most 16 MiB), so every slice reaches its disk as one I/O
+// instead of several half-size ones.
+func (t *Transport) sliceFor(b *segment.BufferDesc) uint64 {
+	if b == nil || b.Name != segment.KindFile {
+		return t.opt.Slice
+	}
+	c, err := strconv.ParseUint(b.Extra[segment.ExtraFileChunk], 10, 64)
+	if err != nil || c <= t.opt.Slice {
+		return t.opt.Slice
+	}
+	return min(c, maxFileSlice)
+}
+
+// maxFileSlice bounds a file slice: the owner holds a staging buffer of it
+// per connection.
+const maxFileSlice = 16 << 20
 
 // Cancel releases the slices of reqs that no goroutine is moving: queued ones
 // and those sent and waiting for their completion (whose late completion is
