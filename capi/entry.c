@@ -181,6 +181,19 @@ int te_grant_window_to(te_engine_t engine, const char *peer, const te_range_t *r
     return tego_grant_window_to(engine, peer, ranges, n, key);
 }
 
+int te_grant_window_to_first(te_engine_t engine, const te_range_t *ranges, size_t n, uint64_t *key) {
+    if (tecapi_child(__func__)) {
+        if (key) *key = 0;
+        return TE_ERR_FORKED;
+    }
+    return tego_grant_window_to_first(engine, ranges, n, key);
+}
+
+int te_bind_window(te_engine_t engine, uint64_t key, const char *peer) {
+    if (tecapi_child(__func__)) return TE_ERR_FORKED;
+    return tego_bind_window(engine, key, peer);
+}
+
 int te_revoke_window(te_engine_t engine, uint64_t key) {
     if (tecapi_child(__func__)) return TE_ERR_FORKED;
     return tego_revoke_window(engine, key);

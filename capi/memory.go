@@ -137,6 +137,22 @@ func ptr(a uint64) unsafe.Pointer { return *(*unsafe.Pointer)(unsafe.Pointer(&a)
 //export tego_grant_window_to
 func tego_grant_window_to(h C.te_engine_t, peer *C.te_cchar, ranges *C.te_crange, n C.size_t, key *C.uint64_t) (rc C.int) {
 	defer enter("grant window", &rc)()
+	var name string
+	if peer != nil {
+		name = cstr(peer)
+	}
+	return grantWindow(h, ranges, n, key, func(e *engine.Engine, rs []engine.Range) (uint64, error) { return e.GrantWindowTo(name, rs) })
+}
+
+//export tego_grant_window_to_first
+func tego_grant_window_to_first(h C.te_engine_t, ranges *C.te_crange, n C.size_t, key *C.uint64_t) (rc C.int) {
+	defer enter("grant window", &rc)()
+	return grantWindow(h, ranges, n, key, (*engine.Engine).GrantWindowToFirst)
+}
+
+// grantWindow checks the arguments of a grant and stores the key grant
+// returns in *key (0 on failure).
+func grantWindow(h C.te_engine_t, ranges *C.te_crange, n C.size_t, key *C.uint64_t, grant func(*engine.Engine, []engine.Range) (uint64, error)) C.int {
 	if key != nil {
 		*key = 0
 	}
@@ -157,16 +173,25 @@ func tego_grant_window_to(h C.te_engine_t, peer *C.te_cchar, ranges *C.te_crange
 	for i, r := range unsafe.Slice((*C.te_range_t)(unsafe.Pointer(ranges)), int(n)) {
 		rs[i] = engine.Range{Addr: uint64(r.addr), Length: uint64(r.length)}
 	}
-	var name string
-	if peer != nil {
-		name = cstr(peer)
-	}
-	k, err := e.GrantWindowTo(name, rs)
+	k, err := grant(e, rs)
 	if err != nil {
 		return fail(err)
 	}
 	*key = C.uint64_t(k)
 	return 0
+}
+
+//export tego_bind_window
+func tego_bind_window(h C.te_engine_t, key C.uint64_t, peer *C.te_cchar) (rc C.int) {
+	defer enter("bind window", &rc)()
+	e, err := getEngine("bind window", h)
+	if err != nil {
+		return fail(err)
+	}
+	if peer == nil {
+		return null("bind window", "peer")
+	}
+	return fail(e.BindWindow(uint64(key), cstr(peer)))
 }
 
 //export tego_revoke_window

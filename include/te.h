@@ -74,7 +74,8 @@ extern "C" {
  * added storage buffers (te_register_file, TE_FILE_* flags) and the
  * TE_ERR_IO and TE_ERR_NO_SPACE codes, te_version and te_metrics. 1.4
  * added te_cxl_memory, te_warmup_segment, the te_store_* functions,
- * te_notify_drain_from, te_range_t, te_grant_window_to, te_revoke_window,
+ * te_notify_drain_from, te_range_t, te_grant_window_to,
+ * te_grant_window_to_first, te_bind_window, te_revoke_window,
  * te_submit_windows, te_submit_windows_with_notify and private files
  * (te_register_file without TE_FILE_REMOTE). */
 #define TE_ABI_VERSION_MAJOR 1
@@ -652,6 +653,32 @@ typedef struct te_range {
  * buffer that is not remote-accessible), TE_ERR_RESOURCE_EXHAUSTED (65536
  * windows granted already). */
 int te_grant_window_to(te_engine_t engine, const char *peer, const te_range_t *ranges, size_t n, uint64_t *key);
+
+/* te_grant_window_to_first grants a window as te_grant_window_to does, to
+ * the first engine that uses it, for an owner that does not know yet which
+ * engine that will be: with a cluster secret, the first access under it by
+ * an engine whose connection proved its segment and instance binds the
+ * window to that engine, atomically, and from then on an access from any
+ * other engine is refused with TE_ERR_ACCESS_DENIED and lands nothing.
+ * te_bind_window binds it to the engine the owner learns of, or says that
+ * another used it first. Without a secret no remote access is proven, none
+ * binds the window over tcp, shm and cxl, and the key is a bearer key; in
+ * one process it is always checked. On failure *key is 0.
+ * Blocks: no | Thread-safe: yes | Errors: as te_grant_window_to. */
+int te_grant_window_to_first(te_engine_t engine, const te_range_t *ranges, size_t n, uint64_t *key);
+
+/* te_bind_window binds the window granted as key with
+ * te_grant_window_to_first to the engine whose segment is named peer,
+ * unless an engine used it first. It returns 0 when the window is bound to
+ * peer, now or already (by peer's first access, or granted to it with
+ * te_grant_window_to); TE_ERR_ACCESS_DENIED, naming the engine that used
+ * it first, when that is another one: the owner should then fail what the
+ * window was for rather than trust what landed.
+ * Blocks: no | Thread-safe: yes | Errors: TE_ERR_INVALID_ARGUMENT (NULL or
+ * empty peer, a peer name over 4096 bytes, a bearer window granted with
+ * peer NULL, which cannot be bound after the fact), TE_ERR_NOT_FOUND (no
+ * such window), TE_ERR_ACCESS_DENIED. */
+int te_bind_window(te_engine_t engine, uint64_t key, const char *peer);
 
 /* te_revoke_window ends the window granted as key: accesses under it are
  * refused at once, those in flight get the unregister grace, then the

@@ -2,6 +2,7 @@ package segment
 
 import (
 	"sort"
+	"strconv"
 	"sync/atomic"
 
 	"github.com/tecache/te/internal/errs"
@@ -29,8 +30,8 @@ type Range struct{ Addr, Length uint64 }
 // knows them: the engine is in this process (local, file), or the session
 // the access arrives on proved them with the cluster secret. Without a
 // secret nothing about a remote peer is known (te trusts the network by
-// design then), and a window bound to a grantee is honoured for any
-// caller, as a bearer key.
+// design then): a window granted to a grantee is honoured for any caller,
+// as a bearer key, and a bindable one is never bound by such an access.
 type Caller struct {
 	Name, Instance string
 	Known          bool
@@ -43,13 +44,20 @@ var Anyone = Caller{}
 type Window struct {
 	Key uint64
 	// Grantee is the segment name of the only engine that may use the
-	// window ("": anyone holding the key, a bearer grant).
+	// window ("": anyone holding the key, a bearer grant, unless
+	// Bindable).
 	Grantee string
-	starts  []uint64 // sorted, merged ranges
-	ends    []uint64
-	owner   []int     // index into regions for each range
-	regions []*Region // one per registered region the ranges lie in
-	closing atomic.Bool
+	// Bindable says the window was granted to the first engine that uses
+	// it (GrantWindowToFirst): the first access by a known caller binds
+	// it to that caller's segment and instance, or the owner binds it to
+	// a segment first (Bind); every other known caller is refused after.
+	Bindable bool
+	bound    atomic.Pointer[Caller]
+	starts   []uint64 // sorted, merged ranges
+	ends     []uint64
+	owner    []int     // index into regions for each range
+	regions  []*Region // one per registered region the ranges lie in
+	closing  atomic.Bool
 }
 
 // Regions returns the window's own regions (one per registered region its
@@ -87,6 +95,21 @@ const MaxGranteeLen = 4096
 // grantee alone: an access under the window from a known caller of another
 // name is refused (Caller). An empty grantee grants to anyone.
 func (g *Registry) GrantWindowTo(grantee string, ranges []Range) (*Window, error) {
+	return g.grant(grantee, false, ranges)
+}
+
+// GrantWindowToFirst is GrantWindow for the first engine that uses the
+// window, whoever that is: its first access by a known caller binds it to
+// that caller (Window.Admits), unless the owner bound it first
+// (Window.Bind). For an owner that does not know yet which engine will
+// use the window, and learns it later (the handoff, once the sidecar
+// pairs the transfer): it checks, with Bind, that the one it learns of is
+// the one that used it.
+func (g *Registry) GrantWindowToFirst(ranges []Range) (*Window, error) {
+	return g.grant("", true, ranges)
+}
+
+func (g *Registry) grant(grantee string, bindable bool, ranges []Range) (*Window, error) {
 	if len(grantee) > MaxGranteeLen {
 		return nil, errs.New(errs.InvalidArgument, "grant window", "grantee name of %d bytes, more than %d", len(grantee), MaxGranteeLen)
 	}
@@ -95,7 +118,7 @@ func (g *Registry) GrantWindowTo(grantee string, ranges []Range) (*Window, error
 	}
 	rs := append([]Range(nil), ranges...)
 	sort.Slice(rs, func(i, j int) bool { return rs[i].Addr < rs[j].Addr })
-	w := &Window{Key: newWindowKey(), Grantee: grantee}
+	w := &Window{Key: newWindowKey(), Grantee: grantee, Bindable: bindable}
 	byParent := map[*Region]int{}
 	// A range may run over several registered buffers that follow each
 	// other (one per layer, say): it is cut at their boundaries.
@@ -161,28 +184,100 @@ func (g *Registry) Window(key uint64) (*Window, bool) {
 }
 
 // Admits says whether by may use the window: nil, or an AccessDenied error
-// naming the window, its grantee and the caller.
+// naming the window, its grantee and the caller. A bindable window that
+// no known caller used yet, nor its owner bound, is bound to by here,
+// atomically: the first of two callers racing for it wins, the other is
+// refused. Callers check everything else about the access first, so that
+// only an access that would go ahead binds.
 func (w *Window) Admits(by Caller) error {
-	if w.Grantee == "" || !by.Known || by.Name == w.Grantee {
+	if !by.Known {
 		return nil
 	}
-	name := by.Name
-	if name == "" {
-		name = "an engine without a segment, instance " + by.Instance
+	if w.Grantee != "" {
+		if by.Name == w.Grantee {
+			return nil
+		}
+		return errs.New(errs.AccessDenied, "access", "window %#x is granted to segment %q; %s may not use it", w.Key, w.Grantee, by.describe())
 	}
-	return errs.New(errs.AccessDenied, "access", "window %#x is granted to segment %q; %q may not use it", w.Key, w.Grantee, name)
+	if !w.Bindable {
+		return nil
+	}
+	b := w.bound.Load()
+	if b == nil {
+		c := by
+		if w.bound.CompareAndSwap(nil, &c) {
+			return nil
+		}
+		b = w.bound.Load()
+	}
+	if b.Name == by.Name && (b.Instance == "" || b.Instance == by.Instance) {
+		return nil
+	}
+	return errs.New(errs.AccessDenied, "access", "window %#x is bound to %s; %s may not use it", w.Key, b.describe(), by.describe())
+}
+
+// describe names a caller in an error.
+func (c Caller) describe() string {
+	switch {
+	case c.Name == "":
+		return "an engine without a segment, instance " + c.Instance
+	case c.Instance == "":
+		return strconv.Quote(c.Name)
+	}
+	return strconv.Quote(c.Name) + " (instance " + c.Instance + ")"
+}
+
+// Bind binds a bindable window to the engine whose segment is named peer,
+// if no known caller used it yet: from then on only that engine may use
+// it. It returns nil when the window is bound (or granted) to peer, now
+// or already; an AccessDenied error naming the engine it is bound to when
+// that is another (one that used it first); InvalidArgument for a bearer
+// window (GrantWindow), which cannot be bound after the fact, or a bad
+// name.
+func (w *Window) Bind(peer string) error {
+	if peer == "" || len(peer) > MaxGranteeLen {
+		return errs.New(errs.InvalidArgument, "bind window", "peer name of %d bytes, want 1..%d", len(peer), MaxGranteeLen)
+	}
+	if w.Grantee != "" {
+		if w.Grantee == peer {
+			return nil
+		}
+		return errs.New(errs.AccessDenied, "bind window", "window %#x is granted to segment %q, not %q", w.Key, w.Grantee, peer)
+	}
+	if !w.Bindable {
+		return errs.New(errs.InvalidArgument, "bind window", "window %#x is a bearer grant (GrantWindow): only a window granted to the first engine that uses it (GrantWindowToFirst) can be bound", w.Key)
+	}
+	if w.bound.CompareAndSwap(nil, &Caller{Name: peer, Known: true}) {
+		return nil
+	}
+	if b := w.bound.Load(); b.Name != peer {
+		return errs.New(errs.AccessDenied, "bind window", "window %#x was bound to %s, which used it first, not to %q", w.Key, b.describe(), peer)
+	}
+	return nil
+}
+
+// Peer returns the segment name of the engine the window is granted or
+// bound to ("" for a bearer window and a bindable one not bound yet).
+func (w *Window) Peer() string {
+	if w.Grantee != "" {
+		return w.Grantee
+	}
+	if b := w.bound.Load(); b != nil {
+		return b.Name
+	}
+	return ""
 }
 
 // acquire counts an access by by to [addr, addr+n) under the window, on its
 // region and on the registered one. The range must lie inside one of its
 // ranges.
 func (w *Window) acquire(addr, n uint64, by Caller) (*Region, error) {
-	if err := w.Admits(by); err != nil {
-		return nil, err
-	}
 	i := sort.Search(len(w.starts), func(i int) bool { return w.starts[i] > addr }) - 1
 	if i < 0 || addr+n > w.ends[i] {
 		return nil, errs.New(errs.AccessDenied, "access", "[%#x,+%d) is outside the window granted", addr, n)
+	}
+	if err := w.Admits(by); err != nil {
+		return nil, err
 	}
 	r := w.regions[w.owner[i]]
 	if !r.Retain(1) {
@@ -205,9 +300,6 @@ func (g *Registry) WindowFor(key, addr, n uint64, by Caller) (r *Region, start, 
 	if w == nil || w.closing.Load() || n == 0 || addr+n < addr {
 		return nil, 0, 0, false, nil
 	}
-	if err := w.Admits(by); err != nil {
-		return nil, 0, 0, false, err
-	}
 	i := sort.Search(len(w.starts), func(i int) bool { return w.starts[i] > addr }) - 1
 	if i < 0 || addr+n > w.ends[i] {
 		return nil, 0, 0, false, nil
@@ -215,6 +307,9 @@ func (g *Registry) WindowFor(key, addr, n uint64, by Caller) (r *Region, start, 
 	r = w.regions[w.owner[i]]
 	if r.parent.Closing() {
 		return nil, 0, 0, false, nil
+	}
+	if err := w.Admits(by); err != nil {
+		return nil, 0, 0, false, err
 	}
 	return r, w.starts[i], w.ends[i], true, nil
 }

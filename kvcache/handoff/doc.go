@@ -50,6 +50,17 @@
 // that wants a token this client lacks answers with an Unauthenticated
 // error; a client over its quota gets ResourceExhausted.
 //
+// Each declaration grants an engine window over the side's blocks, which
+// the mover presents and the side revokes when it is done. It is granted
+// to the engine Request.Peer names, or, when that is empty, to the first
+// engine that uses it (engine.GrantWindowToFirst); once the sidecar pairs
+// the transfer, each side binds its window to the engine it was paired
+// with (engine.BindWindow). With a cluster secret no other engine can use
+// the key then, even one that learned it, and a side whose window another
+// engine used first fails its Wait with AccessDenied instead of reporting
+// the transfer done. Without a secret the key is a bearer capability over
+// tcp, shm and cxl (SECURITY.md).
+//
 // The memory of both layouts must be registered with the engines
 // (kvcache.Layout.Regions lists it) for as long as transfers use it. A
 // Client reads its engine's notifications; applications that use

@@ -46,7 +46,7 @@ func TestMain(m *testing.M) {
 // command is one line to the peer process.
 type command struct {
 	Seq     int    `json:"seq"`
-	Op      string `json:"op"` // expect, ready, wait, abort, status, fill, check
+	Op      string `json:"op"` // expect, ready, wait, abort, status, fill, check, windowpeer
 	ID      string `json:"id,omitempty"`
 	Blocks  []int  `json:"blocks,omitempty"`
 	Src     []int  `json:"src,omitempty"` // check: the source blocks
@@ -74,6 +74,9 @@ type answer struct {
 	Stats   engine.Stats    `json:"stats"`
 	Elapsed time.Duration   `json:"elapsed"`          // raw
 	Layout  *kvcache.Layout `json:"layout,omitempty"` // hello: the peer's cache
+	// Window: expect, ready: the key of the window the transfer granted
+	// over this side's blocks; windowpeer: Segment is whom it is bound to.
+	Window uint64 `json:"window,omitempty"`
 }
 
 // side is one end of a handoff: an engine, its cache and a client.
@@ -171,6 +174,7 @@ func runPeer() int {
 				}
 				fail(err)
 				if err == nil {
+					a.Window = handoff.WindowOf(t)
 					mu.Lock()
 					transfers[c.ID] = t
 					mu.Unlock()
@@ -205,6 +209,14 @@ func runPeer() int {
 				fail(err)
 			case "stats":
 				a.Stats = s.e.Stats()
+			case "windowpeer":
+				if t == nil {
+					fail(errs.New(errs.NotFound, "peer", "no transfer %q", c.ID))
+					break
+				}
+				p, err := s.e.WindowPeer(handoff.WindowOf(t))
+				a.Segment = p
+				fail(err)
 			default:
 				fail(errs.New(errs.InvalidArgument, "peer", "unknown op %q", c.Op))
 			}

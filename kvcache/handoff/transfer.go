@@ -37,8 +37,16 @@ type Request struct {
 	// prefill its decode). The window over this side's blocks is then
 	// granted to that engine alone (engine.GrantWindowTo): with a cluster
 	// secret no other engine can use its key, even one that learns it. A
-	// pairing with another segment fails on the moving side. Empty: the
-	// window is a bearer key, good for whichever engine the sidecar pairs.
+	// pairing with another segment fails on both sides.
+	//
+	// Empty: the window is granted to the first engine that uses it
+	// (engine.GrantWindowToFirst), and bound, once the sidecar pairs the
+	// transfer, to the engine it paired (engine.BindWindow): with a
+	// cluster secret, an engine that learned the key and used it first
+	// makes this side's Wait fail with AccessDenied (the paired mover's
+	// requests are refused too), and once bound no other engine can use
+	// it. Without a secret nothing proves which engine uses a window over
+	// tcp, shm or cxl, and the key stays a bearer key.
 	Peer string
 }
 
@@ -152,7 +160,15 @@ func (c *Client) declare(ctx context.Context, role proto.Role, r Request) (*Tran
 	if err != nil {
 		return nil, err
 	}
-	window, err := c.e.GrantWindowTo(r.Peer, ranges)
+	// Not knowing the peer, the window goes to the first engine that uses
+	// it; this side binds it to the paired engine once the sidecar names
+	// it (bind), and so learns if another engine used it first. The
+	// mover's requests wait for nothing.
+	grant := c.e.GrantWindowToFirst
+	if r.Peer != "" {
+		grant = func(rs []engine.Range) (uint64, error) { return c.e.GrantWindowTo(r.Peer, rs) }
+	}
+	window, err := grant(ranges)
 	if err != nil {
 		return nil, errs.Wrap(errs.CodeOf(err), op, err, "the blocks of transfer %q must be registered, remote-accessible memory", r.ID)
 	}
@@ -212,6 +228,27 @@ func (t *Transfer) revoke() error {
 		}
 	}
 	return t.revErr
+}
+
+// bind binds the window over this side's blocks to the engine the sidecar
+// paired with this side (segment), or fails with AccessDenied when another
+// engine used it first (or it was granted to another, Request.Peer): this
+// side then must not report the transfer done, whatever lands. A sidecar
+// that does not name the mover (segment empty, before 1.4) leaves the
+// window bound to its first user alone.
+func (t *Transfer) bind(op, segment string) error {
+	if segment == "" {
+		return nil
+	}
+	err := t.c.e.BindWindow(t.window, segment)
+	switch errs.CodeOf(err) {
+	case errs.OK, errs.NotFound: // NotFound: revoked already (aborted), nobody can use it
+		return nil
+	case errs.AccessDenied:
+		return errs.Wrap(errs.AccessDenied, op, err, "transfer %q is paired with segment %q, but the window over this side's blocks is not that engine's", t.id, segment).
+			WithHint("another engine used the window's key (it learned it), or Request.Peer named another engine; nothing it moved is reported done")
+	}
+	return errs.Wrap(errs.CodeOf(err), op, err, "transfer %q: binding the window over this side's blocks to segment %q", t.id, segment)
 }
 
 // fenced returns err, or the revoke's failure if that came first: a caller
@@ -400,6 +437,12 @@ func (t *Transfer) Wait(ctx context.Context) (res Result, err error) {
 	if t.isMover(rec) {
 		return t.move(ctx, rec)
 	}
+	// Paired: the window goes to the mover alone, or this side learns that
+	// another engine used it first and fails (revoking it cuts that engine
+	// off; the mover's refused requests fail its side).
+	if err := t.bind("handoff wait", rec.Mover); err != nil {
+		return Result{ID: t.id, Mode: Mode(rec.Mode)}, t.fenced(err)
+	}
 	res, err = t.await(ctx)
 	if errs.CodeOf(err) == errs.Canceled && ctx.Err() != nil {
 		return res, err // ctx ended: the transfer goes on; Abort ends it
@@ -418,6 +461,13 @@ func (t *Transfer) setup(rec proto.Record, layered bool) error {
 	}
 	if t.peer != "" && rec.Peer.Segment != t.peer {
 		return errs.New(errs.AccessDenied, op, "transfer %q was paired with segment %q, not %q as declared", t.id, rec.Peer.Segment, t.peer)
+	}
+	// This side's own window is nobody's to use in this transfer; bound
+	// to the paired engine it is at least no one else's, and if another
+	// engine used it first (wrote into or read these blocks), the
+	// transfer fails.
+	if err := t.bind(op, rec.Peer.Segment); err != nil {
+		return err
 	}
 	var peer kvcache.Layout
 	if err := json.Unmarshal(rec.Peer.Layout, &peer); err != nil {

@@ -158,6 +158,8 @@ PROTOTYPES = {
     "te_close_segment": [segment_t],
     "te_warmup_segment": [engine_t, c_char_p],  # ABI 1.4
     "te_grant_window_to": [engine_t, c_char_p, POINTER(Range), c_size_t, POINTER(c_uint64)],  # ABI 1.4
+    "te_grant_window_to_first": [engine_t, POINTER(Range), c_size_t, POINTER(c_uint64)],  # ABI 1.4
+    "te_bind_window": [engine_t, c_uint64, c_char_p],  # ABI 1.4
     "te_revoke_window": [engine_t, c_uint64],  # ABI 1.4
     "te_segment_buffers": [segment_t, POINTER(BufferDesc), c_size_t, POINTER(c_size_t)],
     "te_allocate_batch": [engine_t, c_size_t, POINTER(batch_t)],

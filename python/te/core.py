@@ -579,21 +579,37 @@ class Engine:
         lib = _lib.load()
         check(lib.te_warmup_segment(self.handle, _b(segment)), lib)
 
-    def grant_window(self, ranges, peer=None):
+    def grant_window(self, ranges, peer=None, first=False):
         """Grant a window over (addr, length) ranges of this engine's registered, remote-accessible
         memory and return its key (te_grant_window_to). With peer (a segment name) only that engine
         may use it: with a cluster secret any other engine is refused (AccessDenied) and nothing
-        lands; without a secret it is a bearer key over tcp, shm and cxl. peer None: a bearer key.
-        The peer sends under it with Batch.submit's window (Engine.write/read/transfer window=)."""
+        lands; without a secret it is a bearer key over tcp, shm and cxl. peer None: a bearer key;
+        with first=True instead, the window goes to the first engine that uses it
+        (te_grant_window_to_first): with a secret its first access binds it to that engine, and
+        bind_window binds it to the engine the owner learns of later. The peer sends under it with
+        Batch.submit's window (Engine.write/read/transfer window=)."""
         if not ranges:
             raise InvalidArgument("no ranges")
+        if first and peer:
+            raise InvalidArgument("a window goes to peer or to its first user, not both")
         rs = (_lib.Range * len(ranges))()
         for i, (addr, n) in enumerate(ranges):
             rs[i].addr, rs[i].length = addr, n
         key = c_uint64()
         lib = _lib.load()
-        check(lib.te_grant_window_to(self.handle, _b(peer) if peer else None, rs, len(rs), byref(key)), lib)
+        if first:
+            check(lib.te_grant_window_to_first(self.handle, rs, len(rs), byref(key)), lib)
+        else:
+            check(lib.te_grant_window_to(self.handle, _b(peer) if peer else None, rs, len(rs), byref(key)), lib)
         return key.value
+
+    def bind_window(self, key, peer):
+        """Bind the window granted as key with grant_window(first=True) to the engine whose segment
+        is named peer, unless an engine used it first (te_bind_window). Raises AccessDenied, naming
+        that engine, when another engine used it first; InvalidArgument for a bearer window;
+        NotFound for an unknown key."""
+        lib = _lib.load()
+        check(lib.te_bind_window(self.handle, key, _b(peer)), lib)
 
     def revoke_window(self, key):
         """End the window granted as key (te_revoke_window); returns once no access under it can

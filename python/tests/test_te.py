@@ -262,6 +262,36 @@ class ConfigTest(unittest.TestCase):
             self.assertEqual(dst.raw, bytes(4096) + bytes(src))
             owner.revoke_window(key)
 
+    def test_window_first_user(self):
+        """With a cluster secret, a window granted with grant_window(first=True) is bound to the
+        first engine that writes under it; a third engine holding the secret and the key is then
+        refused (AccessDenied) and lands nothing, and bind_window to it says another engine used
+        the window first."""
+        kw = {"listen_addr": "127.0.0.1:0", "transports": "tcp", "force_transport": "tcp", "rpc_timeout": 3,
+              "auth_secret": "window-cluster-secret-0123456789"}
+        with te.Engine(**kw) as owner, te.Engine(**kw) as first, te.Engine(**kw) as other:
+            dst = (ctypes.c_char * 8192)()
+            src = bytearray(pattern(7, 4096))
+            d = owner.register(dst)
+            key = owner.grant_window([(d, 8192)], first=True)
+            for e in (other, first):
+                e.register(src, remote=False)
+            with first.open_segment(owner.name) as seg:
+                st = first.write(seg, src, d + 4096, window=key)
+            self.assertEqual((st.state, st.transferred), (te.COMPLETED, 4096))
+            with other.open_segment(owner.name) as seg:
+                with self.assertRaises(te.AccessDenied):
+                    other.write(seg, src, d, window=key)
+            self.assertEqual(dst.raw, bytes(4096) + bytes(src))
+            with self.assertRaises(te.AccessDenied):
+                owner.bind_window(key, other.name)
+            owner.bind_window(key, first.name)
+            with self.assertRaises(te.InvalidArgument):
+                owner.bind_window(owner.grant_window([(d, 4096)]), first.name)
+            owner.revoke_window(key)
+            with self.assertRaises(te.NotFound):
+                owner.bind_window(key, first.name)
+
     def test_new_error_classes(self):
         self.assertIs(te.error_for(22, "m").__class__, te.AuthError)
         self.assertIsInstance(te.error_for(22, "m"), PermissionError)

@@ -197,6 +197,24 @@ int main(void) {
     CHECK_OK(te_grant_window_to(e, "peer", wr, 2, &wkey));
     CHECK_OK(te_grant_window_to(e, NULL, wr, 1, &bkey));
     CHECK(wkey != 0 && bkey != 0 && wkey != bkey);
+    /* A window for its first user: bound by te_bind_window, then no other. */
+    uint64_t fkey = 1;
+    CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_grant_window_to_first(e, NULL, 1, &fkey));
+    CHECK(fkey == 0);
+    CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_grant_window_to_first(e, wr, 1, NULL));
+    CHECK_OK(te_grant_window_to_first(e, wr, 1, &fkey));
+    CHECK(fkey != 0);
+    CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_bind_window(e, fkey, NULL));
+    CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_bind_window(e, fkey, ""));
+    CHECK_OK(te_bind_window(e, fkey, "peer"));
+    CHECK_OK(te_bind_window(e, fkey, "peer"));
+    CHECK_RC(TE_ERR_ACCESS_DENIED, te_bind_window(e, fkey, "other"));
+    CHECK_OK(te_bind_window(e, wkey, "peer"));
+    CHECK_RC(TE_ERR_ACCESS_DENIED, te_bind_window(e, wkey, "other"));
+    CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_bind_window(e, bkey, "peer"));
+    CHECK_RC(TE_ERR_INVALID_ARGUMENT, te_bind_window(0, fkey, "peer"));
+    CHECK_OK(te_revoke_window(e, fkey));
+    CHECK_RC(TE_ERR_NOT_FOUND, te_bind_window(e, fkey, "peer"));
     CHECK_OK(te_revoke_window(e, wkey));
     CHECK_RC(TE_ERR_NOT_FOUND, te_revoke_window(e, wkey));
     CHECK_OK(te_revoke_window(e, bkey));

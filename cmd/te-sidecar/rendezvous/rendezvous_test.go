@@ -574,3 +574,44 @@ func TestWaitTimeoutAndShutdown(t *testing.T) {
 		t.Fatalf("shutdown took %v", el)
 	}
 }
+
+// TestMoverNamedToBothSides: once a transfer pairs, both sides (and only
+// they) learn the mover's segment, in push and pull mode, and still after
+// the transfer ended and its declarations were released: the waiting side
+// binds its window to that engine.
+func TestMoverNamedToBothSides(t *testing.T) {
+	s := start(t, rendezvous.Config{})
+	for _, c := range []struct {
+		mode  proto.Mode
+		mover string
+	}{{proto.Push, "prefill:1"}, {proto.Pull, "decode:1"}} {
+		id := "m-" + string(c.mode)
+		dd := decl(t, id, []int{1, 2}, c.mode, 0)
+		dd.Segment = "decode:1"
+		pd := decl(t, id, []int{3, 4}, "", 0)
+		pd.Segment = "prefill:1"
+		d := s.ok("POST", "/handoff/expect", dd)
+		if d.Mover != "" {
+			t.Fatalf("%s: a mover named before pairing: %+v", c.mode, d)
+		}
+		p := s.ok("POST", "/handoff/ready", pd)
+		if p.Mover != c.mover {
+			t.Fatalf("%s: prefill's record names mover %q, want %q", c.mode, p.Mover, c.mover)
+		}
+		if r := s.ok("GET", "/handoff/status?id="+id, nil, cp(d.Capability)...); r.Mover != c.mover {
+			t.Fatalf("%s: decode's record names mover %q, want %q", c.mode, r.Mover, c.mover)
+		}
+		// A second declaration learns nothing about the pairing.
+		if e := s.refused("POST", "/handoff/ready", pd, 409, errs.InvalidArgument); e.Record == nil || e.Record.Mover != "" {
+			t.Fatalf("%s: duplicate declaration answered %+v", c.mode, e.Record)
+		}
+		moverCap, otherCap := p.Capability, d.Capability
+		if c.mode == proto.Pull {
+			moverCap, otherCap = d.Capability, p.Capability
+		}
+		s.ok("POST", "/handoff/complete", proto.Complete{ID: id, OK: true, Bytes: 7}, cp(moverCap)...)
+		if r := s.ok("GET", "/handoff/status?id="+id, nil, cp(otherCap)...); r.State != proto.Done || r.Mover != c.mover {
+			t.Fatalf("%s: after the transfer, the waiting side's record: %+v", c.mode, r)
+		}
+	}
+}

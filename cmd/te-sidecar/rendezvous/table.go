@@ -132,6 +132,10 @@ type rec struct {
 	// else): the mover's completion notice carries an HMAC under it, so
 	// the waiting side counts only the paired mover's word.
 	noticeKey string
+	// mover is the moving side's segment, kept from pairing on (the
+	// declarations go once the transfer ends): the other side binds its
+	// window to it, and learns it even if it first looks once all is over.
+	mover     string
 	client    [2]string // the client that declared each side
 	creator   string    // the client whose declaration created it
 	cost      [2]int64  // Cost of each declaration while held
@@ -384,6 +388,9 @@ func (t *Table) Declare(role proto.Role, d proto.Decl, client string) (proto.Rec
 	t.unwait(r)
 	r.paired = now
 	r.noticeKey = newCapability()
+	if d := r.decl[side(mode.Mover())]; d != nil {
+		r.mover = d.Segment
+	}
 	if dl := now.Add(timeout); dl.After(r.deadline) {
 		r.deadline = dl
 	}
@@ -885,7 +892,7 @@ func (r *rec) record(t *Table, role proto.Role, now time.Time) proto.Record {
 		out.ExpiresInMS = max(1, r.deadline.Sub(now).Milliseconds())
 	}
 	if role != "" {
-		out.NoticeKey = r.noticeKey
+		out.NoticeKey, out.Mover = r.noticeKey, r.mover
 	}
 	if r.state == proto.Transferring && role != "" && role == r.mode.Mover() {
 		if o := r.decl[1-side(role)]; o != nil {

@@ -65,6 +65,7 @@ func (s *Server) apiInfo() api.Info {
 			"Record.settled":        "The mover is known not to touch either side's memory any more: blocks may be reused.",
 			"Record.capability":     "In the answer to a declaration only: the side's capability, for X-Te-Capability.",
 			"Record.peer":           "The other side's declaration, for the mover once paired.",
+			"Record.mover":          "The mover's segment name, for both sides once paired: the other side binds its window to it.",
 			"Record.code":           "te's error code of a failed, aborted or expired transfer.",
 			"Record.instance":       "The sidecar's instance (random per start): another one means the transfer was lost.",
 			"ErrorBody.code":        "te's error code: " + answeredCodes() + ".",

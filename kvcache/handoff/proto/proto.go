@@ -193,6 +193,11 @@ type Record struct {
 	// answers to requests carrying their capability): the mover signs its
 	// completion notice with it (Notice.MAC).
 	NoticeKey string `json:"notice_key,omitempty"`
+	// Mover is the segment name the moving side declared, from pairing on,
+	// shown only to the two sides that declared the transfer: the other
+	// side binds the window it granted over its blocks to that engine
+	// (engine.BindWindow), or learns that another engine used it first.
+	Mover string `json:"mover,omitempty"`
 	// Capability is the declaring side's capability for this transfer,
 	// in the answer to its declaration only: a random 128-bit value (32 hex
 	// digits) that the side presents in CapabilityHeader on every later
