@@ -31,6 +31,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(envChild) == "1" {
 		os.Exit(runChild())
 	}
+	if os.Getenv(envFabricChild) == "1" {
+		os.Exit(runFabricChild())
+	}
 	// The real runtimes where TE_CUDA_REAL=1 or TE_HIP_REAL=1, else the
 	// fakes; child processes (this package's and the suite's peers) inherit
 	// the choice.
