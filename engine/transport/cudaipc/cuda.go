@@ -266,6 +266,13 @@ func (t *Transport) sameHost(d *segment.Desc) bool {
 	return d.Host != nil && d.Host.BootID == t.self.BootID && d.Host.PidNS == t.self.PidNS
 }
 
+// otherHost reports whether d says its engine runs on another host (or in
+// another pid namespace). A descriptor without a host identity is taken as
+// this host's, as before fabric handles: Reachable has vetted it.
+func (t *Transport) otherHost(d *segment.Desc) bool {
+	return d.Host != nil && !t.sameHost(d)
+}
+
 // sameDomain reports whether d's engine is in this engine's NVLink domain.
 func (t *Transport) sameDomain(d *segment.Desc) bool {
 	return t.opt.Domain != "" && d.Endpoints[EndpointDomain] == t.opt.Domain
@@ -434,7 +441,7 @@ func (t *Transport) DeviceMemory(d *segment.Desc, buf *segment.BufferDesc, local
 		_, err := t.pairKind(lk, rk)
 		return err == nil
 	}
-	if t.sameHost(d) {
+	if !t.otherHost(d) {
 		kind, _, ok, err := exportOf(buf)
 		if ok && err == nil && t.drvs[kind] != nil && (lk == "" || lk == kind) {
 			return true
@@ -635,7 +642,7 @@ func (t *Transport) prepare(r *transport.Request, alive *ownerCheck) (prepared, 
 		if err != nil {
 			return prepared{}, err
 		}
-		local := t.sameHost(r.Peer)
+		local := !t.otherHost(r.Peer)
 		if !ok || !local {
 			// Another host, or memory with no IPC handle (VMM): the
 			// fabric handle, in one NVLink domain.
@@ -707,7 +714,7 @@ func (t *Transport) acquire(d *segment.Desc, buf *segment.BufferDesc, kind strin
 	var stale []importKey
 	if fresh {
 		m = &mapping{ownerRPC: d.RPC, ready: make(chan struct{})}
-		if t.sameHost(d) {
+		if !t.otherHost(d) {
 			// The owner checks this pid to tell an exited peer from a
 			// silent one; on another host it names nothing there.
 			m.pid = uint32(t.self.Pid)
