@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,6 +19,7 @@ import (
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/cuda"
 	"github.com/tecache/te/internal/sys/cuda/cudatest"
+	"github.com/tecache/te/internal/sys/ibv/ibvtest"
 	"github.com/tecache/te/internal/sys/mem"
 )
 
@@ -160,7 +162,7 @@ type syncBuf struct {
 func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
 func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
-func startFabricPair(t *testing.T, alloc, childDom, childFake, dom, fake string) *fabricPair {
+func startFabricPair(t *testing.T, params map[string]string, alloc, childDom, childFake, dom, fake string) *fabricPair {
 	t.Helper()
 	if setupErr != nil {
 		t.Skipf("no GPU runtime and no fake: %v", setupErr)
@@ -182,7 +184,7 @@ func startFabricPair(t *testing.T, alloc, childDom, childFake, dom, fake string)
 	t.Setenv(envBootID, "host-a")
 	var err error
 	p.e, err = engine.New(engine.Config{ListenAddr: "127.0.0.1:0", Hostname: "127.0.0.1",
-		Logger: slog.New(slog.NewTextHandler(p.logs, nil))})
+		Params: params, Logger: slog.New(slog.NewTextHandler(p.logs, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,7 +233,7 @@ func (p *fabricPair) childCRC(t *testing.T, off, n uint64) string {
 // made once and the owner's Unregister returns only after this side
 // unmapped it; a write after that fails.
 func TestMNNVLWriteRead(t *testing.T) {
-	p := startFabricPair(t, "fabric", "nvl72-a:7", "nvl72-a", "nvl72-a:7", "nvl72-a")
+	p := startFabricPair(t, nil, "fabric", "nvl72-a:7", "nvl72-a", "nvl72-a:7", "nvl72-a")
 	if !p.exports {
 		t.Fatal("the child's cuMemCreate(FABRIC) buffer carries no fabric handle")
 	}
@@ -277,7 +279,7 @@ func TestMNNVLWriteRead(t *testing.T) {
 // TestMNNVLOtherDomain: engines of two hosts in different NVLink domains
 // never pair over fabric handles: the request goes over tcp, byte-exact.
 func TestMNNVLOtherDomain(t *testing.T) {
-	p := startFabricPair(t, "fabric", "nvl72-a:7", "nvl72-a", "nvl72-b:3", "nvl72-b")
+	p := startFabricPair(t, nil, "fabric", "nvl72-a:7", "nvl72-a", "nvl72-b:3", "nvl72-b")
 	if err := p.local.fill(0x29); err != nil {
 		t.Fatal(err)
 	}
@@ -302,7 +304,7 @@ func TestMNNVLOtherDomain(t *testing.T) {
 // moves it over another transport. This side's own cuMemAlloc buffer logs
 // the same reason.
 func TestMNNVLPlainAlloc(t *testing.T) {
-	p := startFabricPair(t, "plain", "nvl72-a:7", "nvl72-a", "nvl72-a:7", "nvl72-a")
+	p := startFabricPair(t, nil, "plain", "nvl72-a:7", "nvl72-a", "nvl72-a:7", "nvl72-a")
 	if p.exports {
 		t.Fatal("a cuMemAlloc buffer published a fabric handle")
 	}
@@ -330,7 +332,7 @@ func TestMNNVLPlainAlloc(t *testing.T) {
 // fails with AccessDenied and the driver's reason, nothing stays mapped,
 // and the process carries on.
 func TestMNNVLForeignHandle(t *testing.T) {
-	p := startFabricPair(t, "fabric", "nvl72-a:7", "nvl72-a", "nvl72-a:7", "nvl72-z")
+	p := startFabricPair(t, nil, "fabric", "nvl72-a:7", "nvl72-a", "nvl72-a:7", "nvl72-z")
 	st, tr, err := p.do(t, engine.Write, p.local.addr, p.addr, 4096)
 	if err != nil {
 		t.Fatalf("submit: %v", err)
@@ -351,5 +353,48 @@ func TestMNNVLForeignHandle(t *testing.T) {
 	}
 	if n := cudatest.Counter(t, "fakecuda_fabric_imports"); n != 0 {
 		t.Fatalf("%d fabric imports left after a refused import", n)
+	}
+}
+
+// TestMNNVLRankedOverRDMA: with rdma installed on both sides too (the fake
+// verbs, one fabric for both processes, GPU memory registered by
+// dma-buf), a peer of the same NVLink domain goes over cudaipc's fabric
+// handle, and a peer of another domain over rdma; both byte-exact.
+func TestMNNVLRankedOverRDMA(t *testing.T) {
+	lib := ibvtest.Build(t)
+	t.Setenv("TE_IBV_LIBRARY", lib) // the child's rdma loads it too
+	t.Setenv(ibvtest.EnvFabric, t.TempDir())
+	for _, c := range []struct{ name, dom, fake, want string }{
+		{"same-domain", "nvl72-a:7", "nvl72-a", cudaipc.Name},
+		{"other-domain", "nvl72-b:3", "nvl72-b", "rdma"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p := startFabricPair(t, map[string]string{"rdma.library": lib}, "fabric", "nvl72-a:7", "nvl72-a", c.dom, c.fake)
+			if !slices.Contains(p.e.Transports(), "rdma") {
+				t.Fatalf("rdma is not installed on the fake verbs: %v", p.e.Transports())
+			}
+			if err := p.local.fill(0x5e); err != nil {
+				t.Fatal(err)
+			}
+			want, _ := p.local.crc(0, p.n)
+			st, tr, err := p.do(t, engine.Write, p.local.addr, p.addr, p.n)
+			if err != nil || st.State != engine.Completed {
+				t.Fatalf("write: %+v %v", st, err)
+			}
+			if tr != c.want {
+				t.Fatalf("write went over %q, want %s", tr, c.want)
+			}
+			if got := p.childCRC(t, 0, p.n); got != fmt.Sprintf("CRC %d <nil>", want) {
+				t.Fatalf("child after write over %s: %s, want CRC %d", tr, got, want)
+			}
+			st, tr, err = p.do(t, engine.Read, p.local.addr, p.addr+p.n/2, p.n/2)
+			if err != nil || st.State != engine.Completed || tr != c.want {
+				t.Fatalf("read: %+v over %q, %v", st, tr, err)
+			}
+			got, _ := p.local.crc(0, p.n/2)
+			if line := p.childCRC(t, p.n/2, p.n/2); line != fmt.Sprintf("CRC %d <nil>", got) {
+				t.Fatalf("read back CRC %d, child has %s", got, line)
+			}
+		})
 	}
 }

@@ -23,7 +23,7 @@
  *    cuMemExportToShareableHandle exports as a 64-byte CUmemFabricHandle;
  *    cuMemImportFromShareableHandle opens it in another process, which maps
  *    it with cuMemAddressReserve + cuMemMap + cuMemSetAccess. The fabric is
- *    FAKECUDA_FABRIC_DOMAIN: unset, the device reports no fabric support
+ *    FAKECUDA_FABRIC_DOMAIN (its first 16 bytes): unset, the device reports no fabric support
  *    (attribute 128 is 0) and fabric exports fail with NOT_SUPPORTED; a
  *    handle made in another domain fails to import with NOT_PERMITTED, as
  *    the real driver refuses a handle from outside its NVLink domain.
@@ -85,6 +85,13 @@ struct alloc {
 };
 
 static struct alloc tab[MAXA];
+
+/* Generic allocation handles of cuMemCreate and fabric imports (see the
+ * virtual memory management calls below). */
+#define MAXGH 1024
+#define FMAGIC 0x4246544bu /* "KTFB" */
+struct gh { int used, imported, dev, refs; unsigned htypes; int fd; size_t size; char name[32]; };
+static struct gh ghs[MAXGH];
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static int ndev = -1, inited;
 static __thread uintptr_t cur; /* current context: 0x1000 + device */
@@ -406,7 +413,7 @@ CUresult cuMemGetHandleForAddressRange(void *handle, CUdeviceptr dptr, size_t si
   CUresult r = OK;
   if (!a || a->kind == 1 || (uintptr_t)a->addr != dptr || size > ((a->size + pg - 1) / pg) * pg) r = INVALID_VALUE;
   else {
-    int fd = fcntl(a->fd, F_DUPFD_CLOEXEC, 0);
+    int fd = fcntl(a->kind == 4 ? ghs[a->gh].fd : a->fd, F_DUPFD_CLOEXEC, 0);
     if (fd < 0) r = OUT_OF_MEMORY;
     else *(int *)handle = fd;
   }
@@ -415,10 +422,6 @@ CUresult cuMemGetHandleForAddressRange(void *handle, CUdeviceptr dptr, size_t si
 }
 /* Virtual memory management (cuMemCreate and friends) with fabric handles.
  * A generic allocation handle is 0x2000 + an index in ghs. */
-#define MAXGH 1024
-#define FMAGIC 0x4246544bu /* "KTFB" */
-struct gh { int used, imported, dev, refs; unsigned htypes; int fd; size_t size; char name[32]; };
-static struct gh ghs[MAXGH];
 static long fabric_imports; /* imported handles not yet released */
 typedef struct { int type, id; } CUmemLocation;
 typedef struct {
@@ -577,7 +580,8 @@ CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle h,
   if (r == OK) {
     struct fabric f = { FMAGIC, getpid(), g->size, {0}, {0} };
     memcpy(f.name, g->name, sizeof f.name);
-    strncpy(f.domain, dom, sizeof f.domain);
+    size_t dl = strlen(dom); /* the first 16 bytes name the domain */
+    memcpy(f.domain, dom, dl < sizeof f.domain ? dl : sizeof f.domain);
     memset(out, 0, 64); memcpy(out, &f, sizeof f);
   }
   pthread_mutex_unlock(&mu);
@@ -590,7 +594,10 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *i
   if (!dom) return NOT_SUPPORTED;
   struct fabric f; memcpy(&f, in, sizeof f);
   if (f.magic != FMAGIC || f.size == 0) return INVALID_VALUE;
-  if (strncmp(f.domain, dom, sizeof f.domain) != 0) return 800; /* NOT_PERMITTED: another NVLink domain */
+  char mine[16] = {0};
+  size_t dl = strlen(dom);
+  memcpy(mine, dom, dl < sizeof mine ? dl : sizeof mine);
+  if (memcmp(f.domain, mine, sizeof mine) != 0) return 800; /* NOT_PERMITTED: another NVLink domain */
   f.name[sizeof f.name - 1] = 0;
   int fd = shm_open(f.name, O_RDWR | O_CLOEXEC, 0);
   if (fd < 0) return INVALID_VALUE; /* the allocation is gone */
