@@ -70,6 +70,29 @@ func TestConformance(t *testing.T) {
 	})
 }
 
+// TestConformanceMNNVL runs the shared suite over cudaipc's fabric-handle
+// path: the child's GPU buffer is fabric memory (cuMemCreate with
+// CU_MEM_HANDLE_TYPE_FABRIC, cudatest.EnvFabric), which has no IPC handle,
+// and both engines share an NVLink domain, so every byte goes through the
+// imported fabric handle (on one host: the suite's child inherits this
+// process's host identity).
+func TestConformanceMNNVL(t *testing.T) {
+	if setupErr != nil {
+		t.Skipf("no GPU runtime and no fake: %v", setupErr)
+	}
+	if !cudatest.Fake() {
+		t.Skip("on a GPU, the fabric path needs a domain (IMEX): run it across NVL72 nodes")
+	}
+	t.Setenv(cudatest.EnvFabric, "1")
+	t.Setenv(cudaipc.EnvDomain, "suite-domain:1")
+	t.Setenv("FAKECUDA_FABRIC_DOMAIN", "suite-domain")
+	t.Setenv(gputest.EnvKind, "cuda")
+	transporttest.Run(t, transporttest.Setup{Transport: cudaipc.Name, Process: true, GPU: true, GPUKind: "cuda"})
+	if n := cudatest.Counter(t, "fakecuda_fabric_imports"); n != 0 {
+		t.Fatalf("%d fabric imports left after the suite closed its engines", n)
+	}
+}
+
 // size is the GPU buffer of each side: TE_CUDAIPC_SIZE bytes (the GPU check
 // uses 1 GiB), 8 MiB by default.
 func size() uint64 {
