@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"log/slog"
 	"os"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -396,5 +397,63 @@ func TestMNNVLRankedOverRDMA(t *testing.T) {
 				t.Fatalf("read back CRC %d, child has %s", got, line)
 			}
 		})
+	}
+}
+
+// TestMNNVLUnregisterFence: the owner on "another host" unregisters while
+// this side's copy into its fabric memory is in flight (the fake makes each
+// copy take 300 ms): its Unregister returns only after the copy ended and
+// the mapping is gone, so the owner reads every written byte right after
+// it, and no byte lands later. The delay is read once per process, so the
+// case runs in a process of its own.
+func TestMNNVLUnregisterFence(t *testing.T) {
+	if os.Getenv("TE_MNNVL_FENCE_INNER") != "1" {
+		if setupErr != nil || !cudatest.Fake() {
+			t.Skip("needs the fake driver's copy delay")
+		}
+		cmd := exec.Command(os.Args[0], "-test.run=^TestMNNVLUnregisterFence$", "-test.count=1", "-test.v")
+		cmd.Env = append(os.Environ(), "TE_MNNVL_FENCE_INNER=1", "FAKECUDA_COPY_DELAY_US=300000")
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "--- PASS: TestMNNVLUnregisterFence") {
+			t.Fatalf("the case failed (%v):\n%s", err, tail(string(out), 4000))
+		}
+		return
+	}
+	p := startFabricPair(t, nil, "fabric", "nvl72-a:7", "nvl72-a", "nvl72-a:7", "nvl72-a")
+	if err := p.local.fill(0x6b); err != nil {
+		t.Fatal(err)
+	}
+	want, _ := p.local.crc(0, p.n)
+	// Map the handle first, so the next write is a copy from its start.
+	if st, tr, err := p.do(t, engine.Write, p.local.addr, p.addr, 4096); err != nil || st.State != engine.Completed || tr != cudaipc.Name {
+		t.Fatalf("first write: %+v over %q, %v", st, tr, err)
+	}
+	b, err := p.e.AllocateBatch(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Free()
+	if err := b.Submit(engine.Request{Op: engine.Write, Local: p.local.addr, Segment: p.seg, Remote: p.addr, Length: p.n}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(80 * time.Millisecond) // the copy is in flight
+	t0 := time.Now()
+	if line := p.c.Do(t, "unreg"); line != "UNREG <nil>" {
+		t.Fatalf("child unregister: %s", line)
+	}
+	took := time.Since(t0)
+	if got := p.childCRC(t, 0, p.n); got != fmt.Sprintf("CRC %d <nil>", want) {
+		t.Fatalf("the owner's Unregister returned before the copy into it ended: child has %s, want CRC %d", got, want)
+	}
+	if n := cudatest.Counter(t, "fakecuda_fabric_imports"); n != 0 {
+		t.Fatalf("%d fabric imports live after the owner's Unregister returned", n)
+	}
+	st, err := b.Wait(30 * time.Second)
+	if err != nil || st.State != engine.Completed {
+		t.Fatalf("the write in flight: %+v %v", st, err)
+	}
+	t.Logf("Unregister waited %v for the copy in flight", took)
+	if took < 100*time.Millisecond {
+		t.Fatalf("Unregister returned after %v, before the 300 ms copy could end", took)
 	}
 }
