@@ -27,6 +27,17 @@ func init() {
 	transport.RegisterFactory(Name, func() (transport.Transport, error) { return New(), nil })
 }
 
+// EnvDomain names the environment variable that sets this process's
+// NVLink domain for multi-node NVLink (the cluster UUID and clique id
+// NVML's nvmlDeviceGetGpuFabricInfoV reports, in any fixed spelling, e.g.
+// "<clusterUuid hex>:<cliqueId>"); the param cudaipc.mnnvl_domain wins over
+// it. Unset, fabric handles are neither exported nor imported.
+const EnvDomain = "TE_MNNVL_DOMAIN"
+
+// envBootID, for tests only, replaces the boot id this transport compares,
+// so two processes of one machine act as engines on two hosts.
+const envBootID = "TE_CUDAIPC_BOOT_ID"
+
 // Options are the transport's parameters, read from the engine's Params
 // ("cudaipc.close_timeout", "cudaipc.call_timeout") in Start.
 type Options struct {
@@ -35,6 +46,10 @@ type Options struct {
 	CloseTimeout time.Duration
 	// CallTimeout bounds the peer's open and release calls to an owner.
 	CallTimeout time.Duration
+	// Domain is the NVLink domain (EnvDomain, "cudaipc.mnnvl_domain"):
+	// engines with equal domains map each other's fabric handles, on any
+	// host. Empty: none.
+	Domain string
 }
 
 // DefaultOptions returns 5 s for both.
@@ -54,6 +69,7 @@ type driver interface {
 	uuid(dev int) string
 	export(dev int, addr, length uint64) (export, error)
 	open(dev int, h gpu.IPCHandle) (uint64, error)
+	// (a driver that is also a fabricDriver moves fabric handles)
 	close(dev int, base uint64) error
 	// copies enqueues the spans on one stream of dev and waits for them
 	// once; errs[i] says how span i ended.
@@ -96,6 +112,11 @@ type Transport struct {
 // Stats counts the transport's protocol events.
 type Stats struct {
 	Opened, Closed, CloseRequests, PeersGone, PeersSilent atomic.Uint64
+	// Multi-node NVLink: buffers exported with a fabric handle, buffers
+	// registered while a domain is set that have none (the reason is
+	// logged: cuMemAlloc memory, say), and fabric handles mapped here (of
+	// Opened).
+	FabricExported, FabricRefused, FabricOpened atomic.Uint64
 }
 
 type exported struct {
@@ -116,10 +137,12 @@ type importKey struct {
 }
 
 type handleKey struct {
-	owner string
-	h     gpu.IPCHandle
-	kind  string
-	dev   int
+	owner  string
+	h      gpu.IPCHandle
+	kind   string
+	dev    int
+	fabric bool // h is a fabric handle of an allocation of size bytes
+	size   uint64
 }
 
 type opened struct {
@@ -131,6 +154,7 @@ type opened struct {
 type mapping struct {
 	hk       handleKey
 	ownerRPC string
+	pid      uint32        // this process's pid for the owner; 0 on another host
 	ready    chan struct{} // closed once the open finished (err says how)
 	err      error
 	base     uint64 // local address of the owner's allocation
@@ -149,7 +173,7 @@ func (t *Transport) Name() string { return Name }
 
 // Caps declares the transport's reach and the memory it moves. Only GPU memory, between engines on one host.
 func (t *Transport) Caps() transport.Caps {
-	return transport.Caps{SameProcess: true, SameHost: true, GPUMemory: true, Rank: 20}
+	return transport.Caps{SameProcess: true, SameHost: true, CrossHost: t.opt.Domain != "", GPUMemory: true, Rank: 20}
 }
 
 // Stats returns the protocol counters.
@@ -167,6 +191,15 @@ func (t *Transport) Start(h transport.Host) error {
 			}
 			*p = d
 		}
+	}
+	if t.opt.Domain == "" {
+		t.opt.Domain = os.Getenv(EnvDomain)
+	}
+	if v, ok := h.Param("cudaipc.mnnvl_domain"); ok {
+		t.opt.Domain = v
+	}
+	if len(t.opt.Domain) > maxDomain || strings.ContainsAny(t.opt.Domain, " \t\n") {
+		return errs.New(errs.InvalidArgument, "cudaipc", "NVLink domain %.40q: at most %d characters, no spaces", t.opt.Domain, maxDomain)
 	}
 	self, err := hostID()
 	if err != nil {
@@ -220,7 +253,29 @@ func hostID() (segment.HostID, error) {
 	if err != nil {
 		return segment.HostID{}, errs.Wrap(errs.TransportUnavailable, "cudaipc", err, "read the pid namespace")
 	}
-	return segment.HostID{BootID: strings.TrimSpace(string(b)), PidNS: ns, Pid: os.Getpid()}, nil
+	boot := strings.TrimSpace(string(b))
+	if v := os.Getenv(envBootID); v != "" {
+		boot = v
+	}
+	return segment.HostID{BootID: boot, PidNS: ns, Pid: os.Getpid()}, nil
+}
+
+// sameHost reports whether d's engine runs on this host, in this pid
+// namespace: IPC handles open, and pids name the same processes.
+func (t *Transport) sameHost(d *segment.Desc) bool {
+	return d.Host != nil && d.Host.BootID == t.self.BootID && d.Host.PidNS == t.self.PidNS
+}
+
+// otherHost reports whether d says its engine runs on another host (or in
+// another pid namespace). A descriptor without a host identity is taken as
+// this host's, as before fabric handles: Reachable has vetted it.
+func (t *Transport) otherHost(d *segment.Desc) bool {
+	return d.Host != nil && !t.sameHost(d)
+}
+
+// sameDomain reports whether d's engine is in this engine's NVLink domain.
+func (t *Transport) sameDomain(d *segment.Desc) bool {
+	return t.opt.Domain != "" && d.Endpoints[EndpointDomain] == t.opt.Domain
 }
 
 // Describe publishes the host identity (as shm does) and learns this
@@ -233,6 +288,12 @@ func (t *Transport) Describe(d *segment.Desc) {
 	if d.RPC != "" {
 		rpc := d.RPC
 		t.rpc.Store(&rpc)
+	}
+	if t.opt.Domain != "" {
+		if d.Endpoints == nil {
+			d.Endpoints = map[string]string{}
+		}
+		d.Endpoints[EndpointDomain] = t.opt.Domain
 	}
 }
 
@@ -252,11 +313,25 @@ func (t *Transport) Register(r *segment.Region) error {
 		return nil
 	}
 	e, err := drv.export(r.Location.Index, r.Addr, r.Length)
-	if err != nil {
+	if err == nil {
+		setExport(&r.Desc, r.Location.Kind, e)
+	}
+	var ferr error = errs.New(errs.NotSupported, "cudaipc", "no NVLink domain set")
+	if fd, ok := drv.(fabricDriver); ok && t.opt.Domain != "" {
+		var fe export
+		if fe, ferr = fd.exportFabric(r.Location.Index, r.Addr, r.Length); ferr == nil {
+			setFabric(&r.Desc, fe)
+			t.st.FabricExported.Add(1)
+		} else {
+			t.st.FabricRefused.Add(1)
+			t.h.Logf("te: cudaipc: buffer [%#x,+%d) on %s has no fabric handle, so GPUs of other hosts reach it only through other transports: %v",
+				r.Addr, r.Length, r.Location, ferr)
+		}
+	}
+	if err != nil && ferr != nil {
 		t.h.Logf("te: cudaipc: buffer [%#x,+%d) on %s is not exported: %v", r.Addr, r.Length, r.Location, err)
 		return nil
 	}
-	setExport(&r.Desc, r.Location.Kind, e)
 	t.omu.Lock()
 	t.exports[r.Desc.Key] = &exported{addr: r.Addr, length: r.Length, openers: map[string]opener{}}
 	t.omu.Unlock()
@@ -326,10 +401,15 @@ func gone(pid int) bool {
 	return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
 }
 
-// Reachable says yes for this engine itself and for engines on this host in
-// this pid namespace (their descriptor lists cudaipc only if they have CUDA).
+// Reachable says yes for this engine itself, for engines on this host in
+// this pid namespace (their descriptor lists cudaipc only if they have CUDA)
+// and for engines of any host in this engine's NVLink domain (whose buffers
+// it then reaches through fabric handles only).
 func (t *Transport) Reachable(d *segment.Desc) error {
 	if d.Instance != "" && d.Instance == t.h.Instance() {
+		return nil
+	}
+	if t.sameDomain(d) && d.RPC != "" && d.Instance != "" && !t.sameHost(d) {
 		return nil
 	}
 	h := d.Host
@@ -337,7 +417,7 @@ func (t *Transport) Reachable(d *segment.Desc) error {
 	case h == nil:
 		return errs.New(errs.TransportUnavailable, "cudaipc", "segment %q publishes no host identity", d.Name)
 	case h.BootID != t.self.BootID:
-		return errs.New(errs.TransportUnavailable, "cudaipc", "segment %q runs on another host (boot id differs)", d.Name)
+		return errs.New(errs.TransportUnavailable, "cudaipc", "segment %q runs on another host (boot id differs) outside this engine's NVLink domain", d.Name)
 	case h.PidNS != t.self.PidNS:
 		return errs.New(errs.TransportUnavailable, "cudaipc", "segment %q runs in another pid namespace", d.Name)
 	case d.RPC == "" || d.Instance == "":
@@ -361,11 +441,18 @@ func (t *Transport) DeviceMemory(d *segment.Desc, buf *segment.BufferDesc, local
 		_, err := t.pairKind(lk, rk)
 		return err == nil
 	}
-	kind, _, ok, err := exportOf(buf)
-	if !ok || err != nil || t.drvs[kind] == nil {
-		return false
+	if !t.otherHost(d) {
+		kind, _, ok, err := exportOf(buf)
+		if ok && err == nil && t.drvs[kind] != nil && (lk == "" || lk == kind) {
+			return true
+		}
 	}
-	return lk == "" || lk == kind
+	if t.sameDomain(d) && (lk == "" || lk == "cuda") {
+		_, ok, err := fabricOf(buf)
+		_, fd := t.drvs["cuda"].(fabricDriver)
+		return ok && err == nil && fd
+	}
+	return false
 }
 
 // pairKind is the runtime that copies between memory of kinds a and b (""
@@ -555,16 +642,29 @@ func (t *Transport) prepare(r *transport.Request, alive *ownerCheck) (prepared, 
 		if err != nil {
 			return prepared{}, err
 		}
-		if !ok {
-			return prepared{}, errs.New(errs.NotSupported, "cudaipc", "buffer %s at %#x of %q has no IPC handle", r.Buffer.Name, r.Buffer.Addr, r.Peer.Name)
+		local := !t.otherHost(r.Peer)
+		if !ok || !local {
+			// Another host, or memory with no IPC handle (VMM): the
+			// fabric handle, in one NVLink domain.
+			fe, fok, ferr := fabricOf(r.Buffer)
+			switch {
+			case ferr != nil:
+				return prepared{}, ferr
+			case !fok || !t.sameDomain(r.Peer):
+				return prepared{}, errs.New(errs.NotSupported, "cudaipc", "buffer %s at %#x of %q has no IPC handle this engine can open and no fabric handle of its NVLink domain",
+					r.Buffer.Name, r.Buffer.Addr, r.Peer.Name)
+			}
+			k, e = "cuda", fe
 		}
 		// The handle opens only with the runtime that made it, and only
 		// into memory of that runtime (or host memory) on this side.
 		if kind, err = t.pairKind(lk, k); err != nil {
 			return prepared{}, err
 		}
-		if err := t.ownerAlive(alive, r.Peer); err != nil {
-			return prepared{}, err
+		if local {
+			if err := t.ownerAlive(alive, r.Peer); err != nil {
+				return prepared{}, err
+			}
 		}
 		if dev < 0 {
 			dev = t.deviceFor(kind, e.UUID)
@@ -614,6 +714,11 @@ func (t *Transport) acquire(d *segment.Desc, buf *segment.BufferDesc, kind strin
 	var stale []importKey
 	if fresh {
 		m = &mapping{ownerRPC: d.RPC, ready: make(chan struct{})}
+		if !t.otherHost(d) {
+			// The owner checks this pid to tell an exited peer from a
+			// silent one; on another host it names nothing there.
+			m.pid = uint32(t.self.Pid)
+		}
 		t.imports[k] = m
 		// Mappings of an earlier instance of the engine at this address: it
 		// restarted, and its memory stays allocated while we map it.
@@ -663,7 +768,7 @@ func (t *Transport) open(k importKey, m *mapping, buf *segment.BufferDesc, e exp
 		fail(errs.New(errs.Internal, "cudaipc", "this engine's control address is not known yet"))
 		return
 	}
-	req := msg{Op: opOpen, Key: buf.Key, Addr: buf.Addr, Length: buf.Length, Pid: uint32(t.self.Pid), Instance: t.h.Instance(), RPC: *rpc}
+	req := msg{Op: opOpen, Key: buf.Key, Addr: buf.Addr, Length: buf.Length, Pid: m.pid, Instance: t.h.Instance(), RPC: *rpc}
 	ctx, cancel := context.WithTimeout(context.Background(), t.opt.CallTimeout)
 	rep, err := t.call(ctx, m.ownerRPC, req.encode())
 	cancel()
@@ -674,7 +779,7 @@ func (t *Transport) open(k importKey, m *mapping, buf *segment.BufferDesc, e exp
 		fail(errs.Wrap(errs.CodeOf(err), "cudaipc", err, "owner refused access to buffer at %#x", buf.Addr))
 		return
 	}
-	hk := handleKey{owner: k.owner, h: e.Handle, kind: k.kind, dev: k.dev}
+	hk := handleKey{owner: k.owner, h: e.Handle, kind: k.kind, dev: k.dev, fabric: e.Fabric, size: e.Size}
 	base, err := t.openHandle(hk)
 	if err != nil {
 		t.releaseOwner(m.ownerRPC, k.key)
@@ -694,11 +799,24 @@ func (t *Transport) openHandle(hk handleKey) (uint64, error) {
 		o.users++
 		return o.base, nil
 	}
-	base, err := t.drvs[hk.kind].open(hk.dev, hk.h)
+	var base uint64
+	var err error
+	if hk.fabric {
+		fd, ok := t.drvs[hk.kind].(fabricDriver)
+		if !ok {
+			return 0, errs.New(errs.NotSupported, "cudaipc", "the %s runtime here has no fabric handles", hk.kind)
+		}
+		base, err = fd.openFabric(hk.dev, hk.h, hk.size)
+	} else {
+		base, err = t.drvs[hk.kind].open(hk.dev, hk.h)
+	}
 	if err != nil {
 		return 0, err
 	}
 	t.st.Opened.Add(1)
+	if hk.fabric {
+		t.st.FabricOpened.Add(1)
+	}
 	t.handles[hk] = &opened{base: base, users: 1}
 	return base, nil
 }
@@ -716,6 +834,9 @@ func (t *Transport) closeHandle(hk handleKey) error {
 	}
 	delete(t.handles, hk)
 	t.st.Closed.Add(1)
+	if hk.fabric {
+		return t.drvs[hk.kind].(fabricDriver).closeFabric(hk.dev, o.base, hk.size)
+	}
 	return t.drvs[hk.kind].close(hk.dev, o.base)
 }
 

@@ -28,6 +28,28 @@ const (
 	ExtraUUID = "cuda_uuid"
 )
 
+// Keys of multi-node NVLink (MNNVL): a CUDA buffer whose allocation was made
+// fabric-capable (cuMemCreate with CU_MEM_HANDLE_TYPE_FABRIC) also carries
+// its fabric handle, which a GPU on another host of the same NVLink domain
+// maps; the segment publishes its domain in Desc.Endpoints.
+const (
+	// ExtraFabric is the allocation's CUmemFabricHandle: 64 bytes in
+	// standard base64.
+	ExtraFabric = "cuda_fabric"
+	// ExtraFabricOffset is the buffer's offset in that allocation, and
+	// ExtraFabricSize the allocation's size (the peer maps all of it), in
+	// decimal.
+	ExtraFabricOffset = "cuda_fabric_off"
+	ExtraFabricSize   = "cuda_fabric_size"
+	// EndpointDomain is the Desc.Endpoints key of the engine's NVLink
+	// domain (TE_MNNVL_DOMAIN or cudaipc.mnnvl_domain): engines with equal
+	// domains map each other's fabric handles.
+	EndpointDomain = "cudaipc.mnnvl"
+)
+
+// maxDomain bounds a published domain.
+const maxDomain = 256
+
 // ExtraKeys returns the Extra keys of an export of runtime kind: handle,
 // offset and device UUID.
 func ExtraKeys(kind string) (handle, offset, uuid string) {
@@ -39,9 +61,12 @@ func ExtraKeys(kind string) (handle, offset, uuid string) {
 
 // export is what a descriptor says about an exported buffer.
 type export struct {
-	Handle gpu.IPCHandle
+	Handle gpu.IPCHandle // or the fabric handle, when Fabric
 	Offset uint64
 	UUID   string // hex; empty when the owner's runtime cannot tell
+	// Fabric: Handle is a CUmemFabricHandle of an allocation of Size bytes.
+	Fabric bool
+	Size   uint64
 }
 
 // EncodeHandle returns the Extra form of an IPC handle.
@@ -113,4 +138,43 @@ func exportOf(b *segment.BufferDesc) (kind string, e export, ok bool, err error)
 		e.UUID = u
 	}
 	return kind, e, true, nil
+}
+
+// setFabric records a fabric export in a buffer's descriptor.
+func setFabric(b *segment.BufferDesc, e export) {
+	if b.Extra == nil {
+		b.Extra = map[string]string{}
+	}
+	b.Extra[ExtraFabric] = EncodeHandle(e.Handle)
+	b.Extra[ExtraFabricOffset] = strconv.FormatUint(e.Offset, 10)
+	b.Extra[ExtraFabricSize] = strconv.FormatUint(e.Size, 10)
+	if e.UUID != "" {
+		b.Extra[ExtraUUID] = e.UUID
+	}
+}
+
+// fabricOf reads a CUDA buffer's fabric export; ok is false when it has
+// none.
+func fabricOf(b *segment.BufferDesc) (e export, ok bool, err error) {
+	s, ok := b.Extra[ExtraFabric]
+	if !ok || kindOf(b) != "cuda" {
+		return e, false, nil
+	}
+	e.Fabric = true
+	if e.Handle, err = DecodeHandle(s); err != nil {
+		return e, true, err
+	}
+	off, oerr := strconv.ParseUint(b.Extra[ExtraFabricOffset], 10, 64)
+	size, serr := strconv.ParseUint(b.Extra[ExtraFabricSize], 10, 64)
+	if oerr != nil || serr != nil || size == 0 || off > size || b.Length > size-off {
+		return e, true, errs.New(errs.Metadata, "cudaipc", "buffer at %#x has a bad fabric export (%s %q, %s %q, length %d)",
+			b.Addr, ExtraFabricOffset, b.Extra[ExtraFabricOffset], ExtraFabricSize, b.Extra[ExtraFabricSize], b.Length)
+	}
+	e.Offset, e.Size = off, size
+	if u := b.Extra[ExtraUUID]; u != "" {
+		if _, herr := hex.DecodeString(u); herr == nil && len(u) == 32 {
+			e.UUID = u
+		}
+	}
+	return e, true, nil
 }

@@ -31,6 +31,21 @@
 // the fence for peers' mappings. Close fails what is not enqueued and waits
 // for every stream synchronisation in flight.
 //
+// Multi-node NVLink (MNNVL): with an NVLink domain set (EnvDomain,
+// TE_MNNVL_DOMAIN, or the param cudaipc.mnnvl_domain), a CUDA buffer whose
+// allocation was made fabric-capable (cuMemCreate with
+// CU_MEM_HANDLE_TYPE_FABRIC) is also exported with its CUmemFabricHandle
+// (Extra: cuda_fabric, cuda_fabric_off, cuda_fabric_size), and the segment
+// publishes its domain (Desc.Endpoints["cudaipc.mnnvl"]). An engine of the
+// same domain, on any host, imports and maps that handle once and copies
+// with the copy engine, under the same open/close protocol, so Unregister
+// remains a fence. This is a mode of cudaipc rather than a transport of
+// its own: it shares the mapping cache, cancel, the proven-caller checks
+// and the close protocol, and ranks above rdma. cuMemAlloc memory has no
+// fabric handle: its registration logs why and counts
+// Stats.FabricRefused, and peers of other hosts reach it through rdma or
+// tcp; so do engines of other domains.
+//
 // Requests inside one engine (source and target registered with the same
 // engine) are copied by the runtime directly: a process cannot open its own
 // IPC handles.

@@ -181,3 +181,73 @@ func (g *gpuDriver) release() {
 		s.streams, s.all = nil, nil
 	}
 }
+
+// fabricDriver is a runtime with multi-node NVLink fabric handles
+// (gpuDriver over a gpu.Fabric).
+type fabricDriver interface {
+	fabricSupported(dev int) bool
+	exportFabric(dev int, addr, length uint64) (export, error)
+	openFabric(dev int, h gpu.IPCHandle, size uint64) (uint64, error)
+	closeFabric(dev int, base, size uint64) error
+}
+
+func (g *gpuDriver) fabric() (gpu.Fabric, error) {
+	f, ok := g.d.(gpu.Fabric)
+	if !ok {
+		return nil, errs.New(errs.NotSupported, "cudaipc", "the %s runtime has no fabric handles", g.d.Kind())
+	}
+	return f, nil
+}
+
+func (g *gpuDriver) fabricSupported(dev int) bool {
+	f, err := g.fabric()
+	return err == nil && f.FabricSupported(dev)
+}
+
+func (g *gpuDriver) exportFabric(dev int, addr, length uint64) (export, error) {
+	f, err := g.fabric()
+	if err != nil {
+		return export{}, err
+	}
+	s, err := g.state(dev)
+	if err != nil {
+		return export{}, err
+	}
+	if !f.FabricSupported(dev) {
+		return export{}, errs.New(errs.NotSupported, "cudaipc", "%s device %d does not support fabric handles", g.d.Kind(), dev)
+	}
+	base, size, err := g.d.AllocRange(dev, addr)
+	if err != nil {
+		return export{}, err
+	}
+	if addr < base || addr+length > base+size {
+		return export{}, errs.New(errs.NotSupported, "cudaipc", "[%#x,+%d) spans more than the allocation [%#x,+%d)", addr, length, base, size)
+	}
+	h, err := f.FabricExport(dev, base)
+	if err != nil {
+		return export{}, err
+	}
+	return export{Handle: gpu.IPCHandle(h), Offset: addr - base, UUID: s.uuid, Fabric: true, Size: size}, nil
+}
+
+func (g *gpuDriver) openFabric(dev int, h gpu.IPCHandle, size uint64) (uint64, error) {
+	f, err := g.fabric()
+	if err != nil {
+		return 0, err
+	}
+	if _, err := g.state(dev); err != nil {
+		return 0, err
+	}
+	return f.FabricImport(dev, gpu.FabricHandle(h), size)
+}
+
+func (g *gpuDriver) closeFabric(dev int, base, size uint64) error {
+	f, err := g.fabric()
+	if err != nil {
+		return err
+	}
+	if _, err := g.state(dev); err != nil {
+		return err
+	}
+	return f.FabricClose(dev, base, size)
+}

@@ -31,6 +31,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(envChild) == "1" {
 		os.Exit(runChild())
 	}
+	if os.Getenv(envFabricChild) == "1" {
+		os.Exit(runFabricChild())
+	}
 	// The real runtimes where TE_CUDA_REAL=1 or TE_HIP_REAL=1, else the
 	// fakes; child processes (this package's and the suite's peers) inherit
 	// the choice.
@@ -65,6 +68,29 @@ func TestConformance(t *testing.T) {
 	forVendors(t, func(t *testing.T, v gputest.Vendor) {
 		transporttest.Run(t, transporttest.Setup{Transport: cudaipc.Name, Process: true, GPU: true, GPUKind: v.Kind})
 	})
+}
+
+// TestConformanceMNNVL runs the shared suite over cudaipc's fabric-handle
+// path: the child's GPU buffer is fabric memory (cuMemCreate with
+// CU_MEM_HANDLE_TYPE_FABRIC, cudatest.EnvFabric), which has no IPC handle,
+// and both engines share an NVLink domain, so every byte goes through the
+// imported fabric handle (on one host: the suite's child inherits this
+// process's host identity).
+func TestConformanceMNNVL(t *testing.T) {
+	if setupErr != nil {
+		t.Skipf("no GPU runtime and no fake: %v", setupErr)
+	}
+	if !cudatest.Fake() {
+		t.Skip("on a GPU, the fabric path needs a domain (IMEX): run it across NVL72 nodes")
+	}
+	t.Setenv(cudatest.EnvFabric, "1")
+	t.Setenv(cudaipc.EnvDomain, "suite-domain:1")
+	t.Setenv("FAKECUDA_FABRIC_DOMAIN", "suite-domain")
+	t.Setenv(gputest.EnvKind, "cuda")
+	transporttest.Run(t, transporttest.Setup{Transport: cudaipc.Name, Process: true, GPU: true, GPUKind: "cuda"})
+	if n := cudatest.Counter(t, "fakecuda_fabric_imports"); n != 0 {
+		t.Fatalf("%d fabric imports left after the suite closed its engines", n)
+	}
 }
 
 // size is the GPU buffer of each side: TE_CUDAIPC_SIZE bytes (the GPU check

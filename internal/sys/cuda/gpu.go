@@ -30,7 +30,10 @@ func init() {
 // under the device's primary context.
 type Driver struct{ L *Lib }
 
-var _ gpu.Driver = Driver{}
+var (
+	_ gpu.Driver = Driver{}
+	_ gpu.Fabric = Driver{}
+)
 
 // Kind returns "cuda".
 func (Driver) Kind() string { return "cuda" }
@@ -192,4 +195,36 @@ func (d Driver) DmabufFD(dev int, ptr, size uint64) (fd int, err error) {
 		return err
 	})
 	return fd, err
+}
+
+// FabricSupported is CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED.
+func (d Driver) FabricSupported(dev int) bool {
+	dv, err := d.L.DeviceGet(dev)
+	return err == nil && d.L.FabricSupported(dv)
+}
+
+// FabricExport exports the fabric handle of the allocation at ptr in dev's
+// primary context.
+func (d Driver) FabricExport(dev int, ptr uint64) (h gpu.FabricHandle, err error) {
+	err = d.onDevice(dev, func() error {
+		x, err := d.L.FabricExport(ptr)
+		h = gpu.FabricHandle(x)
+		return err
+	})
+	return h, err
+}
+
+// FabricImport imports and maps a peer's fabric handle in dev's primary
+// context.
+func (d Driver) FabricImport(dev int, h gpu.FabricHandle, size uint64) (p uint64, err error) {
+	err = d.onDevice(dev, func() (err error) {
+		p, err = d.L.FabricImport(dev, FabricHandle(h), size)
+		return err
+	})
+	return p, err
+}
+
+// FabricClose unmaps memory from FabricImport.
+func (d Driver) FabricClose(dev int, ptr, size uint64) error {
+	return d.onDevice(dev, func() error { return d.L.MemDestroy(ptr, size) })
 }

@@ -66,6 +66,20 @@ type Lib struct {
 	// cuMemGetHandleForAddressRange (CUDA 11.7) exports device memory as a
 	// dma-buf; optional.
 	cuMemGetHandleForAddressRange func(out uintptr, ptr uint64, size uintptr, typ uint32, flags uint64) Result
+	// Virtual memory management (CUDA 10.2) and fabric handles (CUDA
+	// 12.3): optional, for multi-node NVLink (vmm.go).
+	cuDeviceGetAttribute                   func(out uintptr, attr int32, dev int32) Result
+	cuMemCreate                            func(out uintptr, size uintptr, prop uintptr, flags uint64) Result
+	cuMemRelease                           func(h uint64) Result
+	cuMemRetainAllocationHandle            func(out uintptr, addr uint64) Result
+	cuMemGetAllocationPropertiesFromHandle func(out uintptr, h uint64) Result
+	cuMemExportToShareableHandle           func(out uintptr, h uint64, typ uint32, flags uint64) Result
+	cuMemImportFromShareableHandle         func(out uintptr, in uintptr, typ uint32) Result
+	cuMemAddressReserve                    func(out uintptr, size, align uintptr, addr uint64, flags uint64) Result
+	cuMemAddressFree                       func(ptr uint64, size uintptr) Result
+	cuMemMap                               func(ptr uint64, size, off uintptr, h uint64, flags uint64) Result
+	cuMemUnmap                             func(ptr uint64, size uintptr) Result
+	cuMemSetAccess                         func(ptr uint64, size uintptr, desc uintptr, count uintptr) Result
 
 	// Bound maps each C API name to the symbol actually bound, for tests and
 	// diagnostics.
@@ -175,6 +189,18 @@ func (l *Lib) symbols() []symbol {
 		{"cuGetErrorName", &l.cuGetErrorName, []string{"cuGetErrorName"}, true},
 		{"cuDeviceGetPCIBusId", &l.cuDeviceGetPCIBusId, []string{"cuDeviceGetPCIBusId"}, true},
 		{"cuMemGetHandleForAddressRange", &l.cuMemGetHandleForAddressRange, []string{"cuMemGetHandleForAddressRange"}, true},
+		{"cuDeviceGetAttribute", &l.cuDeviceGetAttribute, []string{"cuDeviceGetAttribute"}, true},
+		{"cuMemCreate", &l.cuMemCreate, []string{"cuMemCreate"}, true},
+		{"cuMemRelease", &l.cuMemRelease, []string{"cuMemRelease"}, true},
+		{"cuMemRetainAllocationHandle", &l.cuMemRetainAllocationHandle, []string{"cuMemRetainAllocationHandle"}, true},
+		{"cuMemGetAllocationPropertiesFromHandle", &l.cuMemGetAllocationPropertiesFromHandle, []string{"cuMemGetAllocationPropertiesFromHandle"}, true},
+		{"cuMemExportToShareableHandle", &l.cuMemExportToShareableHandle, []string{"cuMemExportToShareableHandle"}, true},
+		{"cuMemImportFromShareableHandle", &l.cuMemImportFromShareableHandle, []string{"cuMemImportFromShareableHandle"}, true},
+		{"cuMemAddressReserve", &l.cuMemAddressReserve, []string{"cuMemAddressReserve"}, true},
+		{"cuMemAddressFree", &l.cuMemAddressFree, []string{"cuMemAddressFree"}, true},
+		{"cuMemMap", &l.cuMemMap, []string{"cuMemMap"}, true},
+		{"cuMemUnmap", &l.cuMemUnmap, []string{"cuMemUnmap"}, true},
+		{"cuMemSetAccess", &l.cuMemSetAccess, []string{"cuMemSetAccess"}, true},
 	}
 }
 

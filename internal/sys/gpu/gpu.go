@@ -139,3 +139,24 @@ func IsDevice(kind string) bool {
 	}
 	return true
 }
+
+// FabricHandle is an exported allocation that GPUs of other hosts in the
+// same NVLink domain map (CUDA's CUmemFabricHandle: 64 opaque bytes).
+type FabricHandle [64]byte
+
+// Fabric is what a runtime with multi-node NVLink offers besides Driver:
+// export of an allocation made fabric-capable (CUDA: cuMemCreate with
+// CU_MEM_HANDLE_TYPE_FABRIC) and its import on a peer, wherever in the
+// domain the peer runs. Callers type-assert a Driver to it.
+type Fabric interface {
+	// FabricSupported reports whether device dev exports and imports
+	// fabric handles.
+	FabricSupported(dev int) bool
+	// FabricExport exports the allocation whose base is ptr, on device
+	// dev; NotSupported (saying why) for memory without a fabric handle.
+	FabricExport(dev int, ptr uint64) (FabricHandle, error)
+	// FabricImport maps a peer's export of an allocation of size bytes
+	// for device dev; FabricClose unmaps it.
+	FabricImport(dev int, h FabricHandle, size uint64) (uint64, error)
+	FabricClose(dev int, ptr, size uint64) error
+}

@@ -1,6 +1,8 @@
 package cudatest
 
 import (
+	"os"
+
 	"github.com/tecache/te/internal/sys/cuda"
 	"github.com/tecache/te/internal/sys/mem"
 )
@@ -10,14 +12,22 @@ import (
 // GPU tests of several packages (cudaipc, tcp's staging, the transporttest
 // suite's GPU peer). The host buffer is outside the Go heap.
 type Buffer struct {
-	l    *cuda.Lib
-	ctx  cuda.Context
-	Addr uint64 // device address
-	N    uint64
-	Host []byte // staging for fills and reads
+	l      *cuda.Lib
+	fabric bool
+	ctx    cuda.Context
+	Addr   uint64 // device address
+	N      uint64
+	Host   []byte // staging for fills and reads
 }
 
-// NewBuffer allocates n bytes of device memory (the driver Setup chose).
+// EnvFabric, set to 1, makes NewBuffer allocate fabric-capable memory
+// (cuMemCreate with CU_MEM_HANDLE_TYPE_FABRIC, mapped for GPU 0) instead of
+// cuMemAlloc memory: a child process of a test inherits it, so suites that
+// allocate through NewBuffer run over multi-node NVLink's fabric handles.
+const EnvFabric = "TE_CUDATEST_FABRIC"
+
+// NewBuffer allocates n bytes of device memory (the driver Setup chose):
+// cuMemAlloc memory, or fabric memory with EnvFabric=1.
 func NewBuffer(n uint64) (*Buffer, error) {
 	l, err := cuda.Load()
 	if err != nil {
@@ -31,11 +41,18 @@ func NewBuffer(n uint64) (*Buffer, error) {
 	if err != nil {
 		return nil, err
 	}
-	g := &Buffer{l: l, ctx: ctx, N: n}
+	g := &Buffer{l: l, ctx: ctx, N: n, fabric: os.Getenv(EnvFabric) == "1"}
 	if g.Host, err = mem.Alloc(int(n)); err != nil {
 		return nil, err
 	}
-	if err := l.With(ctx, func() (err error) { g.Addr, err = l.MemAlloc(n); return }); err != nil {
+	if err := l.With(ctx, func() (err error) {
+		if g.fabric {
+			g.Addr, err = l.MemCreate(0, n, cuda.MemHandleTypeFabric)
+		} else {
+			g.Addr, err = l.MemAlloc(n)
+		}
+		return
+	}); err != nil {
 		mem.Free(g.Host)
 		return nil, err
 	}
@@ -63,7 +80,12 @@ func (g *Buffer) Fill(f func(i uint64) byte) error {
 
 // Free releases the device memory and the host buffer.
 func (g *Buffer) Free() {
-	g.l.With(g.ctx, func() error { return g.l.MemFree(g.Addr) })
+	g.l.With(g.ctx, func() error {
+		if g.fabric {
+			return g.l.MemDestroy(g.Addr, g.N)
+		}
+		return g.l.MemFree(g.Addr)
+	})
 	mem.Free(g.Host)
 }
 

@@ -18,6 +18,17 @@
  *    libibverbs maps for ibv_reg_dmabuf_mr; FAKECUDA_DMABUF=0 makes it
  *    answer CUDA_ERROR_NOT_SUPPORTED, as drivers before 515 do.
  *
+ *  - Fabric handles (multi-node NVLink): cuMemCreate with
+ *    CU_MEM_HANDLE_TYPE_FABRIC (0x8) makes an allocation that
+ *    cuMemExportToShareableHandle exports as a 64-byte CUmemFabricHandle;
+ *    cuMemImportFromShareableHandle opens it in another process, which maps
+ *    it with cuMemAddressReserve + cuMemMap + cuMemSetAccess. The fabric is
+ *    FAKECUDA_FABRIC_DOMAIN (its first 16 bytes): unset, the device reports no fabric support
+ *    (attribute 128 is 0) and fabric exports fail with NOT_SUPPORTED; a
+ *    handle made in another domain fails to import with NOT_PERMITTED, as
+ *    the real driver refuses a handle from outside its NVLink domain.
+ *    Mapped VMM memory refuses copies until cuMemSetAccess granted access.
+ *
  *  - FAKECUDA_COPY_DELAY_US=N makes every copy take N microseconds more (a
  *    busy GPU, a loaded machine): tests use it to hold a copy in flight
  *    while something else happens.
@@ -65,7 +76,8 @@ enum {
 #define MAGIC 0x4b465445u /* "ETFK" */
 
 struct alloc {
-  int used, kind; /* kind 1 host (pinned), 2 device, 3 device opened from IPC */
+  int used, kind; /* kind 1 host (pinned), 2 device, 3 device opened from IPC, 4 VMM mapping */
+  int gh, access;  /* kind 4: generic handle index, cuMemSetAccess done */
   int dev, fd;
   char *addr, *shadow;
   char name[40];
@@ -73,6 +85,13 @@ struct alloc {
 };
 
 static struct alloc tab[MAXA];
+
+/* Generic allocation handles of cuMemCreate and fabric imports (see the
+ * virtual memory management calls below). */
+#define MAXGH 1024
+#define FMAGIC 0x4246544bu /* "KTFB" */
+struct gh { int used, imported, dev, refs; unsigned htypes; int fd; size_t size; char name[32]; };
+static struct gh ghs[MAXGH];
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static int ndev = -1, inited;
 static __thread uintptr_t cur; /* current context: 0x1000 + device */
@@ -292,6 +311,7 @@ static CUresult xlat(uintptr_t p, size_t n, int want, char **out) {
   }
   if (p + n > (uintptr_t)a->addr + a->size || p + n < p) return INVALID_VALUE;
   if (want == 2 && a->kind == 1) return INVALID_VALUE;
+  if (a->kind == 4 && !a->access) return INVALID_VALUE; /* no cuMemSetAccess: the GPU would fault */
   if (want == 1 && a->kind != 1) return INVALID_VALUE;
   *out = a->shadow + (p - (uintptr_t)a->addr);
   return OK;
@@ -393,19 +413,214 @@ CUresult cuMemGetHandleForAddressRange(void *handle, CUdeviceptr dptr, size_t si
   CUresult r = OK;
   if (!a || a->kind == 1 || (uintptr_t)a->addr != dptr || size > ((a->size + pg - 1) / pg) * pg) r = INVALID_VALUE;
   else {
-    int fd = fcntl(a->fd, F_DUPFD_CLOEXEC, 0);
+    int fd = fcntl(a->kind == 4 ? ghs[a->gh].fd : a->fd, F_DUPFD_CLOEXEC, 0);
     if (fd < 0) r = OUT_OF_MEMORY;
     else *(int *)handle = fd;
   }
   pthread_mutex_unlock(&mu);
   return r;
 }
+/* Virtual memory management (cuMemCreate and friends) with fabric handles.
+ * A generic allocation handle is 0x2000 + an index in ghs. */
+static long fabric_imports; /* imported handles not yet released */
+typedef struct { int type, id; } CUmemLocation;
+typedef struct {
+  int type; unsigned requestedHandleTypes; CUmemLocation location;
+  void *win32HandleMetaData;
+  struct { unsigned char compressionType, gpuDirectRDMACapable; unsigned short usage; unsigned char reserved[4]; } allocFlags;
+} CUmemAllocationProp;
+typedef struct { CUmemLocation location; int flags; } CUmemAccessDesc;
+struct fabric { uint32_t magic; int32_t pid; uint64_t size; char name[32]; char domain[16]; };
+typedef unsigned long long CUmemGenericAllocationHandle;
+
+static const char *fabric_domain(void) {
+  const char *d = getenv("FAKECUDA_FABRIC_DOMAIN");
+  return d && *d ? d : NULL;
+}
+static struct gh *ghget(CUmemGenericAllocationHandle h) {
+  if (h < 0x2000 || h >= 0x2000 + MAXGH || !ghs[h - 0x2000].used) return NULL;
+  return &ghs[h - 0x2000];
+}
+static CUmemGenericAllocationHandle ghnew(void) {
+  for (int i = 0; i < MAXGH; i++)
+    if (!ghs[i].used) { memset(&ghs[i], 0, sizeof ghs[i]); ghs[i].used = 1; ghs[i].refs = 1; return 0x2000 + i; }
+  return 0;
+}
+static void ghput(struct gh *g) {
+  if (--g->refs > 0) return;
+  close(g->fd);
+  if (!g->imported) shm_unlink(g->name);
+  else fabric_imports--;
+  g->used = 0;
+}
+
+CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d) {
+  INIT(); if (d < 0 || d >= ndev) return INVALID_DEVICE;
+  if (!v) return INVALID_VALUE;
+  if (attr == 128) { *v = fabric_domain() != NULL; return OK; } /* HANDLE_TYPE_FABRIC_SUPPORTED */
+  return INVALID_VALUE;
+}
+CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t n, const CUmemAllocationProp *p, unsigned long long flags) {
+  INIT(); if (need_ctx()) return INVALID_CONTEXT;
+  if (!h || !p || n == 0 || flags || p->type != 1 || p->location.type != 1) return INVALID_VALUE;
+  if (p->location.id < 0 || p->location.id >= ndev) return INVALID_DEVICE;
+  if ((p->requestedHandleTypes & 8) && !fabric_domain()) return NOT_SUPPORTED;
+  char name[32];
+  int fd = -1;
+  for (int tries = 0; fd < 0 && tries < 4096; tries++) {
+    snprintf(name, sizeof name, "/fakecudavm-%d-%ld", (int)getpid(), __sync_add_and_fetch(&seq, 1));
+    fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0 && errno != EEXIST) break;
+  }
+  if (fd < 0) return OUT_OF_MEMORY;
+  if (ftruncate(fd, n) != 0) { close(fd); shm_unlink(name); return OUT_OF_MEMORY; }
+  pthread_mutex_lock(&mu);
+  CUmemGenericAllocationHandle x = ghnew();
+  if (!x) { pthread_mutex_unlock(&mu); close(fd); shm_unlink(name); return OUT_OF_MEMORY; }
+  struct gh *g = ghget(x);
+  g->fd = fd; g->size = n; g->dev = p->location.id; g->htypes = p->requestedHandleTypes; memcpy(g->name, name, sizeof name);
+  pthread_mutex_unlock(&mu);
+  *h = x;
+  return OK;
+}
+CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
+  INIT();
+  pthread_mutex_lock(&mu);
+  struct gh *g = ghget(h);
+  if (g) ghput(g);
+  pthread_mutex_unlock(&mu);
+  return g ? OK : INVALID_VALUE;
+}
+CUresult cuMemAddressReserve(CUdeviceptr *p, size_t n, size_t align, CUdeviceptr addr, unsigned long long flags) {
+  INIT();
+  (void)align; (void)addr;
+  if (!p || n == 0 || flags) return INVALID_VALUE;
+  void *m = mmap(NULL, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m == MAP_FAILED) return OUT_OF_MEMORY;
+  *p = (uintptr_t)m;
+  return OK;
+}
+CUresult cuMemAddressFree(CUdeviceptr p, size_t n) {
+  INIT();
+  pthread_mutex_lock(&mu);
+  struct alloc *a = find((uintptr_t)p);
+  pthread_mutex_unlock(&mu);
+  if (a || !p || n == 0) return INVALID_VALUE; /* still mapped */
+  munmap((void *)(uintptr_t)p, n);
+  return OK;
+}
+CUresult cuMemMap(CUdeviceptr p, size_t n, size_t off, CUmemGenericAllocationHandle h, unsigned long long flags) {
+  INIT();
+  if (off || flags || n == 0) return INVALID_VALUE;
+  pthread_mutex_lock(&mu);
+  struct gh *g = ghget(h);
+  CUresult r = OK;
+  struct alloc *a = NULL;
+  if (!g || n > g->size || find((uintptr_t)p)) r = INVALID_VALUE;
+  else if (!(a = slot())) r = OUT_OF_MEMORY;
+  else {
+    a->addr = mmap((void *)(uintptr_t)p, n, PROT_NONE, MAP_SHARED | MAP_FIXED, g->fd, 0);
+    a->shadow = a->addr == MAP_FAILED ? MAP_FAILED : mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, g->fd, 0);
+    if (a->addr == MAP_FAILED || a->shadow == MAP_FAILED) { a->used = 0; r = OUT_OF_MEMORY; }
+    else { a->kind = 4; a->gh = (int)(h - 0x2000); a->dev = g->dev; a->fd = -1; a->size = n; g->refs++; }
+  }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+CUresult cuMemSetAccess(CUdeviceptr p, size_t n, const CUmemAccessDesc *d, size_t count) {
+  INIT();
+  if (!d || count == 0) return INVALID_VALUE;
+  for (size_t i = 0; i < count; i++)
+    if (d[i].location.type != 1 || d[i].location.id < 0 || d[i].location.id >= ndev || d[i].flags > 3) return INVALID_VALUE;
+  pthread_mutex_lock(&mu);
+  struct alloc *a = find((uintptr_t)p);
+  CUresult r = (a && a->kind == 4 && (uintptr_t)a->addr == p && n <= a->size) ? OK : INVALID_VALUE;
+  if (r == OK) a->access = d[0].flags == 3;
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+CUresult cuMemUnmap(CUdeviceptr p, size_t n) {
+  INIT();
+  pthread_mutex_lock(&mu);
+  struct alloc *a = find((uintptr_t)p);
+  if (!a || a->kind != 4 || (uintptr_t)a->addr != p || n != a->size) { pthread_mutex_unlock(&mu); return INVALID_VALUE; }
+  munmap(a->shadow, a->size);
+  /* The range stays reserved until cuMemAddressFree. */
+  mmap(a->addr, a->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+  ghput(&ghs[a->gh]);
+  a->used = 0;
+  pthread_mutex_unlock(&mu);
+  return OK;
+}
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h, void *addr) {
+  INIT();
+  pthread_mutex_lock(&mu);
+  struct alloc *a = find((uintptr_t)addr);
+  CUresult r = (a && a->kind == 4) ? OK : INVALID_VALUE; /* cuMemAlloc memory has none */
+  if (r == OK) { ghs[a->gh].refs++; *h = 0x2000 + a->gh; }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *p, CUmemGenericAllocationHandle h) {
+  INIT();
+  pthread_mutex_lock(&mu);
+  struct gh *g = ghget(h);
+  if (g && p) { memset(p, 0, sizeof *p); p->type = 1; p->requestedHandleTypes = g->htypes; p->location.type = 1; p->location.id = g->dev; }
+  pthread_mutex_unlock(&mu);
+  return g && p ? OK : INVALID_VALUE;
+}
+CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle h, int type, unsigned long long flags) {
+  INIT();
+  if (!out || flags || type != 8) return INVALID_VALUE;
+  const char *dom = fabric_domain();
+  if (!dom) return NOT_SUPPORTED;
+  pthread_mutex_lock(&mu);
+  struct gh *g = ghget(h);
+  CUresult r = !g ? INVALID_VALUE : (g->imported || !(g->htypes & 8)) ? INVALID_VALUE : OK;
+  if (r == OK) {
+    struct fabric f = { FMAGIC, getpid(), g->size, {0}, {0} };
+    memcpy(f.name, g->name, sizeof f.name);
+    size_t dl = strlen(dom); /* the first 16 bytes name the domain */
+    memcpy(f.domain, dom, dl < sizeof f.domain ? dl : sizeof f.domain);
+    memset(out, 0, 64); memcpy(out, &f, sizeof f);
+  }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *in, int type) {
+  INIT();
+  if (!h || !in || type != 8) return INVALID_VALUE;
+  const char *dom = fabric_domain();
+  if (!dom) return NOT_SUPPORTED;
+  struct fabric f; memcpy(&f, in, sizeof f);
+  if (f.magic != FMAGIC || f.size == 0) return INVALID_VALUE;
+  char mine[16] = {0};
+  size_t dl = strlen(dom);
+  memcpy(mine, dom, dl < sizeof mine ? dl : sizeof mine);
+  if (memcmp(f.domain, mine, sizeof mine) != 0) return 800; /* NOT_PERMITTED: another NVLink domain */
+  f.name[sizeof f.name - 1] = 0;
+  int fd = shm_open(f.name, O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) return INVALID_VALUE; /* the allocation is gone */
+  pthread_mutex_lock(&mu);
+  CUmemGenericAllocationHandle x = ghnew();
+  if (x) {
+    struct gh *g = ghget(x);
+    g->fd = fd; g->size = f.size; g->imported = 1; g->htypes = 8; g->dev = cur ? (int)(cur - 0x1000) : 0;
+    fabric_imports++;
+  }
+  pthread_mutex_unlock(&mu);
+  if (!x) { close(fd); return OUT_OF_MEMORY; }
+  *h = x;
+  return OK;
+}
+long fakecuda_fabric_imports(void) { pthread_mutex_lock(&mu); long n = fabric_imports; pthread_mutex_unlock(&mu); return n; }
 CUresult cuGetErrorName(CUresult r, const char **s) {
   switch (r) {
   case OK: *s = "CUDA_SUCCESS"; return OK;
   case INVALID_VALUE: *s = "CUDA_ERROR_INVALID_VALUE"; return OK;
   case INVALID_CONTEXT: *s = "CUDA_ERROR_INVALID_CONTEXT"; return OK;
   case NOT_SUPPORTED: *s = "CUDA_ERROR_NOT_SUPPORTED"; return OK;
+  case 800: *s = "CUDA_ERROR_NOT_PERMITTED"; return OK;
   }
   *s = NULL; return INVALID_VALUE;
 }
@@ -414,6 +629,8 @@ CUresult cuGetErrorName(CUresult r, const char **s) {
 __attribute__((destructor)) static void cleanup(void) {
   for (int i = 0; i < MAXA; i++)
     if (tab[i].used && tab[i].kind == 2) shm_unlink(tab[i].name);
+  for (int i = 0; i < MAXGH; i++)
+    if (ghs[i].used && !ghs[i].imported) shm_unlink(ghs[i].name);
 }
 
 /* Test probes: what is still open. */
