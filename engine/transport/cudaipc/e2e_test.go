@@ -27,6 +27,12 @@ const envChild = "TE_CUDAIPC_CHILD"
 
 var setupErr error
 
+// cudaReady says why the CUDA runtime (real or fake) could not be set up.
+func cudaReady() error {
+	v, _ := gputest.Of("cuda")
+	return v.Ready()
+}
+
 func TestMain(m *testing.M) {
 	if os.Getenv(envChild) == "1" {
 		os.Exit(runChild())
@@ -77,8 +83,8 @@ func TestConformance(t *testing.T) {
 // imported fabric handle (on one host: the suite's child inherits this
 // process's host identity).
 func TestConformanceMNNVL(t *testing.T) {
-	if setupErr != nil {
-		t.Skipf("no GPU runtime and no fake: %v", setupErr)
+	if err := cudaReady(); err != nil {
+		t.Skipf("no CUDA runtime and no fake: %v", err)
 	}
 	if !cudatest.Fake() {
 		t.Skip("on a GPU, the fabric path needs a domain (IMEX): run it across NVL72 nodes")

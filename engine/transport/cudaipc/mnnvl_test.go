@@ -165,8 +165,8 @@ func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(
 
 func startFabricPair(t *testing.T, params map[string]string, alloc, childDom, childFake, dom, fake string) *fabricPair {
 	t.Helper()
-	if setupErr != nil {
-		t.Skipf("no GPU runtime and no fake: %v", setupErr)
+	if err := cudaReady(); err != nil {
+		t.Skipf("no CUDA runtime and no fake: %v", err)
 	}
 	if !cudatest.Fake() {
 		t.Skip("two hosts are played on the fake driver; on an NVL72 run the GPU check across nodes")
@@ -408,7 +408,7 @@ func TestMNNVLRankedOverRDMA(t *testing.T) {
 // case runs in a process of its own.
 func TestMNNVLUnregisterFence(t *testing.T) {
 	if os.Getenv("TE_MNNVL_FENCE_INNER") != "1" {
-		if setupErr != nil || !cudatest.Fake() {
+		if cudaReady() != nil || !cudatest.Fake() {
 			t.Skip("needs the fake driver's copy delay")
 		}
 		cmd := exec.Command(os.Args[0], "-test.run=^TestMNNVLUnregisterFence$", "-test.count=1", "-test.v")

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/tecache/te/internal/sys/cuda/cudatest"
-	"github.com/tecache/te/internal/sys/gpu/gputest"
 )
 
 // TestUnregisterOutlastedBySlowCopies replays the interleaving behind a
@@ -23,8 +22,8 @@ import (
 // process died in cuMemcpyAsync. The case runs in a process of its own,
 // which must pass, having retried, without a crash.
 func TestUnregisterOutlastedBySlowCopies(t *testing.T) {
-	if cu, _ := gputest.Of("cuda"); cu.Ready() != nil {
-		t.Skipf("no CUDA runtime and no fake: %v", cu.Ready())
+	if err := cudaReady(); err != nil {
+		t.Skipf("no CUDA runtime and no fake: %v", err)
 	}
 	if !cudatest.Fake() {
 		t.Skip("needs the fake driver's copy delay")
