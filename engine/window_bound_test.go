@@ -26,14 +26,22 @@ type boundTrio struct {
 
 func newBoundTrio(t *testing.T, mod ...func(*engine.Config)) *boundTrio {
 	t.Helper()
+	return newTrio(t, func(x *boundTrio, r []engine.Range) (uint64, error) {
+		return x.owner.GrantWindowTo(x.grantee.Name(), r)
+	}, mod...)
+}
+
+// newTrio makes the three engines and the owner's buffer, and grants the
+// window over its first half with grant.
+func newTrio(t *testing.T, grant func(x *boundTrio, r []engine.Range) (uint64, error), mod ...func(*engine.Config)) *boundTrio {
+	t.Helper()
 	x := &boundTrio{owner: newEngine(t, mod...), grantee: newEngine(t, mod...), other: newEngine(t, mod...)}
 	x.dst = alloc(t, 1<<16)
 	if err := x.owner.RegisterMemory(mem.Addr(x.dst), 1<<16, "cpu", true); err != nil {
 		t.Fatal(err)
 	}
 	var err error
-	x.key, err = x.owner.GrantWindowTo(x.grantee.Name(), []engine.Range{{Addr: mem.Addr(x.dst), Length: 1 << 15}})
-	if err != nil {
+	if x.key, err = grant(x, []engine.Range{{Addr: mem.Addr(x.dst), Length: 1 << 15}}); err != nil {
 		t.Fatal(err)
 	}
 	return x
@@ -90,12 +98,19 @@ func (x *boundTrio) check(t *testing.T, tr string) {
 	if x.dst[0] != 0x5A || x.dst[4095] != 0x5A {
 		t.Fatalf("%s: the grantee's write did not land", tr)
 	}
+	x.checkRevoked(t, tr, "the grantee")
+}
+
+// checkRevoked revokes the window and checks that who (the grantee) can no
+// longer write under it and nothing of its write lands.
+func (x *boundTrio) checkRevoked(t *testing.T, tr, who string) {
+	t.Helper()
 	if err := x.owner.RevokeWindow(x.key); err != nil {
 		t.Fatal(err)
 	}
 	clear(x.dst)
 	if st := x.write(t, x.grantee, tr, 0x77); st.State != engine.Failed || errs.CodeOf(st.Err) != errs.AccessDenied {
-		t.Fatalf("%s: the grantee wrote after the revoke: %+v", tr, st)
+		t.Fatalf("%s: %s wrote after the revoke: %+v", tr, who, st)
 	}
 	if !bytes.Equal(x.dst[:4096], make([]byte, 4096)) {
 		t.Fatalf("%s: a write after the revoke landed", tr)

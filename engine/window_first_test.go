@@ -7,23 +7,13 @@ import (
 
 	"github.com/tecache/te/engine"
 	"github.com/tecache/te/internal/errs"
-	"github.com/tecache/te/internal/sys/mem"
 )
 
 // newFirstTrio is newBoundTrio with the window granted to the first engine
 // that uses it (GrantWindowToFirst) rather than to the grantee by name.
 func newFirstTrio(t *testing.T, mod ...func(*engine.Config)) *boundTrio {
 	t.Helper()
-	x := &boundTrio{owner: newEngine(t, mod...), grantee: newEngine(t, mod...), other: newEngine(t, mod...)}
-	x.dst = alloc(t, 1<<16)
-	if err := x.owner.RegisterMemory(mem.Addr(x.dst), 1<<16, "cpu", true); err != nil {
-		t.Fatal(err)
-	}
-	var err error
-	x.key, err = x.owner.GrantWindowToFirst([]engine.Range{{Addr: mem.Addr(x.dst), Length: 1 << 15}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	x := newTrio(t, func(x *boundTrio, r []engine.Range) (uint64, error) { return x.owner.GrantWindowToFirst(r) }, mod...)
 	if p, err := x.owner.WindowPeer(x.key); err != nil || p != "" {
 		t.Fatalf("a window nobody used is bound to %q (%v)", p, err)
 	}
@@ -61,16 +51,7 @@ func (x *boundTrio) checkFirst(t *testing.T, tr string) {
 	if st := x.write(t, x.grantee, tr, 0x33); st.State != engine.Completed || x.dst[0] != 0x33 {
 		t.Fatalf("%s: the first user's second write: %+v", tr, st)
 	}
-	if err := x.owner.RevokeWindow(x.key); err != nil {
-		t.Fatal(err)
-	}
-	clear(x.dst)
-	if st := x.write(t, x.grantee, tr, 0x77); st.State != engine.Failed || errs.CodeOf(st.Err) != errs.AccessDenied {
-		t.Fatalf("%s: the first user wrote after the revoke: %+v", tr, st)
-	}
-	if !bytes.Equal(x.dst[:4096], make([]byte, 4096)) {
-		t.Fatalf("%s: a write after the revoke landed", tr)
-	}
+	x.checkRevoked(t, tr, "the first user")
 }
 
 // checkBoundFirst: the owner binds the window to the grantee before anyone

@@ -40,7 +40,7 @@ if [ "$mode" = build ]; then
 	CGO_ENABLED=0 go test -c -trimpath -ldflags='-s -w' -o "$stage/fabric.test" ./engine/transport/fabric
 	CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$stage/te-bench" ./bench/te-bench
 	tar czf "$EFA_BUILD/bundle.tgz" -C "$stage" .
-	cp bench/efa/check.sh "$EFA_BUILD/"
+	cp bench/efa/check.sh bench/lib/steps.sh "$EFA_BUILD/"
 	echo "built $EFA_BUILD ($(du -sh "$EFA_BUILD" | cut -f1)); carry it and run: $EFA_BUILD/check.sh run"
 	exit 0
 fi
@@ -64,44 +64,9 @@ passed=0 failed=0 skipped=0
 names_failed=""
 export FI_EFA_ENABLE_SHM_TRANSFER=0
 
-step() { # name, timeout seconds, command...
-	local name=$1 to=$2
-	shift 2
-	local left=$((BUDGET - (SECONDS - T0)))
-	if [ "$left" -lt 10 ]; then
-		echo "== $name: SKIP (out of time)" | tee -a "$RESULTS"
-		skipped=$((skipped + 1))
-		return
-	fi
-	[ "$to" -gt "$left" ] && to=$left
-	local log rc t=$SECONDS
-	log=$(mktemp)
-	timeout "$to" "$@" >"$log" 2>&1
-	rc=$?
-	local verdict=PASS
-	if [ $rc -eq 77 ]; then
-		verdict=SKIP
-	elif [ $rc -ne 0 ]; then
-		verdict=FAIL
-	elif grep -q -- '--- SKIP' "$log" && ! grep -q -- '--- PASS' "$log"; then
-		verdict=SKIP
-	fi
-	case $verdict in
-	PASS) passed=$((passed + 1)) ;;
-	SKIP) skipped=$((skipped + 1)) ;;
-	FAIL)
-		failed=$((failed + 1))
-		names_failed="$names_failed [$name]"
-		;;
-	esac
-	echo "== $name: $verdict (rc $rc, $((SECONDS - t))s)" | tee -a "$RESULTS"
-	grep -E '_test.go:|SKIP|FAIL|panic|GB/s|error' "$log" | head -20 | tee -a "$RESULTS"
-	{
-		echo "===== $name"
-		cat "$log"
-	} >>"$RESULTS.full"
-	rm -f "$log"
-}
+STEP_GREP='_test.go:|SKIP|FAIL|panic|GB/s|error'
+# shellcheck source=../lib/steps.sh
+. "$(dirname "$0")/steps.sh" 2>/dev/null || . "$(dirname "$0")/../lib/steps.sh"
 
 # 1. What libfabric offers.
 if ! command -v fi_info >/dev/null; then

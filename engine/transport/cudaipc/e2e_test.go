@@ -170,6 +170,13 @@ func runChild() int {
 	}
 	b := e.Descriptor().Buffers[0]
 	fmt.Printf("READY %s %d %d %s\n", e.Name(), g.addr, g.n, b.Name)
+	return serveOwner(e, g.addr, g.crc)
+}
+
+// serveOwner answers the parent's commands on stdin about the owner's
+// buffer registered at addr: "crc OFF N" (its CRC there) and "unreg";
+// anything else ends it.
+func serveOwner(e *engine.Engine, addr uint64, crc func(off, n uint64) (uint32, error)) int {
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
 		f := strings.Fields(in.Text())
@@ -177,10 +184,10 @@ func runChild() int {
 		case len(f) == 3 && f[0] == "crc":
 			off, _ := strconv.ParseUint(f[1], 10, 64)
 			n, _ := strconv.ParseUint(f[2], 10, 64)
-			c, err := g.crc(off, n)
+			c, err := crc(off, n)
 			fmt.Println("CRC", c, err)
 		case len(f) == 1 && f[0] == "unreg":
-			fmt.Println("UNREG", e.UnregisterMemory(g.addr))
+			fmt.Println("UNREG", e.UnregisterMemory(addr))
 		default:
 			return 0
 		}

@@ -1,7 +1,6 @@
 package cudaipc_test
 
 import (
-	"bufio"
 	"bytes"
 	"fmt"
 	"hash/crc32"
@@ -18,10 +17,8 @@ import (
 	"github.com/tecache/te/engine"
 	"github.com/tecache/te/engine/transport/cudaipc"
 	"github.com/tecache/te/internal/errs"
-	"github.com/tecache/te/internal/sys/cuda"
 	"github.com/tecache/te/internal/sys/cuda/cudatest"
 	"github.com/tecache/te/internal/sys/ibv/ibvtest"
-	"github.com/tecache/te/internal/sys/mem"
 )
 
 // The multi-node NVLink tests run two processes of this machine as engines
@@ -37,70 +34,31 @@ const (
 	fabricSize     = 4 << 20
 )
 
-// devMem is device memory of GPU 0 made either way, with a host buffer for
-// fills and reads.
+// devMem is device memory of GPU 0 made either way (cudatest.Buffer), with
+// the fills and CRCs these tests compare.
 type devMem struct {
-	l      *cuda.Lib
-	ctx    cuda.Context
-	addr   uint64
-	n      uint64
-	fabric bool
-	host   []byte
+	*cudatest.Buffer
+	addr, n uint64
 }
 
 func newDevMem(n uint64, fabric bool) (*devMem, error) {
-	l, err := cuda.Load()
+	g, err := cudatest.NewBufferOf(n, fabric)
 	if err != nil {
 		return nil, err
 	}
-	d, err := l.DeviceGet(0)
-	if err != nil {
-		return nil, err
-	}
-	ctx, err := l.PrimaryCtxRetain(d)
-	if err != nil {
-		return nil, err
-	}
-	m := &devMem{l: l, ctx: ctx, n: n, fabric: fabric}
-	if m.host, err = mem.Alloc(int(n)); err != nil {
-		return nil, err
-	}
-	err = l.With(ctx, func() (err error) {
-		if fabric {
-			m.addr, err = l.MemCreate(0, n, cuda.MemHandleTypeFabric)
-		} else {
-			m.addr, err = l.MemAlloc(n)
-		}
-		return err
-	})
-	if err != nil {
-		mem.Free(m.host)
-		return nil, err
-	}
-	return m, nil
+	return &devMem{Buffer: g, addr: g.Addr, n: g.N}, nil
 }
 
 func (m *devMem) fill(seed byte) error {
-	for i := range m.host {
-		m.host[i] = byte(i*13) ^ seed
-	}
-	return m.l.With(m.ctx, func() error { return m.l.CopyHtoD(m.addr, mem.Addr(m.host), m.n) })
+	return m.Fill(func(i uint64) byte { return byte(i*13) ^ seed })
 }
 
 func (m *devMem) crc(off, n uint64) (uint32, error) {
-	err := m.l.With(m.ctx, func() error { return m.l.CopyDtoH(mem.Addr(m.host)+off, m.addr+off, n) })
-	return crc32.ChecksumIEEE(m.host[off : off+n]), err
+	b, err := m.Download(off, n)
+	return crc32.ChecksumIEEE(b), err
 }
 
-func (m *devMem) free() {
-	m.l.With(m.ctx, func() error {
-		if m.fabric {
-			return m.l.MemDestroy(m.addr, m.n)
-		}
-		return m.l.MemFree(m.addr)
-	})
-	mem.Free(m.host)
-}
+func (m *devMem) free() { m.Free() }
 
 // runFabricChild is the owner on "another host": GPU memory made as
 // TE_CUDAIPC_FABRIC_ALLOC says, registered as cuda:0, then commands.
@@ -124,22 +82,25 @@ func runFabricChild() int {
 	}
 	b := e.Descriptor().Buffers[0]
 	fmt.Printf("READY %s %d %d %t\n", e.Name(), m.addr, m.n, b.Extra[cudaipc.ExtraFabric] != "")
-	in := bufio.NewScanner(os.Stdin)
-	for in.Scan() {
-		f := strings.Fields(in.Text())
-		switch {
-		case len(f) == 3 && f[0] == "crc":
-			off, _ := strconv.ParseUint(f[1], 10, 64)
-			n, _ := strconv.ParseUint(f[2], 10, 64)
-			c, err := m.crc(off, n)
-			fmt.Println("CRC", c, err)
-		case len(f) == 1 && f[0] == "unreg":
-			fmt.Println("UNREG", e.UnregisterMemory(m.addr))
-		default:
-			return 0
-		}
+	return serveOwner(e, m.addr, m.crc)
+}
+
+// writeAll fills this side's buffer from seed, writes all of it into the
+// child's, checks the child holds it and returns the transport it took.
+func (p *fabricPair) writeAll(t *testing.T, seed byte) string {
+	t.Helper()
+	if err := p.local.fill(seed); err != nil {
+		t.Fatal(err)
 	}
-	return 0
+	want, _ := p.local.crc(0, p.n)
+	st, tr, err := p.do(t, engine.Write, p.local.addr, p.addr, p.n)
+	if err != nil || st.State != engine.Completed {
+		t.Fatalf("write: %+v %v", st, err)
+	}
+	if got := p.childCRC(t, 0, p.n); got != fmt.Sprintf("CRC %d <nil>", want) {
+		t.Fatalf("child after write over %s: %s, want CRC %d", tr, got, want)
+	}
+	return tr
 }
 
 // fabricPair is this process's engine and the child owner, on two
@@ -238,24 +199,13 @@ func TestMNNVLWriteRead(t *testing.T) {
 	if !p.exports {
 		t.Fatal("the child's cuMemCreate(FABRIC) buffer carries no fabric handle")
 	}
-	if err := p.local.fill(0x71); err != nil {
-		t.Fatal(err)
-	}
-	want, _ := p.local.crc(0, p.n)
-	st, tr, err := p.do(t, engine.Write, p.local.addr, p.addr, p.n)
-	if err != nil || st.State != engine.Completed {
-		t.Fatalf("write: %+v %v", st, err)
-	}
-	if tr != cudaipc.Name {
+	if tr := p.writeAll(t, 0x71); tr != cudaipc.Name {
 		t.Fatalf("write went over %q, want cudaipc through the fabric handle", tr)
-	}
-	if got := p.childCRC(t, 0, p.n); got != fmt.Sprintf("CRC %d <nil>", want) {
-		t.Fatalf("child after write: %s, want CRC %d", got, want)
 	}
 	// The child's second half now holds our second half; read its first
 	// quarter into our second half, at an offset inside the allocation.
 	q := p.n / 4
-	st, tr, err = p.do(t, engine.Read, p.local.addr+p.n/2, p.addr+q, q)
+	st, tr, err := p.do(t, engine.Read, p.local.addr+p.n/2, p.addr+q, q)
 	if err != nil || st.State != engine.Completed || tr != cudaipc.Name {
 		t.Fatalf("read: %+v over %q, %v", st, tr, err)
 	}
@@ -281,19 +231,8 @@ func TestMNNVLWriteRead(t *testing.T) {
 // never pair over fabric handles: the request goes over tcp, byte-exact.
 func TestMNNVLOtherDomain(t *testing.T) {
 	p := startFabricPair(t, nil, "fabric", "nvl72-a:7", "nvl72-a", "nvl72-b:3", "nvl72-b")
-	if err := p.local.fill(0x29); err != nil {
-		t.Fatal(err)
-	}
-	want, _ := p.local.crc(0, p.n)
-	st, tr, err := p.do(t, engine.Write, p.local.addr, p.addr, p.n)
-	if err != nil || st.State != engine.Completed {
-		t.Fatalf("write: %+v %v", st, err)
-	}
-	if tr == cudaipc.Name {
+	if tr := p.writeAll(t, 0x29); tr == cudaipc.Name {
 		t.Fatal("a request between two NVLink domains went over cudaipc")
-	}
-	if got := p.childCRC(t, 0, p.n); got != fmt.Sprintf("CRC %d <nil>", want) {
-		t.Fatalf("child after write over %s: %s, want CRC %d", tr, got, want)
 	}
 	if n := cudatest.Counter(t, "fakecuda_fabric_imports"); n != 0 {
 		t.Fatalf("%d fabric handles imported across domains", n)
@@ -312,19 +251,8 @@ func TestMNNVLPlainAlloc(t *testing.T) {
 	if l := p.logs.String(); !strings.Contains(l, "has no fabric handle") || !strings.Contains(l, "cuMemAlloc memory has no fabric handle") {
 		t.Fatalf("no logged reason for this side's cuMemAlloc buffer: %s", l)
 	}
-	if err := p.local.fill(0x44); err != nil {
-		t.Fatal(err)
-	}
-	want, _ := p.local.crc(0, p.n)
-	st, tr, err := p.do(t, engine.Write, p.local.addr, p.addr, p.n)
-	if err != nil || st.State != engine.Completed {
-		t.Fatalf("write: %+v %v", st, err)
-	}
-	if tr == cudaipc.Name {
+	if tr := p.writeAll(t, 0x44); tr == cudaipc.Name {
 		t.Fatal("a buffer without a fabric handle went over cudaipc across hosts")
-	}
-	if got := p.childCRC(t, 0, p.n); got != fmt.Sprintf("CRC %d <nil>", want) {
-		t.Fatalf("child after write over %s: %s, want CRC %d", tr, got, want)
 	}
 }
 
@@ -374,21 +302,10 @@ func TestMNNVLRankedOverRDMA(t *testing.T) {
 			if !slices.Contains(p.e.Transports(), "rdma") {
 				t.Fatalf("rdma is not installed on the fake verbs: %v", p.e.Transports())
 			}
-			if err := p.local.fill(0x5e); err != nil {
-				t.Fatal(err)
-			}
-			want, _ := p.local.crc(0, p.n)
-			st, tr, err := p.do(t, engine.Write, p.local.addr, p.addr, p.n)
-			if err != nil || st.State != engine.Completed {
-				t.Fatalf("write: %+v %v", st, err)
-			}
-			if tr != c.want {
+			if tr := p.writeAll(t, 0x5e); tr != c.want {
 				t.Fatalf("write went over %q, want %s", tr, c.want)
 			}
-			if got := p.childCRC(t, 0, p.n); got != fmt.Sprintf("CRC %d <nil>", want) {
-				t.Fatalf("child after write over %s: %s, want CRC %d", tr, got, want)
-			}
-			st, tr, err = p.do(t, engine.Read, p.local.addr, p.addr+p.n/2, p.n/2)
+			st, tr, err := p.do(t, engine.Read, p.local.addr, p.addr+p.n/2, p.n/2)
 			if err != nil || st.State != engine.Completed || tr != c.want {
 				t.Fatalf("read: %+v over %q, %v", st, tr, err)
 			}

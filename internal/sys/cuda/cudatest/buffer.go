@@ -28,7 +28,11 @@ const EnvFabric = "TE_CUDATEST_FABRIC"
 
 // NewBuffer allocates n bytes of device memory (the driver Setup chose):
 // cuMemAlloc memory, or fabric memory with EnvFabric=1.
-func NewBuffer(n uint64) (*Buffer, error) {
+func NewBuffer(n uint64) (*Buffer, error) { return NewBufferOf(n, os.Getenv(EnvFabric) == "1") }
+
+// NewBufferOf allocates n bytes of device memory, fabric memory if fabric
+// is set, else cuMemAlloc memory.
+func NewBufferOf(n uint64, fabric bool) (*Buffer, error) {
 	l, err := cuda.Load()
 	if err != nil {
 		return nil, err
@@ -41,7 +45,7 @@ func NewBuffer(n uint64) (*Buffer, error) {
 	if err != nil {
 		return nil, err
 	}
-	g := &Buffer{l: l, ctx: ctx, N: n, fabric: os.Getenv(EnvFabric) == "1"}
+	g := &Buffer{l: l, ctx: ctx, N: n, fabric: fabric}
 	if g.Host, err = mem.Alloc(int(n)); err != nil {
 		return nil, err
 	}
