@@ -1,11 +1,15 @@
 package fabric
 
 import (
+	crand "crypto/rand"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"unsafe"
 
 	"github.com/tecache/te/internal/errs"
@@ -155,6 +159,75 @@ func callPtr(fn uintptr, args ...uintptr) uintptr {
 
 var shmSeq atomic.Uint64
 
+// shmDir is where libfabric's shm provider keeps its regions (shm_open).
+var shmDir = "/dev/shm"
+
+// shmName is a name of its own for an shm endpoint, which shm names its
+// region after (by default this process's pid): the sequence number keeps
+// several engines of one process from colliding (EBUSY at fi_enable), the
+// random part a process whose pid was used before by one that was killed
+// and left its region behind (pids wrap at 32768 on a small machine), and
+// the pid namespace lets reapShm tell whose regions it may judge. Stale
+// regions of this namespace are removed first, once per process.
+func shmName() string {
+	ns := pidNS()
+	reapOnce.Do(func() { reapShm(ns) })
+	var r [8]byte
+	_, _ = crand.Read(r[:])
+	return fmt.Sprintf("te-%s-%d-%d-%x", ns, os.Getpid(), shmSeq.Add(1), r)
+}
+
+var reapOnce sync.Once
+
+// pidNS is the inode number of this process's pid namespace ("0" if it
+// cannot be read).
+func pidNS() string {
+	l, err := os.Readlink("/proc/self/ns/pid") // "pid:[4026531836]"
+	if err != nil {
+		return "0"
+	}
+	if i, j := strings.IndexByte(l, '['), strings.IndexByte(l, ']'); i >= 0 && j > i+1 {
+		return l[i+1 : j]
+	}
+	return "0"
+}
+
+// reapShm removes the regions that shm endpoints of te processes of pid
+// namespace ns left in shmDir when they were killed (a process that exits
+// normally unlinks its own): each holds its queues' memory, 16 MiB in
+// libfabric 1.17, on a tmpfs. A region is stale when the process its name
+// names no longer exists; one whose pid is alive (or was reused) is left,
+// and regions of other namespaces (a shared /dev/shm) are never judged.
+// Mappings a live peer still has stay valid: unlinking only drops the name.
+func reapShm(ns string) int {
+	if ns == "0" {
+		return 0
+	}
+	ents, err := os.ReadDir(shmDir)
+	if err != nil {
+		return 0
+	}
+	prefix, n := "te-"+ns+"-", 0
+	for _, e := range ents {
+		rest, ok := strings.CutPrefix(e.Name(), prefix)
+		if !ok {
+			continue
+		}
+		p, _, _ := strings.Cut(rest, "-")
+		pid, err := strconv.Atoi(p)
+		if err != nil || pid <= 0 || pid == os.Getpid() {
+			continue
+		}
+		if syscall.Kill(pid, 0) != syscall.ESRCH {
+			continue
+		}
+		if os.Remove(filepath.Join(shmDir, e.Name())) == nil {
+			n++
+		}
+	}
+	return n
+}
+
 // Domain is an opened fabric and domain of one offer (fi_fabric,
 // fi_domain), with the copy of its fi_info that endpoints are opened from.
 type Domain struct {
@@ -185,11 +258,7 @@ func (o *Offer) OpenDomain() (*Domain, error) {
 	out := s.addr(0)
 	in := at[Info](d.info)
 	if o.HasProvider("shm") {
-		// shm names its endpoints after the source address, by default
-		// this process's pid: a name of its own per domain keeps several
-		// engines of one process (and a pid reused after a crash left
-		// its region behind) from colliding (EBUSY at fi_enable).
-		name := fmt.Sprintf("fi_shm://te-%d-%d", os.Getpid(), shmSeq.Add(1))
+		name := "fi_shm://" + shmName()
 		p := callPtr(l.malloc, uintptr(len(name)+1))
 		if p == 0 {
 			d.Close()
