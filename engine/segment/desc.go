@@ -107,6 +107,9 @@ type BufferDesc struct {
 	MoreLkey [][]uint32 `json:"te_lkeys,omitempty"`
 }
 
+// MinMROverlap is the least overlap of a split buffer's memory regions.
+const MinMROverlap = 4096
+
 // MaxMRs bounds the memory regions per NIC one split buffer may have.
 const MaxMRs = 1 << 16
 
@@ -146,7 +149,9 @@ func (b *BufferDesc) checkSplit() bool {
 	if b.MRStep == 0 && b.MRSpan == 0 && len(b.MoreRkey) == 0 && len(b.MoreLkey) == 0 {
 		return true
 	}
-	if b.MRStep == 0 || b.MRSpan <= b.MRStep || b.MRSpan >= b.Length || b.Length/b.MRStep >= MaxMRs {
+	// The overlap bounds an initiator's slices to the buffer: a peer must
+	// not make them smaller than a page (a flood of tiny work requests).
+	if b.MRStep == 0 || b.MRSpan < b.MRStep+MinMROverlap || b.MRSpan >= b.Length || b.Length/b.MRStep >= MaxMRs {
 		return false
 	}
 	n := MRCount(b.Length, b.MRStep, b.MRSpan)

@@ -61,14 +61,15 @@ func TestDecodeRejects(t *testing.T) {
 		"wrong type":   `{"name":"a","buffers":[{"addr":"x","length":1}]}`,
 		"negative key": `{"name":"a","buffers":[{"addr":1,"length":1,"rkey":[-1]}]}`,
 		// Split buffers: the layout and the key vectors must agree.
-		"split, no step":       `{"name":"a","buffers":[{"addr":4096,"length":3000,"rkey":[1],"te_mr_span":1000,"te_rkeys":[[2],[3]]}]}`,
-		"split, span <= step":  `{"name":"a","buffers":[{"addr":4096,"length":3000,"rkey":[1],"te_mr_step":1000,"te_mr_span":1000,"te_rkeys":[[2],[3]]}]}`,
-		"split, span >= len":   `{"name":"a","buffers":[{"addr":4096,"length":3000,"rkey":[1],"te_mr_step":1000,"te_mr_span":3000}]}`,
-		"split, too few keys":  `{"name":"a","buffers":[{"addr":4096,"length":3000,"rkey":[1],"te_mr_step":1000,"te_mr_span":1500,"te_rkeys":[[2]]}]}`,
-		"split, too many keys": `{"name":"a","buffers":[{"addr":4096,"length":3000,"rkey":[1],"te_mr_step":1000,"te_mr_span":1500,"te_rkeys":[[2],[3],[4]]}]}`,
-		"split, short vector":  `{"name":"a","buffers":[{"addr":4096,"length":3000,"rkey":[1,5],"te_mr_step":1000,"te_mr_span":1500,"te_rkeys":[[2,6],[3]]}]}`,
-		"split, lkeys":         `{"name":"a","buffers":[{"addr":4096,"length":3000,"rkey":[1],"te_mr_step":1000,"te_mr_span":1500,"te_rkeys":[[2],[3]],"te_lkeys":[[2]]}]}`,
-		"split, keys no step":  `{"name":"a","buffers":[{"addr":4096,"length":3000,"rkey":[1],"te_rkeys":[[2],[3]]}]}`,
+		"split, no step":       `{"name":"a","buffers":[{"addr":4096,"length":30000,"rkey":[1],"te_mr_span":10000,"te_rkeys":[[2],[3]]}]}`,
+		"split, span <= step":  `{"name":"a","buffers":[{"addr":4096,"length":30000,"rkey":[1],"te_mr_step":10000,"te_mr_span":10000,"te_rkeys":[[2],[3]]}]}`,
+		"split, span >= len":   `{"name":"a","buffers":[{"addr":4096,"length":30000,"rkey":[1],"te_mr_step":10000,"te_mr_span":30000}]}`,
+		"split, too few keys":  `{"name":"a","buffers":[{"addr":4096,"length":30000,"rkey":[1],"te_mr_step":10000,"te_mr_span":15000,"te_rkeys":[[2]]}]}`,
+		"split, too many keys": `{"name":"a","buffers":[{"addr":4096,"length":30000,"rkey":[1],"te_mr_step":10000,"te_mr_span":15000,"te_rkeys":[[2],[3],[4]]}]}`,
+		"split, short vector":  `{"name":"a","buffers":[{"addr":4096,"length":30000,"rkey":[1,5],"te_mr_step":10000,"te_mr_span":15000,"te_rkeys":[[2,6],[3]]}]}`,
+		"split, lkeys":         `{"name":"a","buffers":[{"addr":4096,"length":30000,"rkey":[1],"te_mr_step":10000,"te_mr_span":15000,"te_rkeys":[[2],[3]],"te_lkeys":[[2]]}]}`,
+		"split, keys no step":  `{"name":"a","buffers":[{"addr":4096,"length":30000,"rkey":[1],"te_rkeys":[[2],[3]]}]}`,
+		"split, tiny overlap":  `{"name":"a","buffers":[{"addr":4096,"length":30000,"rkey":[1],"te_mr_step":10000,"te_mr_span":10001,"te_rkeys":[[2],[3]]}]}`,
 		"split, too many":      `{"name":"a","buffers":[{"addr":4096,"length":1000000000,"rkey":[1],"te_mr_step":1,"te_mr_span":2}]}`,
 	} {
 		if _, err := Decode([]byte(js)); !errors.Is(err, errs.ErrMetadata) {
@@ -80,7 +81,7 @@ func TestDecodeRejects(t *testing.T) {
 // A buffer split into overlapping memory regions: every access no longer
 // than the overlap is served by one region that holds it whole.
 func TestSplitBufferKeys(t *testing.T) {
-	js := `{"name":"a","buffers":[{"addr":4096,"length":3000,"rkey":[1,10],"lkey":[1,10],"te_mr_step":1000,"te_mr_span":1500,"te_rkeys":[[2,20],[3,30]]}]}`
+	js := `{"name":"a","buffers":[{"addr":4096,"length":30000,"rkey":[1,10],"lkey":[1,10],"te_mr_step":10000,"te_mr_span":15000,"te_rkeys":[[2,20],[3,30]]}]}`
 	d, err := Decode([]byte(js))
 	if err != nil {
 		t.Fatal(err)
@@ -89,12 +90,12 @@ func TestSplitBufferKeys(t *testing.T) {
 	if n := MRCount(b.Length, b.MRStep, b.MRSpan); n != 3 {
 		t.Fatalf("%d regions, want 3", n)
 	}
-	for off := uint64(0); off+500 <= b.Length; off += 7 {
+	for off := uint64(0); off+5000 <= b.Length; off += 7 {
 		k := b.MRIndex(off)
 		lo := uint64(k) * b.MRStep
 		hi := min(lo+b.MRSpan, b.Length)
-		if off < lo || off+500 > hi {
-			t.Fatalf("an access at %d of 500 bytes goes to region %d [%d,%d)", off, k, lo, hi)
+		if off < lo || off+5000 > hi {
+			t.Fatalf("an access at %d of 5000 bytes goes to region %d [%d,%d)", off, k, lo, hi)
 		}
 		if _, rk := b.Keys(k); rk[1] != uint32(10*(k+1)) {
 			t.Fatalf("region %d has rkeys %v", k, rk)
