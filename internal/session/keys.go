@@ -193,6 +193,7 @@ type direction struct {
 	iv    [NonceSize]byte
 	nonce [NonceSize]byte
 	aead  cipher.AEAD
+	mac   *gmac // the tags of Headers and Integrity records, under the same key
 }
 
 func newDir(prk []byte, p Params, label string, dir uint32) (*direction, error) {
@@ -229,6 +230,7 @@ func (d *direction) keys() error {
 	}
 	copy(d.iv[:], iv)
 	d.aead = g
+	d.mac = newGMAC(b, g)
 	return nil
 }
 
