@@ -192,8 +192,7 @@ type direction struct {
 	ts    [sha256.Size]byte
 	iv    [NonceSize]byte
 	nonce [NonceSize]byte
-	aead  cipher.AEAD
-	mac   *gmac // the tags of Headers and Integrity records, under the same key
+	gcm   *gcm // crypto/cipher's AES-GCM, or the vector path (gcm.go)
 }
 
 func newDir(prk []byte, p Params, label string, dir uint32) (*direction, error) {
@@ -229,8 +228,7 @@ func (d *direction) keys() error {
 		return errs.Wrap(errs.Internal, "session", err, "gcm")
 	}
 	copy(d.iv[:], iv)
-	d.aead = g
-	d.mac = newGMAC(b, g)
+	d.gcm = newGCM(k, b, g)
 	return nil
 }
 

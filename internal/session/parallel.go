@@ -1,7 +1,6 @@
 package session
 
 import (
-	"crypto/cipher"
 	"runtime"
 	"sync"
 )
@@ -30,8 +29,7 @@ var wideCores = 4
 // recordKey is what one record is sealed or opened with: the key of its
 // epoch, its nonce, its sequence number.
 type recordKey struct {
-	aead  cipher.AEAD
-	mac   *gmac
+	gcm   *gcm
 	check [TagSize]byte // scratch of an Integrity record's check
 	nonce [NonceSize]byte
 	seq   uint64
@@ -46,7 +44,7 @@ func (d *direction) take(ks []recordKey, n int) ([]recordKey, error) {
 		if err := d.next(); err != nil {
 			return ks, err
 		}
-		ks = append(ks, recordKey{aead: d.aead, mac: d.mac, nonce: d.nonce, seq: d.seq - 1})
+		ks = append(ks, recordKey{gcm: d.gcm, nonce: d.nonce, seq: d.seq - 1})
 	}
 	return ks, nil
 }
@@ -90,15 +88,15 @@ func (j *sealJob) run(lo, hi int) {
 		switch {
 		case j.tagOnly:
 			o := j.at + i*TagSize
-			j.ks[i].mac.sum(j.dst[o:o+TagSize], &j.ks[i].nonce, rec)
+			j.ks[i].gcm.sum(j.dst[o:o+TagSize], &j.ks[i].nonce, rec)
 		case j.enc:
 			o := j.at + i*(RecordSize+TagSize)
-			j.ks[i].aead.Seal(j.dst[o:o], j.ks[i].nonce[:], rec, nil)
+			j.ks[i].gcm.seal(j.dst[o:o], &j.ks[i].nonce, rec)
 		default:
 			o := j.at + i*(RecordSize+TagSize)
 			copy(j.dst[o:], rec)
 			e := o + len(rec)
-			j.ks[i].mac.sum(j.dst[e:e+TagSize], &j.ks[i].nonce, j.dst[o:e])
+			j.ks[i].gcm.sum(j.dst[e:e+TagSize], &j.ks[i].nonce, j.dst[o:e])
 		}
 	}
 }
@@ -117,10 +115,9 @@ func (j *openJob) run(lo, hi int) {
 		rec := j.recs[i*(RecordSize+TagSize) : min(len(j.recs), (i+1)*(RecordSize+TagSize))]
 		k := len(rec) - TagSize
 		if j.enc {
-			_, err := j.ks[i].aead.Open(rec[:0], j.ks[i].nonce[:], rec, nil)
-			j.opened[i] = err == nil
+			j.opened[i] = j.ks[i].gcm.open(rec, &j.ks[i].nonce, j.ks[i].check[:])
 		} else {
-			j.opened[i] = j.ks[i].mac.check(rec[k:], &j.ks[i].nonce, rec[:k], j.ks[i].check[:])
+			j.opened[i] = j.ks[i].gcm.check(rec[k:], &j.ks[i].nonce, rec[:k], j.ks[i].check[:])
 		}
 	}
 }

@@ -17,7 +17,7 @@ func TestRekey(t *testing.T) {
 		srv, _ := New(p, Server)
 		ini.Send.d.seq = RekeyRecords - 2
 		srv.Recv.d.seq = RekeyRecords - 2
-		old := ini.Send.d.aead
+		old := ini.Send.d.gcm
 		oldTS := ini.Send.d.ts
 		for i := range 4 {
 			rec, err := ini.Send.Seal(nil, []byte("header"))
@@ -28,7 +28,7 @@ func TestRekey(t *testing.T) {
 				t.Fatalf("%v: record %d around the boundary: %v", mode, i, err)
 			}
 		}
-		if ini.Send.d.aead == old || ini.Send.d.ts == oldTS || srv.Recv.d.ts != ini.Send.d.ts {
+		if ini.Send.d.gcm == old || ini.Send.d.ts == oldTS || srv.Recv.d.ts != ini.Send.d.ts {
 			t.Fatalf("%v: no key update at the boundary", mode)
 		}
 		// A record sealed with the previous epoch's key for the current
@@ -40,9 +40,9 @@ func TestRekey(t *testing.T) {
 		stale.next()
 		var rec []byte
 		if mode == Encryption {
-			rec = stale.aead.Seal(nil, stale.nonce[:], []byte("header"), nil)
+			rec = stale.gcm.aead.Seal(nil, stale.nonce[:], []byte("header"), nil)
 		} else {
-			rec = stale.aead.Seal([]byte("header"), stale.nonce[:], nil, []byte("header"))
+			rec = stale.gcm.aead.Seal([]byte("header"), stale.nonce[:], nil, []byte("header"))
 		}
 		if _, err := srv.Recv.Open(rec); errs.CodeOf(err) != errs.Unauthenticated {
 			t.Fatalf("%v: old key accepted after the update: %v", mode, err)

@@ -265,7 +265,7 @@ func (s *Sealer) tagOnly(p []byte) ([]byte, error) {
 		s.err = err
 		return nil, err
 	}
-	s.d.mac.sum(s.tag[:], &s.d.nonce, p)
+	s.d.gcm.sum(s.tag[:], &s.d.nonce, p)
 	return s.tag[:], nil
 }
 
