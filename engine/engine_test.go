@@ -302,7 +302,7 @@ func holdOf(e *engine.Engine) *hold {
 
 // pair returns an initiator and a target with one registered buffer each and
 // the target's segment opened by the initiator.
-func pair(t *testing.T, mod ...func(*engine.Config)) (*engine.Engine, *engine.Engine, *engine.Segment, uint64, uint64) {
+func pair(t testing.TB, mod ...func(*engine.Config)) (*engine.Engine, *engine.Engine, *engine.Segment, uint64, uint64) {
 	a, b := newEngine(t, mod...), newEngine(t, mod...)
 	ba, bb := alloc(t, 1<<20), alloc(t, 1<<20)
 	if err := a.RegisterMemory(mem.Addr(ba), 1<<20, "cpu", true); err != nil {

@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -13,7 +14,7 @@ import (
 
 // warmPair returns an initiator and a target over tcp with conns striped
 // connections each, 1 MiB registered on both, and the target opened.
-func warmPair(t *testing.T, conns string, mods ...func(*engine.Config)) (a, b *engine.Engine, s *engine.Segment, src, dst uint64) {
+func warmPair(t testing.TB, conns string, mods ...func(*engine.Config)) (a, b *engine.Engine, s *engine.Segment, src, dst uint64) {
 	t.Helper()
 	mod := func(c *engine.Config) {
 		c.Transports = []string{"tcp"}
@@ -25,7 +26,7 @@ func warmPair(t *testing.T, conns string, mods ...func(*engine.Config)) (a, b *e
 func dialed(e *engine.Engine) uint64 { return e.TransportStats()["tcp"]["peer_conns_dialed"] }
 
 // write4k writes 4 KiB with batch b and returns how long it took.
-func write4k(t *testing.T, b *engine.Batch, s *engine.Segment, src, dst uint64) time.Duration {
+func write4k(t testing.TB, b *engine.Batch, s *engine.Segment, src, dst uint64) time.Duration {
 	t.Helper()
 	if err := b.Reset(); err != nil {
 		t.Fatal(err)
@@ -119,49 +120,59 @@ func TestWarmupErrors(t *testing.T) {
 	code(t, "closed engine", a.Warmup(ctx, name), errs.Closed)
 }
 
-// TestWarmupFirstTransfer reports the first 4 KiB write after Warmup and
-// without it, against the median of the 100 after (figures, not asserted:
-// timing on a shared machine is not a test).
-func TestWarmupFirstTransfer(t *testing.T) {
+// BenchmarkWarmupFirstTransfer measures what Warmup buys: per iteration a
+// fresh pair of engines over tcp (tcp.conns=4), Warmup or not, 20 ms idle,
+// then one 4 KiB WRITE (first-us), the median of the 100 after it
+// (median-us), their ratio, and one more write after the same idle spell
+// (idle-us: what sleeping threads alone cost, apart from anything cold).
+func BenchmarkWarmupFirstTransfer(b *testing.B) {
 	const idle = 20 * time.Millisecond
 	secret := func(c *engine.Config) { c.AuthSecret = "warmup-test-secret-0123456789abcdef" }
 	none := func(*engine.Config) {}
 	for _, run := range []struct {
 		warm, secret bool
 	}{{false, false}, {true, false}, {false, true}, {true, true}} {
-		warm, mod := run.warm, none
+		mod := none
 		if run.secret {
 			mod = secret
 		}
-		a, b, s, src, dst := warmPair(t, "4", mod)
-		// Both ends' pages touched, as a KV cache in use is: the figure
-		// is the transfer's, not a page fault's.
-		clear(mem.Bytes(src, 4096))
-		clear(mem.Bytes(dst, 4096))
-		if warm {
-			if err := a.Warmup(context.Background(), b.Name()); err != nil {
-				t.Fatal(err)
+		b.Run(fmt.Sprintf("warmup=%v/secret=%v", run.warm, run.secret), func(b *testing.B) {
+			var first, med, again time.Duration
+			var ratio float64
+			for b.Loop() {
+				a, peer, s, src, dst := warmPair(b, "4", mod)
+				// Both ends' pages touched, as a KV cache in use is: the
+				// figure is the transfer's, not a page fault's.
+				clear(mem.Bytes(src, 4096))
+				clear(mem.Bytes(dst, 4096))
+				if run.warm {
+					if err := a.Warmup(context.Background(), peer.Name()); err != nil {
+						b.Fatal(err)
+					}
+				}
+				batch, err := a.AllocateBatch(1)
+				if err != nil {
+					b.Fatal(err)
+				}
+				time.Sleep(idle)
+				f := write4k(b, batch, s, src, dst)
+				next := make([]time.Duration, 100)
+				for i := range next {
+					next[i] = write4k(b, batch, s, src, dst)
+				}
+				time.Sleep(idle)
+				again += write4k(b, batch, s, src, dst)
+				batch.Free()
+				slices.Sort(next)
+				first += f
+				med += next[len(next)/2]
+				ratio += float64(f) / float64(next[len(next)/2])
 			}
-		}
-		batch, err := a.AllocateBatch(1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(idle)
-		first := write4k(t, batch, s, src, dst)
-		next := make([]time.Duration, 100)
-		for i := range next {
-			next[i] = write4k(t, batch, s, src, dst)
-		}
-		// One more after the same idle spell as between Warmup and the
-		// first write: what idle alone costs (threads asleep), apart from
-		// anything cold.
-		time.Sleep(idle)
-		again := write4k(t, batch, s, src, dst)
-		batch.Free()
-		slices.Sort(next)
-		med := next[len(next)/2]
-		t.Logf("warmup=%v secret=%v: first 4 KiB write %v, median of the next 100 %v (ratio %.2f); after %v idle %v",
-			warm, run.secret, first, med, float64(first)/float64(med), idle, again)
+			n := float64(b.N)
+			b.ReportMetric(float64(first.Microseconds())/n, "first-us")
+			b.ReportMetric(float64(med.Microseconds())/n, "median-us")
+			b.ReportMetric(ratio/n, "first/median")
+			b.ReportMetric(float64(again.Microseconds())/n, "idle-us")
+		})
 	}
 }
