@@ -176,8 +176,21 @@ func (t *Transport) Caps() transport.Caps {
 	return transport.Caps{SameProcess: true, SameHost: true, CrossHost: t.opt.Domain != "", GPUMemory: true, Rank: 20}
 }
 
-// Stats returns the protocol counters.
-func (t *Transport) Stats() *Stats { return &t.st }
+// Stats returns the protocol counters by name (transport.StatsReporter:
+// Engine.TransportStats()["cudaipc"], te_metrics' te_transport_stat).
+func (t *Transport) Stats() map[string]uint64 {
+	s := &t.st
+	return map[string]uint64{
+		"opened":          s.Opened.Load(),
+		"closed":          s.Closed.Load(),
+		"close_requests":  s.CloseRequests.Load(),
+		"peers_gone":      s.PeersGone.Load(),
+		"peers_silent":    s.PeersSilent.Load(),
+		"fabric_exported": s.FabricExported.Load(),
+		"fabric_refused":  s.FabricRefused.Load(),
+		"fabric_opened":   s.FabricOpened.Load(),
+	}
+}
 
 // Start loads every GPU runtime te has (gpu.Kinds: CUDA, HIP); without any
 // that loads and sees a device it fails with TransportUnavailable and the

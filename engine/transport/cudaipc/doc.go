@@ -43,7 +43,7 @@
 // its own: it shares the mapping cache, cancel, the proven-caller checks
 // and the close protocol, and ranks above rdma. cuMemAlloc memory has no
 // fabric handle: its registration logs why and counts
-// Stats.FabricRefused, and peers of other hosts reach it through rdma or
+// fabric_refused (Engine.TransportStats()["cudaipc"]), and peers of other hosts reach it through rdma or
 // tcp; so do engines of other domains.
 //
 // Requests inside one engine (source and target registered with the same

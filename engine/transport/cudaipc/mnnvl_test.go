@@ -216,6 +216,9 @@ func TestMNNVLWriteRead(t *testing.T) {
 	if n := cudatest.Counter(t, "fakecuda_fabric_imports"); n != 1 {
 		t.Fatalf("%d fabric imports live, want 1 (mapped once, cached)", n)
 	}
+	if st := p.e.TransportStats()["cudaipc"]; st["fabric_opened"] != 1 || st["opened"] != 1 {
+		t.Fatalf("TransportStats()[cudaipc] = %v, want one fabric mapping opened", st)
+	}
 	if line := p.c.Do(t, "unreg"); line != "UNREG <nil>" {
 		t.Fatalf("child unregister: %s", line)
 	}
