@@ -42,9 +42,9 @@
 // remains a fence. This is a mode of cudaipc rather than a transport of
 // its own: it shares the mapping cache, cancel, the proven-caller checks
 // and the close protocol, and ranks above rdma. cuMemAlloc memory has no
-// fabric handle: its registration logs why and counts
-// fabric_refused (Engine.TransportStats()["cudaipc"]), and peers of other hosts reach it through rdma or
-// tcp; so do engines of other domains.
+// fabric handle: its registration logs why and counts fabric_refused
+// (Engine.TransportStats()["cudaipc"]), and peers of other hosts reach it
+// through rdma or tcp; so do engines of other domains.
 //
 // Requests inside one engine (source and target registered with the same
 // engine) are copied by the runtime directly: a process cannot open its own
