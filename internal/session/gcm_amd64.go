@@ -1,10 +1,15 @@
 package session
 
-import "github.com/klauspost/cpuid/v2"
+import (
+	"crypto/fips140"
+
+	"github.com/klauspost/cpuid/v2"
+)
 
 // vectorGCM: the CPU (and the OS, which must save ZMM registers) has what
-// ghash_amd64.s and aesctr_amd64.s use.
-var vectorGCM = cpuid.CPU.Supports(cpuid.AVX512F, cpuid.AVX512BW, cpuid.VPCLMULQDQ, cpuid.VAES, cpuid.CLMUL, cpuid.AESNI, cpuid.AVX2, cpuid.SSE4)
+// ghash_amd64.s and aesctr_amd64.s use, and Go's FIPS 140 mode is off (in
+// it, only the validated module computes records).
+var vectorGCM = !fips140.Enabled() && cpuid.CPU.Supports(cpuid.AVX512F, cpuid.AVX512BW, cpuid.VPCLMULQDQ, cpuid.VAES, cpuid.CLMUL, cpuid.AESNI, cpuid.AVX2, cpuid.SSE4)
 
 // ghashBlocks folds n 16-byte blocks at p into the GHASH state y with the
 // powers of H in pow (ghashPowers).
