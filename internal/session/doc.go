@@ -49,8 +49,8 @@
 // block at a time and encrypts four blocks at a time; on CPUs with AVX-512
 // VAES and VPCLMULQDQ (Intel Ice Lake and later, AMD Zen 4 and later),
 // outside Go's FIPS 140 mode, te computes records of 256 bytes or more
-// sixteen blocks at a time
-// (ghash_amd64.s, aesctr_amd64.s: 2.5-3x as fast per 64 KiB record). The
+// 16 or 32 blocks at a time (ghash_amd64.s, aesctr_amd64.s: 2.5-3x as fast
+// per 64 KiB record). The
 // bytes are crypto/cipher's, so engines with and without the vector path
 // interoperate. BLAKE3, HighwayHash and Poly1305 were measured slower than
 // either GMAC (bench/README.md, "Payload integrity"). ReadPayload reads up to

@@ -11,7 +11,7 @@ import (
 // additional data, nothing encrypted) and Encryption's sealed records.
 // Where the CPU has AVX-512 with VAES and VPCLMULQDQ (vectorGCM: Intel Ice
 // Lake, AMD Zen 4 and later) records of vectorMin bytes or more go through
-// ghash_amd64.s and aesctr_amd64.s, sixteen blocks a round: crypto/cipher
+// ghash_amd64.s (32 blocks a round) and aesctr_amd64.s (16): crypto/cipher
 // hashes additional data one block at a time, which made a record's tag
 // cost more than the TCP copy of its bytes, and encrypts four blocks at a
 // time. Shorter records, and every record elsewhere, go through
@@ -20,7 +20,7 @@ import (
 type gcm struct {
 	aead cipher.AEAD
 	blk  cipher.Block
-	pow  *[16][2]uint64 // H^16..H^1 as ghashBlocks takes them; nil: crypto/cipher only
+	pow  *[32][2]uint64 // H^32..H^1 as ghashBlocks takes them; nil: crypto/cipher only
 	rk   *[11][16]byte  // AES-128's round keys, for ctrBlocks
 }
 
@@ -87,23 +87,35 @@ func (g *gcm) seal(dst []byte, nonce *[NonceSize]byte, p []byte) []byte {
 
 // open checks rec (ciphertext and tag) under nonce and, only if the tag
 // holds, decrypts it in place into rec's first len(rec)-TagSize bytes; it
-// overwrites scratch (TagSize bytes). On a refused tag rec is unchanged.
+// overwrites scratch (TagSize bytes). Nothing is decrypted under a refused
+// tag.
 func (g *gcm) open(rec []byte, nonce *[NonceSize]byte, scratch []byte) bool {
 	n := len(rec) - TagSize
 	if n < 0 {
 		return false
 	}
-	if g.pow == nil || n < vectorMin {
+	if !g.vector(n) {
 		_, err := g.aead.Open(rec[:0], nonce[:], rec, nil)
 		return err == nil
 	}
-	g.mask(scratch, nonce)
-	g.ghash(scratch, rec[:n], 0, uint64(n)*8)
-	if subtle.ConstantTimeCompare(scratch[:TagSize], rec[n:]) != 1 {
+	if !g.verify(rec, nonce, scratch) {
 		return false
 	}
 	g.ctr(rec[:n], rec[:n], nonce)
 	return true
+}
+
+// vector reports whether records of n bytes take the vector path, the only
+// one where verify and ctr may be used.
+func (g *gcm) vector(n int) bool { return g.pow != nil && n >= vectorMin }
+
+// verify checks the tag of rec (ciphertext and tag, a vector record) under
+// nonce, in constant time, and decrypts nothing: ctr does, once it held.
+func (g *gcm) verify(rec []byte, nonce *[NonceSize]byte, scratch []byte) bool {
+	n := len(rec) - TagSize
+	g.mask(scratch, nonce)
+	g.ghash(scratch, rec[:n], 0, uint64(n)*8)
+	return subtle.ConstantTimeCompare(scratch[:TagSize], rec[n:]) == 1
 }
 
 // mask writes E_K(J0) to dst: the first counter block of a 96-bit nonce,
@@ -179,12 +191,12 @@ func expandKey(key []byte) *[11][16]byte {
 	return &rk
 }
 
-// ghashPowers returns H^16..H^1 for ghashBlocks: H = E_K(0), byte-reflected
+// ghashPowers returns H^32..H^1 for ghashBlocks: H = E_K(0), byte-reflected
 // and multiplied by x (a one-bit left shift, reduced), the form in which
 // a plain carry-less product followed by the two folds of the reduction
 // is GCM's multiplication; each power is the previous one times H in that
 // arithmetic (ghashMul).
-func ghashPowers(blk cipher.Block) *[16][2]uint64 {
+func ghashPowers(blk cipher.Block) *[32][2]uint64 {
 	h := make([]byte, 16)
 	blk.Encrypt(h, h)
 	hi, lo := binary.BigEndian.Uint64(h[0:]), binary.BigEndian.Uint64(h[8:])
@@ -194,10 +206,10 @@ func ghashPowers(blk cipher.Block) *[16][2]uint64 {
 		hi ^= ghashPoly
 		lo ^= 1
 	}
-	var pow [16][2]uint64
-	pow[15] = [2]uint64{lo, hi}
-	for i := 14; i >= 0; i-- {
-		pow[i] = ghashMul(pow[i+1], pow[15])
+	var pow [32][2]uint64
+	pow[31] = [2]uint64{lo, hi}
+	for i := 30; i >= 0; i-- {
+		pow[i] = ghashMul(pow[i+1], pow[31])
 	}
 	return &pow
 }
@@ -238,9 +250,9 @@ func clmul(a, b uint64) [2]uint64 {
 // ghashBlocksGo is ghashBlocks in Go, block by block: the reference for
 // the tests, and the path of CPUs without the vector instructions (which
 // use crypto/cipher instead; see newGMAC).
-func ghashBlocksGo(pow *[16][2]uint64, y *[2]uint64, p []byte) {
+func ghashBlocksGo(pow *[32][2]uint64, y *[2]uint64, p []byte) {
 	for ; len(p) >= 16; p = p[16:] {
 		x := [2]uint64{y[0] ^ binary.BigEndian.Uint64(p[8:]), y[1] ^ binary.BigEndian.Uint64(p[0:])}
-		*y = ghashMul(x, pow[15])
+		*y = ghashMul(x, pow[31])
 	}
 }

@@ -15,7 +15,7 @@ var vectorGCM = !fips140.Enabled() && cpuid.CPU.Supports(cpuid.AVX512F, cpuid.AV
 // powers of H in pow (ghashPowers).
 //
 //go:noescape
-func ghashBlocks(pow *[16][2]uint64, y *[2]uint64, p *byte, n int)
+func ghashBlocks(pow *[32][2]uint64, y *[2]uint64, p *byte, n int)
 
 // ctrBlocks XORs n 16-byte blocks at src with AES-128's encryptions of the
 // counter blocks from *ctr on (GCM's 32-bit increment) into dst, and

@@ -223,6 +223,9 @@ func TestGCMSessionsInteroperate(t *testing.T) {
 				if bytes.Equal(dst[RecordSize:2*RecordSize], payload[RecordSize:2*RecordSize]) {
 					t.Fatal("the altered record reached the destination")
 				}
+				if !bytes.Equal(dst[:RecordSize], payload[:RecordSize]) || bytes.ContainsFunc(dst[RecordSize:], func(r rune) bool { return r != 0 }) {
+					t.Fatal("want the first record in place and nothing from the altered one on")
+				}
 			})
 		}
 	}

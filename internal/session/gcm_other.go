@@ -8,7 +8,7 @@ import "unsafe"
 // every record.
 var vectorGCM = false
 
-func ghashBlocks(pow *[16][2]uint64, y *[2]uint64, p *byte, n int) {
+func ghashBlocks(pow *[32][2]uint64, y *[2]uint64, p *byte, n int) {
 	ghashBlocksGo(pow, y, unsafe.Slice(p, 16*n))
 }
 

@@ -102,21 +102,30 @@ func (j *sealJob) run(lo, hi int) {
 }
 
 // openJob opens records read whole, back to back, in place, noting which
-// opened.
+// opened. With decryptOut, an encrypted record the vector path takes is
+// only checked here (sealed[i]): openGroup decrypts it straight into the
+// destination, saving the copy out of the scratch buffer.
 type openJob struct {
-	ks     []recordKey
-	recs   []byte
-	enc    bool
-	opened [ReadRecords]bool
+	ks         []recordKey
+	recs       []byte
+	enc        bool
+	decryptOut bool
+	opened     [ReadRecords]bool
+	sealed     [ReadRecords]bool
 }
 
 func (j *openJob) run(lo, hi int) {
 	for i := lo; i < hi; i++ {
 		rec := j.recs[i*(RecordSize+TagSize) : min(len(j.recs), (i+1)*(RecordSize+TagSize))]
 		k := len(rec) - TagSize
-		if j.enc {
+		j.sealed[i] = false
+		switch {
+		case j.enc && j.decryptOut && j.ks[i].gcm.vector(k):
+			j.opened[i] = j.ks[i].gcm.verify(rec, &j.ks[i].nonce, j.ks[i].check[:])
+			j.sealed[i] = true
+		case j.enc:
 			j.opened[i] = j.ks[i].gcm.open(rec, &j.ks[i].nonce, j.ks[i].check[:])
-		} else {
+		default:
 			j.opened[i] = j.ks[i].gcm.check(rec[k:], &j.ks[i].nonce, rec[:k], j.ks[i].check[:])
 		}
 	}

@@ -185,7 +185,7 @@ func (o *Opener) openGroup(recs []byte, n int, dst []byte, off uint64) error {
 	if err != nil {
 		return o.fail(err)
 	}
-	o.job.ks, o.job.recs, o.job.enc = ks, recs, o.d.mode.encrypts()
+	o.job.ks, o.job.recs, o.job.enc, o.job.decryptOut = ks, recs, o.d.mode.encrypts(), dst != nil
 	fanOut(n, len(recs) >= minParallel, &o.job)
 	o.job.recs = nil
 	for i := range n {
@@ -194,7 +194,13 @@ func (o *Opener) openGroup(recs []byte, n int, dst []byte, off uint64) error {
 		}
 		if dst != nil {
 			rec := recs[i*(RecordSize+TagSize) : min(len(recs), (i+1)*(RecordSize+TagSize))]
-			copy(dst[off+uint64(i*RecordSize):], rec[:len(rec)-TagSize])
+			at := dst[off+uint64(i*RecordSize):]
+			if o.job.sealed[i] {
+				// Checked, still ciphertext: decrypted into place.
+				ks[i].gcm.ctr(at[:len(rec)-TagSize], rec[:len(rec)-TagSize], &ks[i].nonce)
+			} else {
+				copy(at, rec[:len(rec)-TagSize])
+			}
 		}
 	}
 	return nil
