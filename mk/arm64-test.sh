@@ -182,6 +182,7 @@ PKGS=(
 	"./internal/sys/hip##^TestRealRuntime\$#TestRealRuntime loads Debian's libamdhip64.so.5, installed for amd64 only (none in the arm64 sysroot): the layout checks and the version logic run here"
 	"./internal/sys/topo###"
 	"./internal/fileio###"
+	"./internal/session###"
 	"./engine/internal/pipe###"
 	"./engine#^(TestTwoEnginesOneProcess|TestRegistry|TestBatchLifecycle|TestTaskFailureAndTimeout|TestCloseFailsInFlight|TestConcurrentRegisterAndTransfer|TestBatchEventFD|TestTimeoutWaitsForTransport|TestBatchCancelAndReset|TestNotifyBeforeCompleted|TestCloseRacesCompletions|TestTaskStatusRacesResetAndFree|TestStrayCompletionIsDropped|TestWindow|TestGrantWindowErrors|TestUnregisterCancelsOwnTasksAfterGrace)\$##the engine's other tests (auth, limits, metadata, metrics, Mooncake, relay) hold no architecture-specific code and run natively in test-go"
 	"./engine/transport/local###"
