@@ -31,9 +31,12 @@ var railCooldown = rails.Cooldown{Cool: time.Second, CoolMax: 30 * time.Second}
 
 // peerHealth is when failing NIC pairs make a whole peer unreachable over
 // fabric, so that the engine takes another transport (tcp) for it: three
-// failures within 10 s with no bytes moved between them, for 30 s (doubling
-// while nothing moves, up to 5 min), as rdma's defaults.
-var peerHealth = rails.Health{Limit: 3, Window: 10 * time.Second, Cooldown: rails.Cooldown{Cool: 30 * time.Second, CoolMax: 5 * time.Minute}}
+// endpoint failures within 10 s, spread over a second at least, with no
+// bytes moved between them, for 30 s (doubling while nothing moves, up to
+// 5 min), as rdma's defaults. The span keeps one moment's burst (a refused
+// key that drops a provider's connection, on a loaded machine where
+// nothing completes in between) from sending a live peer to tcp for 30 s.
+var peerHealth = rails.Health{Limit: 3, Window: 10 * time.Second, MinSpan: time.Second, Cooldown: rails.Cooldown{Cool: 30 * time.Second, CoolMax: 5 * time.Minute}}
 
 // request is a transport.Request in flight: its slices are operations,
 // spread over the NIC pairs to the peer.
@@ -357,7 +360,11 @@ func (t *Transport) railFailed(pe *peerEP) bool {
 	if rl.Failed(railCooldown, now) {
 		t.h.Logf("te: fabric: NIC pair %s -> %s@%s failed: cooling down", pe.n.name, pe.peerName, pe.rnic)
 	}
-	if pe.health != nil && pe.health.Failed(peerHealth, now, nil, "fabric") {
+	// The peer counts each endpoint's failure once (every operation posted
+	// on a connection that dropped fails with it), and none while this
+	// transport closes (its endpoint setups end canceled).
+	if pe.health != nil && !t.closing.Load() && pe.peerFailed.CompareAndSwap(false, true) &&
+		pe.health.Failed(peerHealth, now, nil, "fabric") {
 		for u := pe.health.CoolUntil(); ; {
 			c := t.coolingUntil.Load()
 			if c >= u || t.coolingUntil.CompareAndSwap(c, u) {

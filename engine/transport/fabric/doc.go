@@ -24,8 +24,10 @@
 // over the healthy pair that would finish them first; a request fails only
 // when no pair is left. The stall watchdog runs by default then
 // (RailStall): a pair that went silent reports nothing else. Pairs to a
-// peer that keep failing with no bytes moved between them (three failures
-// within 10 s) make the peer unreachable over fabric for a cooldown
+// peer that keep failing with no bytes moved between them (three endpoint
+// failures within 10 s, over a second at least; an endpoint's operations
+// failing together count once) make the peer unreachable over fabric for a
+// cooldown
 // (internal/rails.Peer, as rdma does): the engine takes another transport
 // for it meanwhile.
 //

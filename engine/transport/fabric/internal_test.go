@@ -150,8 +150,12 @@ func TestNICPairs(t *testing.T) {
 // NIC pairs to a peer that keep failing with no bytes moved between them
 // make the whole peer unreachable over fabric (PeerUnreachable, so the
 // engine takes tcp for it), and only that peer; bytes moved reset the
-// count.
+// count; each endpoint counts once (all its operations fail together when
+// its connection drops); and failures must go on for peerHealth.MinSpan,
+// so one moment's burst does not send a live peer away.
 func TestPeerCooldown(t *testing.T) {
+	defer func(h rails.Health) { peerHealth = h }(peerHealth)
+	peerHealth.MinSpan = 100 * time.Millisecond
 	tr := New()
 	tr.h = stubHost{}
 	tr.nics = []*nic{{name: "n0"}, {name: "n1"}}
@@ -161,33 +165,39 @@ func TestPeerCooldown(t *testing.T) {
 		return &peerEP{t: tr, n: tr.nics[li], key: epKey{instance: inst, local: li, remote: li}, peerName: inst,
 			health: tr.peerLocked(inst)}
 	}
-	a0, a1 := ep("a-1", 0), ep("a-1", 1)
+	reachable := func(what string) {
+		t.Helper()
+		if err := tr.cooling("a-1"); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
 	ep("b-1", 0)
-	if err := tr.cooling("a-1"); err != nil {
-		t.Fatal(err)
-	}
-	tr.railFailed(a0)
-	tr.railFailed(a1)
+	reachable("no failure")
+	tr.railFailed(ep("a-1", 0))
+	tr.railFailed(ep("a-1", 1))
 	// Bytes moved to a: the failures before them no longer count.
-	a0.health.OK(rails.Now())
+	ep("a-1", 0).health.OK(rails.Now())
+	a0 := ep("a-1", 0)
 	tr.railFailed(a0)
-	tr.railFailed(a1)
-	if err := tr.cooling("a-1"); err != nil {
-		t.Fatalf("two failures since bytes moved: %v", err)
-	}
+	tr.railFailed(ep("a-1", 1))
+	reachable("two failures since bytes moved")
+	tr.railFailed(ep("a-1", 0))
+	reachable("three failures within MinSpan")
+	time.Sleep(peerHealth.MinSpan)
 	tr.railFailed(a0)
+	tr.railFailed(a0)
+	reachable("the same endpoint failing again")
+	tr.railFailed(ep("a-1", 1))
 	err := tr.cooling("a-1")
 	if !errors.Is(err, errs.ErrPeerUnreachable) || !strings.Contains(err.Error(), "fabric") {
-		t.Fatalf("three failures with nothing moved: %v, want PeerUnreachable naming fabric", err)
+		t.Fatalf("failures over MinSpan with nothing moved: %v, want PeerUnreachable naming fabric", err)
 	}
 	if err := tr.cooling("b-1"); err != nil {
 		t.Fatalf("another peer: %v", err)
 	}
 	// Once the cooldown is over, the peer is reachable again.
 	tr.coolingUntil.Store(rails.Now() - 1)
-	if err := tr.cooling("a-1"); err != nil {
-		t.Fatalf("after the cooldown: %v", err)
-	}
+	reachable("after the cooldown")
 }
 
 // Providers whose endpoints are not reached by an IP address (shm, EFA,

@@ -35,6 +35,8 @@ type peerEP struct {
 	rnic     string // the peer NIC's name
 	// health is the peer's as a whole, shared by its endpoints.
 	health *rails.Peer
+	// peerFailed: this endpoint's failure was counted in health.
+	peerFailed atomic.Bool
 
 	ep *fab.Endpoint // nil until connected; the NIC's own when shared
 	cq *fab.CQ       // its own completion queue (nil when shared)

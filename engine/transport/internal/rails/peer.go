@@ -31,7 +31,8 @@ func (p *Peer) CoolUntil() int64 { return p.coolUntil.Load() }
 
 // Failed records a failure on a rail to the peer (an endpoint that failed)
 // and reports whether the peer is now unreachable: h.Limit failures within
-// h.Window with no bytes moved since the first. The cooldown starts at
+// h.Window, at least h.MinSpan apart from first to last, with no bytes
+// moved since the first. The cooldown starts at
 // h.Cool and doubles while no bytes move between cooldowns. component
 // names the transport in the error Unreachable returns; err is the last
 // failure's cause (nil: none known).
@@ -49,7 +50,7 @@ func (p *Peer) Failed(h Health, now int64, err error, component string) bool {
 		}
 	}
 	p.errs = append(keep, now)
-	if len(p.errs) < max(h.Limit, 1) {
+	if len(p.errs) < max(h.Limit, 1) || now-p.errs[0] < int64(h.MinSpan) {
 		return false
 	}
 	if p.coolFor == 0 || ok > p.cooledAt {

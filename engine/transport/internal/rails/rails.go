@@ -62,10 +62,14 @@ type Cooldown struct {
 // Health is when failures cool a rail down: Limit failures within Window
 // (Limit 1 or less: every failure). Fewer make the rail a suspect, probed
 // with one slice at a time until it moves bytes again, so a dead rail
-// costs a request one slice's detour, not a share.
+// costs a request one slice's detour, not a share. For a Peer, MinSpan is
+// how long the failures must go on: a burst at one moment (one event seen
+// by several endpoints, a loaded machine) is not yet a peer that cannot be
+// reached.
 type Health struct {
-	Limit  int
-	Window time.Duration
+	Limit   int
+	Window  time.Duration
+	MinSpan time.Duration
 	Cooldown
 }
 

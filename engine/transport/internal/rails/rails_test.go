@@ -78,3 +78,35 @@ func TestCooldownAndProbe(t *testing.T) {
 		t.Fatal("a failed probe must cool down twice as long")
 	}
 }
+
+// A peer is unreachable after Limit failures within Window with nothing
+// moved since the first, and, with MinSpan, only once they went on that
+// long: a burst at one moment is not enough.
+func TestPeerMinSpan(t *testing.T) {
+	h := Health{Limit: 3, Window: 10 * time.Second, MinSpan: time.Second, Cooldown: Cooldown{Cool: 30 * time.Second, CoolMax: time.Minute}}
+	const ms = int64(time.Millisecond)
+	var p Peer
+	now := int64(time.Hour)
+	for i := range 5 {
+		if p.Failed(h, now+int64(i)*ms, nil, "x") {
+			t.Fatalf("failure %d within 5 ms made the peer unreachable", i+1)
+		}
+	}
+	if !p.Failed(h, now+1001*ms, nil, "x") {
+		t.Fatal("failures over more than MinSpan with nothing moved: still reachable")
+	}
+	if err := p.Unreachable(now+1002*ms, "x"); err == nil {
+		t.Fatal("no cooldown reported")
+	}
+	// Bytes moved since: the failures before them no longer count.
+	var q Peer
+	q.Failed(h, now, nil, "x")
+	q.Failed(h, now+ms, nil, "x")
+	q.OK(now + 2*ms)
+	if q.Failed(h, now+1500*ms, nil, "x") || q.Failed(h, now+1600*ms, nil, "x") {
+		t.Fatal("failures before bytes moved were counted")
+	}
+	if !q.Failed(h, now+2600*ms, nil, "x") {
+		t.Fatal("three failures over a second since bytes moved: still reachable")
+	}
+}
