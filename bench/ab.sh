@@ -26,21 +26,22 @@ rows = {}
 for line in open(sys.argv[1]):
     side, js = line.split(" ", 1)
     r = json.loads(js)
-    key = (r["op"], r["block"], r["batch"], r["threads"], r.get("secret", False))
+    mode = ("encryption" if r.get("encrypt") else "integrity") if r.get("secret") else "no secret"
+    key = (r["op"], r["block"], r["batch"], r["threads"], mode)
     rows.setdefault(key, {"old": [], "new": []})[side].append(r)
 def size(n):
     for u, s in ((1 << 20, "MiB"), (1 << 10, "KiB")):
         if n >= u and n % u == 0:
             return f"{n // u} {s}"
     return str(n)
-print("| op | block | batch | threads | before GB/s | after GB/s | after / before | before / raw TCP | after / raw TCP |")
-print("|----|------:|------:|--:|------:|------:|------:|------:|------:|")
+print("| op | block | batch | threads | session | before GB/s | after GB/s | after / before | before / raw TCP | after / raw TCP |")
+print("|----|------:|------:|--:|---|------:|------:|------:|------:|------:|")
 for key in sorted(rows):
     o, n = rows[key]["old"], rows[key]["new"]
     if not o or not n:
         continue
     med = lambda rs, f: statistics.median(x[f] for x in rs)
     go, gn = med(o, "gbps"), med(n, "gbps")
-    print(f"| {key[0]} | {size(key[1])} | {key[2]} | {key[3]} | {go:.2f} | {gn:.2f} | {gn / go:.2f}x | "
+    print(f"| {key[0]} | {size(key[1])} | {key[2]} | {key[3]} | {key[4]} | {go:.2f} | {gn:.2f} | {gn / go:.2f}x | "
           f"{med(o, 'ratio_tcp'):.2f}x | {med(n, 'ratio_tcp'):.2f}x |")
 PY
