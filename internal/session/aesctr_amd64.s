@@ -3,13 +3,9 @@
 // AES-128 in counter mode, GCM's way (a 32-bit big-endian counter in the
 // last four bytes of the block), sixteen blocks a round with VAES on four
 // ZMM registers, then any blocks left one at a time with AES-NI. The
-// round keys are gmac.go's expandKey; the counter block is kept
-// byte-reversed so that VPADDD steps its low dword, which wraps modulo
-// 2^32 as GCM's inc32 does.
-
-DATA ctrBswap<>+0x00(SB)/8, $0x08090a0b0c0d0e0f
-DATA ctrBswap<>+0x08(SB)/8, $0x0001020304050607
-GLOBL ctrBswap<>(SB), RODATA|NOPTR, $16
+// round keys are gcm.go's expandKey; the counter block is kept
+// byte-reversed (by ghash_amd64.s's bswapMask) so that VPADDD steps its
+// low dword, which wraps modulo 2^32 as GCM's inc32 does.
 
 // Lane i of a ZMM register gets +i; then every round adds 4 per register.
 DATA ctrLanes<>+0x00(SB)/8, $0
@@ -44,7 +40,7 @@ TEXT ·ctrBlocks(SB), NOSPLIT, $0-40
 	MOVQ src+24(FP), SI
 	MOVQ n+32(FP), CX
 
-	VBROADCASTI32X4 ctrBswap<>(SB), Z15
+	VBROADCASTI32X4 ·bswapMask(SB), Z15
 	VMOVDQU         (BX), X0
 	VPSHUFB         X15, X0, X0
 

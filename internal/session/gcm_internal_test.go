@@ -176,6 +176,18 @@ func TestGCMMatchesCryptoCipher(t *testing.T) {
 	if g.open(make([]byte, TagSize-1), &nonce, scratch) {
 		t.Fatal("a record shorter than a tag opened")
 	}
+	// A tag of the wrong length is refused on both paths, not compared
+	// over its prefix.
+	for _, n := range []int{16, vectorMin, 4096} {
+		want := g.aead.Seal(nil, nonce[:], nil, p[:n])
+		for _, l := range []int{0, 1, TagSize - 1, TagSize + 1} {
+			tag := make([]byte, l)
+			copy(tag, want)
+			if g.check(tag, &nonce, p[:n], scratch) {
+				t.Fatalf("GMAC of %d bytes: a tag of %d bytes accepted", n, l)
+			}
+		}
+	}
 }
 
 // TestGCMSessionsInteroperate: an engine whose CPU takes the vector path

@@ -12,9 +12,10 @@
 // reduction, the lanes' sum) is the limit, hence rounds as long as the
 // registers allow.
 
-DATA bswapMask<>+0x00(SB)/8, $0x08090a0b0c0d0e0f
-DATA bswapMask<>+0x08(SB)/8, $0x0001020304050607
-GLOBL bswapMask<>(SB), RODATA|NOPTR, $16
+// Reverses a 16-byte block; aesctr_amd64.s uses it too.
+DATA ·bswapMask+0x00(SB)/8, $0x08090a0b0c0d0e0f
+DATA ·bswapMask+0x08(SB)/8, $0x0001020304050607
+GLOBL ·bswapMask(SB), RODATA|NOPTR, $16
 
 DATA gfPoly<>+0x00(SB)/8, $0x0000000000000001
 DATA gfPoly<>+0x08(SB)/8, $0xc200000000000000
@@ -57,7 +58,7 @@ TEXT ·ghashBlocks(SB), NOSPLIT, $0-32
 	MOVQ p+16(FP), SI
 	MOVQ n+24(FP), CX
 
-	VBROADCASTI32X4 bswapMask<>(SB), Z15
+	VBROADCASTI32X4 ·bswapMask(SB), Z15
 	VBROADCASTI32X4 gfPoly<>(SB), Z14
 	VMOVDQU         (BX), X0
 
