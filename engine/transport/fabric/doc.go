@@ -55,6 +55,14 @@
 // 64 MiB/s), te asks the owner whether it still holds their keys; if not,
 // the endpoint is closed and they end with StaleDescriptor.
 //
+// Closing an endpoint is the flush on every provider but shm, whose peer
+// works through the commands in its queue whatever became of the sender
+// (and, in libfabric 1.17, crashes on a connection request from an
+// endpoint closed meanwhile). There a used endpoint is drained first: a
+// small READ of the peer NIC's probe region, exchanged with its address,
+// goes behind its commands, and the close waits for its completion (the
+// peer took every command before it), for 2 s at most.
+//
 // Before libfabric first initializes its providers, te sets the provider
 // parameters in internal/sys/fabric.ProviderDefaults that the environment
 // does not: ofi_rxm's default receive pool costs each endpoint tens of

@@ -59,6 +59,7 @@ type Transport struct {
 
 	st struct {
 		posts, eagain, teardowns, stalls, stallChecks, retries, failovers, errors, gpuRefused atomic.Uint64
+		drains, drainTimeouts                                                                 atomic.Uint64
 		bytes                                                                                 atomic.Uint64
 	}
 }
@@ -574,6 +575,7 @@ func (t *Transport) Stats() map[string]uint64 {
 	out := map[string]uint64{
 		"posts": t.st.posts.Load(), "eagain": t.st.eagain.Load(), "bytes": t.st.bytes.Load(),
 		"teardowns": t.st.teardowns.Load(), "stalls": t.st.stalls.Load(), "stall_checks": t.st.stallChecks.Load(), "retries": t.st.retries.Load(), "errors": t.st.errors.Load(),
+		"drains": t.st.drains.Load(), "drain_timeouts": t.st.drainTimeouts.Load(),
 		"gpu_staged": t.st.gpuRefused.Load(),
 	}
 	out["failovers"] = t.st.failovers.Load()

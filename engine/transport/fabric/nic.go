@@ -66,12 +66,46 @@ type nic struct {
 	backlog []*op
 	out     int // operations posted and not yet completed
 
+	// Draining (shm): closing an endpoint there is no flush, since the
+	// peer works through the commands already in its queue whatever
+	// becomes of the sender, and in libfabric 1.17 it dereferences a null
+	// region when the first of them (the connection request) names an
+	// endpoint closed meanwhile. So a used endpoint is closed only once a
+	// probe READ posted behind its operations has completed: the peer has
+	// taken every command before it. probe is this NIC's own small region
+	// that peers' probes read.
+	drain     bool
+	probeMem  []byte
+	probeMR   *fab.MR
+	drainCtx  []byte           // C memory, one op context per drain slot
+	drains    []*drainState    // by slot (poller-owned)
+	drainFree []int32          // free drain slots
+	draining  map[*peerEP]bool // endpoints waiting on their probe
+
 	stall     time.Duration  // the stall watchdog's bound (0: off)
 	stallNext time.Time      // when it looks next
 	verdicts  []stallVerdict // from checkKeys, under mu
 
 	posts, bytes atomic.Uint64
 }
+
+// drainState is an endpoint being drained before its close.
+type drainState struct {
+	pe       *peerEP
+	fail     error
+	deadline time.Time
+	posted   bool
+}
+
+// Drain bounds: how long a peer may take to reach a probe before the
+// endpoint is closed anyway (a peer that slow is taken for gone), how
+// long Close waits for all of a NIC's, and how many drain at once.
+const (
+	drainTimeout      = 2 * time.Second
+	closeDrainTimeout = 200 * time.Millisecond
+	drainSlots        = 64
+	probeSize         = 64
+)
 
 type cancelReq struct {
 	pe       *peerEP
@@ -134,12 +168,69 @@ func openNIC(t *Transport, idx int, of *fab.Offer) (_ *nic, err error) {
 	if n.ctxMem, err = mem.Alloc(nslots * ctxSize); err != nil {
 		return nil, err
 	}
+	if n.hostOnly && !n.shared {
+		if err = n.openProbe(); err != nil {
+			return nil, err
+		}
+	}
 	n.slots = make([]*op, nslots)
 	n.free = make([]int32, nslots)
 	for i := range n.free {
 		n.free[i] = int32(i)
 	}
 	return n, nil
+}
+
+// openProbe registers the region peers' drain probes read and the
+// contexts of this NIC's own probes.
+func (n *nic) openProbe() error {
+	var err error
+	if n.probeMem, err = mem.Alloc(probeSize); err != nil {
+		return err
+	}
+	if n.probeMR, err = n.register(mem.Addr(n.probeMem), probeSize); err != nil {
+		return err
+	}
+	if n.drainCtx, err = mem.Alloc(drainSlots * ctxSize); err != nil {
+		return err
+	}
+	n.drains = make([]*drainState, drainSlots)
+	n.drainFree = make([]int32, drainSlots)
+	for i := range n.drainFree {
+		n.drainFree[i] = int32(i)
+	}
+	n.draining = map[*peerEP]bool{}
+	n.drain = true
+	return nil
+}
+
+// probeOf is what a peer passes to read this NIC's probe region (nil
+// when the NIC has none).
+func (n *nic) probeOf() *probe {
+	if n.probeMR == nil {
+		return nil
+	}
+	p := &probe{Key: n.probeMR.Key}
+	if n.mrMode&fab.MRVirtAddr != 0 {
+		p.Addr = mem.Addr(n.probeMem)
+	}
+	return p
+}
+
+func (n *nic) drainCtxAddr(s int32) uintptr {
+	return uintptr(mem.Addr(n.drainCtx)) + uintptr(s)*ctxSize
+}
+
+// drainOf returns the drain slot of a completion's context, or -1.
+func (n *nic) drainOf(ctx uintptr) int32 {
+	if n.drainCtx == nil {
+		return -1
+	}
+	base := uintptr(mem.Addr(n.drainCtx))
+	if ctx < base || ctx >= base+uintptr(len(n.drainCtx)) || (ctx-base)%ctxSize != 0 {
+		return -1
+	}
+	return int32((ctx - base) / ctxSize)
 }
 
 // ctxSize is the room of one op context: struct fi_context2, for
@@ -248,7 +339,7 @@ func (n *nic) run() {
 		}
 		wait := 20 * time.Millisecond
 		switch {
-		case n.out > 0 || len(n.backlog) > 0:
+		case n.out > 0 || len(n.backlog) > 0 || len(n.draining) > 0:
 			wait = 50 * time.Microsecond
 		case n.progress == fab.ProgressManual && n.peers.Load() > 0 && !n.sread:
 			wait = 200 * time.Microsecond
@@ -295,6 +386,10 @@ func (n *nic) post() bool {
 		}
 		slot := n.free[0]
 		ep := o.pe.endpoint()
+		// Tried, even if refused for now: shm's first try sends the
+		// peer the connection request, and refuses (-FI_EAGAIN) until
+		// the peer took it.
+		o.pe.used = true
 		var err error
 		if o.write {
 			err = ep.Write(o.local, o.n, o.desc, o.pe.dest, o.remote, o.key, n.ctxAddr(slot))
@@ -353,9 +448,14 @@ func (n *nic) reap(ctx []uintptr) int {
 func (n *nic) reapCQ(cq *fab.CQ, ctx []uintptr) int {
 	total := 0
 	var broken []*peerEP
+	var drained []int32
 	for round := 0; round < 16; round++ {
 		k, err := cq.Read(ctx)
 		for _, c := range ctx[:k] {
+			if d := n.drainOf(c); d >= 0 {
+				drained = append(drained, d)
+				continue
+			}
 			if o := n.take(c); o != nil {
 				n.bytes.Add(o.n)
 				n.t.st.bytes.Add(o.n)
@@ -370,6 +470,13 @@ func (n *nic) reapCQ(cq *fab.CQ, ctx []uintptr) int {
 		total += k
 		if errors.Is(err, fab.ErrAvail) {
 			e, ok := cq.ReadErr()
+			if d := n.drainOf(e.Context); ok && d >= 0 {
+				// Refused or not, the peer took the probe, and with
+				// it every command before it.
+				total++
+				drained = append(drained, d)
+				continue
+			}
 			if ok {
 				total++
 				n.t.st.errors.Add(1)
@@ -398,6 +505,11 @@ func (n *nic) reapCQ(cq *fab.CQ, ctx []uintptr) int {
 	// again on a new one.
 	for _, pe := range broken {
 		n.teardown(pe)
+	}
+	// Closed after the reading: the queue read may be a drained
+	// endpoint's own.
+	for _, d := range drained {
+		n.drained(d)
 	}
 	return total
 }
@@ -436,6 +548,7 @@ func remoteError(o *op, err error) error {
 // the provider touches none of its operations' memory.
 func (n *nic) sweep() {
 	n.stalls()
+	n.sweepDrains(time.Now())
 	n.mu.Lock()
 	if len(n.cancels) == 0 {
 		n.mu.Unlock()
@@ -491,13 +604,88 @@ func (n *nic) close(pe *peerEP, fail error) {
 		// their completions.
 		return
 	}
-	if pe.closed {
+	if pe.closed || n.draining[pe] {
 		return
 	}
 	if fail != nil {
 		pe.fail.Store(&fail)
 	}
 	pe.kill()
+	if n.startDrain(pe, fail) {
+		return
+	}
+	n.closeNow(pe, fail)
+}
+
+// startDrain posts a probe behind a used endpoint's operations and defers
+// its close to the probe's completion (nic.drain). Not for a peer taken
+// for gone, nor when every drain slot is taken.
+func (n *nic) startDrain(pe *peerEP, fail error) bool {
+	if !n.drain || pe.probe == nil || !pe.used || len(n.drainFree) == 0 ||
+		(fail != nil && errs.CodeOf(fail) == errs.PeerUnreachable) {
+		return false
+	}
+	s := n.drainFree[0]
+	n.drainFree = n.drainFree[1:]
+	n.drains[s] = &drainState{pe: pe, fail: fail, deadline: time.Now().Add(drainTimeout)}
+	n.draining[pe] = true
+	n.t.st.drains.Add(1)
+	n.postDrain(s)
+	return true
+}
+
+// postDrain posts slot s's probe; on no room it is tried again by the
+// next sweep.
+func (n *nic) postDrain(s int32) {
+	d := n.drains[s]
+	p := d.pe.probe
+	err := d.pe.ep.Read(mem.Addr(n.probeMem), 8, n.probeMR.Desc, d.pe.dest, p.Addr, p.Key, n.drainCtxAddr(s))
+	switch {
+	case err == nil:
+		d.posted = true
+	case errors.Is(err, fab.ErrAgain):
+	default:
+		// Not posted, so nothing to wait for: closing is all that is
+		// left.
+		n.t.st.drainTimeouts.Add(1)
+		n.drained(s)
+	}
+}
+
+// drained closes the endpoint of drain slot s.
+func (n *nic) drained(s int32) {
+	d := n.drains[s]
+	if d == nil {
+		return
+	}
+	n.drains[s] = nil
+	n.drainFree = append(n.drainFree, s)
+	delete(n.draining, d.pe)
+	n.closeNow(d.pe, d.fail)
+}
+
+// sweepDrains posts probes that found no room, and closes the endpoints
+// of peers that did not reach theirs in time.
+func (n *nic) sweepDrains(now time.Time) {
+	for s, d := range n.drains {
+		switch {
+		case d == nil:
+		case now.After(d.deadline):
+			n.t.st.drainTimeouts.Add(1)
+			n.t.h.Logf("te: fabric: %s -> %s: the peer took no command of the endpoint in %v: closing it anyway",
+				n.name, d.pe.peerName, drainTimeout)
+			n.drained(int32(s))
+		case !d.posted:
+			n.postDrain(int32(s))
+		}
+	}
+}
+
+// closeNow closes the endpoint and ends what was posted on it.
+func (n *nic) closeNow(pe *peerEP, fail error) {
+	if pe.closed {
+		return
+	}
 	n.t.st.teardowns.Add(1)
 	n.mu.Lock()
 	delete(n.open, pe)
@@ -546,7 +734,7 @@ func (n *nic) stalls() {
 	for _, v := range verdicts {
 		pe := v.pe
 		pe.checking = false
-		if pe.closed {
+		if pe.closed || n.draining[pe] {
 			continue
 		}
 		stale := errs.CodeOf(v.err) == errs.StaleDescriptor
@@ -577,7 +765,7 @@ func (n *nic) stalls() {
 	}
 	n.stallNext = now.Add(n.stall / 4)
 	for _, pe := range n.polled {
-		if pe.closed || pe.out == 0 || pe.done != pe.seen || pe.quiet.IsZero() {
+		if pe.closed || n.draining[pe] || pe.out == 0 || pe.done != pe.seen || pe.quiet.IsZero() {
 			pe.seen, pe.quiet = pe.done, now
 			continue
 		}
@@ -680,7 +868,30 @@ func (n *nic) stop() {
 // shutdown (the poller stopped) closes every peer endpoint and the NIC's
 // own, which flushes their operations, then ends those with err.
 func (n *nic) shutdown(err error) {
-	n.reap(make([]uintptr, 64))
+	ctx := make([]uintptr, 64)
+	n.reap(ctx)
+	if n.drain {
+		// The poller is stopped: this goroutine drains, for a moment.
+		n.mu.Lock()
+		var used []*peerEP
+		for pe := range n.open {
+			if pe.used && !pe.closed {
+				used = append(used, pe)
+			}
+		}
+		n.mu.Unlock()
+		for _, pe := range used {
+			n.close(pe, err)
+		}
+		for end := time.Now().Add(closeDrainTimeout); len(n.draining) > 0 && time.Now().Before(end); {
+			n.reap(ctx)
+			n.sweepDrains(time.Now())
+			time.Sleep(50 * time.Microsecond)
+		}
+		for s := range n.drains {
+			n.drained(int32(s))
+		}
+	}
 	n.mu.Lock()
 	eps := n.open
 	n.open = nil
@@ -710,6 +921,10 @@ func (n *nic) shutdown(err error) {
 
 // release closes what is left of the NIC.
 func (n *nic) release() {
+	if n.probeMR != nil {
+		_ = n.probeMR.Close()
+		n.probeMR = nil
+	}
 	for _, c := range []interface{ Close() error }{n.ep, n.cq, n.av, n.d} {
 		if c != nil && !isNil(c) {
 			if err := c.Close(); err != nil && n.t != nil && n.t.h != nil {
@@ -721,6 +936,12 @@ func (n *nic) release() {
 	if n.ctxMem != nil {
 		_ = mem.Free(n.ctxMem)
 		n.ctxMem = nil
+	}
+	for _, b := range []*[]byte{&n.probeMem, &n.drainCtx} {
+		if *b != nil {
+			_ = mem.Free(*b)
+			*b = nil
+		}
 	}
 }
 

@@ -56,6 +56,8 @@ type peerEP struct {
 	// watchdog's StaleDescriptor, since they carry the same stale key.
 	fail atomic.Pointer[error]
 
+	probe    *probe // the peer NIC's drain probe (nil: none)
+	used     bool   // an operation was posted on it (poller-owned)
 	out      int    // operations posted on it (poller-owned)
 	outBytes uint64 // their bytes (poller-owned)
 	// Poller-owned, for the stall watchdog: completions read, the count
@@ -160,6 +162,16 @@ type hello struct {
 	// question (nic.stalls).
 	Check []uint64 `json:"check,omitempty"`
 	Stale []uint64 `json:"stale,omitempty"`
+	// Probe is the callee NIC's drain probe region (nic.drain), where it
+	// has one.
+	Probe *probe `json:"probe,omitempty"`
+}
+
+// probe names a NIC's drain probe region: the address an RMA names (an
+// offset under offset addressing) and its key.
+type probe struct {
+	Addr uint64 `json:"addr"`
+	Key  uint64 `json:"key"`
 }
 
 // connect opens the endpoint, exchanges addresses with the peer over the
@@ -234,6 +246,9 @@ func (pe *peerEP) dial() error {
 	}
 	if err == nil {
 		pe.dest, err = n.insert(h.Addr)
+		if n.drain {
+			pe.probe = h.Probe
+		}
 	}
 	if err != nil {
 		if !n.shared {
@@ -316,7 +331,7 @@ func (t *Transport) handleHandshake(ctx context.Context, body []byte) ([]byte, e
 		}
 		t.mu.Unlock()
 		n.wake()
-		return json.Marshal(hello{Instance: t.h.Instance(), Addr: n.addr})
+		return json.Marshal(hello{Instance: t.h.Instance(), Addr: n.addr, Probe: n.probeOf()})
 	}
 	return nil, errs.New(errs.NotFound, "fabric", "no NIC %q here", h.NIC)
 }
