@@ -23,8 +23,8 @@ func TestWarmup(t *testing.T) {
 	}
 	ctx := context.Background()
 
-	// A target that answers every request InvalidArgument, as te's does a
-	// READ of no bytes, and counts them.
+	// A target that answers every request AccessDenied, as te's does a
+	// WRITE under key 0 after reading its payload, and counts them.
 	var pings atomic.Int32
 	ok := fakeServer(t, func(nc net.Conn) {
 		if !fakeHandshake(nc) {
@@ -36,12 +36,15 @@ func TestWarmup(t *testing.T) {
 				return
 			}
 			req, err := wire.DecodeDataRequest(h[:])
-			if err != nil || req.Kind != wire.DataRead || req.Length != 0 {
+			if err != nil || req.Kind != wire.DataWrite || req.Key != 0 || req.Length != 4096 {
+				return
+			}
+			if _, err := io.CopyN(io.Discard, nc, int64(req.Length)); err != nil {
 				return
 			}
 			pings.Add(1)
 			var c [wire.CompHeaderSize]byte
-			wire.PutCompletion(c[:], wire.Completion{Status: errs.InvalidArgument, ID: req.ID})
+			wire.PutCompletion(c[:], wire.Completion{Status: errs.AccessDenied, ID: req.ID})
 			if _, err := nc.Write(c[:]); err != nil {
 				return
 			}
@@ -55,7 +58,7 @@ func TestWarmup(t *testing.T) {
 	}
 	// Each connection carried one round trip through the data path.
 	if n := pings.Load(); n != 3 {
-		t.Fatalf("%d empty READs reached the target, want one per connection (3)", n)
+		t.Fatalf("%d key-0 WRITEs reached the target, want one per connection (3)", n)
 	}
 	if err := tr.Warmup(ctx, desc(ok)); err != nil || tr.Stats()["peer_conns_dialed"] != 3 {
 		t.Fatalf("second warmup: %v, dialed %d", err, tr.Stats()["peer_conns_dialed"])
