@@ -102,7 +102,7 @@ type drainState struct {
 // long Close waits for all of a NIC's, and how many drain at once.
 const (
 	drainTimeout      = 2 * time.Second
-	closeDrainTimeout = 200 * time.Millisecond
+	closeDrainTimeout = time.Second
 	drainSlots        = 64
 	probeSize         = 64
 )
