@@ -16,8 +16,11 @@
 #      same run). Both processes are on this host: EFA's own shm path for
 #      peers of one host is turned off (FI_EFA_ENABLE_SHM_TRANSFER=0) so the
 #      bytes go through the NICs;
-#   4. GPU memory: te registers none with FI_HMEM yet; the step says which
-#      path a GPU region takes (staged over tcp) where a GPU is present.
+#   4. GPU memory, where an NVIDIA GPU is present: te registers cuda:0
+#      memory with the NICs through FI_HMEM and must move it NIC to NIC,
+#      both ways, between two processes (TestGPUMemoryHMEM with the real
+#      CUDA runtime: gpu_hmem counted, the tasks served by fabric, every
+#      byte checked).
 # Failover between NICs is proven on the lab's veths (tests/lab,
 # TestFabricRailsLinkDown); pulling a NIC is not something this script can
 # do on a cloud host.
@@ -99,11 +102,12 @@ fi
 
 # 4. GPU memory.
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
-	echo "== GPU memory: fabric registers no GPU memory with FI_HMEM yet; GPU regions are staged over tcp (bench/gpu/check.sh checks that path)" | tee -a "$RESULTS"
+	step "GPU memory over $PROV by FI_HMEM, 2 processes" 120 env TE_CUDA_REAL=1 TE_FABRIC_TEST_PROVIDER="$PROV" TE_FABRIC_TEST_HMEM=1 \
+		"$BIN/fabric.test" -test.v -test.count=1 -test.run '^TestGPUMemoryHMEM$/^cuda$'
 else
 	echo "== GPU memory: no GPU here" | tee -a "$RESULTS"
+	skipped=$((skipped + 1))
 fi
-skipped=$((skipped + 1))
 
 summary="te efa check ($PROV): $passed passed, $failed failed, $skipped skipped in $((SECONDS - T0))s (${nnic} domain(s))${names_failed:+; failed:$names_failed}"
 echo "$summary" | tee -a "$RESULTS"

@@ -44,8 +44,17 @@
 // while peers are connected when the provider needs the application to
 // progress incoming RMA (FI_PROGRESS_MANUAL: tcp, shm). A request ends
 // once every operation of it has completed or its endpoint was closed:
-// the fence of a terminal state. Device memory is not registered with the
-// NIC (no FI_HMEM path yet): the engine moves it over a staging transport.
+// the fence of a terminal state.
+//
+// GPU memory (cuda:N, hip:N) is registered with the NIC where the
+// provider was opened with FI_HMEM (fabric.hmem: by default asked of every
+// provider but shm, whose FI_HMEM endpoints give up cross-memory attach):
+// fi_mr_regattr with FI_HMEM_CUDA or FI_HMEM_ROCR and the device ordinal,
+// and the NIC moves it like host memory (gpu_hmem in Stats). Where the
+// provider has no FI_HMEM or refuses the region (libfabric built without
+// that runtime, no peer-memory or dma-buf path), the region gets no keys
+// (gpu_staged, the reason logged) and the engine moves requests on it over
+// a staging transport (tcp's pinned rings).
 //
 // A refused key (the owner re-registered) ends an operation with
 // StaleDescriptor, and the engine fetches the descriptor again. Providers

@@ -146,4 +146,56 @@ func TestSHMCloseWaitsForPeer(t *testing.T) {
 	if st, err := b.Wait(10 * time.Second); err != nil || st.State != engine.Completed {
 		t.Fatalf("READ after the drained close: %v %v %v", st.State, st.Err, err)
 	}
+
+	// A peer that stays stopped past the drain bound (2 s) is taken for
+	// gone: the canceled READ ends then, counted in drain_timeouts.
+	if err := pause.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	read(b, seg, local)
+	time.Sleep(20 * time.Millisecond)
+	start := time.Now()
+	if err := b.Cancel(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	if st := b.Status(); st.State != engine.Pending {
+		t.Errorf("canceled READ ended (%v) 1 s into the drain bound", st.State)
+	}
+	st, err = b.Wait(10 * time.Second)
+	waited := time.Since(start)
+	if err != nil || st.State != engine.Canceled {
+		t.Fatalf("canceled READ past the drain bound: %v %v %v", st.State, st.Err, err)
+	}
+	if s := stats(); s["drain_timeouts"] != 1 || waited < 2*time.Second {
+		t.Errorf("drain timeouts %d after %v, want 1 after the 2 s bound", s["drain_timeouts"], waited)
+	}
+	if err := pause.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	alive("after a drain timed out")
+
+	// An engine closing while its peer stays stopped waits 1 s for the
+	// drain, then closes anyway and counts it. (A READ first, so that the
+	// endpoint is exchanged and connected before the peer stops.)
+	read(b, seg, local)
+	if st, err := b.Wait(10 * time.Second); err != nil || st.State != engine.Completed {
+		t.Fatalf("READ after the timed-out drain: %v %v %v", st.State, st.Err, err)
+	}
+	if err := pause.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	read(b, seg, local)
+	time.Sleep(20 * time.Millisecond)
+	start = time.Now()
+	b.Free()
+	a.Close()
+	waited = time.Since(start)
+	if err := pause.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	if n := stats()["drain_timeouts"]; n != 2 || waited < time.Second || waited > 5*time.Second {
+		t.Errorf("engine close with the peer stopped took %v, drain timeouts %d; want about 1 s and 2", waited, n)
+	}
+	alive("after an engine closed with its peer stopped")
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/tecache/te/engine/transport/internal/rails"
 	"github.com/tecache/te/internal/errs"
 	fab "github.com/tecache/te/internal/sys/fabric"
+	"github.com/tecache/te/internal/sys/gpu"
 	"github.com/tecache/te/internal/wire"
 )
 
@@ -41,6 +42,7 @@ type Transport struct {
 	lib  *fab.Lib
 	nics []*nic
 	self segment.HostID
+	hmem bool // every NIC has FI_HMEM
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -59,7 +61,7 @@ type Transport struct {
 
 	st struct {
 		posts, eagain, teardowns, stalls, stallChecks, retries, failovers, errors, gpuRefused atomic.Uint64
-		drains, drainTimeouts                                                                 atomic.Uint64
+		drains, drainTimeouts, gpuHMEM                                                        atomic.Uint64
 		bytes                                                                                 atomic.Uint64
 	}
 }
@@ -73,13 +75,28 @@ func New() *Transport {
 // Name returns "fabric".
 func (t *Transport) Name() string { return Name }
 
-// Caps: host memory to peers on this host and others. GPU memory is not
-// moved by the NIC (no FI_HMEM registration yet): requests on device
-// memory go to a transport that stages it (tcp). Windows are not offered:
-// the owner does not see one-sided accesses, and per-peer keys are not
-// issued yet; peers are sent the buffer's own key.
+// Caps: host memory to peers on this host and others, and GPU memory
+// where every NIC was opened with FI_HMEM (EFA with a GPU runtime): the NIC
+// then moves the regions it registered (DeviceMemory says which); requests
+// on others go to a transport that stages them (tcp). Windows are not
+// offered: the owner does not see one-sided accesses, and per-peer keys
+// are not issued yet; peers are sent the buffer's own key.
 func (t *Transport) Caps() transport.Caps {
-	return transport.Caps{SameHost: true, CrossHost: true, HostMemory: true, Rank: 35}
+	return transport.Caps{SameHost: true, CrossHost: true, HostMemory: true, GPUMemory: t.hmem, Rank: 35}
+}
+
+// DeviceMemory says whether fabric can serve a request from local to buf
+// of d (transport.DeviceMover): both must be registered on the NICs (a GPU
+// region is only where the provider took it with FI_HMEM) and the peer
+// reachable.
+func (t *Transport) DeviceMemory(d *segment.Desc, buf *segment.BufferDesc, local *segment.Region) bool {
+	if !t.hmem || buf == nil || local == nil || buf.Extra[ExtraKeys] == "" {
+		return false
+	}
+	t.mu.Lock()
+	n := len(t.regs[local])
+	t.mu.Unlock()
+	return n == len(t.nics) && t.Reachable(d) == nil
 }
 
 // Probe reports whether libfabric loads and offers a domain of provider
@@ -122,22 +139,24 @@ func loadLib(o Options) (*fab.Lib, error) {
 }
 
 // choose returns the offers of the first provider in o.Providers that has
-// any for o.Addr, refusing by name those whose modes te cannot meet. The
-// offers are valid until free is called.
+// any for o.Addr, refusing by name those whose modes te cannot meet. Where
+// o asks FI_HMEM of a provider, its offers with FI_HMEM are taken first and
+// those without it only if there are none (EFA offers FI_HMEM only where a
+// GPU runtime initialized). The offers are valid until free is called.
 func choose(lib *fab.Lib, o Options) (_ []*fab.Offer, _ func(), _ string, err error) {
 	// fabric.addr may list one address per NIC: each names its domain.
 	addrs := splitList(o.Addr)
 	if len(addrs) == 0 {
 		addrs = []string{""}
 	}
-	var lists []*fab.Offers
-	var anyAddr *fab.Offers
+	type query struct {
+		addr string
+		caps uint64
+	}
+	lists := map[query]*fab.Offers{}
 	free := func() {
 		for _, l := range lists {
 			l.Free()
-		}
-		if anyAddr != nil {
-			anyAddr.Free()
 		}
 	}
 	defer func() {
@@ -145,16 +164,21 @@ func choose(lib *fab.Lib, o Options) (_ []*fab.Offer, _ func(), _ string, err er
 			free()
 		}
 	}()
-	for _, a := range addrs {
-		l, err := lib.GetInfo(fab.Query{Node: a, Caps: rmaCaps, MRMode: fab.MRHandled, OpFlags: fab.FlagDeliveryComp})
-		if err != nil {
-			return nil, nil, "", err
+	get := func(addr string, caps uint64) (*fab.Offers, error) {
+		q := query{addr, caps}
+		if l, ok := lists[q]; ok {
+			return l, nil
 		}
-		lists = append(lists, l)
+		l, err := lib.GetInfo(fab.Query{Node: addr, Caps: caps, MRMode: fab.MRHandled, OpFlags: fab.FlagDeliveryComp})
+		if err != nil {
+			return nil, err
+		}
+		lists[q] = l
+		return l, nil
 	}
-	var why []string
-	for _, p := range o.Providers {
-		var got []*fab.Offer
+	// offers returns provider p's usable offers for caps, and why others
+	// were not usable.
+	offers := func(p string, caps uint64) (got []*fab.Offer, why []string, err error) {
 		seen := map[string]bool{}
 		pick := func(l *fab.Offers) {
 			for _, of := range l.List {
@@ -171,7 +195,11 @@ func choose(lib *fab.Lib, o Options) (_ []*fab.Offer, _ func(), _ string, err er
 				got = append(got, of)
 			}
 		}
-		for _, l := range lists {
+		for _, a := range addrs {
+			l, err := get(a, caps)
+			if err != nil {
+				return nil, nil, err
+			}
 			pick(l)
 		}
 		if len(got) == 0 && addressless(p) {
@@ -179,12 +207,28 @@ func choose(lib *fab.Lib, o Options) (_ []*fab.Offer, _ func(), _ string, err er
 			// EFA's and Slingshot's domains (one per NIC) answer no
 			// query for the engine's IP address; every one is used
 			// (fabric.nics bounds them).
-			if anyAddr == nil {
-				if anyAddr, err = lib.GetInfo(fab.Query{Caps: rmaCaps, MRMode: fab.MRHandled, OpFlags: fab.FlagDeliveryComp}); err != nil {
-					return nil, nil, "", err
-				}
+			l, err := get("", caps)
+			if err != nil {
+				return nil, nil, err
 			}
-			pick(anyAddr)
+			pick(l)
+		}
+		return got, why, nil
+	}
+	var why []string
+	for _, p := range o.Providers {
+		var got []*fab.Offer
+		if o.hmemFor(p) {
+			if got, _, err = offers(p, rmaCaps|fab.FlagHMEM); err != nil {
+				return nil, nil, "", err
+			}
+		}
+		if len(got) == 0 {
+			var w []string
+			if got, w, err = offers(p, rmaCaps); err != nil {
+				return nil, nil, "", err
+			}
+			why = append(why, w...)
 		}
 		if len(got) > 0 {
 			if o.NICs > 0 && len(got) > o.NICs {
@@ -271,6 +315,10 @@ func (t *Transport) Start(h transport.Host) error {
 	if len(t.nics) == 0 {
 		return errs.New(errs.NotSupported, "fabric", "no %s domain could be opened for %s", prov, orAny(o.Addr))
 	}
+	t.hmem = true
+	for _, n := range t.nics {
+		t.hmem = t.hmem && n.hmem
+	}
 	if o.StallTimeout < 0 && len(t.nics) > 1 {
 		// A NIC pair that went silent (a pulled cable) completes nothing
 		// and reports nothing: only the watchdog moves its operations to
@@ -281,7 +329,7 @@ func (t *Transport) Start(h transport.Host) error {
 	}
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	for _, n := range t.nics {
-		h.Logf("te: fabric: %s (mr_mode %s, %d-byte keys, queue %d, %s progress)", n.name, mrModes(n.mrMode), n.keySize, n.depth, progressName(n.progress))
+		h.Logf("te: fabric: %s (mr_mode %s, %d-byte keys, queue %d, %s progress%s)", n.name, mrModes(n.mrMode), n.keySize, n.depth, progressName(n.progress), hmemNote(n.hmem))
 		go n.run()
 		if n.sread {
 			n.pdone = make(chan struct{})
@@ -293,6 +341,13 @@ func (t *Transport) Start(h transport.Host) error {
 	}
 	h.Control().Handle(wire.KindFabric, t.handleHandshake)
 	return nil
+}
+
+func hmemNote(h bool) string {
+	if h {
+		return ", FI_HMEM"
+	}
+	return ""
 }
 
 func progressName(p int) string {
@@ -317,6 +372,18 @@ func mrModes(m uint64) string {
 		return "none"
 	}
 	return strings.Join(s, ",")
+}
+
+// hmemIface is libfabric's name for the memory of GPU runtime kind, or why
+// there is none.
+func hmemIface(kind string) (int32, string) {
+	switch kind {
+	case "cuda":
+		return fab.HMEMCUDA, ""
+	case "hip":
+		return fab.HMEMROCR, ""
+	}
+	return fab.HMEMSystem, "libfabric has no memory interface for " + kind
 }
 
 // nicDesc is what an engine publishes of a NIC (the endpoint list is the
@@ -361,29 +428,57 @@ func (t *Transport) Describe(d *segment.Desc) {
 // NIC (ExtraKeys). Keys are random where the provider lets te choose them
 // (a new registration of the same range gets new ones: a stale descriptor
 // is refused by the owner's NIC), the provider's under FI_MR_PROV_KEY.
-// Device memory is not registered: it moves over a staging transport.
+// GPU memory is registered with FI_HMEM where every NIC has it (the
+// provider reads and writes it NIC to NIC: gpu_hmem in Stats); where not,
+// or where the provider refuses the region, it is left unregistered (the
+// reason logged, gpu_staged) and moves over a staging transport.
 func (t *Transport) Register(r *segment.Region) error {
 	if t.closing.Load() {
 		return errs.New(errs.Closed, "fabric", "transport closed")
 	}
-	if r.Storage != nil || r.Location.Kind != "" && r.Location.Kind != "cpu" {
-		if r.Storage == nil {
-			t.st.gpuRefused.Add(1)
+	if r.Storage != nil {
+		return nil
+	}
+	iface, dev := int32(fab.HMEMSystem), int32(0)
+	device := gpu.IsDevice(r.Location.Kind)
+	if device {
+		var why string
+		if iface, why = hmemIface(r.Location.Kind); why == "" && !t.hmem {
+			why = "the provider was not opened with FI_HMEM (fabric.hmem, or no GPU support in it)"
 		}
+		if why != "" {
+			t.st.gpuRefused.Add(1)
+			return nil
+		}
+		dev = int32(r.Location.Index)
+	} else if r.Location.Kind != "" && r.Location.Kind != "cpu" {
+		t.st.gpuRefused.Add(1)
 		return nil
 	}
 	mrs := make([]*fab.MR, 0, len(t.nics))
 	keys := make([]string, 0, len(t.nics))
 	for _, n := range t.nics {
-		m, err := n.register(r.Addr, r.Length)
+		m, err := n.register(r.Addr, r.Length, iface, dev)
 		if err != nil {
 			for _, m := range mrs {
 				_ = m.Close()
+			}
+			if device {
+				// The provider's GPU support may not cover this runtime
+				// or device (libfabric built without it, no peer-memory
+				// or dma-buf path for the NIC): staging still moves it.
+				t.st.gpuRefused.Add(1)
+				t.h.Logf("te: fabric: GPU memory [%#x,+%d) at %s stays off the NICs, requests on it are staged over another transport: %v",
+					r.Addr, r.Length, r.Location, err)
+				return nil
 			}
 			return err
 		}
 		mrs = append(mrs, m)
 		keys = append(keys, strconv.FormatUint(m.Key, 16))
+	}
+	if device {
+		t.st.gpuHMEM.Add(1)
 	}
 	t.mu.Lock()
 	t.regs[r] = mrs
@@ -567,7 +662,9 @@ func (t *Transport) railOf(k epKey) *rails.Rail {
 // operations or (stalls) ended by the stall watchdog after asking the owner
 // (stall_checks: how often it asked), operations retried on
 // a new endpoint (failovers: of those, the ones moved to another NIC
-// pair), error completions and device regions left to staging; per NIC
+// pair), error completions, device regions the NICs registered (gpu_hmem)
+// and those left to staging (gpu_staged), the NICs opened with FI_HMEM
+// (nics_hmem); per NIC
 // its posts and bytes; per NIC pair (rail.<local NIC>-<peer NIC index>,
 // summed over peers) the bytes it completed, the failures that cooled it
 // down and the operations moved off it.
@@ -576,10 +673,13 @@ func (t *Transport) Stats() map[string]uint64 {
 		"posts": t.st.posts.Load(), "eagain": t.st.eagain.Load(), "bytes": t.st.bytes.Load(),
 		"teardowns": t.st.teardowns.Load(), "stalls": t.st.stalls.Load(), "stall_checks": t.st.stallChecks.Load(), "retries": t.st.retries.Load(), "errors": t.st.errors.Load(),
 		"drains": t.st.drains.Load(), "drain_timeouts": t.st.drainTimeouts.Load(),
-		"gpu_staged": t.st.gpuRefused.Load(),
+		"gpu_staged": t.st.gpuRefused.Load(), "gpu_hmem": t.st.gpuHMEM.Load(),
 	}
 	out["failovers"] = t.st.failovers.Load()
 	for _, n := range t.nics {
+		if n.hmem {
+			out["nics_hmem"]++
+		}
 		out["nic."+n.name+".posts"] = n.posts.Load()
 		out["nic."+n.name+".bytes"] = n.bytes.Load()
 	}

@@ -11,10 +11,16 @@ import (
 	"github.com/tecache/te/engine"
 	"github.com/tecache/te/engine/transport/fabric"
 	"github.com/tecache/te/engine/transport/transporttest"
+	"github.com/tecache/te/internal/sys/gpu/gputest"
 	"github.com/tecache/te/internal/sys/mem"
 )
 
-func TestMain(m *testing.M) { transporttest.Main(m) }
+func TestMain(m *testing.M) {
+	// The fake GPU runtimes (or the real ones, TE_CUDA_REAL=1 /
+	// TE_HIP_REAL=1) for the GPU tests; child processes inherit the choice.
+	_ = gputest.Setup()
+	transporttest.Main(m)
+}
 
 // requireProvider skips, with one line saying why, where libfabric or the
 // provider is not installed; it returns the engine parameters that select

@@ -39,6 +39,7 @@ type nic struct {
 	depth    int
 	progress int
 	hostOnly bool // shm: reaches this host only
+	hmem     bool // opened with FI_HMEM: GPU memory may be registered
 	shared   bool // FI_MR_ENDPOINT: regions bind to ep, so every operation goes through it
 	sread    bool // the passive goroutine progresses cq with fi_cq_sread
 	pdone    chan struct{}
@@ -117,6 +118,7 @@ func openNIC(t *Transport, idx int, of *fab.Offer) (_ *nic, err error) {
 		progress: of.DataProgress, avAddr: map[string]uint64{}, open: map[*peerEP]struct{}{}, kick: make(chan struct{}, 1),
 		quit: make(chan struct{}), done: make(chan struct{})}
 	n.hostOnly = of.HasProvider("shm")
+	n.hmem = of.Caps&fab.FlagHMEM != 0
 	n.shared = of.MRMode&fab.MREndpoint != 0
 	n.keyMask = ^uint64(0)
 	if of.MRKeySize < 8 {
@@ -188,7 +190,7 @@ func (n *nic) openProbe() error {
 	if n.probeMem, err = mem.Alloc(probeSize); err != nil {
 		return err
 	}
-	if n.probeMR, err = n.register(mem.Addr(n.probeMem), probeSize); err != nil {
+	if n.probeMR, err = n.register(mem.Addr(n.probeMem), probeSize, fab.HMEMSystem, 0); err != nil {
 		return err
 	}
 	if n.drainCtx, err = mem.Alloc(drainSlots * ctxSize); err != nil {
@@ -249,9 +251,10 @@ func (n *nic) slotOf(ctx uintptr) int32 {
 	return int32((ctx - base) / ctxSize)
 }
 
-// register registers [addr, addr+length) for local use and remote access.
-func (n *nic) register(addr, length uint64) (*fab.MR, error) {
-	r := fab.Reg{Addr: addr, Len: length, Access: rmaAccess}
+// register registers [addr, addr+length) for local use and remote access;
+// iface and dev place device memory (fab.HMEMSystem for host memory).
+func (n *nic) register(addr, length uint64, iface, dev int32) (*fab.MR, error) {
+	r := fab.Reg{Addr: addr, Len: length, Access: rmaAccess, Iface: iface, Device: dev}
 	if n.shared {
 		r.EP = n.ep
 	}
@@ -888,8 +891,17 @@ func (n *nic) shutdown(err error) {
 			n.sweepDrains(time.Now())
 			time.Sleep(50 * time.Microsecond)
 		}
-		for s := range n.drains {
+		left := 0
+		for s, d := range n.drains {
+			if d != nil {
+				left++
+			}
 			n.drained(int32(s))
+		}
+		if left > 0 {
+			n.t.st.drainTimeouts.Add(uint64(left))
+			n.t.h.Logf("te: fabric: %s: closing with %d endpoints whose peers took no command of theirs in %v: closed anyway",
+				n.name, left, closeDrainTimeout)
 		}
 	}
 	n.mu.Lock()

@@ -54,6 +54,15 @@ type Options struct {
 	// the peer, a pair that stalls with its keys still held is cooled
 	// down and its flushed operations go over another.
 	StallTimeout time.Duration
+	// HMEM (fabric.hmem) says where te asks libfabric for FI_HMEM, so that
+	// GPU memory is registered with the NIC and moved by it: "auto" (the
+	// default) from every provider that offers it but shm, "on" from shm
+	// too, "off" from none. shm is left out by default because libfabric's
+	// shm turns cross-memory attach off on an endpoint with FI_HMEM (every
+	// host byte then goes through its bounce buffers), and te's cudaipc
+	// serves GPU memory on one host. A provider without FI_HMEM is used
+	// without it either way; its GPU memory is staged.
+	HMEM string
 }
 
 // DefaultStall is the stall timeout of providers that never complete an
@@ -72,7 +81,7 @@ const RailStall = time.Second
 func silentRefusal(prov string) bool { return prov == "shm" }
 
 func parseOptions(param func(string) (string, bool), getenv func(string) string) (Options, error) {
-	o := Options{Slice: 4 << 20, Depth: 256, CancelGrace: 50 * time.Millisecond, HandshakeTimeout: 10 * time.Second, StallTimeout: -1}
+	o := Options{Slice: 4 << 20, Depth: 256, CancelGrace: 50 * time.Millisecond, HandshakeTimeout: 10 * time.Second, StallTimeout: -1, HMEM: "auto"}
 	bad := func(key, v string, err error) error {
 		return errs.Wrap(errs.InvalidArgument, "fabric", err, "parameter %s=%q", key, v)
 	}
@@ -122,6 +131,14 @@ func parseOptions(param func(string) (string, bool), getenv func(string) string)
 		}
 		o.StallTimeout = d
 	}
+	if v, ok := param("fabric.hmem"); ok && v != "" {
+		switch v = strings.ToLower(v); v {
+		case "auto", "on", "off":
+			o.HMEM = v
+		default:
+			return o, bad("fabric.hmem", v, errs.New(errs.InvalidArgument, "fabric", "auto, on or off"))
+		}
+	}
 	if v, ok := param("limits.handshake_timeout"); ok && v != "" {
 		if d, err := time.ParseDuration(v); err == nil && d > 0 {
 			o.HandshakeTimeout = d
@@ -132,6 +149,17 @@ func parseOptions(param func(string) (string, bool), getenv func(string) string)
 
 func optionsFrom(param func(string) (string, bool)) (Options, error) {
 	return parseOptions(param, os.Getenv)
+}
+
+// hmemFor reports whether FI_HMEM is asked of provider p.
+func (o Options) hmemFor(p string) bool {
+	switch o.HMEM {
+	case "off":
+		return false
+	case "on":
+		return true
+	}
+	return !strings.EqualFold(p, "shm")
 }
 
 // splitList splits a comma- or space-separated list.

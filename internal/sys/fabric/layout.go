@@ -60,6 +60,7 @@ const (
 	WaitFD           = 3 // FI_WAIT_FD
 	HMEMSystem       = 0 // FI_HMEM_SYSTEM
 	HMEMCUDA         = 1 // FI_HMEM_CUDA
+	HMEMROCR         = 2 // FI_HMEM_ROCR
 	ctlEnable        = 6 // FI_ENABLE
 	errAgain         = 11
 	errAvail         = 259 // FI_EAVAIL

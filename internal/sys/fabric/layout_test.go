@@ -246,6 +246,7 @@ func goFacts() []lt.Fact {
 	c("FI_WAIT_FD", WaitFD)
 	c("FI_HMEM_SYSTEM", HMEMSystem)
 	c("FI_HMEM_CUDA", HMEMCUDA)
+	c("FI_HMEM_ROCR", HMEMROCR)
 	c("FI_ENABLE", ctlEnable)
 	c("FI_EAGAIN", errAgain)
 	c("FI_EAVAIL", errAvail)
