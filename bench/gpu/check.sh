@@ -56,7 +56,7 @@ if [ "$mode" = build ]; then
 	# Without cgo (purego loads libcuda and libibverbs itself) the test
 	# binaries need no particular glibc on the GPU machine; stripped and
 	# packed, everything travels in about 40 MB.
-	for p in cuda:./internal/sys/cuda hip:./internal/sys/hip cudaipc:./engine/transport/cudaipc tcp:./engine/transport/tcp rdma:./engine/transport/rdma; do
+	for p in cuda:./internal/sys/cuda hip:./internal/sys/hip nvml:./internal/sys/nvml cudaipc:./engine/transport/cudaipc tcp:./engine/transport/tcp rdma:./engine/transport/rdma; do
 		CGO_ENABLED=0 go test -c -trimpath -ldflags='-s -w' -o "$stage/${p%%:*}.test" "${p#*:}"
 	done
 	# libte.so needs cgo: it is linked against this machine's glibc.
@@ -161,6 +161,10 @@ step "fences under cancel and close" 45 "$BIN/cudaipc.test" -test.v -test.count=
 	-test.run '^(TestGPUCancelAndClose|TestCancelWaitsForSync|TestCancelBeforeEnqueue|TestSubmitRacesClose)$'
 step "vLLM-shaped KV handoff GPU->GPU" 45 "$BIN/cudaipc.test" -test.v -test.count=1 -test.run '^TestKVHandoff$'
 step "protocol units" 20 "$BIN/cudaipc.test" -test.count=1 -test.run 'Test(Msg|Descriptor|Open|Unregister|Close)'
+# The NVLink fabric as NVML reports it: a domain on an NVL72 rack, none elsewhere.
+step "NVML: each GPU's NVLink fabric registration" 20 env TE_NVML_REAL=1 \
+	TE_NVML_TEST_BUSES="$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader 2>/dev/null | paste -sd, -)" \
+	"$BIN/nvml.test" -test.v -test.count=1 -test.run '^TestRealFabric$'
 
 # 7-8: te.h and Python on device memory, two processes each.
 transports="cudaipc tcp"

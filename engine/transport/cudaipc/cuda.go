@@ -15,6 +15,7 @@ import (
 	"github.com/tecache/te/engine/transport"
 	"github.com/tecache/te/internal/errs"
 	"github.com/tecache/te/internal/sys/gpu"
+	"github.com/tecache/te/internal/sys/nvml"
 	// Links every runtime te has: Start opens each that loads.
 	_ "github.com/tecache/te/internal/sys/gpu/runtimes"
 	"github.com/tecache/te/internal/wire"
@@ -28,10 +29,11 @@ func init() {
 }
 
 // EnvDomain names the environment variable that sets this process's
-// NVLink domain for multi-node NVLink (the cluster UUID and clique id
-// NVML's nvmlDeviceGetGpuFabricInfoV reports, in any fixed spelling, e.g.
-// "<clusterUuid hex>:<cliqueId>"); the param cudaipc.mnnvl_domain wins over
-// it. Unset, fabric handles are neither exported nor imported.
+// NVLink domain for multi-node NVLink; the param cudaipc.mnnvl_domain wins
+// over it. Unset, the domain is read from NVML (internal/sys/nvml: the
+// cluster UUID and clique id the fabric manager registered the CUDA
+// devices with, "<clusterUuid hex>:<cliqueId>"); where there is none,
+// fabric handles are neither exported nor imported.
 const EnvDomain = "TE_MNNVL_DOMAIN"
 
 // envBootID, for tests only, replaces the boot id this transport compares,
@@ -226,6 +228,9 @@ func (t *Transport) Start(h transport.Host) error {
 		t.drvs = drvs
 	}
 	t.h, t.self = h, self
+	if t.opt.Domain == "" {
+		t.opt.Domain = nvlinkDomain(t.drvs, h.Logf)
+	}
 	if t.call == nil {
 		t.call = func(ctx context.Context, rpc string, body []byte) ([]byte, error) {
 			return h.Control().Call(ctx, rpc, wire.KindCUDA, body)
@@ -233,6 +238,33 @@ func (t *Transport) Start(h transport.Host) error {
 	}
 	h.Control().Handle(wire.KindCUDA, t.handle)
 	return nil
+}
+
+// nvlinkDomain asks the management library (NVML) for the NVLink domain of
+// the CUDA devices: "" where there is none. Why not is logged where a
+// fabric should be there (a registration not finished or failed, GPUs of
+// two domains), not on the many hosts that plainly have none.
+func nvlinkDomain(drvs map[string]driver, logf func(string, ...any)) string {
+	g, ok := drvs["cuda"].(*gpuDriver)
+	if !ok {
+		return ""
+	}
+	var buses []string
+	for i := range g.devs {
+		b, err := g.d.PCIBusID(i)
+		if err != nil {
+			return ""
+		}
+		buses = append(buses, b)
+	}
+	d, err := nvml.Domain(buses)
+	switch {
+	case err == nil:
+		logf("te: cudaipc: NVLink domain %s (from NVML): fabric handles are exchanged with engines in it", d)
+	case errs.CodeOf(err) != errs.NotSupported:
+		logf("te: cudaipc: no NVLink domain, fabric handles are not used: %v", err)
+	}
+	return d
 }
 
 // loadDrivers opens every registered runtime that loads and sees a device.

@@ -31,8 +31,10 @@
 // the fence for peers' mappings. Close fails what is not enqueued and waits
 // for every stream synchronisation in flight.
 //
-// Multi-node NVLink (MNNVL): with an NVLink domain set (EnvDomain,
-// TE_MNNVL_DOMAIN, or the param cudaipc.mnnvl_domain), a CUDA buffer whose
+// Multi-node NVLink (MNNVL): with an NVLink domain (EnvDomain,
+// TE_MNNVL_DOMAIN, or the param cudaipc.mnnvl_domain; unset, the cluster
+// UUID and clique id NVML reports for the CUDA devices once the fabric
+// manager registered them, internal/sys/nvml), a CUDA buffer whose
 // allocation was made fabric-capable (cuMemCreate with
 // CU_MEM_HANDLE_TYPE_FABRIC) is also exported with its CUmemFabricHandle
 // (Extra: cuda_fabric, cuda_fabric_off, cuda_fabric_size), and the segment

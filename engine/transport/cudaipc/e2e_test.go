@@ -21,6 +21,7 @@ import (
 	"github.com/tecache/te/internal/sys/gpu"
 	"github.com/tecache/te/internal/sys/gpu/gputest"
 	"github.com/tecache/te/internal/sys/mem"
+	"github.com/tecache/te/internal/sys/nvml/nvmltest"
 )
 
 const envChild = "TE_CUDAIPC_CHILD"
@@ -44,6 +45,9 @@ func TestMain(m *testing.M) {
 	// fakes; child processes (this package's and the suite's peers) inherit
 	// the choice.
 	setupErr = gputest.Setup()
+	// The fake NVML (TE_NVML_REAL=1 keeps the real one): engines with no
+	// configured NVLink domain read it there.
+	_ = nvmltest.Setup()
 	transporttest.Main(m)
 }
 

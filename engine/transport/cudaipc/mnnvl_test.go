@@ -104,7 +104,8 @@ func (p *fabricPair) writeAll(t *testing.T, seed byte) string {
 }
 
 // fabricPair is this process's engine and the child owner, on two
-// "hosts", with the domains given: te's (TE_MNNVL_DOMAIN) and the fake
+// "hosts", with the domains given: te's (TE_MNNVL_DOMAIN; "" reads it from
+// the fake NVML, which reports the fake driver's fabric) and the fake
 // driver's (FAKECUDA_FABRIC_DOMAIN), for the child and for this side.
 type fabricPair struct {
 	e       *engine.Engine
@@ -124,7 +125,7 @@ type syncBuf struct {
 func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
 func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
-func startFabricPair(t *testing.T, params map[string]string, alloc, childDom, childFake, dom, fake string) *fabricPair {
+func startFabricPair(t *testing.T, params map[string]string, alloc, childDom, childFake, dom, fake string, env ...string) *fabricPair {
 	t.Helper()
 	if err := cudaReady(); err != nil {
 		t.Skipf("no CUDA runtime and no fake: %v", err)
@@ -144,6 +145,11 @@ func startFabricPair(t *testing.T, params map[string]string, alloc, childDom, ch
 	t.Setenv(cudaipc.EnvDomain, dom)
 	t.Setenv(envFakeDomain, fake)
 	t.Setenv(envBootID, "host-a")
+	// Whatever this side alone sees differently (env: K=V pairs).
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		t.Setenv(k, v)
+	}
 	var err error
 	p.e, err = engine.New(engine.Config{ListenAddr: "127.0.0.1:0", Hostname: "127.0.0.1",
 		Params: params, Logger: slog.New(slog.NewTextHandler(p.logs, nil))})
@@ -228,6 +234,40 @@ func TestMNNVLWriteRead(t *testing.T) {
 	if st, _, err := p.do(t, engine.Write, p.local.addr, p.addr, 4096); err == nil && st.State == engine.Completed {
 		t.Fatal("write to an unregistered fabric buffer completed")
 	}
+}
+
+// TestMNNVLDomainFromNVML: with no domain configured, each engine reads it
+// from NVML (the cluster UUID and clique id of its GPUs' fabric
+// registration): two hosts in one clique of one cluster pair over fabric
+// handles; in two cliques of it, or where this side's registration is not
+// finished, they do not.
+func TestMNNVLDomainFromNVML(t *testing.T) {
+	const dom = "6e766c37322d61000000000000000000:7" // "nvl72-a", clique 7
+	t.Setenv("FAKENVML_CLIQUE", "7")
+	t.Run("same clique", func(t *testing.T) {
+		p := startFabricPair(t, nil, "fabric", "", "nvl72-a", "", "nvl72-a")
+		if !strings.Contains(p.logs.String(), "NVLink domain "+dom+" (from NVML)") {
+			t.Fatalf("no domain read from NVML: %s", p.logs.String())
+		}
+		if tr := p.writeAll(t, 0x5e); tr != cudaipc.Name {
+			t.Fatalf("write went over %q, want cudaipc through the fabric handle", tr)
+		}
+	})
+	t.Run("other clique", func(t *testing.T) {
+		p := startFabricPair(t, nil, "fabric", "", "nvl72-a", "", "nvl72-a", "FAKENVML_CLIQUE=8")
+		if tr := p.writeAll(t, 0x5f); tr == cudaipc.Name {
+			t.Fatal("a request between two cliques went over cudaipc")
+		}
+	})
+	t.Run("registration in progress", func(t *testing.T) {
+		p := startFabricPair(t, nil, "fabric", "", "nvl72-a", "", "nvl72-a", "FAKENVML_STATE=2")
+		if l := p.logs.String(); !strings.Contains(l, "no NVLink domain") || !strings.Contains(l, "has not finished") {
+			t.Fatalf("no logged reason for the missing domain: %s", l)
+		}
+		if tr := p.writeAll(t, 0x60); tr == cudaipc.Name {
+			t.Fatal("an engine without a domain went over cudaipc across hosts")
+		}
+	})
 }
 
 // TestMNNVLOtherDomain: engines of two hosts in different NVLink domains
