@@ -21,7 +21,11 @@
 #      tcp's staging cases (GPU<->GPU, GPU<->host, host<->GPU, 1 B..16 MiB);
 #   5. fences under cancel: cancels racing device copies, Close with copies
 #      in flight, nothing lands after the terminal state;
-#   6. a vLLM-shaped KV handoff GPU to GPU;
+#   6. a vLLM-shaped KV handoff GPU to GPU; then NVML's answer on each GPU's
+#      NVLink fabric registration, and, on a node of an NVL72 rack (a
+#      registered fabric), two processes as engines of two hosts moving
+#      cuMemCreate(FABRIC) memory through fabric handles (TestMNNVLNode;
+#      skipped elsewhere);
 #   7. te.h on device memory: a C program (tests/c/rdma_fabric.c --real)
 #      allocates GPU memory with cuMemAlloc in two processes and moves it
 #      through te.h over cudaipc and over tcp;
@@ -165,6 +169,10 @@ step "protocol units" 20 "$BIN/cudaipc.test" -test.count=1 -test.run 'Test(Msg|D
 step "NVML: each GPU's NVLink fabric registration" 20 env TE_NVML_REAL=1 \
 	TE_NVML_TEST_BUSES="$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader 2>/dev/null | paste -sd, -)" \
 	"$BIN/nvml.test" -test.v -test.count=1 -test.run '^TestRealFabric$'
+# Multi-node NVLink as one NVL72 node can check it: two processes as two hosts'
+# engines, fabric handles imported through IMEX (skips without a fabric).
+step "MNNVL: fabric handles between two engines of this node" 60 env TE_MNNVL_REAL=1 TE_NVML_REAL=1 \
+	"$BIN/cudaipc.test" -test.v -test.count=1 -test.run '^TestMNNVLNode$'
 
 # 7-8: te.h and Python on device memory, two processes each.
 transports="cudaipc tcp"

@@ -31,6 +31,7 @@ const (
 	envFabricAlloc = "TE_CUDAIPC_FABRIC_ALLOC" // "fabric" (cuMemCreate) or "plain" (cuMemAlloc)
 	envBootID      = "TE_CUDAIPC_BOOT_ID"
 	envFakeDomain  = "FAKECUDA_FABRIC_DOMAIN"
+	envMNNVLReal   = "TE_MNNVL_REAL" // run TestMNNVLNode on the real driver
 	fabricSize     = 4 << 20
 )
 
@@ -130,8 +131,8 @@ func startFabricPair(t *testing.T, params map[string]string, alloc, childDom, ch
 	if err := cudaReady(); err != nil {
 		t.Skipf("no CUDA runtime and no fake: %v", err)
 	}
-	if !cudatest.Fake() {
-		t.Skip("two hosts are played on the fake driver; on an NVL72 run the GPU check across nodes")
+	if !cudatest.Fake() && os.Getenv(envMNNVLReal) != "1" {
+		t.Skip("two hosts are played on the fake driver; on an NVL72 node TE_MNNVL_REAL=1 runs TestMNNVLNode on the real one")
 	}
 	t.Setenv(envFabricAlloc, alloc)
 	t.Setenv(cudaipc.EnvDomain, childDom)
@@ -268,6 +269,50 @@ func TestMNNVLDomainFromNVML(t *testing.T) {
 			t.Fatal("an engine without a domain went over cudaipc across hosts")
 		}
 	})
+}
+
+// TestMNNVLNode is the multi-node NVLink path as one node of an NVL72 rack
+// can check it: two processes of this node as engines of two hosts (other
+// boot ids, so IPC handles are out of reach), each reading its domain from
+// NVML, the owner's cuMemCreate(FABRIC) memory imported through its fabric
+// handle and copied into both ways, byte-exact, and the owner's Unregister
+// a fence. Here it runs on the fake driver and NVML; TE_MNNVL_REAL=1 runs
+// it on the real ones (bench/gpu/check.sh), where it skips, saying why, on
+// a node without a registered fabric.
+func TestMNNVLNode(t *testing.T) {
+	if !cudatest.Fake() && os.Getenv(envMNNVLReal) != "1" {
+		t.Skip("TE_MNNVL_REAL=1 runs it on the real driver")
+	}
+	p := startFabricPair(t, nil, "fabric", "", "nvl72-n", "", "nvl72-n")
+	if !strings.Contains(p.logs.String(), "NVLink domain ") {
+		if !cudatest.Fake() {
+			t.Skipf("no NVLink domain on this node: %s", p.logs.String())
+		}
+		t.Fatalf("no domain read from the fake NVML: %s", p.logs.String())
+	}
+	if !p.exports {
+		t.Fatal("the owner's cuMemCreate(FABRIC) buffer carries no fabric handle")
+	}
+	if tr := p.writeAll(t, 0x3d); tr != cudaipc.Name {
+		t.Fatalf("write went over %q, want cudaipc through the fabric handle", tr)
+	}
+	st, tr, err := p.do(t, engine.Read, p.local.addr, p.addr+p.n/2, p.n/2)
+	if err != nil || st.State != engine.Completed || tr != cudaipc.Name {
+		t.Fatalf("read: %+v over %q, %v", st, tr, err)
+	}
+	got, _ := p.local.crc(0, p.n/2)
+	if line := p.childCRC(t, p.n/2, p.n/2); line != fmt.Sprintf("CRC %d <nil>", got) {
+		t.Fatalf("read back CRC %d, child has %s", got, line)
+	}
+	if st := p.e.TransportStats()["cudaipc"]; st["fabric_opened"] != 1 {
+		t.Fatalf("TransportStats()[cudaipc] = %v, want one fabric mapping opened", st)
+	}
+	if line := p.c.Do(t, "unreg"); line != "UNREG <nil>" {
+		t.Fatalf("owner unregister: %s", line)
+	}
+	if st, _, err := p.do(t, engine.Write, p.local.addr, p.addr, 4096); err == nil && st.State == engine.Completed {
+		t.Fatal("write to an unregistered fabric buffer completed")
+	}
 }
 
 // TestMNNVLOtherDomain: engines of two hosts in different NVLink domains
