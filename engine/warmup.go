@@ -48,13 +48,22 @@ func (e *Engine) Warmup(ctx context.Context, name string) error {
 	}
 	hint := e.cfg.ForceTransport
 	var why []string
+	perBuffer := false
 	for _, t := range e.transports {
 		if hint != "" && t.Name() != hint {
 			continue
 		}
+		if _, ok := t.(transport.BufferReacher); ok {
+			perBuffer = true
+		}
 		if reason := qualifies(t, d, nil, nil, hostMem); reason != "" {
 			why = append(why, t.Name()+": "+reason)
 			continue
+		}
+		if hint == "" && !perBuffer {
+			// The choice pick would make for host memory, made now: the
+			// first request finds it cached, as every later one does.
+			e.cachePick(s.st, d, 0, t, nil, len(why) > 0)
 		}
 		w, ok := t.(transport.Warmer)
 		if !ok {
