@@ -159,8 +159,16 @@ func (g *gpuDriver) copies(dev int, spans []span) []error {
 	if err != nil {
 		return fill(err)
 	}
-	for i, sp := range spans {
-		errl[i] = g.d.CopyAsync(sp.dst, sp.src, sp.n, gpu.Default, st)
+	if b, ok := g.d.(gpu.Batcher); ok && len(spans) > 1 {
+		cs := make([]gpu.Copy, len(spans))
+		for i, sp := range spans {
+			cs[i] = gpu.Copy{Dst: sp.dst, Src: sp.src, N: sp.n, Dir: gpu.Default}
+		}
+		b.CopiesAsync(cs, st, errl)
+	} else {
+		for i, sp := range spans {
+			errl[i] = g.d.CopyAsync(sp.dst, sp.src, sp.n, gpu.Default, st)
+		}
 	}
 	if err := g.d.StreamSync(st); err != nil {
 		// A failed synchronisation leaves the stream's state unknown: drop

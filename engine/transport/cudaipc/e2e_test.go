@@ -207,7 +207,7 @@ type child struct {
 	loc  string
 }
 
-func startChild(t *testing.T) *child {
+func startChild(t testing.TB) *child {
 	c := &child{Child: cudatest.StartChild(t, envChild, 5)}
 	f := c.Ready
 	c.name, c.loc = f[0], f[3]

@@ -31,8 +31,9 @@ func init() {
 type Driver struct{ L *Lib }
 
 var (
-	_ gpu.Driver = Driver{}
-	_ gpu.Fabric = Driver{}
+	_ gpu.Driver  = Driver{}
+	_ gpu.Fabric  = Driver{}
+	_ gpu.Batcher = Driver{}
 )
 
 // Kind returns "cuda".
@@ -122,17 +123,36 @@ func (d Driver) StreamDestroy(s gpu.Stream) error {
 
 // CopyAsync is cuMemcpyHtoDAsync, DtoH, DtoD or cuMemcpyAsync (Default).
 func (d Driver) CopyAsync(dst, src, n uint64, dir gpu.Dir, s gpu.Stream) error {
-	return d.onStream(s, func() error {
-		switch dir {
-		case gpu.HostToDevice:
-			return d.L.CopyHtoDAsync(dst, src, n, Stream(s))
-		case gpu.DeviceToHost:
-			return d.L.CopyDtoHAsync(dst, src, n, Stream(s))
-		case gpu.DeviceToDevice:
-			return d.L.CopyDtoDAsync(dst, src, n, Stream(s))
+	return d.onStream(s, func() error { return d.copy(dst, src, n, dir, s) })
+}
+
+func (d Driver) copy(dst, src, n uint64, dir gpu.Dir, s gpu.Stream) error {
+	switch dir {
+	case gpu.HostToDevice:
+		return d.L.CopyHtoDAsync(dst, src, n, Stream(s))
+	case gpu.DeviceToHost:
+		return d.L.CopyDtoHAsync(dst, src, n, Stream(s))
+	case gpu.DeviceToDevice:
+		return d.L.CopyDtoDAsync(dst, src, n, Stream(s))
+	}
+	return d.L.CopyAsync(dst, src, n, Stream(s))
+}
+
+// CopiesAsync queues every copy of cs on s under one switch to the
+// stream's context (gpu.Batcher): with a copy per request, the three
+// driver calls of that switch cost more than the copy's own.
+func (d Driver) CopiesAsync(cs []gpu.Copy, s gpu.Stream, errl []error) {
+	err := d.onStream(s, func() error {
+		for i, c := range cs {
+			errl[i] = d.copy(c.Dst, c.Src, c.N, c.Dir, s)
 		}
-		return d.L.CopyAsync(dst, src, n, Stream(s))
+		return nil
 	})
+	if err != nil {
+		for i := range errl {
+			errl[i] = err
+		}
+	}
 }
 
 // StreamSync is cuStreamSynchronize.

@@ -140,6 +140,20 @@ func IsDevice(kind string) bool {
 	return true
 }
 
+// Copy is one copy of N bytes from Src to Dst in direction Dir.
+type Copy struct {
+	Dst, Src, N uint64
+	Dir         Dir
+}
+
+// Batcher is implemented by runtimes that queue several copies on a stream
+// for less than one CopyAsync each (CUDA makes the stream's context
+// current once for all of them, not once per copy). CopiesAsync queues
+// cs[i] and sets errs[i] (len(errs) == len(cs)) to how queueing it ended.
+type Batcher interface {
+	CopiesAsync(cs []Copy, s Stream, errs []error)
+}
+
 // FabricHandle is an exported allocation that GPUs of other hosts in the
 // same NVLink domain map (CUDA's CUmemFabricHandle: 64 opaque bytes).
 type FabricHandle [64]byte
