@@ -777,3 +777,12 @@ func TestCreateDoesNotFollowLinks(t *testing.T) {
 		t.Fatalf("victim is now %d bytes", len(b))
 	}
 }
+
+// TestDefaultRings: one ring per four cores, at least one and at most two.
+func TestDefaultRings(t *testing.T) {
+	for procs, want := range map[int]int{1: 1, 2: 1, 3: 1, 4: 1, 7: 1, 8: 2, 64: 2} {
+		if got := defaultRings(procs); got != want {
+			t.Errorf("defaultRings(%d) = %d, want %d", procs, got, want)
+		}
+	}
+}
